@@ -1,0 +1,103 @@
+"""Attention over the paged KV cache: store the new k/v by slot_mapping, then attend.
+
+Backends: torch (gather the blocks, SDPA; the CPU path and the reference), Triton kernels on CUDA
+(worker.kernels), flash-attn when importable. All read the batch layout from worker.context.
+KV cache layout: (num_blocks, block_size, num_kv_heads, head_dim), the flash-attn paged layout.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from worker.context import get_context
+
+
+def store_kvcache_torch(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                        v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    # key, value: (num_tokens, num_kv_heads, head_dim); slot -1 marks a padded token
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid].long()
+    k_cache.view(-1, *k_cache.shape[2:])[slots] = key[valid]
+    v_cache.view(-1, *v_cache.shape[2:])[slots] = value[valid]
+
+
+def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    # (num_blocks, block_size, H, D) -> (length, H, D) for one sequence
+    block_size = cache.shape[1]
+    num_blocks = (length + block_size - 1) // block_size
+    return cache[block_table[:num_blocks].long()].flatten(0, 1)[:length]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    # q: (Lq, Hq, D); k, v: (Lk, Hkv, D). Query i sits at position Lk - Lq + i (bottom-right causal).
+    lq, lk = q.shape[0], k.shape[0]
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    qpos = torch.arange(lk - lq, lk, device=q.device)[:, None]
+    mask = torch.arange(lk, device=q.device)[None, :] <= qpos  # (Lq, Lk)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                         attn_mask=mask, scale=scale)
+    return out.transpose(0, 1)
+
+
+def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                          context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Reference paged attention for prefill, extend and decode. q: (num_tokens, Hq, D)."""
+    out = torch.empty_like(q)
+    starts, lens = cu_seqlens_q.tolist(), context_lens.tolist()
+    for i, length in enumerate(lens):
+        s, e = starts[i], starts[i + 1]
+        if e == s:
+            continue
+        k = _gather_kv(k_cache, block_tables[i], length)
+        v = _gather_kv(v_cache, block_tables[i], length)
+        out[s:e] = _attend(q[s:e], k, v, scale)
+    return out
+
+
+def varlen_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           cu_seqlens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention over the new tokens only (no cache yet: the warm-up forward)."""
+    out = torch.empty_like(q)
+    starts = cu_seqlens.tolist()
+    for s, e in zip(starts[:-1], starts[1:]):
+        out[s:e] = _attend(q[s:e], k[s:e], v[s:e], scale)
+    return out
+
+
+class Attention(nn.Module):
+    """One layer's attention; the runner assigns k_cache/v_cache views after sizing the cache."""
+
+    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int):
+        super().__init__()
+        self.num_heads, self.head_dim, self.scale = num_heads, head_dim, scale
+        self.num_kv_heads = num_kv_heads
+        self.k_cache = self.v_cache = torch.tensor([])
+        self.backend = "torch"  # "torch" | "triton"; set by ModelRunner
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q: (N, Hq * D) -> (N, Hq, D); k, v: (N, Hkv * D) -> (N, Hkv, D)
+        ctx = get_context()
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.k_cache.numel() == 0:
+            o = varlen_attention_torch(q, k, v, ctx.cu_seqlens_q, self.scale)
+        elif self.backend == "triton":
+            o = self._triton(q, k, v, ctx)
+        else:
+            store_kvcache_torch(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+            o = paged_attention_torch(q, self.k_cache, self.v_cache, ctx.block_tables,
+                                      ctx.cu_seqlens_q, ctx.context_lens, self.scale)
+        return o.flatten(1, 2)
+
+    def _triton(self, q, k, v, ctx) -> torch.Tensor:
+        from worker.kernels import paged_decode_attention, paged_prefill_attention, store_kvcache
+        store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        if ctx.is_prefill:
+            return paged_prefill_attention(q, self.k_cache, self.v_cache, ctx.block_tables,
+                                           ctx.cu_seqlens_q, ctx.context_lens, ctx.max_seqlen_q,
+                                           self.scale)
+        return paged_decode_attention(q, self.k_cache, self.v_cache, ctx.block_tables,
+                                      ctx.context_lens, self.scale)
