@@ -1,0 +1,54 @@
+"""The committed stubs in shared/proto/ match what protos/generate.py makes from the protos."""
+
+import importlib.util
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+COMMITTED = REPO_ROOT / "shared" / "proto"
+
+
+def _load_generate_module():
+    path = REPO_ROOT / "protos" / "generate.py"
+    spec = importlib.util.spec_from_file_location("protos_generate", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {
+        path.relative_to(root).as_posix(): path.read_bytes()
+        for path in root.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+
+
+def test_committed_stubs_match_regenerated(tmp_path: Path) -> None:
+    _load_generate_module().generate(tmp_path)
+    fresh, committed = _tree(tmp_path), _tree(COMMITTED)
+    hint = "run `python protos/generate.py` and commit shared/proto"
+    assert sorted(fresh) == sorted(committed), hint
+    stale = [name for name in fresh if fresh[name] != committed[name]]
+    assert not stale, f"stale stubs {stale}: {hint}"
+
+
+def test_stubs_import_with_relative_imports() -> None:
+    from shared.proto.nanoserve.v1 import common_pb2
+    from shared.proto.nanoserve.v1 import frontend_service_pb2 as frontend_pb2
+    from shared.proto.nanoserve.v1 import frontend_service_pb2_grpc as frontend_grpc
+    from shared.proto.nanoserve.v1 import worker_service_pb2 as worker_pb2
+    from shared.proto.nanoserve.v1 import worker_service_pb2_grpc as worker_grpc
+
+    params = common_pb2.SamplingParams(temperature=0.0, stop=["\n"])
+    assert params.HasField("temperature") and not params.HasField("top_p")
+    request = worker_pb2.GenerateTokensRequest(
+        request_id="r", prompt_token_ids=[1, 2], sampling_params=params
+    )
+    assert worker_pb2.GenerateTokensRequest.FromString(request.SerializeToString()) == request
+    response = frontend_pb2.GenerateResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH)
+    assert response.finish_reason == 2
+    assert hasattr(frontend_grpc, "FrontendServiceStub")
+    assert hasattr(worker_grpc, "WorkerServiceStub")
+    assert frontend_pb2.DESCRIPTOR.package == "nanoserve.v1"
+    services = worker_pb2.DESCRIPTOR.services_by_name
+    assert {s.full_name for s in services.values()} == {"nanoserve.v1.WorkerService"}
