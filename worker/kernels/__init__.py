@@ -1,0 +1,9 @@
+"""Triton kernels for the worker's hot path: KV-cache store, paged prefill/decode attention, fused norms.
+
+Imported lazily by worker.layers (CUDA only; on CPU they run under TRITON_INTERPRET=1 for tests).
+"""
+from worker.kernels.decode_attention import choose_num_splits, paged_decode_attention
+from worker.kernels.prefill_attention import paged_prefill_attention
+from worker.kernels.store_kvcache import store_kvcache
+
+__all__ = ["choose_num_splits", "paged_decode_attention", "paged_prefill_attention", "store_kvcache"]
