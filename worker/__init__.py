@@ -1,0 +1,13 @@
+"""The GPU worker: engine (scheduler, paged KV blocks, model runner, sampler) and its gRPC service."""
+from worker.sampling_params import SamplingParams
+
+
+def __getattr__(name: str):
+    # LLM pulls in torch; importing it lazily keeps `python -m worker --help` and config use light
+    if name == "LLM":
+        from worker.llm import LLM
+        return LLM
+    raise AttributeError(name)
+
+
+__all__ = ["LLM", "SamplingParams"]

@@ -1,0 +1,78 @@
+"""User-facing configuration of the engine (EngineConfig) and of the worker service (WorkerConfig).
+
+Frozen dataclasses that validate themselves; shared.config turns their fields into CLI flags. Values
+derived at run time (KV block count, eos ids, the model's own config) live on the objects that compute them.
+"""
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str = field(default="", metadata={"help": "Hugging Face Qwen3 model directory"})
+    device: str = field(default="auto", metadata={"help": "cpu, cuda or auto (cuda when available)"})
+    dtype: str = field(default="auto", metadata={
+        "help": "auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 or float16"})
+    tensor_parallel_size: int = field(default=1, metadata={"help": "ranks the model is split over"})
+    enforce_eager: bool = field(default=False, metadata={"help": "never use CUDA graphs"})
+    max_num_seqs: int = field(default=256, metadata={"help": "max sequences in one batch"})
+    max_num_batched_tokens: int = field(default=16384, metadata={
+        "help": "max tokens in one prefill step (longer prompts are chunked)"})
+    max_model_len: int = field(default=4096, metadata={
+        "help": "max prompt + completion tokens (capped by the model's max_position_embeddings)"})
+    kvcache_block_size: int = field(default=256, metadata={"help": "tokens per KV-cache block"})
+    num_kvcache_blocks: int | None = field(default=None, metadata={
+        "help": "KV blocks to allocate (default: sized from memory)"})
+    gpu_memory_utilization: float = field(default=0.9, metadata={
+        "help": "fraction of GPU memory the worker may use"})
+    cpu_kvcache_gib: float = field(default=1.0, metadata={"help": "KV-cache size on cpu, in GiB"})
+    attention_backend: str = field(default="auto", metadata={
+        "help": "auto (triton on cuda, torch on cpu), torch or triton"})
+    seed: int = field(default=0, metadata={"help": "seed of the sampler for unseeded requests"})
+
+    def __post_init__(self):
+        if self.model and not Path(self.model).is_dir():
+            raise ValueError(f"model: {self.model!r} is not a directory")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        for name in ("tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens",
+                     "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        bs = self.kvcache_block_size
+        if bs < 1 or bs & (bs - 1):
+            raise ValueError(f"kvcache_block_size must be a power of two, got {bs}")
+        if self.num_kvcache_blocks is not None and self.num_kvcache_blocks < 1:
+            raise ValueError(f"num_kvcache_blocks must be >= 1, got {self.num_kvcache_blocks}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1], "
+                             f"got {self.gpu_memory_utilization}")
+        if self.cpu_kvcache_gib <= 0:
+            raise ValueError(f"cpu_kvcache_gib must be > 0, got {self.cpu_kvcache_gib}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError("attention_backend must be auto, torch or triton, "
+                             f"got {self.attention_backend!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig(EngineConfig):
+    host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
+    port: int = field(default=50061, metadata={"help": "port to bind (0 = any free port)"})
+    max_queued_requests: int = field(default=4096, metadata={
+        "help": "requests running + waiting before the worker answers RESOURCE_EXHAUSTED"})
+    grace_period_s: float = field(default=30.0, metadata={
+        "help": "on SIGTERM, how long in-flight streams may run before they are cut"})
+    max_message_bytes: int = field(default=16 * 1024 * 1024, metadata={
+        "help": "max gRPC message size"})
+    log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
+
+    def __post_init__(self):
+        super(WorkerConfig, self).__post_init__()
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.max_queued_requests < 1:
+            raise ValueError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")

@@ -1,0 +1,128 @@
+"""Paged KV-cache block allocation with reference counts and prefix caching. Owned by the Scheduler.
+
+A block is registered in the prefix cache only once its KV has been computed, under a SHA-256 hash
+chained over all tokens before it, so a crafted prompt cannot alias another prompt's blocks. A freed
+block keeps its hash until it is reused, so a later identical prefix still hits it (LRU eviction).
+"""
+import hashlib
+from array import array
+
+from worker.engine.sequence import Sequence
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash: bytes | None = None
+        self.token_ids: tuple[int, ...] = ()
+
+
+def chain_hash(token_ids: list[int], prefix_hash: bytes | None) -> bytes:
+    h = hashlib.sha256(prefix_hash or b"")
+    h.update(array("q", token_ids).tobytes())
+    return h.digest()
+
+
+class BlockManager:
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.block_size = block_size
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.hash_to_block_id: dict[bytes, int] = {}
+        # insertion-ordered set: blocks freed longest ago are reused first (LRU eviction)
+        self.free_block_ids: dict[int, None] = dict.fromkeys(range(num_blocks))
+        self.num_hit_tokens = 0  # prefix-cache statistics
+        self.num_queried_tokens = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_block_ids)
+
+    def _match_prefix(self, seq: Sequence) -> list[int]:
+        """Ids of cached blocks holding a prefix of seq. The block of the last token never counts:
+        its logits must be computed, and recomputing into a shared block would race other readers."""
+        matched, prefix = [], None
+        for i in range((seq.num_tokens - 1) // self.block_size):
+            tokens = seq.block_token_ids(i, self.block_size)
+            prefix = chain_hash(tokens, prefix)
+            block_id = self.hash_to_block_id.get(prefix)
+            if block_id is None or self.blocks[block_id].token_ids != tuple(tokens):
+                break
+            matched.append(block_id)
+        return matched
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        matched = self._match_prefix(seq)
+        in_use = sum(1 for b in matched if self.blocks[b].ref_count > 0)
+        return seq.num_blocks_for(seq.num_tokens, self.block_size) - in_use <= self.num_free_blocks
+
+    def allocate(self, seq: Sequence) -> None:
+        """Give seq blocks for all its tokens, reusing cached prefix blocks."""
+        assert not seq.block_table
+        matched = self._match_prefix(seq)
+        for block_id in matched:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_block_ids[block_id]
+            block.ref_count += 1
+            seq.block_table.append(block_id)
+            seq.block_hashes.append(block.hash)
+        for _ in range(seq.num_blocks_for(seq.num_tokens, self.block_size) - len(matched)):
+            seq.block_table.append(self._take_free_block())
+        seq.num_computed_tokens = seq.num_cached_tokens = len(matched) * self.block_size
+        self.num_hit_tokens += seq.num_cached_tokens
+        self.num_queried_tokens += seq.num_tokens
+
+    def _take_free_block(self) -> int:
+        block_id = next(iter(self.free_block_ids))
+        del self.free_block_ids[block_id]
+        block = self.blocks[block_id]
+        if block.hash is not None:  # evict its cached content
+            if self.hash_to_block_id.get(block.hash) == block_id:
+                del self.hash_to_block_id[block.hash]
+            block.hash, block.token_ids = None, ()
+        block.ref_count = 1
+        return block_id
+
+    def deallocate(self, seq: Sequence) -> None:
+        # the tail is freed first so that it is evicted before the (more shareable) prefix
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_block_ids[block_id] = None
+        seq.block_table.clear()
+        seq.block_hashes.clear()
+        seq.num_computed_tokens = 0
+
+    def can_append(self, seq: Sequence) -> bool:
+        """Room for the KV of seq's newest token (the one the next decode step computes)."""
+        needed = seq.num_blocks_for(seq.num_tokens, self.block_size) - len(seq.block_table)
+        return needed <= self.num_free_blocks
+
+    def may_append(self, seq: Sequence) -> None:
+        while len(seq.block_table) < seq.num_blocks_for(seq.num_tokens, self.block_size):
+            seq.block_table.append(self._take_free_block())
+
+    def hash_blocks(self, seq: Sequence) -> None:
+        """Register the blocks whose KV became complete in the last step."""
+        for i in range(len(seq.block_hashes), seq.num_computed_tokens // self.block_size):
+            tokens = seq.block_token_ids(i, self.block_size)
+            prefix = seq.block_hashes[-1] if seq.block_hashes else None
+            h = chain_hash(tokens, prefix)
+            seq.block_hashes.append(h)
+            block = self.blocks[seq.block_table[i]]
+            if h not in self.hash_to_block_id:  # else an identical block is cached already
+                block.hash, block.token_ids = h, tuple(tokens)
+                self.hash_to_block_id[h] = block.block_id
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0

@@ -1,0 +1,126 @@
+"""The engine: validates requests into Sequences, and steps scheduler -> model runner -> postprocess.
+
+Used directly by the offline LLM API and, from one engine thread, by the gRPC worker (worker.server).
+Token ids only: the worker never sees text.
+"""
+import logging
+from dataclasses import dataclass
+
+from worker.config import EngineConfig
+from worker.engine.block_manager import BlockManager
+from worker.engine.scheduler import Scheduler
+from worker.engine.sequence import FinishReason, Sequence
+from worker.model_config import ModelConfig
+from worker.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What one step produced for one request."""
+    seq: Sequence
+    new_token_ids: list[int]
+    finished: bool
+
+
+class LLMEngine:
+
+    def __init__(self, config: EngineConfig):
+        if not config.model:
+            raise ValueError("model: a model directory is required")
+        self.config = config
+        self.model_config = ModelConfig.from_model_dir(config.model)
+        if config.tensor_parallel_size > 1:
+            from worker.engine.tp import TensorParallelRunner
+            self.model_runner = TensorParallelRunner(config, self.model_config)
+        else:
+            from worker.engine.model_runner import ModelRunner
+            self.model_runner = ModelRunner(config, self.model_config)
+        runner = self.model_runner
+        self.block_size = config.kvcache_block_size
+        self.num_kvcache_blocks = runner.num_kvcache_blocks
+        capacity = self.num_kvcache_blocks * self.block_size
+        self.max_model_len = min(runner.max_model_len, capacity)
+        if self.max_model_len < runner.max_model_len:
+            logger.warning("max_model_len lowered from %d to %d: the KV cache holds %d tokens",
+                           runner.max_model_len, self.max_model_len, capacity)
+        self.eos_token_ids = tuple(self.model_config.eos_token_ids)
+        self.block_manager = BlockManager(self.num_kvcache_blocks, self.block_size)
+        self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens,
+                                   self.max_model_len, self.eos_token_ids, self.block_manager)
+        self.requests: dict[str, Sequence] = {}
+        self.num_prompt_tokens_done = 0
+        self.num_generated_tokens = 0
+
+    def validate(self, token_ids: list[int], sp: SamplingParams) -> None:
+        """Raise ValueError naming the field when a request can never run."""
+        vocab = self.model_config.vocab_size
+        if not token_ids:
+            raise ValueError("prompt_token_ids: the prompt is empty")
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt_token_ids: token id {bad} is outside the vocabulary [0, {vocab})")
+        bad = next((t for t in sp.stop_token_ids if t >= vocab), None)
+        if bad is not None:
+            raise ValueError(f"stop_token_ids: token id {bad} is outside the vocabulary [0, {vocab})")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(f"prompt_token_ids: the prompt has {len(token_ids)} tokens; "
+                             f"max_model_len is {self.max_model_len} (room for 1 new token needed)")
+        if sp.max_tokens is not None and len(token_ids) + sp.max_tokens > self.max_model_len:
+            raise ValueError(f"max_tokens: prompt ({len(token_ids)}) + max_tokens ({sp.max_tokens}) "
+                             f"exceeds max_model_len ({self.max_model_len})")
+
+    def add_request(self, token_ids: list[int], sampling_params: SamplingParams,
+                    request_id: str | None = None) -> Sequence:
+        self.validate(token_ids, sampling_params)
+        seq = Sequence(token_ids, sampling_params, request_id)
+        if seq.request_id in self.requests:
+            raise ValueError(f"request_id: {seq.request_id!r} is already running")
+        self.requests[seq.request_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, request_id: str) -> bool:
+        seq = self.requests.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.abort(seq)
+        self.model_runner.release(seq)
+        return True
+
+    def step(self) -> list[StepOutput]:
+        seqs, is_prefill = self.scheduler.schedule()
+        if not seqs:
+            return []
+        token_ids = self.model_runner.run(seqs, is_prefill)
+        if is_prefill:
+            self.num_prompt_tokens_done += sum(s.num_scheduled_tokens for s in seqs)
+        finished = set(id(s) for s in self.scheduler.postprocess(seqs, token_ids))
+        outputs = []
+        for seq in seqs:
+            new = seq.take_new_tokens()
+            done = id(seq) in finished
+            if done:
+                self.requests.pop(seq.request_id, None)
+                self.model_runner.release(seq)
+            if new or done:
+                self.num_generated_tokens += len(new)
+                outputs.append(StepOutput(seq, new, done))
+        return outputs
+
+    def is_finished(self) -> bool:
+        return self.scheduler.is_finished()
+
+    def shutdown(self) -> None:
+        close = getattr(self.model_runner, "close", None)
+        if close is not None:
+            close()
+
+
+def usage_of(seq: Sequence) -> tuple[int, int, int]:
+    """(prompt_tokens, completion_tokens, cached_tokens) of a sequence."""
+    return seq.num_prompt_tokens, seq.num_completion_tokens, seq.num_cached_tokens
+
+
+__all__ = ["LLMEngine", "StepOutput", "FinishReason", "usage_of"]

@@ -1,0 +1,260 @@
+"""Runs the model for one scheduled batch: builds input tensors from the Sequences, forwards the Qwen3
+model (decode through captured CUDA graphs), samples, and returns one token id per sequence.
+
+Owns the weights and the KV cache of its rank. Under tensor parallelism rank 0's runner drives the
+others through worker.engine.tp (every rank forwards the same batch; only rank 0 samples).
+"""
+import logging
+import math
+
+import numpy as np
+import torch
+
+from worker.config import EngineConfig
+from worker.context import get_context, reset_context, set_context
+from worker.engine.sequence import Sequence
+from worker.layers.attention import Attention
+from worker.loader import load_model
+from worker.model_config import ModelConfig
+from worker.models.qwen3 import Qwen3ForCausalLM
+from worker.sampler import SamplingTensors, sample
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: cuda was asked for but torch sees no CUDA device")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[dtype]
+
+
+class ModelRunner:
+
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, rank: int = 0,
+                 world_size: int = 1):
+        self.config, self.model_config = config, model_config
+        self.rank, self.world_size = rank, world_size
+        self.block_size = config.kvcache_block_size
+        base = resolve_device(config.device)
+        self.device = torch.device("cuda", rank) if base.type == "cuda" else base
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.max_model_len = min(config.max_model_len, model_config.max_position_embeddings)
+        self.max_num_blocks_per_seq = math.ceil(self.max_model_len / self.block_size)
+
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        with torch.device(self.device):
+            self.model = Qwen3ForCausalLM(model_config)
+        torch.set_default_dtype(default_dtype)
+        load_model(self.model, config.model)
+        self.model.eval()
+        self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self.num_kv_heads = self.attention_layers[0].num_kv_heads
+        self.head_dim = model_config.head_dim
+
+        backend = config.attention_backend
+        if backend == "auto":
+            backend = "triton" if self.device.type == "cuda" else "torch"
+        for layer in self.attention_layers:
+            layer.backend = backend
+        self.num_kvcache_blocks = self.allocate_kv_cache()
+        self.graphs = None
+        if self.device.type == "cuda" and not config.enforce_eager:
+            from worker.engine.cuda_graph import CudaGraphRunner
+            self.graphs = CudaGraphRunner(self)
+        self.sample_generator = torch.Generator(self.device).manual_seed(config.seed)
+        self.request_generators: dict[int, torch.Generator] = {}  # seq_id -> generator
+
+    # ---- KV cache -------------------------------------------------------------------------------
+
+    @property
+    def block_bytes(self) -> int:
+        per_token = 2 * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        return len(self.attention_layers) * self.block_size * per_token
+
+    def allocate_kv_cache(self) -> int:
+        num_blocks = self.config.num_kvcache_blocks
+        if num_blocks is None:
+            num_blocks = self._blocks_that_fit()
+        if num_blocks < 1:
+            raise ValueError("not enough memory for a single KV-cache block; lower max_num_seqs / "
+                             "max_num_batched_tokens or raise gpu_memory_utilization")
+        shape = (2, len(self.attention_layers), num_blocks, self.block_size, self.num_kv_heads,
+                 self.head_dim)
+        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        for i, layer in enumerate(self.attention_layers):
+            layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+        logger.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, self.block_size,
+                    num_blocks * self.block_bytes / 2**30)
+        return num_blocks
+
+    def _blocks_that_fit(self) -> int:
+        if self.device.type == "cpu":
+            return max(1, int(self.config.cpu_kvcache_gib * 2**30) // self.block_bytes)
+        # measure the peak of the largest step without a cache, then fill what is left
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        self.warmup()
+        free, total = torch.cuda.mem_get_info()
+        stats = torch.cuda.memory_stats()
+        peak, current = stats["allocated_bytes.all.peak"], stats["allocated_bytes.all.current"]
+        budget = total * self.config.gpu_memory_utilization - (total - free) - (peak - current)
+        return int(budget) // self.block_bytes
+
+    @torch.inference_mode()
+    def warmup(self) -> None:
+        cfg = self.config
+        num_tokens = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * self.max_model_len)
+        num_seqs = min(cfg.max_num_seqs, num_tokens)
+        lens = [num_tokens // num_seqs] * num_seqs
+        lens[-1] += num_tokens - sum(lens)
+        cu = torch.tensor([0] + list(np.cumsum(lens)), dtype=torch.int32, device=self.device)
+        set_context(is_prefill=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens),
+                    max_seqlen_k=max(lens))
+        input_ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+        positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
+        hidden = self.model(input_ids, positions)
+        logits = self.model.compute_logits(hidden[cu[1:].long() - 1])
+        t = SamplingTensors(temperatures=torch.ones(num_seqs, device=self.device),
+                            top_ks=None, top_ps=torch.full((num_seqs,), 0.9, device=self.device),
+                            min_ps=None)
+        sample(logits, t)
+        reset_context()
+        torch.cuda.synchronize()
+
+    # ---- inputs ---------------------------------------------------------------------------------
+
+    def _slots(self, seq: Sequence, start: int, end: int) -> np.ndarray:
+        pos = np.arange(start, end)
+        table = np.asarray(seq.block_table, dtype=np.int64)
+        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def _block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
+        width = max(len(seq.block_table) for seq in seqs)
+        table = np.full((len(seqs), width), -1, dtype=np.int32)
+        for i, seq in enumerate(seqs):
+            table[i, :len(seq.block_table)] = seq.block_table
+        return torch.from_numpy(table)
+
+    def prepare_prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
+        input_ids, positions, slots, q_lens, k_lens = [], [], [], [], []
+        for seq in seqs:
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_scheduled_tokens
+            input_ids.extend(seq.token_ids[start:end])
+            positions.append(np.arange(start, end))
+            slots.append(self._slots(seq, start, end))
+            q_lens.append(end - start)
+            k_lens.append(end)
+        dev = self.device
+        cu_q = torch.tensor([0] + list(np.cumsum(q_lens)), dtype=torch.int32)
+        cu_k = torch.tensor([0] + list(np.cumsum(k_lens)), dtype=torch.int32)
+        set_context(is_prefill=True, cu_seqlens_q=cu_q.to(dev), cu_seqlens_k=cu_k.to(dev),
+                    max_seqlen_q=max(q_lens), max_seqlen_k=max(k_lens),
+                    slot_mapping=torch.from_numpy(np.concatenate(slots).astype(np.int32)).to(dev),
+                    context_lens=torch.tensor(k_lens, dtype=torch.int32).to(dev),
+                    block_tables=self._block_tables(seqs).to(dev))
+        return (torch.tensor(input_ids, dtype=torch.long).to(dev),
+                torch.from_numpy(np.concatenate(positions)).to(dev))
+
+    def prepare_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
+        dev = self.device
+        lens = [seq.num_tokens for seq in seqs]
+        slots = [seq.block_table[(n - 1) // self.block_size] * self.block_size
+                 + (n - 1) % self.block_size for seq, n in zip(seqs, lens)]
+        set_context(is_prefill=False,
+                    cu_seqlens_q=torch.arange(len(seqs) + 1, dtype=torch.int32).to(dev),
+                    max_seqlen_q=1, max_seqlen_k=max(lens),
+                    slot_mapping=torch.tensor(slots, dtype=torch.int32).to(dev),
+                    context_lens=torch.tensor(lens, dtype=torch.int32).to(dev),
+                    block_tables=self._block_tables(seqs).to(dev))
+        return (torch.tensor([seq.token_ids[-1] for seq in seqs], dtype=torch.long).to(dev),
+                torch.tensor([n - 1 for n in lens], dtype=torch.long).to(dev))
+
+    def prepare_sample(self, seqs: list[Sequence]) -> SamplingTensors:
+        dev, vocab = self.device, self.model_config.vocab_size
+        params = [seq.sampling_params for seq in seqs]
+        t = SamplingTensors(
+            temperatures=torch.tensor([0.0 if p.greedy else p.temperature for p in params],
+                                      dtype=torch.float32).to(dev),
+            top_ks=None, top_ps=None, min_ps=None,
+            all_greedy=all(p.greedy for p in params))
+        if t.all_greedy:
+            return t
+        if any(p.top_k > 0 for p in params):
+            t.top_ks = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params]).to(dev)
+        if any(p.top_p < 1 for p in params):
+            t.top_ps = torch.tensor([p.top_p for p in params], dtype=torch.float32).to(dev)
+        if any(p.min_p > 0 for p in params):
+            t.min_ps = torch.tensor([p.min_p for p in params], dtype=torch.float32).to(dev)
+        if any(p.has_penalties for p in params):
+            self._penalty_tensors(seqs, t)
+        t.generators = {i: self._generator(seq) for i, seq in enumerate(seqs)
+                        if seq.sampling_params.seed is not None}
+        return t
+
+    def _penalty_tensors(self, seqs: list[Sequence], t: SamplingTensors) -> None:
+        dev, vocab = self.device, self.model_config.vocab_size
+        params = [seq.sampling_params for seq in seqs]
+        t.repetition_penalties = torch.tensor([p.repetition_penalty for p in params]).to(dev)
+        t.presence_penalties = torch.tensor([p.presence_penalty for p in params]).to(dev)
+        t.frequency_penalties = torch.tensor([p.frequency_penalty for p in params]).to(dev)
+        t.prompt_mask = torch.zeros(len(seqs), vocab, dtype=torch.bool, device=dev)
+        t.output_counts = torch.zeros(len(seqs), vocab, dtype=torch.float32, device=dev)
+        for i, seq in enumerate(seqs):
+            prompt = torch.tensor(seq.token_ids[:seq.num_prompt_tokens], dtype=torch.long)
+            t.prompt_mask[i, prompt.to(dev)] = True
+            out = torch.tensor(seq.completion_token_ids, dtype=torch.long).to(dev)
+            t.output_counts[i].index_add_(0, out, torch.ones(len(out), device=dev))
+
+    def _generator(self, seq: Sequence) -> torch.Generator:
+        gen = self.request_generators.get(seq.seq_id)
+        if gen is None:
+            gen = torch.Generator(self.device).manual_seed(seq.sampling_params.seed)
+            self.request_generators[seq.seq_id] = gen
+        return gen
+
+    def release(self, seq: Sequence) -> None:
+        """Forget per-request state of a finished or aborted sequence."""
+        self.request_generators.pop(seq.seq_id, None)
+
+    # ---- step -----------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int | None]:
+        """Forward one batch; returns the sampled id per sequence (None for a non-final chunk)."""
+        input_ids, positions = (self.prepare_prefill if is_prefill else self.prepare_decode)(seqs)
+        hidden = self.forward(input_ids, positions, is_prefill)
+        ctx = get_context()
+        last = ctx.cu_seqlens_q[1:].long() - 1
+        rows = [i for i, seq in enumerate(seqs)
+                if seq.num_computed_tokens + seq.num_scheduled_tokens == seq.num_tokens]
+        reset_context()
+        if not rows:
+            return [None] * len(seqs)
+        sampled_seqs = [seqs[i] for i in rows]
+        if len(rows) < len(seqs):
+            last = last[torch.tensor(rows, device=self.device)]
+        logits = self.model.compute_logits(hidden[last])
+        token_ids = sample(logits, self.prepare_sample(sampled_seqs)).tolist()  # one D2H copy
+        out: list[int | None] = [None] * len(seqs)
+        for i, token_id in zip(rows, token_ids):
+            out[i] = token_id
+        return out
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                is_prefill: bool) -> torch.Tensor:
+        if not is_prefill and self.graphs is not None and self.graphs.can_run(len(input_ids)):
+            return self.graphs.replay(input_ids, positions)
+        return self.model(input_ids, positions)

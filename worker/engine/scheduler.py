@@ -1,0 +1,116 @@
+"""Continuous batching: picks each step's sequences, chunks long prefills, preempts when KV runs out.
+
+LLMEngine.step calls schedule() -> ModelRunner.run -> postprocess(). A step is either a prefill step
+(new prompts, chunks of long prompts, recomputes after preemption) or a decode step (one token each).
+"""
+from collections import deque
+
+from worker.engine.block_manager import BlockManager
+from worker.engine.sequence import FinishReason, Sequence, SequenceStatus
+
+
+class Scheduler:
+
+    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
+                 eos_token_ids: tuple[int, ...], block_manager: BlockManager):
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()
+        self.num_preemptions = 0
+
+    def is_finished(self) -> bool:
+        return not self.waiting and not self.running
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def schedule(self) -> tuple[list[Sequence], bool]:
+        # prefill: the head of `waiting` may be a prompt whose earlier chunks already ran
+        scheduled: list[Sequence] = []
+        budget = self.max_num_batched_tokens
+        while self.waiting and budget > 0 and len(self.running) + len(scheduled) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not seq.block_table:
+                if not self.block_manager.can_allocate(seq):
+                    break
+                self.block_manager.allocate(seq)
+            seq.num_scheduled_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            budget -= seq.num_scheduled_tokens
+            scheduled.append(seq)
+            if seq.num_computed_tokens + seq.num_scheduled_tokens < seq.num_tokens:
+                break  # a partial chunk ends the batch; the prompt stays at the head of `waiting`
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+        if scheduled:
+            return scheduled, True
+
+        # decode: one token per running sequence, preempting the newest when blocks run out
+        while self.running:
+            seq = self.running.popleft()
+            while not self.block_manager.can_append(seq):
+                if self.running:
+                    self.preempt(self.running.pop())
+                else:
+                    self.preempt(seq)
+                    break
+            else:
+                self.block_manager.may_append(seq)
+                seq.num_scheduled_tokens = 1
+                scheduled.append(seq)
+        self.running.extend(scheduled)
+        return scheduled, False
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free seq's blocks; it is recomputed (prompt + output so far) when blocks are available."""
+        seq.status = SequenceStatus.WAITING
+        self.block_manager.deallocate(seq)
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def postprocess(self, seqs: list[Sequence], token_ids: list[int | None]) -> list[Sequence]:
+        """Account for the step's work and append sampled tokens; returns sequences that finished."""
+        finished = []
+        for seq, token_id in zip(seqs, token_ids):
+            seq.num_computed_tokens += seq.num_scheduled_tokens
+            seq.num_scheduled_tokens = 0
+            self.block_manager.hash_blocks(seq)
+            if seq.num_computed_tokens < seq.num_tokens or seq.is_finished:
+                continue  # a non-final prefill chunk samples nothing; aborted mid-step
+            seq.append_token(token_id)
+            reason = self._stop_reason(seq, token_id)
+            if reason is not None:
+                self.finish(seq, reason)
+                finished.append(seq)
+        return finished
+
+    def _stop_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
+        sp = seq.sampling_params
+        if seq.num_completion_tokens >= sp.min_tokens:
+            if (token_id in self.eos_token_ids and not sp.ignore_eos) or token_id in sp.stop_token_ids:
+                seq.stop_token_id = token_id
+                return FinishReason.STOP
+        if sp.max_tokens is not None and seq.num_completion_tokens >= sp.max_tokens:
+            return FinishReason.LENGTH
+        if seq.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        self.block_manager.deallocate(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        """Remove seq wherever it is; its blocks are free at once."""
+        if seq.is_finished:
+            return
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        self.finish(seq, FinishReason.ABORT)

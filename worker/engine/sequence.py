@@ -1,0 +1,80 @@
+"""One request inside the engine: its token ids, KV block table and progress through prefill/decode.
+
+Created by LLMEngine.add_request, moved between queues by the Scheduler, read by the ModelRunner.
+"""
+from enum import Enum, auto
+from itertools import count
+
+from worker.sampling_params import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = auto()  # not prefilled yet (or preempted); may hold blocks while a chunked prefill runs
+    RUNNING = auto()  # prefilled, decoding
+    FINISHED = auto()
+
+
+class FinishReason(Enum):
+    STOP = "stop"  # eos or a stop token
+    LENGTH = "length"  # max_tokens or the context length
+    ABORT = "abort"  # cancelled by the caller
+
+
+class Sequence:
+    _counter = count()
+
+    def __init__(self, token_ids: list[int], sampling_params: SamplingParams,
+                 request_id: str | None = None):
+        self.seq_id = next(Sequence._counter)
+        self.request_id = request_id if request_id is not None else str(self.seq_id)
+        self.status = SequenceStatus.WAITING
+        self.token_ids = list(token_ids)
+        self.num_prompt_tokens = len(token_ids)
+        self.sampling_params = sampling_params
+        self.block_table: list[int] = []
+        self.block_hashes: list[bytes] = []  # chained hashes of the full blocks computed so far
+        self.num_computed_tokens = 0  # tokens whose KV is in the cache (prefix hits included)
+        self.num_cached_tokens = 0  # prompt tokens served by the prefix cache (for usage)
+        self.num_scheduled_tokens = 0  # tokens the current step computes
+        self.finish_reason: FinishReason | None = None
+        self.stop_token_id: int | None = None
+        self.num_emitted = 0  # completion tokens already handed to the caller
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def completion_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    @property
+    def is_prefill(self) -> bool:
+        """True while some tokens other than the newest one still lack KV (prefill or recompute)."""
+        return self.num_computed_tokens < self.num_tokens - 1
+
+    def num_blocks_for(self, num_tokens: int, block_size: int) -> int:
+        return (num_tokens + block_size - 1) // block_size
+
+    def block_token_ids(self, i: int, block_size: int) -> list[int]:
+        return self.token_ids[i * block_size:(i + 1) * block_size]
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def take_new_tokens(self) -> list[int]:
+        """Completion tokens not yet handed to the caller."""
+        new = self.token_ids[self.num_prompt_tokens + self.num_emitted:]
+        self.num_emitted += len(new)
+        return new

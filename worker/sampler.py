@@ -1,0 +1,74 @@
+"""Turns the last-token logits of a batch into next token ids, one row per sequence.
+
+Called by ModelRunner after compute_logits. Penalties, then greedy rows by argmax and the rest by
+temperature -> top-k -> top-p -> min-p -> an exponential race (Gumbel-max without a host sync).
+Seeded rows draw their noise from their own generator, so a seed gives the same tokens whatever
+else is in the batch.
+"""
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class SamplingTensors:
+    temperatures: torch.Tensor  # (B,) float32, 0 = greedy
+    top_ks: torch.Tensor | None  # (B,) int64, vocab size = disabled; None when no row uses it
+    top_ps: torch.Tensor | None  # (B,) float32
+    min_ps: torch.Tensor | None  # (B,) float32
+    # penalties: None when no row uses them
+    repetition_penalties: torch.Tensor | None = None  # (B,)
+    presence_penalties: torch.Tensor | None = None  # (B,)
+    frequency_penalties: torch.Tensor | None = None  # (B,)
+    prompt_mask: torch.Tensor | None = None  # (B, V) bool, token occurs in the prompt
+    output_counts: torch.Tensor | None = None  # (B, V) float32, occurrences in the output
+    generators: dict[int, torch.Generator] | None = None  # row -> generator of a seeded request
+    all_greedy: bool = False
+
+
+def apply_penalties(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    # repetition penalty (CTRL / vLLM): shrink the logits of tokens seen in prompt or output
+    seen = t.prompt_mask | (t.output_counts > 0)
+    rep = t.repetition_penalties[:, None].expand_as(logits)
+    penalized = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(seen, penalized, logits)
+    # presence / frequency penalties (OpenAI): output tokens only
+    logits = logits - t.frequency_penalties[:, None] * t.output_counts
+    return logits - t.presence_penalties[:, None] * (t.output_counts > 0).to(logits.dtype)
+
+
+def filter_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    """Mask (with -inf) the tokens that top-k, top-p and min-p exclude. logits: (B, V) scaled."""
+    if t.top_ks is not None or t.top_ps is not None:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        if t.top_ks is not None:
+            ranks = torch.arange(logits.shape[-1], device=logits.device)[None, :]
+            sorted_logits = sorted_logits.masked_fill(ranks >= t.top_ks[:, None], float("-inf"))
+        if t.top_ps is not None:
+            probs = sorted_logits.softmax(dim=-1)
+            # keep a token while the mass before it is < top_p (the first token is always kept)
+            mass_before = probs.cumsum(dim=-1) - probs
+            sorted_logits = sorted_logits.masked_fill(mass_before >= t.top_ps[:, None], float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    if t.min_ps is not None:
+        probs = logits.softmax(dim=-1)
+        threshold = t.min_ps[:, None] * probs.max(dim=-1, keepdim=True).values
+        logits = logits.masked_fill(probs < threshold, float("-inf"))
+    return logits
+
+
+def sample(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    """logits: (B, V) -> (B,) int64 token ids."""
+    logits = logits.float()
+    if t.repetition_penalties is not None:
+        logits = apply_penalties(logits, t)
+    greedy = logits.argmax(dim=-1)
+    if t.all_greedy:
+        return greedy
+    temps = t.temperatures.clamp_min(1e-6)[:, None]
+    probs = filter_logits(logits / temps, t).softmax(dim=-1)
+    noise = torch.empty_like(probs).exponential_()
+    for row, gen in (t.generators or {}).items():
+        noise[row].exponential_(generator=gen)
+    sampled = (probs / noise).argmax(dim=-1)
+    return torch.where(t.temperatures == 0, greedy, sampled)
