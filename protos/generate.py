@@ -18,7 +18,8 @@ PACKAGE_DIR = Path("nanoserve", "v1")
 def generate(outdir: Path) -> list[Path]:
     """Runs protoc into `outdir`, makes the stubs' imports relative; returns the written files."""
     outdir.mkdir(parents=True, exist_ok=True)
-    protos = sorted(p.relative_to(PROTO_ROOT).as_posix() for p in PROTO_ROOT.glob("nanoserve/v1/*.proto"))
+    found = PROTO_ROOT.glob("nanoserve/v1/*.proto")
+    protos = sorted(p.relative_to(PROTO_ROOT).as_posix() for p in found)
     args = [
         "grpc_tools.protoc",
         f"-I{PROTO_ROOT}",

@@ -1,0 +1,166 @@
+"""Typed errors of both services and their gRPC status codes, mapped both ways.
+
+Servicers raise ServiceError subclasses and `grpc_errors` turns them into statuses; shared/client.py
+turns a failed call's status back into the same classes. Nothing but finish_reason goes in-band.
+"""
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+
+logger = logging.getLogger(__name__)
+
+
+class ServiceError(Exception):
+    """An error that ends an RPC with the status `code` and the message as its details."""
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(ServiceError):
+    """A request field is invalid; the message names it. Fix the request."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, message: str = "", *, field: str | None = None) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+
+
+class ResourceExhausted(ServiceError):
+    """The server is at capacity (admission full, message too large). Back off and retry."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Unavailable(ServiceError):
+    """The server or its worker is unreachable, loading or draining. Retry later."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineExceeded(ServiceError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Cancelled(ServiceError):
+    code = grpc.StatusCode.CANCELLED
+
+
+class NotFound(ServiceError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(ServiceError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class FailedPrecondition(ServiceError):
+    """The system is not in a state that allows the call (e.g. no chat template, tokenizer mismatch)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class OutOfRange(ServiceError):
+    code = grpc.StatusCode.OUT_OF_RANGE
+
+
+class Unimplemented(ServiceError):
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
+class Unauthenticated(ServiceError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(ServiceError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class Aborted(ServiceError):
+    code = grpc.StatusCode.ABORTED
+
+
+class Internal(ServiceError):
+    """A bug or a device failure on the server. Details never carry a traceback."""
+
+    code = grpc.StatusCode.INTERNAL
+
+
+class Unknown(ServiceError):
+    code = grpc.StatusCode.UNKNOWN
+
+
+_ERROR_BY_CODE: dict[grpc.StatusCode, type[ServiceError]] = {
+    cls.code: cls
+    for cls in (InvalidArgument, ResourceExhausted, Unavailable, DeadlineExceeded, Cancelled,
+                NotFound, AlreadyExists, FailedPrecondition, OutOfRange, Unimplemented,
+                Unauthenticated, PermissionDenied, Aborted, Internal, Unknown)
+}
+# DATA_LOSS has no class of its own; OK is not an error.
+_ERROR_BY_CODE[grpc.StatusCode.DATA_LOSS] = Internal
+
+
+def error_for_code(code: grpc.StatusCode, message: str = "") -> ServiceError:
+    """The ServiceError for a status code (Unknown when the code has no class)."""
+    return _ERROR_BY_CODE.get(code, Unknown)(message)
+
+
+def error_from_rpc(error: grpc.RpcError) -> ServiceError:
+    """The ServiceError for a failed call (grpc.RpcError or grpc.aio.AioRpcError)."""
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    details = error.details() if hasattr(error, "details") else str(error)
+    converted = error_for_code(code, details or "")
+    converted.__cause__ = error
+    return converted
+
+
+async def abort(context: grpc.aio.ServicerContext, error: ServiceError) -> None:
+    """Ends the RPC with the error's status; raises grpc.aio.AbortError like context.abort."""
+    await context.abort(error.code, error.message)
+
+
+def grpc_errors(handler: Callable) -> Callable:
+    """Decorates an async servicer method (unary or async-generator) so that a ServiceError ends the
+    RPC with its status and any other exception with INTERNAL, logged here, without the traceback in
+    the details. Cancellation (asyncio.CancelledError) passes through untouched."""
+    name = handler.__qualname__
+
+    async def on_error(context: grpc.aio.ServicerContext, error: Exception) -> None:
+        if isinstance(error, ServiceError):
+            await abort(context, error)
+        logger.exception("%s failed", name)
+        await context.abort(grpc.StatusCode.INTERNAL, "internal error")
+
+    if inspect.isasyncgenfunction(handler):
+        @functools.wraps(handler)
+        async def stream_wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext):
+            try:
+                async for response in handler(self, request, context):
+                    yield response
+            except grpc.aio.AbortError:
+                raise
+            except Exception as e:  # noqa: BLE001 - every failure becomes a status
+                await on_error(context, e)
+
+        return stream_wrapper
+
+    @functools.wraps(handler)
+    async def unary_wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext):
+        try:
+            return await handler(self, request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            await on_error(context, e)
+
+    return unary_wrapper
