@@ -1,0 +1,26 @@
+"""RMSNorm, optionally fused with the residual add that precedes it in every decoder layer."""
+import torch
+from torch import nn
+
+from worker.layers.linear import load_whole
+
+
+class RMSNorm(nn.Module):
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.weight.weight_loader = load_whole
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        # x: (..., hidden). With residual: x + residual is normalised and also returned as the new
+        # residual stream. The statistics are taken in float32, as Hugging Face's Qwen3RMSNorm.
+        if residual is not None:
+            x = x + residual
+            residual = x
+        x_f = x.float()
+        x_f = x_f * torch.rsqrt(x_f.pow(2).mean(-1, keepdim=True) + self.eps)
+        out = self.weight * x_f.to(x.dtype)
+        return out if residual is None else (out, residual)

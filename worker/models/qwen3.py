@@ -1,0 +1,122 @@
+"""Qwen3 decoder-only transformer, tensor-parallel aware. ModelRunner calls forward(input_ids,
+positions) with the batch layout in worker.context, then compute_logits on the rows it samples from.
+"""
+import torch
+from torch import nn
+
+from worker.layers.activation import SiluAndMul
+from worker.layers.attention import Attention
+from worker.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
+from worker.layers.layernorm import RMSNorm
+from worker.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from worker.layers.rotary_embedding import RotaryEmbedding
+from worker.model_config import ModelConfig
+
+
+class Qwen3Attention(nn.Module):
+
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 rms_norm_eps: float, rope_theta: float, max_position: int):
+        super().__init__()
+        self.qkv_proj = QKVParallelLinear(hidden_size, head_dim, num_heads, num_kv_heads)
+        # heads on this rank
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.head_dim = head_dim
+        self.q_size, self.kv_size = self.num_heads * head_dim, self.num_kv_heads * head_dim
+        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size)
+        # Qwen3 normalises each head's q and k over head_dim before the rotary embedding
+        self.q_norm = RMSNorm(head_dim, eps=rms_norm_eps)
+        self.k_norm = RMSNorm(head_dim, eps=rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(head_dim, max_position, rope_theta)
+        self.attn = Attention(self.num_heads, head_dim, head_dim ** -0.5, self.num_kv_heads)
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        # hidden_states: (N, hidden) -> qkv: (N, (Hq + 2 * Hkv) * D), heads of this rank
+        qkv = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self.q_norm(q.reshape(-1, self.num_heads, self.head_dim))  # (N, Hq, D)
+        k = self.k_norm(k.reshape(-1, self.num_kv_heads, self.head_dim))  # (N, Hkv, D)
+        q, k = self.rotary_emb(positions, q, k)
+        o = self.attn(q.flatten(1), k.flatten(1), v)  # (N, Hq * D)
+        return self.o_proj(o)  # (N, hidden), summed over ranks
+
+
+class Qwen3MLP(nn.Module):
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2)
+        self.act_fn = SiluAndMul()
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (N, hidden) -> (N, 2 * I / tp) -> (N, I / tp) -> (N, hidden)
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class Qwen3DecoderLayer(nn.Module):
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self_attn = Qwen3Attention(
+            config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+            config.head_dim, config.rms_norm_eps, config.rope_theta,
+            config.max_position_embeddings)
+        self.mlp = Qwen3MLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
+                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        # the residual add of each sub-block is fused into the norm that follows it
+        if residual is None:
+            hidden_states, residual = self.input_layernorm(hidden_states), hidden_states
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class Qwen3Model(nn.Module):
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(config)
+                                    for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden_states, residual = self.embed_tokens(input_ids), None  # (N, hidden)
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class Qwen3ForCausalLM(nn.Module):
+    # checkpoint name -> (parameter it is packed into, shard_id for that parameter's weight_loader)
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = Qwen3Model(config)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # input_ids, positions: (N,) for all scheduled tokens of the batch -> (N, hidden)
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        # (B, hidden), the rows the caller samples from -> (B, vocab), full on every rank
+        return self.lm_head(hidden_states)
