@@ -57,8 +57,9 @@ def filter_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     return logits
 
 
-def sample(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
-    """logits: (B, V) -> (B,) int64 token ids."""
+def sample(logits: torch.Tensor, t: SamplingTensors,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """logits: (B, V) -> (B,) int64 token ids; `generator` serves the unseeded rows."""
     logits = logits.float()
     if t.repetition_penalties is not None:
         logits = apply_penalties(logits, t)
@@ -67,7 +68,7 @@ def sample(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
         return greedy
     temps = t.temperatures.clamp_min(1e-6)[:, None]
     probs = filter_logits(logits / temps, t).softmax(dim=-1)
-    noise = torch.empty_like(probs).exponential_()
+    noise = torch.empty_like(probs).exponential_(generator=generator)
     for row, gen in (t.generators or {}).items():
         noise[row].exponential_(generator=gen)
     sampled = (probs / noise).argmax(dim=-1)

@@ -247,7 +247,8 @@ class ModelRunner:
         if len(rows) < len(seqs):
             last = last[torch.tensor(rows, device=self.device)]
         logits = self.model.compute_logits(hidden[last])
-        token_ids = sample(logits, self.prepare_sample(sampled_seqs)).tolist()  # one D2H copy
+        t = self.prepare_sample(sampled_seqs)
+        token_ids = sample(logits, t, self.sample_generator).tolist()  # one D2H copy
         out: list[int | None] = [None] * len(seqs)
         for i, token_id in zip(rows, token_ids):
             out[i] = token_id

@@ -1,0 +1,4 @@
+"""`python -m worker`: start the WorkerService (flags generated from WorkerConfig)."""
+from worker.server import main
+
+main()
