@@ -47,10 +47,11 @@ class ModelConfig:
             raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        for token_id in self.eos_token_ids:
-            if not 0 <= token_id < self.vocab_size:
-                raise ValueError(f"eos_token_id {token_id} is outside the vocabulary "
-                                 f"(vocab_size={self.vocab_size})")
+        # an id past vocab_size is allowed (transformers only warns): it is simply never sampled
+        for token_id in (*self.eos_token_ids, self.bos_token_id):
+            if token_id is not None and (not isinstance(token_id, int) or token_id < 0):
+                raise ValueError(f"token ids must be non-negative integers, got eos_token_ids="
+                                 f"{self.eos_token_ids!r}, bos_token_id={self.bos_token_id!r}")
 
     @property
     def torch_dtype(self) -> torch.dtype:
