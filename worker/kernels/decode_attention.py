@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from worker.kernels.dtypes import dot_dtype
+
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
 
@@ -24,7 +26,7 @@ def _decode_split_kernel(
     stride_cb, stride_cs, stride_ch, stride_bt,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -42,7 +44,7 @@ def _decode_split_kernel(
     row_mask = rows < GROUP
     heads = kv_head * GROUP + rows
     q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :],
-                mask=row_mask[:, None], other=0.0)  # (BLOCK_H, HEAD_DIM)
+                mask=row_mask[:, None], other=0.0).to(DOT_DTYPE)  # (BLOCK_H, HEAD_DIM)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -56,15 +58,16 @@ def _decode_split_kernel(
         valid = pos < end
         kv_off = (block * stride_cb + kv_head_off + ((tile % BLOCK_SIZE) + cols)[:, None] * stride_cs
                   + dims[None, :])
-        k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)  # (BLOCK_N, HEAD_DIM)
-        v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+        # (BLOCK_N, HEAD_DIM); masked rows may hold stale NaN/inf of another sequence and must not reach p @ v
+        k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(DOT_DTYPE)
+        v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_H, BLOCK_N), log2 units
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     nonempty = l_i > 0.0
@@ -91,8 +94,9 @@ def _decode_reduce_kernel(
     dims = tl.arange(0, HEAD_DIM)
     base = (seq * num_q_heads + head) * NUM_SPLITS
     lse = tl.load(part_lse_ptr + base + splits, mask=splits < NUM_SPLITS, other=float("-inf"))
-    m = tl.max(lse, 0)
     # context_len 0 (a padded batch entry) leaves every split empty: write zeros, not NaN
+    m = tl.max(lse, 0)
+    m = tl.where(m > float("-inf"), m, 0.0)
     w = tl.where(lse > float("-inf"), tl.exp2(lse - m), 0.0)
     total = tl.sum(w, 0)
     parts = tl.load(part_o_ptr + (base + splits)[:, None] * HEAD_DIM + dims[None, :],
@@ -153,7 +157,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=min(64, block_size), NUM_SPLITS=num_splits,
-        DOT_PRECISION="ieee" if fp32 else "tf32",
+        DOT_PRECISION="ieee" if fp32 else "tf32", DOT_DTYPE=dot_dtype(k_cache.dtype),
         num_warps=4, num_stages=2 if fp32 else 3,
     )
     if num_splits > 1:

@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from worker.kernels.dtypes import dot_dtype
+
 LOG2E = 1.4426950408889634
 
 
@@ -19,7 +21,8 @@ def _prefill_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP
     seq = tl.program_id(0)
@@ -42,7 +45,7 @@ def _prefill_kernel(
     cols = tl.arange(0, BLOCK_N)
     tokens = (q_start + q_idx).to(tl.int64)
     q = tl.load(q_ptr + tokens[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :],
-                mask=row_mask[:, None], other=0.0)  # (BLOCK_M, HEAD_DIM)
+                mask=row_mask[:, None], other=0.0).to(DOT_DTYPE)  # (BLOCK_M, HEAD_DIM)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -58,14 +61,14 @@ def _prefill_kernel(
         block = tl.load(table + tile // BLOCK_SIZE).to(tl.int64)
         kv_off = (block * stride_cb + kv_head_off + ((tile % BLOCK_SIZE) + cols)[:, None] * stride_cs
                   + dims[None, :])
-        k = tl.load(k_cache_ptr + kv_off)  # (BLOCK_N, HEAD_DIM)
-        v = tl.load(v_cache_ptr + kv_off)
+        k = tl.load(k_cache_ptr + kv_off).to(DOT_DTYPE)  # (BLOCK_N, HEAD_DIM)
+        v = tl.load(v_cache_ptr + kv_off).to(DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
         m_i = m_new
     for tile in range(full_end, last_q_pos + 1, BLOCK_N):
         block = tl.load(table + tile // BLOCK_SIZE).to(tl.int64)
@@ -73,8 +76,8 @@ def _prefill_kernel(
         valid = pos < context_len
         kv_off = (block * stride_cb + kv_head_off + ((tile % BLOCK_SIZE) + cols)[:, None] * stride_cs
                   + dims[None, :])
-        k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+        k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(DOT_DTYPE)
+        v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         # every row sees key 0 or an earlier unmasked tile, so m_new stays finite
         s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
@@ -82,7 +85,7 @@ def _prefill_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
@@ -120,7 +123,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q.stride(0), q.stride(1), o.stride(0), o.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=group, BLOCK_Q=block_q, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n,
-        DOT_PRECISION="ieee" if fp32 else "tf32",
+        DOT_PRECISION="ieee" if fp32 else "tf32", DOT_DTYPE=dot_dtype(k_cache.dtype),
         num_warps=8 if block_q * group * head_dim >= 128 * 128 else 4, num_stages=2,
     )
     return o
