@@ -1,7 +1,7 @@
 """Tensor-parallel rank helpers for the model layers.
 
-The TP group is the default torch.distributed group (ModelRunner initialises it: NCCL on CUDA, gloo on
-CPU); without it every helper degrades to world size 1, the plain single-process path.
+The TP group is the default torch.distributed group (ModelRunner initialises it: NCCL on CUDA, gloo
+on CPU); without it every helper degrades to world size 1, the plain single-process path.
 """
 import torch
 import torch.distributed as dist

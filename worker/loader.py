@@ -1,6 +1,6 @@
-"""Fill a model's parameters from a Hugging Face safetensors checkpoint (single file or sharded with
-model.safetensors.index.json). Each parameter's weight_loader reads, through a lazy safetensors slice,
-only the shard its tensor-parallel rank keeps; the dtype is cast to the parameter's on copy.
+"""Fill a model's parameters from a Hugging Face safetensors checkpoint (one file, or shards
+listed in model.safetensors.index.json). Each parameter's weight_loader reads, through a lazy
+safetensors slice, only the shard its tensor-parallel rank keeps; the dtype is cast on copy.
 """
 import glob
 import json
@@ -48,7 +48,7 @@ def load_model(model: nn.Module, model_dir: str) -> None:
     loaded: set[tuple[str, object]] = set()
     for path in checkpoint_files(model_dir):
         with safe_open(path, framework="pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
                 if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
                     continue
                 param_name, shard_id = _target(name, mapping)

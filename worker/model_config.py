@@ -1,5 +1,5 @@
-"""The model's shape and ids, read from a Hugging Face Qwen3 directory (config.json and
-generation_config.json) with json only. ModelRunner builds Qwen3ForCausalLM from it; the worker reports
+"""The model's shape and ids, read with json only from a Hugging Face Qwen3 directory (config.json,
+generation_config.json). ModelRunner builds Qwen3ForCausalLM from it; the worker reports
 eos_token_ids and max_position_embeddings to the frontend.
 """
 import json
@@ -67,7 +67,9 @@ class ModelConfig:
         with open(config_path) as f:
             hf = json.load(f)
         architectures = hf.get("architectures") or []
-        if _ARCHITECTURE not in architectures:
+        # a bare config (Qwen3Config().save_pretrained) has no architectures, only model_type
+        bare_qwen3 = not architectures and hf.get("model_type") == "qwen3"
+        if _ARCHITECTURE not in architectures and not bare_qwen3:
             raise ValueError(f"not a Qwen3 model: architectures={architectures}")
         _check_supported(hf)
         generation = {}

@@ -1,5 +1,5 @@
-"""Qwen3ForCausalLM against transformers' implementation: teacher-forced logits through a real paged KV
-cache (prefill, chunked prefill over a cached prefix, decode), and tensor parallelism over gloo."""
+"""Qwen3ForCausalLM against transformers' implementation: teacher-forced logits through a real paged
+KV cache (prefill, chunked prefill over a cached prefix, decode), and tensor parallelism (gloo)."""
 import os
 import random
 
@@ -20,24 +20,27 @@ ATOL = 1e-4
 
 CONFIGS = {
     # name: Qwen3Config kwargs
-    "tied-mha": dict(num_attention_heads=4, num_key_value_heads=4, hidden_size=64,
-                     tie_word_embeddings=True, rope_theta=10000.0),
-    "untied-gqa2-headdim": dict(num_attention_heads=4, num_key_value_heads=2, hidden_size=64,
-                                head_dim=24, tie_word_embeddings=False, rope_theta=5000.0),
-    "tied-gqa4-odd-vocab": dict(num_attention_heads=8, num_key_value_heads=2, hidden_size=48,
-                                head_dim=12, tie_word_embeddings=True, rope_theta=1e6,
-                                vocab_size=101),
-    "untied-mqa": dict(num_attention_heads=4, num_key_value_heads=1, hidden_size=32, head_dim=16,
-                       tie_word_embeddings=False, rope_theta=20000.0),
+    "tied-mha": {
+        "num_attention_heads": 4, "num_key_value_heads": 4, "hidden_size": 64,
+        "tie_word_embeddings": True, "rope_theta": 10000.0},
+    "untied-gqa2-headdim": {
+        "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64, "head_dim": 24,
+        "tie_word_embeddings": False, "rope_theta": 5000.0},
+    "tied-gqa4-odd-vocab": {
+        "num_attention_heads": 8, "num_key_value_heads": 2, "hidden_size": 48, "head_dim": 12,
+        "tie_word_embeddings": True, "rope_theta": 1e6, "vocab_size": 101},
+    "untied-mqa": {
+        "num_attention_heads": 4, "num_key_value_heads": 1, "hidden_size": 32, "head_dim": 16,
+        "tie_word_embeddings": False, "rope_theta": 20000.0},
 }
 
 
 def make_hf_model(model_dir: str, seed: int = 0, **overrides):
-    """A random Hugging Face Qwen3ForCausalLM saved to model_dir, weights scaled so logits are O(1)."""
+    """A random HF Qwen3ForCausalLM saved to model_dir, weights scaled so that logits are O(1)."""
     from transformers import Qwen3Config
     from transformers import Qwen3ForCausalLM as HFQwen3ForCausalLM
-    kwargs = dict(vocab_size=96, intermediate_size=80, num_hidden_layers=2, rms_norm_eps=1e-6,
-                  max_position_embeddings=128)
+    kwargs = {"vocab_size": 96, "intermediate_size": 80, "num_hidden_layers": 2,
+              "rms_norm_eps": 1e-6, "max_position_embeddings": 128}
     kwargs.update(overrides)
     torch.manual_seed(seed)
     hf = HFQwen3ForCausalLM(Qwen3Config(**kwargs)).eval()
@@ -80,14 +83,15 @@ class PagedCache:
         for i, chunk in enumerate(chunks):
             for pos in range(self.lens[i], self.lens[i] + len(chunk)):
                 positions.append(pos)
-                slots.append(self.block_tables[i][pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE)
+                block = self.block_tables[i][pos // BLOCK_SIZE]
+                slots.append(block * BLOCK_SIZE + pos % BLOCK_SIZE)
             input_ids += chunk
             self.lens[i] += len(chunk)
             cu_q.append(len(input_ids))
         cu_k = [0]
         for length in self.lens:
             cu_k.append(cu_k[-1] + length)
-        int32 = dict(dtype=torch.int32)
+        int32 = {"dtype": torch.int32}
         set_context(is_prefill=is_prefill, cu_seqlens_q=torch.tensor(cu_q, **int32),
                     cu_seqlens_k=torch.tensor(cu_k, **int32),
                     max_seqlen_q=max(map(len, chunks)), max_seqlen_k=max(self.lens),
@@ -119,12 +123,12 @@ def test_prefill_and_decode_match_transformers(tmp_path, name, lengths):
     seqs = random_seqs(hf.config.vocab_size, lengths)
     cache = PagedCache(model, len(seqs))
     logits = cache.step(model, seqs, is_prefill=True)
-    for seq, ours in zip(seqs, split_rows(logits, lengths)):
+    for seq, ours in zip(seqs, split_rows(logits, lengths), strict=True):
         torch.testing.assert_close(ours, hf_logits(hf, seq), atol=ATOL, rtol=ATOL)
     # decode: one more token per sequence, attending over the cache the prefill filled
     next_tokens = random_seqs(hf.config.vocab_size, [1] * len(seqs), seed=1)
     logits = cache.step(model, next_tokens, is_prefill=False)
-    for row, seq, tok in zip(logits, seqs, next_tokens):
+    for row, seq, tok in zip(logits, seqs, next_tokens, strict=True):
         torch.testing.assert_close(row, hf_logits(hf, seq + tok)[-1], atol=ATOL, rtol=ATOL)
 
 
@@ -135,8 +139,9 @@ def test_chunked_prefill_over_cached_prefix_matches_transformers(tmp_path):
     cache = PagedCache(model, len(seqs))
     first = cache.step(model, [seqs[0][:5], seqs[1][:3]], is_prefill=True)
     second = cache.step(model, [seqs[0][5:], seqs[1][3:]], is_prefill=True)
-    ours = [torch.cat([a, b]) for a, b in zip(split_rows(first, [5, 3]), split_rows(second, [5, 3]))]
-    for seq, rows in zip(seqs, ours):
+    pairs = zip(split_rows(first, [5, 3]), split_rows(second, [5, 3]), strict=True)
+    ours = [torch.cat(pair) for pair in pairs]
+    for seq, rows in zip(seqs, ours, strict=True):
         torch.testing.assert_close(rows, hf_logits(hf, seq), atol=ATOL, rtol=ATOL)
 
 
@@ -201,6 +206,7 @@ def test_tensor_parallel_2_ranks_matches_single_process(tmp_path):
     mp.spawn(_tp_rank_main, args=(2, free_port(), model_dirs, str(tmp_path)), nprocs=2, join=True)
     for rank in range(2):
         results = torch.load(tmp_path / f"rank{rank}.pt")
-        for name, (prefill, decode), (ref_prefill, ref_decode) in zip(TP_CONFIGS, results, expected):
+        for name, ours, ref in zip(TP_CONFIGS, results, expected, strict=True):
+            (prefill, decode), (ref_prefill, ref_decode) = ours, ref
             torch.testing.assert_close(prefill, ref_prefill, atol=ATOL, rtol=ATOL, msg=name)
             torch.testing.assert_close(decode, ref_decode, atol=ATOL, rtol=ATOL, msg=name)

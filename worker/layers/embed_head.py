@@ -1,8 +1,8 @@
 """Token embedding and LM head with the vocabulary split across tensor-parallel ranks.
 
 Rank r holds rows [r * per_rank, (r + 1) * per_rank) of the (vocab, hidden) table, per_rank =
-ceil(vocab / tp_size); the last rank's rows past the vocabulary stay zero. ParallelLMHead all-gathers
-the logits, so EVERY rank gets the full (B, vocab) logits and can sample identically.
+ceil(vocab / tp_size); the last rank's rows past the vocabulary stay zero. ParallelLMHead
+all-gathers the logits, so EVERY rank gets the full (B, vocab) logits and can sample identically.
 """
 import torch
 import torch.nn.functional as F

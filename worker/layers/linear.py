@@ -1,8 +1,8 @@
 """Linear layers split across tensor-parallel ranks (column: output rows; row: input columns).
 
-Each parameter carries weight_loader(param, loaded_weight, shard_id=None), called by worker.loader with
-the FULL checkpoint tensor or a lazy safetensors slice: it checks the full shape and reads only this
-rank's shard, so no rank ever holds the whole weight.
+Each parameter carries weight_loader(param, loaded_weight, shard_id=None), called by worker.loader
+with the FULL checkpoint tensor or a lazy safetensors slice: it checks the full shape and reads only
+this rank's shard, so no rank ever holds the whole weight.
 """
 import torch
 import torch.nn.functional as F
@@ -79,7 +79,7 @@ class ColumnParallelLinear(LinearBase):
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
-    """Several column-parallel weights stacked in one matmul (gate_proj and up_proj -> gate_up_proj);
+    """Several column-parallel weights stacked in one matmul (gate_proj, up_proj -> gate_up_proj);
     shard_id is the index of the checkpoint weight in output_sizes."""
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False):
@@ -97,8 +97,8 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
 class QKVParallelLinear(LinearBase):
     """q, k and v projections in one matmul, split by heads. Query heads are divided across ranks;
-    kv heads too when there are at least tp_size of them, otherwise each rank holds a copy of the one
-    kv head its query heads attend to (head rank * total_num_kv_heads // tp_size)."""
+    kv heads too when there are at least tp_size of them, otherwise each rank holds a copy of the
+    one kv head its query heads attend to (head rank * total_num_kv_heads // tp_size)."""
 
     def __init__(self, hidden_size: int, head_size: int, total_num_heads: int,
                  total_num_kv_heads: int, bias: bool = False):

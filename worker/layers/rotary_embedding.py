@@ -1,4 +1,4 @@
-"""Rotary position embedding (neox / Hugging Face rotate_half layout) applied to q and k by position."""
+"""Rotary position embedding (neox / Hugging Face rotate_half layout), applied to q and k."""
 import torch
 from torch import nn
 
@@ -17,8 +17,9 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"rotary head_dim must be even, got {head_dim}")
         inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
-        # (max_position, head_dim): [cos | sin]. A plain attribute, not a buffer, so that casting the
-        # model (model.to(torch.bfloat16)) cannot lower its precision; forward moves it to the device.
+        # (max_position, head_dim): [cos | sin]. A plain attribute, not a buffer, so that casting
+        # the model (model.to(torch.bfloat16)) cannot lower its precision; forward moves it to the
+        # positions' device.
         self.cos_sin_cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor

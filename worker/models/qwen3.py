@@ -1,6 +1,8 @@
 """Qwen3 decoder-only transformer, tensor-parallel aware. ModelRunner calls forward(input_ids,
 positions) with the batch layout in worker.context, then compute_logits on the rows it samples from.
 """
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -97,7 +99,7 @@ class Qwen3Model(nn.Module):
 
 class Qwen3ForCausalLM(nn.Module):
     # checkpoint name -> (parameter it is packed into, shard_id for that parameter's weight_loader)
-    packed_modules_mapping = {
+    packed_modules_mapping: ClassVar[dict[str, tuple[str, str | int]]] = {
         "q_proj": ("qkv_proj", "q"),
         "k_proj": ("qkv_proj", "k"),
         "v_proj": ("qkv_proj", "v"),
