@@ -1,0 +1,140 @@
+"""The frontend's tokenizer: tokenizer.json through `tokenizers`, and the chat template from
+tokenizer_config.json rendered in a jinja2 sandbox. Encoding runs in a thread pool, off the event loop.
+"""
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+from shared.errors import InvalidArgument
+from shared.model_files import read_json
+
+logger = logging.getLogger(__name__)
+
+
+def _token_content(token: Any) -> str | None:
+    """tokenizer_config.json spells special tokens as a string or as {"content": ...}."""
+    if isinstance(token, dict):
+        return token.get("content")
+    return token if isinstance(token, str) else None
+
+
+def _load_chat_template(model_dir: Path, config: dict[str, Any]) -> str | None:
+    # Newer Hugging Face exports keep the template in its own file.
+    standalone = model_dir / "chat_template.jinja"
+    if standalone.is_file():
+        return standalone.read_text(encoding="utf-8")
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(value: Any, indent: int | None = None) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+class Tokenizer:
+    """Encodes prompts, renders chat templates and decodes token ids for one model directory."""
+
+    def __init__(self, model_dir: str | Path, num_threads: int = 4) -> None:
+        model_dir = Path(model_dir)
+        path = model_dir / "tokenizer.json"
+        if not path.is_file():
+            raise ValueError(f"model: {model_dir} has no tokenizer.json")
+        self._tokenizer = HFTokenizer.from_file(str(path))
+        config_path = model_dir / "tokenizer_config.json"
+        config = read_json(config_path) if config_path.is_file() else {}
+        self.bos_token = _token_content(config.get("bos_token"))
+        self.eos_token = _token_content(config.get("eos_token"))
+        # Tokens decode() drops with skip_special_tokens (e.g. <|im_end|>), as `tokenizers` marks them.
+        self.special_token_ids = frozenset(
+            i for i, token in self._tokenizer.get_added_tokens_decoder().items() if token.special
+        )
+        self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
+        self.chat_template = _load_chat_template(model_dir, config)
+        self._template: jinja2.Template | None = None
+        if self.chat_template is not None:
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+            )
+            env.filters["tojson"] = _tojson
+            env.globals["raise_exception"] = _raise_exception
+            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+            self._template = env.from_string(self.chat_template)
+        self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="tokenizer")
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self._template is not None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict[str, str]],
+        add_generation_prompt: bool = True,
+        enable_thinking: bool = True,
+    ) -> str:
+        """Renders the conversation to the prompt text; template errors name the `messages` field."""
+        if self._template is None:
+            raise ValueError("the model has no chat template")
+        try:
+            return self._template.render(
+                messages=list(messages),
+                add_generation_prompt=add_generation_prompt,
+                enable_thinking=enable_thinking,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+                tools=None,
+            )
+        except jinja2.TemplateError as e:
+            raise InvalidArgument(f"chat template rejected the conversation: {e}",
+                                  field="messages") from None
+
+    def encode_chat(self, messages: Sequence[dict[str, str]], enable_thinking: bool = True) -> list[int]:
+        # The template writes every special token itself; adding them again would double a bos.
+        prompt = self.apply_chat_template(messages, enable_thinking=enable_thinking)
+        return self.encode(prompt, add_special_tokens=False)
+
+    async def encode_async(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.encode, text, add_special_tokens)
+
+    async def encode_chat_async(
+        self, messages: Sequence[dict[str, str]], enable_thinking: bool = True
+    ) -> list[int]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._executor, self.encode_chat, messages, enable_thinking
+        )
+
+    async def decode_async(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.decode, token_ids, skip_special_tokens)
+
+    async def run(self, fn: Any, *args: Any) -> Any:
+        """Runs fn(*args) in the tokenizer's thread pool (large detokenizer steps)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,39 @@
+"""gRPC server and channel options both services use: bounded message sizes and keepalive settings
+that agree with each other, so long prefills with no DATA frames never draw a "too_many_pings" GOAWAY.
+"""
+
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# Clients ping an idle connection every 30 s and drop it after 10 s without an answer.
+CLIENT_KEEPALIVE_TIME_MS = 30_000
+CLIENT_KEEPALIVE_TIMEOUT_MS = 10_000
+
+
+def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    """Options for grpc.aio.server(options=...)."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        # Accept the clients' 30 s pings, also between calls, and never punish them with GOAWAY.
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.max_ping_strikes", 0),
+        # Detect dead clients (a killed frontend) so their streams are cancelled and freed.
+        ("grpc.keepalive_time_ms", 60_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
+    ]
+
+
+def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    """Options for grpc.aio.insecure_channel(options=...)."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", CLIENT_KEEPALIVE_TIME_MS),
+        ("grpc.keepalive_timeout_ms", CLIENT_KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        # A restarted peer is found again within ~2 s instead of after exponential backoff.
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.min_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 2_000),
+    ]
