@@ -190,6 +190,8 @@ class ModelRunner:
                                       dtype=torch.float32).to(dev),
             top_ks=None, top_ps=None, min_ps=None,
             all_greedy=all(p.greedy for p in params))
+        if any(p.has_penalties for p in params):
+            self._penalty_tensors(seqs, t)
         if t.all_greedy:
             return t
         if any(p.top_k > 0 for p in params):
@@ -198,8 +200,6 @@ class ModelRunner:
             t.top_ps = torch.tensor([p.top_p for p in params], dtype=torch.float32).to(dev)
         if any(p.min_p > 0 for p in params):
             t.min_ps = torch.tensor([p.min_p for p in params], dtype=torch.float32).to(dev)
-        if any(p.has_penalties for p in params):
-            self._penalty_tensors(seqs, t)
         t.generators = {i: self._generator(seq) for i, seq in enumerate(seqs)
                         if seq.sampling_params.seed is not None}
         return t

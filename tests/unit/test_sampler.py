@@ -1,0 +1,115 @@
+"""Sampler: greedy, filtered-softmax distributions, penalties, and seeds independent of the batch."""
+import pytest
+import torch
+
+from tests.unit.hf_reference import make_hf_model
+from worker import LLM, SamplingParams
+from worker.sampler import SamplingTensors, sample
+
+
+def tensors(b: int, temperature: float = 1.0, top_k=None, top_p=None, min_p=None) -> SamplingTensors:
+    full = lambda v, dt=torch.float32: None if v is None else torch.full((b,), v, dtype=dt)  # noqa: E731
+    return SamplingTensors(temperatures=full(temperature), top_ks=full(top_k, torch.long),
+                           top_ps=full(top_p), min_ps=full(min_p))
+
+
+LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0, -3.0, 0.2])
+
+
+def expected(temperature=1.0, top_k=None, top_p=None, min_p=None) -> torch.Tensor:
+    """The filtered softmax, computed the plain way: top-k, then top-p, then min-p."""
+    p = (LOGITS / temperature).softmax(-1)
+    keep = torch.ones_like(p, dtype=torch.bool)
+    order = p.argsort(descending=True)
+    if top_k is not None:
+        keep[order[top_k:]] = False
+    if top_p is not None:  # over the top-k survivors, renormalized (vLLM's order)
+        renorm = torch.where(keep, p, torch.zeros_like(p))
+        renorm /= renorm.sum()
+        mass = 0.0
+        for rank, i in enumerate(order.tolist()):
+            if mass >= top_p and rank > 0:
+                keep[i] = False
+            mass += renorm[i].item()
+    if min_p is not None:
+        keep &= p >= min_p * p.max()
+    q = torch.where(keep, p, torch.zeros_like(p))
+    return q / q.sum()
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(temperature=0.7), dict(top_k=3), dict(top_p=0.8),
+                                dict(min_p=0.2), dict(top_k=5, top_p=0.9, temperature=1.3)])
+def test_distribution_matches_filtered_softmax(kw):
+    n = 40000
+    gen = torch.Generator().manual_seed(0)
+    ids = sample(LOGITS.repeat(n, 1), tensors(n, **kw), gen)
+    freq = torch.bincount(ids, minlength=len(LOGITS)).float() / n
+    want = expected(**kw)
+    assert torch.all(freq[want == 0] == 0), "a filtered token was sampled"
+    # 5 sigma of a binomial proportion
+    tol = 5 * torch.sqrt(want * (1 - want) / n) + 1e-3
+    assert torch.all((freq - want).abs() <= tol), (freq, want)
+
+
+def test_greedy_rows_take_argmax_in_mixed_batch():
+    logits = torch.randn(6, 50)
+    t = tensors(6)
+    t.temperatures[::2] = 0
+    ids = sample(logits, t, torch.Generator().manual_seed(1))
+    assert torch.equal(ids[::2], logits[::2].argmax(-1))
+
+
+def test_penalties_shift_logits():
+    logits = torch.tensor([[1.0, 2.0, -1.0, 0.5]])
+    t = tensors(1, temperature=0.0)
+    t.repetition_penalties = torch.tensor([2.0])
+    t.presence_penalties = torch.tensor([0.5])
+    t.frequency_penalties = torch.tensor([0.25])
+    t.prompt_mask = torch.tensor([[False, True, True, False]])
+    t.output_counts = torch.tensor([[0.0, 0.0, 0.0, 2.0]])
+    from worker.sampler import apply_penalties
+    out = apply_penalties(logits, t)
+    # token1 (prompt, >0): 2/2=1; token2 (prompt, <0): -1*2=-2; token3 (output x2): 0.5/2-0.5-0.5
+    assert torch.allclose(out, torch.tensor([[1.0, 1.0, -2.0, 0.25 - 0.5 - 0.5]]))
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sampler_model")
+    make_hf_model(path)
+    return LLM(path, device="cpu", kvcache_block_size=16, num_kvcache_blocks=128)
+
+
+def test_seed_is_reproducible_and_batch_independent(llm):
+    prompt = [5, 9, 33, 2, 17, 8]
+    sp = SamplingParams(temperature=1.0, top_p=0.95, seed=1234, max_tokens=20, ignore_eos=True)
+    alone = llm.generate([prompt], sp, use_tqdm=False)[0].token_ids
+    others = [[11, 12, 13], [40] * 30, [7, 7, 7, 7]]
+    noisy = SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True)
+    batch = llm.generate(others[:2] + [prompt] + others[2:], [noisy, noisy, sp, noisy],
+                         use_tqdm=False)
+    assert batch[2].token_ids == alone
+    other_seed = SamplingParams(temperature=1.0, top_p=0.95, seed=99, max_tokens=20, ignore_eos=True)
+    assert llm.generate([prompt], other_seed, use_tqdm=False)[0].token_ids != alone
+
+
+def test_top_k_1_equals_greedy(llm):
+    prompts = [[5, 9, 33], [100, 200, 300, 400]]
+    greedy = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+                          use_tqdm=False)
+    top1 = llm.generate(prompts, SamplingParams(temperature=1.5, top_k=1, max_tokens=16,
+                                                ignore_eos=True), use_tqdm=False)
+    assert [o.token_ids for o in greedy] == [o.token_ids for o in top1]
+
+
+def test_repetition_penalty_changes_greedy_output(llm):
+    prompt = [5, 5, 5, 5, 6, 6, 6]
+    plain = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+                         use_tqdm=False)[0].token_ids
+    penalized = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
+                                                      repetition_penalty=5.0,
+                                                      frequency_penalty=2.0), use_tqdm=False)
+    tokens = penalized[0].token_ids
+    assert tokens != plain
+    # a frequency penalty of 2 makes repeats rare
+    assert len(set(tokens)) > len(set(plain)) or len(set(tokens)) >= len(tokens) // 2
