@@ -1,0 +1,107 @@
+"""Scheduler + BlockManager without a model: reference counts, prefix hits and the hash table stay
+consistent under any interleaving of adds, steps, preemptions and aborts (hypothesis)."""
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from worker.engine.block_manager import BlockManager, chain_hash
+from worker.engine.scheduler import Scheduler
+from worker.engine.sequence import Sequence
+from worker.sampling_params import SamplingParams
+
+
+def make(num_blocks=16, block_size=4, max_num_seqs=8, max_tokens=64) -> Scheduler:
+    return Scheduler(max_num_seqs, max_tokens, 10_000, (0,), BlockManager(num_blocks, block_size))
+
+
+def check_invariants(s: Scheduler) -> None:
+    bm = s.block_manager
+    holders: dict[int, int] = {}
+    for seq in list(s.running) + list(s.waiting):
+        for b in seq.block_table:
+            holders[b] = holders.get(b, 0) + 1
+    for block in bm.blocks:
+        assert block.ref_count == holders.get(block.block_id, 0)
+        assert (block.ref_count == 0) == (block.block_id in bm.free_block_ids)
+    for h, block_id in bm.hash_to_block_id.items():
+        block = bm.blocks[block_id]
+        assert block.hash == h and len(block.token_ids) == bm.block_size
+    # a running sequence has blocks for every token but the newest (its KV comes next step)
+    for seq in s.running:
+        assert len(seq.block_table) * bm.block_size >= seq.num_tokens - 1
+
+
+def test_prefix_hit_skips_computed_blocks():
+    s = make()
+    a = Sequence(list(range(10)), SamplingParams(max_tokens=2))
+    s.add(a)
+    seqs, prefill = s.schedule()
+    assert prefill and seqs == [a] and a.num_scheduled_tokens == 10
+    s.postprocess(seqs, [5])
+    b = Sequence(list(range(10)) + [99], SamplingParams(max_tokens=2))
+    s.add(b)
+    seqs, prefill = s.schedule()
+    assert seqs == [b] and b.num_cached_tokens == 8 and b.num_scheduled_tokens == 3
+    assert b.block_table[:2] == a.block_table[:2]
+    assert s.block_manager.blocks[a.block_table[0]].ref_count == 2
+
+
+def test_last_token_block_is_never_a_hit():
+    s = make()
+    a = Sequence(list(range(8)), SamplingParams(max_tokens=1))
+    s.add(a)
+    s.postprocess(s.schedule()[0], [1])
+    b = Sequence(list(range(8)), SamplingParams(max_tokens=1))
+    s.add(b)
+    seqs, _ = s.schedule()
+    assert b.num_cached_tokens == 4 and b.num_scheduled_tokens == 4  # block 2 holds the last token
+
+
+def test_freed_block_keeps_hash_until_reused():
+    s = make(num_blocks=4)
+    a = Sequence(list(range(9)), SamplingParams(max_tokens=1))
+    s.add(a)
+    s.postprocess(s.schedule()[0], [1])  # finishes (max_tokens=1) and frees its blocks
+    assert s.block_manager.num_free_blocks == 4 and len(s.block_manager.hash_to_block_id) == 2
+    b = Sequence(list(range(9)), SamplingParams(max_tokens=1))
+    s.add(b)
+    s.schedule()
+    assert b.num_cached_tokens == 8
+
+
+def test_chain_hash_depends_on_whole_prefix():
+    assert chain_hash([1, 2], None) != chain_hash([1, 2], chain_hash([3], None))
+    assert chain_hash([1, 2], None) != chain_hash([2, 1], None)
+    assert chain_hash([256], None) != chain_hash([1, 0], None)  # no byte-packing aliasing
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10**6), num_blocks=st.integers(6, 24), block_size=st.sampled_from([2, 4, 8]),
+       budget=st.integers(4, 40))
+def test_random_workload_keeps_invariants(seed, num_blocks, block_size, budget):
+    rng = random.Random(seed)
+    s = make(num_blocks, block_size, max_num_seqs=rng.randint(1, 6), max_tokens=budget)
+    capacity = num_blocks * block_size
+    prefixes = [[rng.randrange(1, 50) for _ in range(rng.randint(1, 12))] for _ in range(3)]
+    live = []
+    for _ in range(120):
+        r = rng.random()
+        if r < 0.25:
+            prompt = rng.choice(prefixes) + [rng.randrange(1, 50) for _ in range(rng.randint(0, 6))]
+            max_tokens = rng.randint(1, 12)
+            if len(prompt) + max_tokens <= capacity:
+                seq = Sequence(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+                s.add(seq)
+                live.append(seq)
+        elif r < 0.32 and live:
+            s.abort(live.pop(rng.randrange(len(live))))
+        else:
+            seqs, _ = s.schedule()
+            s.postprocess(seqs, [rng.randrange(1, 50) for _ in seqs])
+            live = [q for q in live if not q.is_finished]
+        check_invariants(s)
+    for seq in live:
+        s.abort(seq)
+    assert s.is_finished() and s.block_manager.num_free_blocks == num_blocks
+    check_invariants(s)
