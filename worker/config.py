@@ -31,6 +31,8 @@ class EngineConfig:
     attention_backend: str = field(default="auto", metadata={
         "help": "auto (triton on cuda, torch on cpu), torch or triton"})
     seed: int = field(default=0, metadata={"help": "seed of the sampler for unseeded requests"})
+    load_format: str = field(default="auto", metadata={
+        "help": "auto (read the safetensors) or dummy (random weights: benchmarks)"})
 
     def __post_init__(self):
         if self.model and not Path(self.model).is_dir():
@@ -53,6 +55,8 @@ class EngineConfig:
                              f"got {self.gpu_memory_utilization}")
         if self.cpu_kvcache_gib <= 0:
             raise ValueError(f"cpu_kvcache_gib must be > 0, got {self.cpu_kvcache_gib}")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be auto or dummy, got {self.load_format!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError("attention_backend must be auto, torch or triton, "
                              f"got {self.attention_backend!r}")

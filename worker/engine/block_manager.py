@@ -102,18 +102,24 @@ class BlockManager:
         seq.block_hashes.clear()
         seq.num_computed_tokens = 0
 
-    def can_append(self, seq: Sequence) -> bool:
-        """Room for the KV of seq's newest token (the one the next decode step computes)."""
-        needed = seq.num_blocks_for(seq.num_tokens, self.block_size) - len(seq.block_table)
-        return needed <= self.num_free_blocks
-
-    def may_append(self, seq: Sequence) -> None:
-        while len(seq.block_table) < seq.num_blocks_for(seq.num_tokens, self.block_size):
+    def append_slot(self, seq: Sequence) -> bool:
+        """Make room for the KV of seq's newest token (the one the next decode step computes);
+        False, changing nothing, when the free blocks do not suffice. On the per-step hot path."""
+        needed = (len(seq.token_ids) + self.block_size - 1) // self.block_size - len(seq.block_table)
+        if needed <= 0:
+            return True
+        if needed > len(self.free_block_ids):
+            return False
+        for _ in range(needed):
             seq.block_table.append(self._take_free_block())
+        return True
 
     def hash_blocks(self, seq: Sequence) -> None:
         """Register the blocks whose KV became complete in the last step."""
-        for i in range(len(seq.block_hashes), seq.num_computed_tokens // self.block_size):
+        num_full = seq.num_computed_tokens // self.block_size
+        if num_full <= len(seq.block_hashes):
+            return
+        for i in range(len(seq.block_hashes), num_full):
             tokens = seq.block_token_ids(i, self.block_size)
             prefix = seq.block_hashes[-1] if seq.block_hashes else None
             h = chain_hash(tokens, prefix)

@@ -38,6 +38,17 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+@torch.no_grad()
+def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
+    """Random weights of a sane scale (benchmarks without a checkpoint)."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if "norm" in name:
+            param.fill_(1.0)
+        else:
+            param.normal_(0.0, 0.02, generator=gen)
+
+
 class ModelRunner:
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, rank: int = 0,
@@ -58,7 +69,10 @@ class ModelRunner:
         with torch.device(self.device):
             self.model = Qwen3ForCausalLM(model_config)
         torch.set_default_dtype(default_dtype)
-        load_model(self.model, config.model)
+        if config.load_format == "dummy":
+            init_dummy_weights(self.model, config.seed)
+        else:
+            load_model(self.model, config.model)
         self.model.eval()
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.num_kv_heads = self.attention_layers[0].num_kv_heads

@@ -50,16 +50,16 @@ class Scheduler:
             return scheduled, True
 
         # decode: one token per running sequence, preempting the newest when blocks run out
+        append_slot = self.block_manager.append_slot
         while self.running:
             seq = self.running.popleft()
-            while not self.block_manager.can_append(seq):
+            while not append_slot(seq):
                 if self.running:
                     self.preempt(self.running.pop())
                 else:
                     self.preempt(seq)
                     break
             else:
-                self.block_manager.may_append(seq)
                 seq.num_scheduled_tokens = 1
                 scheduled.append(seq)
         self.running.extend(scheduled)
@@ -79,7 +79,7 @@ class Scheduler:
             seq.num_computed_tokens += seq.num_scheduled_tokens
             seq.num_scheduled_tokens = 0
             self.block_manager.hash_blocks(seq)
-            if seq.num_computed_tokens < seq.num_tokens or seq.is_finished:
+            if seq.num_computed_tokens < len(seq.token_ids) or seq.status == SequenceStatus.FINISHED:
                 continue  # a non-final prefill chunk samples nothing; aborted mid-step
             seq.append_token(token_id)
             reason = self._stop_reason(seq, token_id)
@@ -90,13 +90,14 @@ class Scheduler:
 
     def _stop_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
         sp = seq.sampling_params
-        if seq.num_completion_tokens >= sp.min_tokens:
+        num_tokens = len(seq.token_ids)
+        num_completion = num_tokens - seq.num_prompt_tokens
+        if num_completion >= sp.min_tokens:
             if (token_id in self.eos_token_ids and not sp.ignore_eos) or token_id in sp.stop_token_ids:
                 seq.stop_token_id = token_id
                 return FinishReason.STOP
-        if sp.max_tokens is not None and seq.num_completion_tokens >= sp.max_tokens:
-            return FinishReason.LENGTH
-        if seq.num_tokens >= self.max_model_len:
+        if (sp.max_tokens is not None and num_completion >= sp.max_tokens) \
+                or num_tokens >= self.max_model_len:
             return FinishReason.LENGTH
         return None
 

@@ -1,0 +1,172 @@
+"""`nanoserve bench`: figures, never pass/fail. Offline throughput on nano-vllm's workload, batch-1
+decode latency, prefill throughput, and the CPU cost of one scheduler + block-manager step.
+
+Without --model the engine runs random weights (load_format=dummy) of a named Qwen3 shape.
+"""
+import argparse
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+SHAPES = {  # config.json fields of the public Qwen3 checkpoints
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True),
+    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
+    "qwen3-32b": dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
+                      num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False),
+}
+# output tokens/s at the H200 speed of light for the throughput workload
+# (../shared/research/perf_anchors.md §5: measured 4.3 TB/s and 790 TFLOP/s)
+H200_SPEED_OF_LIGHT = {"qwen3-0.6b": 36_000}
+
+
+def write_shape_dir(shape: str, out: Path) -> Path:
+    """A model directory with config.json only (weights come from load_format=dummy)."""
+    cfg = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=151936,
+               head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1e6,
+               hidden_act="silu", attention_bias=False, torch_dtype="bfloat16",
+               bos_token_id=151643, eos_token_id=151645, **SHAPES[shape])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    return out
+
+
+def make_llm(args):
+    from worker import LLM
+    kw = dict(tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager,
+              max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, device=args.device,
+              attention_backend=args.attention_backend)
+    if args.model:
+        return LLM(args.model, **kw)
+    model = write_shape_dir(args.shape, Path(tempfile.mkdtemp(prefix="nanoserve-bench-")))
+    return LLM(model, load_format="dummy", **kw)
+
+
+def sync(llm) -> None:
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def bench_throughput(llm, args) -> dict:
+    """nano-vllm's bench.py workload: 256 seqs, prompt/output lengths uniform in [100, 1024]."""
+    from worker import SamplingParams
+    rng = random.Random(0)
+    vocab = llm.model_config.vocab_size
+    n, lo, hi = args.num_seqs, args.min_len, args.max_len
+    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=rng.randint(lo, hi))
+              for _ in range(n)]
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+    sync(llm)
+    t = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    sync(llm)
+    dt = time.perf_counter() - t
+    out_tokens = sum(p.max_tokens for p in params)
+    res = dict(output_tokens=out_tokens, seconds=round(dt, 3), output_tok_s=round(out_tokens / dt))
+    sol = H200_SPEED_OF_LIGHT.get(args.shape) if not args.model else None
+    if sol:
+        res["fraction_of_h200_sol"] = round(out_tokens / dt / sol, 3)
+    return res
+
+
+def bench_latency(llm, args) -> dict:
+    """Batch-1 decode ms/token after a prompt of `context` tokens."""
+    from worker import SamplingParams
+    prompt = [random.Random(1).randrange(1000) for _ in range(args.context)]
+    steps = args.decode_tokens
+    llm.generate([prompt[:8]], SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
+    sync(llm)
+    timings = {}
+    for n in (1, steps + 1):  # the difference removes the prefill time
+        t = time.perf_counter()
+        llm.generate([prompt], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True),
+                     use_tqdm=False)
+        sync(llm)
+        timings[n] = time.perf_counter() - t
+    return dict(context=args.context, ms_per_token=round(1000 * (timings[steps + 1] - timings[1]) / steps, 3))
+
+
+def bench_prefill(llm, args) -> dict:
+    from worker import SamplingParams
+    rng = random.Random(2)
+    n = max(1, args.prefill_tokens // args.context)
+    prompts = [[rng.randrange(1000) for _ in range(args.context)] for _ in range(n)]
+    llm.generate(prompts[:1], SamplingParams(max_tokens=1), use_tqdm=False)
+    llm.block_manager.hash_to_block_id.clear()  # no prefix hits between the runs
+    sync(llm)
+    t = time.perf_counter()
+    llm.generate(prompts, SamplingParams(max_tokens=1), use_tqdm=False)
+    sync(llm)
+    dt = time.perf_counter() - t
+    return dict(prompts=n, context=args.context, prefill_tok_s=round(n * args.context / dt))
+
+
+def bench_scheduler(args) -> dict:
+    """CPU time of one schedule() + postprocess() with `num_seqs` running sequences (no model)."""
+    from worker.engine.block_manager import BlockManager
+    from worker.engine.scheduler import Scheduler
+    from worker.engine.sequence import Sequence
+    from worker.sampling_params import SamplingParams
+    rng = random.Random(0)
+    n = args.num_seqs
+    bm = BlockManager(num_blocks=n * 8, block_size=256)
+    sched = Scheduler(n, 1 << 30, 1 << 20, (151645,), bm)
+    for _ in range(n):
+        sched.add(Sequence([rng.randrange(1000) for _ in range(rng.randint(100, 1024))],
+                           SamplingParams(max_tokens=100_000, ignore_eos=True)))
+    seqs, _ = sched.schedule()  # the prefill step
+    sched.postprocess(seqs, [1] * len(seqs))
+    steps = 1000
+    t = time.perf_counter()
+    for _ in range(steps):
+        seqs, is_prefill = sched.schedule()
+        sched.postprocess(seqs, [7] * len(seqs))
+    dt = (time.perf_counter() - t) / steps
+    return dict(running=len(seqs), ms_per_step=round(1000 * dt, 4))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="nanoserve bench", description=__doc__)
+    p.add_argument("what", nargs="*", default=["throughput", "latency", "prefill"],
+                   choices=["throughput", "latency", "prefill", "scheduler"])
+    p.add_argument("--model", default="", help="model directory (default: random weights of --shape)")
+    p.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES))
+    p.add_argument("--device", default="auto")
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--attention-backend", default="auto")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--max-num-seqs", type=int, default=512)
+    p.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    p.add_argument("--num-seqs", type=int, default=256)
+    p.add_argument("--min-len", type=int, default=100)
+    p.add_argument("--max-len", type=int, default=1024)
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--decode-tokens", type=int, default=128)
+    p.add_argument("--prefill-tokens", type=int, default=65536)
+    p.add_argument("--json", action="store_true", help="one JSON line per benchmark")
+    args = p.parse_args(argv)
+    llm = None
+    for what in args.what:
+        if what == "scheduler":
+            res = bench_scheduler(args)
+        else:
+            llm = llm or make_llm(args)
+            res = {"throughput": bench_throughput, "latency": bench_latency,
+                   "prefill": bench_prefill}[what](llm, args)
+        label = args.model or args.shape
+        print(json.dumps({"bench": what, "model": label, "tp": args.tensor_parallel_size, **res})
+              if args.json else f"{what:<11} {label} tp={args.tensor_parallel_size}: {res}",
+              flush=True)
+    if llm is not None:
+        llm.shutdown()
+
+
+if __name__ == "__main__":
+    main()
