@@ -125,8 +125,16 @@ def _merge_for(token: bytes, rank: int, ranks: dict[bytes, int]) -> tuple[bytes,
 
 
 def _build_tokenizer_json(path: Path) -> None:
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-    from tokenizers import pre_tokenizers, processors
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+    )
 
     ranks = _load_qwen_ranks()
     alphabet = _byte_to_unicode()
@@ -232,8 +240,7 @@ def _write_safetensors(path: Path, tensors: dict[str, np.ndarray], dtype: str) -
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(head)))
         f.write(head)
-        for blob in blobs:
-            f.write(blob)
+        f.writelines(blobs)
 
 
 def _random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:

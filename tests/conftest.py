@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.tiny_model import make_tiny_model, tokenizer_files_dir as _tokenizer_files_dir
+from shared.tiny_model import make_tiny_model
+from shared.tiny_model import tokenizer_files_dir as _tokenizer_files_dir
 
 
 def free_port() -> int:

@@ -13,7 +13,8 @@ from pathlib import Path
 import jinja2
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from shared import tiny_model
 from shared.tiny_model import CHAT_TEMPLATE, default_model_dir, make_tiny_model
@@ -234,7 +235,7 @@ def test_bfloat16_dir_loads_and_rounds_like_torch(tmp_path, tiny_model_dir):
 def test_seed_is_deterministic_and_matters(tmp_path):
     from safetensors.numpy import load_file
 
-    small = dict(vocab_size=512, with_tokenizer=False)
+    small = {"vocab_size": 512, "with_tokenizer": False}
     a = load_file(make_tiny_model(tmp_path / "a", seed=7, **small) / "model.safetensors")
     b = load_file(make_tiny_model(tmp_path / "b", seed=7, **small) / "model.safetensors")
     c = load_file(make_tiny_model(tmp_path / "c", seed=8, **small) / "model.safetensors")
@@ -245,11 +246,11 @@ def test_seed_is_deterministic_and_matters(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    (dict(dtype="float16"), "dtype"),
-    (dict(shards=0), "shards"),
-    (dict(shards=99), "shards"),
-    (dict(num_attention_heads=3), "num_attention_heads"),
-    (dict(vocab_size=1000), "vocab_size"),
+    ({"dtype": "float16"}, "dtype"),
+    ({"shards": 0}, "shards"),
+    ({"shards": 99}, "shards"),
+    ({"num_attention_heads": 3}, "num_attention_heads"),
+    ({"vocab_size": 1000}, "vocab_size"),
 ])
 def test_bad_arguments_raise_value_error(tmp_path, kwargs, field):
     with pytest.raises(ValueError, match=field):
