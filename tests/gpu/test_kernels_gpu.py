@@ -6,7 +6,8 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 if torch.cuda.is_available():
-    from worker.kernels import paged_decode_attention, paged_prefill_attention, store_kvcache
+    from worker.kernels import (fused_add_rms_norm, paged_decode_attention, paged_prefill_attention,
+                                rms_norm, silu_and_mul, store_kvcache)
 from worker.layers.attention import paged_attention_torch, store_kvcache_torch  # noqa: E402
 
 # (num_q_heads, num_kv_heads, head_dim): Qwen3-0.6B, Qwen3-8B
@@ -159,3 +160,21 @@ def test_decode_cuda_graph_replay(num_splits):
         assert torch.equal(out[real:], torch.zeros_like(out[real:]))
         eager = step()
         assert torch.equal(out, eager)  # replay computes exactly what an eager launch computes
+
+
+@pytest.mark.parametrize("hidden", [1024, 4096])
+def test_fused_norms_and_silu_real_shapes(hidden):
+    gen = torch.Generator(device="cuda").manual_seed(hidden)
+    x = torch.randn(300, hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    residual = torch.randn_like(x)
+    weight = (1 + 0.1 * torch.randn(hidden, generator=gen, device="cuda")).to(torch.bfloat16)
+    out, new_residual = fused_add_rms_norm(x, residual, weight, 1e-6)
+    summed = (x.float() + residual.float()).to(torch.bfloat16)
+    assert torch.equal(new_residual, summed)
+    sf = summed.float()
+    ref = (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16) * weight
+    assert rel_err(out, ref) < 1e-2
+    assert rel_err(rms_norm(summed, weight, 1e-6), ref) < 1e-2
+    gate_up = torch.randn(300, 2 * 3072, generator=gen, device="cuda").to(torch.bfloat16)
+    gate, up = gate_up.float().chunk(2, -1)
+    assert rel_err(silu_and_mul(gate_up), torch.nn.functional.silu(gate) * up) < 1e-2

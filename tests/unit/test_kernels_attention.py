@@ -31,8 +31,8 @@ def _numpy2_index_shim() -> None:
 
 def _import_kernels():
     _numpy2_index_shim()
-    names = ["worker.kernels.store_kvcache", "worker.kernels.prefill_attention",
-             "worker.kernels.decode_attention", "worker.kernels"]
+    names = ["worker.kernels.dtypes", "worker.kernels.store_kvcache", "worker.kernels.prefill_attention",
+             "worker.kernels.decode_attention", "worker.kernels.norm", "worker.kernels"]
     if "worker.kernels.decode_attention" in sys.modules:
         decode = sys.modules["worker.kernels.decode_attention"]
         if not isinstance(decode._decode_split_kernel, interpreter.InterpretedFunction):
