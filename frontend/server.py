@@ -1,0 +1,313 @@
+"""FrontendServicer: the public FrontendService. Validates, admits, tokenizes, calls
+WorkerService.GenerateTokens and streams detokenized text deltas; FrontendServer wires it up with
+health, reflection and graceful shutdown.
+"""
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from frontend.config import FrontendConfig
+from frontend.detokenizer import Detokenizer
+from frontend.tokenizer import Tokenizer
+from frontend.validation import (
+    Limits,
+    resolve_max_tokens,
+    validate_messages,
+    validate_prompt_token_ids,
+    validate_request_id,
+    validate_sampling_params,
+    validate_text,
+    worker_sampling_params,
+)
+from frontend.worker_link import WorkerLink
+from shared.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    ResourceExhausted,
+    ServiceError,
+    Unavailable,
+    error_for_code,
+    grpc_errors,
+)
+from shared.grpc_options import server_options
+from shared.model_files import tokenizer_digest
+from shared.proto.nanoserve.v1 import common_pb2
+from shared.proto.nanoserve.v1 import frontend_service_pb2 as frontend_pb2
+from shared.proto.nanoserve.v1 import frontend_service_pb2_grpc as frontend_grpc
+from shared.proto.nanoserve.v1 import worker_service_pb2 as worker_pb2
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = frontend_pb2.DESCRIPTOR.services_by_name["FrontendService"].full_name
+# Batches of more ids than this (a slow client let the worker's messages pile up) are detokenized in
+# the tokenizer's thread pool so the event loop keeps serving other streams.
+DETOKENIZE_INLINE_MAX_IDS = 64
+# Worker statuses passed on to the client as they are; anything else becomes INTERNAL.
+_PASS_THROUGH = frozenset({
+    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE,
+})
+
+
+def _worker_error(error: grpc.aio.AioRpcError) -> ServiceError:
+    code = error.code()
+    if code in _PASS_THROUGH:
+        return error_for_code(code, f"worker: {error.details()}")
+    if code == grpc.StatusCode.CANCELLED:  # the worker ended the call itself (shutting down)
+        return Unavailable("worker cancelled the request")
+    return Internal(f"worker failed the request ({code.name})")
+
+
+class FrontendServicer(frontend_grpc.FrontendServiceServicer):
+    def __init__(self, config: FrontendConfig, tokenizer: Tokenizer, link: WorkerLink) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.link = link
+        self.num_in_flight = 0
+        self.draining = False
+        self._live_request_ids: set[str] = set()
+
+    def _limits(self) -> tuple[Limits, worker_pb2.WorkerServiceGetModelInfoResponse]:
+        if self.draining:
+            raise Unavailable("frontend is shutting down")
+        info = self.link.ready_info()
+        return Limits(
+            max_model_len=info.max_model_len, vocab_size=info.vocab_size,
+            max_stop_strings=self.config.max_stop_strings,
+            max_stop_string_length=self.config.max_stop_string_length,
+            max_prompt_bytes=self.config.max_prompt_bytes,
+        ), info
+
+    @contextlib.contextmanager
+    def _admit(self, request_id: str) -> Iterator[str]:
+        """Counts the call in flight, or refuses it past max_concurrent_requests."""
+        if self.num_in_flight >= self.config.max_concurrent_requests:
+            raise ResourceExhausted(
+                f"{self.num_in_flight} requests in flight (max_concurrent_requests); retry later")
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self._live_request_ids:
+            raise AlreadyExists(f"request_id {request_id!r} is already in flight")
+        self.num_in_flight += 1
+        self._live_request_ids.add(request_id)
+        try:
+            yield request_id
+        finally:
+            self.num_in_flight -= 1
+            self._live_request_ids.discard(request_id)
+
+    @grpc_errors
+    async def Generate(
+        self, request: frontend_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[frontend_pb2.GenerateResponse]:
+        """Streams the completion of a raw prompt (text or token ids)."""
+        limits, _ = self._limits()
+        validate_request_id(request.request_id)
+        if request.prompt and request.prompt_token_ids:
+            raise InvalidArgument("set exactly one of prompt and prompt_token_ids", field="prompt")
+        if request.prompt_token_ids:
+            validate_prompt_token_ids(list(request.prompt_token_ids), limits, "prompt_token_ids")
+        else:
+            validate_text(request.prompt, limits, "prompt")
+        validate_sampling_params(request.sampling_params, limits)
+        with self._admit(request.request_id) as request_id:
+            if request.prompt_token_ids:
+                prompt_ids = list(request.prompt_token_ids)
+            else:
+                add_special = not request.HasField("add_special_tokens") or request.add_special_tokens
+                prompt_ids = await self.tokenizer.encode_async(request.prompt, add_special)
+                validate_prompt_token_ids(prompt_ids, limits, "prompt")
+            async for fields in self._stream(request_id, prompt_ids, request.sampling_params,
+                                             limits, context):
+                yield frontend_pb2.GenerateResponse(**fields)
+
+    @grpc_errors
+    async def Chat(
+        self, request: frontend_pb2.ChatRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[frontend_pb2.ChatResponse]:
+        """Applies the chat template to the messages and streams the reply."""
+        limits, _ = self._limits()
+        validate_request_id(request.request_id)
+        messages = [(m.role, m.content) for m in request.messages]
+        validate_messages(messages, limits)
+        validate_sampling_params(request.sampling_params, limits)
+        if not self.tokenizer.has_chat_template:
+            raise FailedPrecondition("the model's tokenizer_config.json has no chat template")
+        enable_thinking = not request.HasField("enable_thinking") or request.enable_thinking
+        with self._admit(request.request_id) as request_id:
+            prompt_ids = await self.tokenizer.encode_chat_async(
+                [{"role": role, "content": content} for role, content in messages], enable_thinking)
+            validate_prompt_token_ids(prompt_ids, limits, "messages")
+            async for fields in self._stream(request_id, prompt_ids, request.sampling_params,
+                                             limits, context):
+                yield frontend_pb2.ChatResponse(**fields)
+
+    @grpc_errors
+    async def Tokenize(
+        self, request: frontend_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> frontend_pb2.TokenizeResponse:
+        """Returns the token ids of a text; needs no worker."""
+        if len(request.text.encode("utf-8")) > self.config.max_prompt_bytes:
+            raise InvalidArgument(f"longer than max_prompt_bytes ({self.config.max_prompt_bytes})",
+                                  field="text")
+        add_special = not request.HasField("add_special_tokens") or request.add_special_tokens
+        token_ids = await self.tokenizer.encode_async(request.text, add_special)
+        return frontend_pb2.TokenizeResponse(token_ids=token_ids)
+
+    @grpc_errors
+    async def GetModelInfo(
+        self, request: frontend_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> frontend_pb2.GetModelInfoResponse:
+        """Returns the model's name and limits as the worker reported them."""
+        _, info = self._limits()
+        return frontend_pb2.GetModelInfoResponse(
+            model_name=info.model_name, max_model_len=info.max_model_len,
+            vocab_size=info.vocab_size, eos_token_ids=info.eos_token_ids,
+            tensor_parallel_size=info.tensor_parallel_size,
+            has_chat_template=self.tokenizer.has_chat_template,
+        )
+
+    async def _stream(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: common_pb2.SamplingParams,
+        limits: Limits,
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[dict]:
+        """Runs one request on the worker; yields the fields of each response message."""
+        start = time.perf_counter()
+        max_tokens = resolve_max_tokens(params, len(prompt_ids), limits)
+        worker_request = worker_pb2.GenerateTokensRequest(
+            request_id=request_id, prompt_token_ids=prompt_ids,
+            sampling_params=worker_sampling_params(params, max_tokens),
+        )
+        skip_special = not params.HasField("skip_special_tokens") or params.skip_special_tokens
+        include_stop = params.include_stop_str_in_output
+        detokenizer = Detokenizer(
+            functools.partial(self.tokenizer.decode, skip_special_tokens=skip_special),
+            stop=list(params.stop), include_stop_str_in_output=include_stop,
+        )
+        # Forward the client's remaining deadline so the worker drops the request when it expires.
+        timeout = context.time_remaining()
+        if timeout is None and self.config.request_timeout_s > 0:
+            timeout = self.config.request_timeout_s
+        await self.link.check_connected()
+        call = self.link.stub.GenerateTokens(worker_request, timeout=timeout, wait_for_ready=False)
+        completion_tokens = 0
+        ttft = None
+        try:
+            async for chunk in call:
+                ttft = ttft if ttft is not None else time.perf_counter() - start
+                finished = chunk.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
+                # A stop token's text stays out of the output, like a stop string's (vLLM).
+                skip_last = (finished and chunk.HasField("stop_token_id") and not include_stop
+                             and len(chunk.token_ids) > 0
+                             and chunk.token_ids[-1] == chunk.stop_token_id)
+                ids = list(chunk.token_ids)
+                if len(ids) > DETOKENIZE_INLINE_MAX_IDS:
+                    out = await self.tokenizer.run(detokenizer.add, ids, skip_last)
+                else:
+                    out = detokenizer.add(ids, skip_last)
+                completion_tokens += out.num_tokens
+                fields = {"text": out.text, "token_ids": ids[:out.num_tokens]}
+                if out.matched_stop is None and finished:
+                    tail = detokenizer.flush()
+                    fields["text"] += tail.text
+                    out.matched_stop = tail.matched_stop
+                    if tail.matched_stop is None:
+                        fields.update(finish_reason=chunk.finish_reason, usage=chunk.usage)
+                        if chunk.HasField("stop_token_id"):
+                            fields["matched_stop_token_id"] = chunk.stop_token_id
+                if out.matched_stop is not None:
+                    call.cancel()  # the worker aborts the sequence and frees its KV blocks
+                    # cached_tokens is unknown here: the worker reports usage on its last message.
+                    fields.update(
+                        finish_reason=common_pb2.FINISH_REASON_STOP, matched_stop=out.matched_stop,
+                        usage=common_pb2.Usage(prompt_tokens=len(prompt_ids),
+                                               completion_tokens=completion_tokens))
+                if "finish_reason" in fields:
+                    logger.info("request %s finished (%s): %d prompt + %d completion tokens, "
+                                "ttft %.3f s, total %.3f s", request_id,
+                                common_pb2.FinishReason.Name(fields["finish_reason"]),
+                                len(prompt_ids), fields["usage"].completion_tokens, ttft,
+                                time.perf_counter() - start)
+                    yield fields
+                    return
+                if fields["text"] or fields["token_ids"]:
+                    yield fields
+        except grpc.aio.AioRpcError as e:
+            raise _worker_error(e) from None
+        finally:
+            call.cancel()  # a no-op once finished; on client cancel it cancels the worker call
+        raise Internal("the worker's stream ended without a finish reason")
+
+
+class FrontendServer:
+    """The frontend's grpc.aio server: FrontendService, health, reflection, and the worker link."""
+
+    def __init__(self, config: FrontendConfig, model_dir: str, tokenizer: Tokenizer | None = None):
+        self.config = config
+        self._owns_tokenizer = tokenizer is None
+        self.tokenizer = tokenizer or Tokenizer(model_dir, config.tokenizer_threads)
+        self.health = health_aio.HealthServicer()
+        self.link = WorkerLink(
+            config.worker_address, tokenizer_digest(model_dir), self._on_worker_ready,
+            connect_timeout_s=config.worker_connect_timeout_s,
+            max_message_bytes=config.max_message_bytes,
+        )
+        self.servicer = FrontendServicer(config, self.tokenizer, self.link)
+        self.server = grpc.aio.server(options=server_options(config.max_message_bytes))
+        frontend_grpc.add_FrontendServiceServicer_to_server(self.servicer, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        if config.enable_reflection:
+            reflection.enable_server_reflection(
+                [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                 reflection.SERVICE_NAME], self.server)
+        self.port: int | None = None
+
+    async def _on_worker_ready(self, ready: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if ready else \
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, status)
+
+    async def start(self) -> int:
+        """Binds and starts serving (NOT_SERVING until the worker answers); returns the port."""
+        await self._on_worker_ready(False)
+        host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+        self.port = self.server.add_insecure_port(f"{host}:{self.config.port}")
+        if self.port == 0:
+            raise RuntimeError(f"could not bind {host}:{self.config.port}")
+        await self.server.start()
+        self.link.start()
+        logger.info("frontend listening on %s:%d", host, self.port)
+        return self.port
+
+    async def stop(self, grace: float = 0.0) -> None:
+        """Drains: NOT_SERVING at once, new Generate/Chat calls refused (UNAVAILABLE), calls in
+        flight get `grace` seconds to finish, then the server stops and cuts what is left."""
+        self.servicer.draining = True
+        await self.health.enter_graceful_shutdown()
+        # Keep answering health checks (NOT_SERVING) while streams finish; server.stop() would
+        # refuse them, and would wait out the whole grace period for open health Watch streams.
+        deadline = time.monotonic() + grace
+        while self.servicer.num_in_flight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await self.server.stop(min(1.0, max(0.0, deadline - time.monotonic())))
+        await self.link.close()
+        if self._owns_tokenizer:
+            self.tokenizer.close()

@@ -1,0 +1,155 @@
+"""Checks every field of a public request before anything reaches the worker.
+
+Each check raises shared.errors.InvalidArgument naming the offending field (status
+INVALID_ARGUMENT); the servicer calls these before admission and tokenization costs anything.
+"""
+
+import math
+from dataclasses import dataclass
+
+from shared.errors import InvalidArgument
+from shared.proto.nanoserve.v1 import common_pb2
+
+INT64_MAX = 2**63 - 1
+CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
+MAX_REQUEST_ID_LENGTH = 128
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The limits requests are checked against: the frontend's own and those the worker reported."""
+
+    max_model_len: int
+    vocab_size: int
+    max_stop_strings: int
+    max_stop_string_length: int
+    max_prompt_bytes: int
+
+
+def _finite(params: common_pb2.SamplingParams, name: str, prefix: str) -> float | None:
+    if not params.HasField(name):
+        return None
+    value = getattr(params, name)
+    if not math.isfinite(value):
+        raise InvalidArgument(f"must be a finite number, got {value}", field=f"{prefix}.{name}")
+    return value
+
+
+def validate_sampling_params(
+    params: common_pb2.SamplingParams, limits: Limits, prefix: str = "sampling_params"
+) -> None:
+    """Checks ranges that do not depend on the prompt; see resolve_max_tokens for the rest."""
+
+    def bad(name: str, rule: str) -> InvalidArgument:
+        return InvalidArgument(f"must be {rule}, got {getattr(params, name)}", field=f"{prefix}.{name}")
+
+    temperature = _finite(params, "temperature", prefix)
+    if temperature is not None and temperature < 0:
+        raise bad("temperature", ">= 0")
+    top_p = _finite(params, "top_p", prefix)
+    if top_p is not None and not 0 < top_p <= 1:
+        raise bad("top_p", "in (0, 1]")
+    if params.HasField("top_k") and params.top_k < -1:
+        raise bad("top_k", "-1 or 0 (disabled) or positive")
+    min_p = _finite(params, "min_p", prefix)
+    if min_p is not None and not 0 <= min_p <= 1:
+        raise bad("min_p", "in [0, 1]")
+    if params.HasField("max_tokens") and params.max_tokens < 1:
+        raise bad("max_tokens", ">= 1")
+    if params.HasField("min_tokens"):
+        if params.min_tokens < 0:
+            raise bad("min_tokens", ">= 0")
+        if params.HasField("max_tokens") and params.min_tokens > params.max_tokens:
+            raise bad("min_tokens", f"<= max_tokens ({params.max_tokens})")
+    repetition_penalty = _finite(params, "repetition_penalty", prefix)
+    if repetition_penalty is not None and repetition_penalty <= 0:
+        raise bad("repetition_penalty", "> 0")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = _finite(params, name, prefix)
+        if value is not None and not -2 <= value <= 2:
+            raise bad(name, "in [-2, 2]")
+    if len(params.stop) > limits.max_stop_strings:
+        raise InvalidArgument(f"at most {limits.max_stop_strings} stop strings, got "
+                              f"{len(params.stop)}", field=f"{prefix}.stop")
+    for i, stop in enumerate(params.stop):
+        if not stop:
+            raise InvalidArgument("must not be empty", field=f"{prefix}.stop[{i}]")
+        if len(stop) > limits.max_stop_string_length:
+            raise InvalidArgument(f"longer than {limits.max_stop_string_length} characters",
+                                  field=f"{prefix}.stop[{i}]")
+    for i, token_id in enumerate(params.stop_token_ids):
+        if token_id >= limits.vocab_size:
+            raise InvalidArgument(f"token id {token_id} >= vocab_size {limits.vocab_size}",
+                                  field=f"{prefix}.stop_token_ids[{i}]")
+
+
+def resolve_max_tokens(
+    params: common_pb2.SamplingParams, prompt_len: int, limits: Limits,
+    prefix: str = "sampling_params",
+) -> int:
+    """The request's max_tokens; unset means "fill the context". The prompt plus max_tokens must
+    fit in max_model_len, and min_tokens must not exceed the result."""
+    room = limits.max_model_len - prompt_len
+    if room < 1:
+        raise InvalidArgument(f"{prompt_len} tokens leave no room in max_model_len "
+                              f"{limits.max_model_len}", field="prompt")
+    max_tokens = params.max_tokens if params.HasField("max_tokens") else room
+    if max_tokens > room:
+        raise InvalidArgument(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) > "
+                              f"max_model_len ({limits.max_model_len})", field=f"{prefix}.max_tokens")
+    if params.HasField("min_tokens") and params.min_tokens > max_tokens:
+        raise InvalidArgument(f"must be <= max_tokens ({max_tokens}), got {params.min_tokens}",
+                              field=f"{prefix}.min_tokens")
+    return max_tokens
+
+
+def validate_prompt_token_ids(token_ids: list[int], limits: Limits, field: str) -> None:
+    if not token_ids:
+        raise InvalidArgument("must not be empty", field=field)
+    for i, token_id in enumerate(token_ids):
+        if token_id >= limits.vocab_size:
+            raise InvalidArgument(f"token id {token_id} >= vocab_size {limits.vocab_size}",
+                                  field=f"{field}[{i}]")
+
+
+def validate_text(text: str, limits: Limits, field: str, allow_empty: bool = False) -> None:
+    if not text and not allow_empty:
+        raise InvalidArgument("must not be empty", field=field)
+    size = len(text.encode("utf-8", errors="surrogatepass"))
+    if size > limits.max_prompt_bytes:
+        raise InvalidArgument(f"{size} bytes > max_prompt_bytes ({limits.max_prompt_bytes})",
+                              field=field)
+
+
+def validate_messages(messages: list[tuple[str, str]], limits: Limits) -> None:
+    """Checks chat (role, content) pairs: at least one, known roles, bounded total size."""
+    if not messages:
+        raise InvalidArgument("must hold at least one message", field="messages")
+    total = 0
+    for i, (role, content) in enumerate(messages):
+        if role not in CHAT_ROLES:
+            raise InvalidArgument(f"must be one of {sorted(CHAT_ROLES)}, got {role!r}",
+                                  field=f"messages[{i}].role")
+        total += len(content.encode("utf-8", errors="surrogatepass"))
+    if total > limits.max_prompt_bytes:
+        raise InvalidArgument(f"contents total {total} bytes > max_prompt_bytes "
+                              f"({limits.max_prompt_bytes})", field="messages")
+
+
+def validate_request_id(request_id: str) -> None:
+    if len(request_id) > MAX_REQUEST_ID_LENGTH:
+        raise InvalidArgument(f"longer than {MAX_REQUEST_ID_LENGTH} characters", field="request_id")
+    if not request_id.isprintable():
+        raise InvalidArgument("must be printable", field="request_id")
+
+
+def worker_sampling_params(params: common_pb2.SamplingParams, max_tokens: int
+                           ) -> common_pb2.SamplingParams:
+    """The worker's copy: max_tokens resolved, frontend-only fields left out."""
+    forwarded = common_pb2.SamplingParams()
+    forwarded.CopyFrom(params)
+    forwarded.max_tokens = max_tokens
+    del forwarded.stop[:]
+    for name in ("include_stop_str_in_output", "skip_special_tokens"):
+        forwarded.ClearField(name)
+    return forwarded
