@@ -1,14 +1,23 @@
 """worker.kernels on CUDA at Qwen3 shapes against the torch reference, plus CUDA-graph capture/replay of decode."""
+
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
 
 if torch.cuda.is_available():
-    from worker.kernels import (fused_add_rms_norm, paged_decode_attention, paged_prefill_attention,
-                                rms_norm, silu_and_mul, store_kvcache)
-from worker.layers.attention import paged_attention_torch, store_kvcache_torch  # noqa: E402
+    from worker.kernels import (
+        fused_add_rms_norm,
+        paged_decode_attention,
+        paged_prefill_attention,
+        rms_norm,
+        silu_and_mul,
+        store_kvcache,
+    )
+from worker.layers.attention import paged_attention_torch, store_kvcache_torch
 
 # (num_q_heads, num_kv_heads, head_dim): Qwen3-0.6B, Qwen3-8B
 SHAPES = {"qwen3-0.6b": (16, 8, 128), "qwen3-8b": (32, 8, 128)}
@@ -20,8 +29,15 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-def make_case(context_lens: list[int], hkv: int, d: int, dtype, gen, block_size: int = BLOCK_SIZE,
-              width: int = 16):
+def make_case(
+    context_lens: list[int],
+    hkv: int,
+    d: int,
+    dtype,
+    gen,
+    block_size: int = BLOCK_SIZE,
+    width: int = 16,
+):
     """Random caches with NaN in every slot no sequence owns, and shuffled block tables padded with -1."""
     need = [(n + block_size - 1) // block_size for n in context_lens]
     num_blocks = sum(need) + 4
@@ -29,13 +45,19 @@ def make_case(context_lens: list[int], hkv: int, d: int, dtype, gen, block_size:
     k_cache = torch.randn(shape, generator=gen, device="cuda").to(dtype)
     v_cache = torch.randn(shape, generator=gen, device="cuda").to(dtype)
     perm = torch.randperm(num_blocks, generator=gen, device="cuda").int()
-    tables = torch.full((len(context_lens), max(width, max(need))), -1, dtype=torch.int32, device="cuda")
+    tables = torch.full(
+        (len(context_lens), max(width, max(need))), -1, dtype=torch.int32, device="cuda"
+    )
     live = torch.zeros(num_blocks, block_size, dtype=torch.bool, device="cuda")
     used = 0
     for i, (n, nb) in enumerate(zip(context_lens, need)):
-        tables[i, :nb] = perm[used:used + nb]
-        live.view(-1)[(perm[used:used + nb].long()[:, None] * block_size
-                       + torch.arange(block_size, device="cuda")).flatten()[:n]] = True
+        tables[i, :nb] = perm[used : used + nb]
+        live.view(-1)[
+            (
+                perm[used : used + nb].long()[:, None] * block_size
+                + torch.arange(block_size, device="cuda")
+            ).flatten()[:n]
+        ] = True
         used += nb
     k_cache[~live] = float("nan")
     v_cache[~live] = float("nan")
@@ -44,7 +66,9 @@ def make_case(context_lens: list[int], hkv: int, d: int, dtype, gen, block_size:
 
 
 def reference(q, k_cache, v_cache, tables, cu, lens, scale):
-    return paged_attention_torch(q.float(), k_cache.float(), v_cache.float(), tables, cu, lens, scale)
+    return paged_attention_torch(
+        q.float(), k_cache.float(), v_cache.float(), tables, cu, lens, scale
+    )
 
 
 @pytest.mark.parametrize("model", list(SHAPES))
@@ -57,9 +81,12 @@ def test_decode_bf16_real_shapes(model, batch, num_splits):
     lens_list[:4] = [1, 255, 256, 257][:batch]
     k_cache, v_cache, tables, lens = make_case(lens_list, hkv, d, torch.bfloat16, gen)
     q = torch.randn(batch, hq, d, generator=gen, device="cuda").to(torch.bfloat16)
-    out = paged_decode_attention(q, k_cache, v_cache, tables, lens, d ** -0.5, num_splits=num_splits)
+    out = paged_decode_attention(q, k_cache, v_cache, tables, lens, d**-0.5, num_splits=num_splits)
     cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
-    assert rel_err(out, reference(q, k_cache, v_cache, tables, cu, lens, d ** -0.5)) < TOL[torch.bfloat16]
+    assert (
+        rel_err(out, reference(q, k_cache, v_cache, tables, cu, lens, d**-0.5))
+        < TOL[torch.bfloat16]
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -69,9 +96,9 @@ def test_decode_other_dtypes(dtype):
     lens_list = [1, 300, 1024, 2000]
     k_cache, v_cache, tables, lens = make_case(lens_list, hkv, d, dtype, gen)
     q = torch.randn(4, hq, d, generator=gen, device="cuda").to(dtype)
-    out = paged_decode_attention(q, k_cache, v_cache, tables, lens, d ** -0.5)
+    out = paged_decode_attention(q, k_cache, v_cache, tables, lens, d**-0.5)
     cu = torch.arange(5, dtype=torch.int32, device="cuda")
-    assert rel_err(out, reference(q, k_cache, v_cache, tables, cu, lens, d ** -0.5)) < TOL[dtype]
+    assert rel_err(out, reference(q, k_cache, v_cache, tables, cu, lens, d**-0.5)) < TOL[dtype]
 
 
 @pytest.mark.parametrize("model", list(SHAPES))
@@ -79,14 +106,17 @@ def test_decode_other_dtypes(dtype):
 def test_prefill_and_extend_real_shapes(model, dtype):
     hq, hkv, d = SHAPES[model]
     gen = torch.Generator(device="cuda").manual_seed(3)
-    # full prompts, block-boundary prompts, and extends after a cached prefix (prefix hits, chunked prefill)
+    # full prompts, block-boundary prompts, and extends after a cached prefix (prefix hits,
+    # chunked prefill)
     q_lens = [1, 255, 256, 257, 1000, 17, 300, 64]
     context_lens = [1, 255, 256, 257, 1000, 530, 2348, 64 + 256]
     k_cache, v_cache, tables, lens = make_case(context_lens, hkv, d, dtype, gen)
-    cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    cu = torch.tensor(
+        [0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda"
+    )
     q = torch.randn(sum(q_lens), hq, d, generator=gen, device="cuda").to(dtype)
-    out = paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, max(q_lens), d ** -0.5)
-    assert rel_err(out, reference(q, k_cache, v_cache, tables, cu, lens, d ** -0.5)) < TOL[dtype]
+    out = paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, max(q_lens), d**-0.5)
+    assert rel_err(out, reference(q, k_cache, v_cache, tables, cu, lens, d**-0.5)) < TOL[dtype]
 
 
 def test_store_kvcache_real_shapes_skips_padded_slots():
@@ -112,7 +142,9 @@ def test_decode_cuda_graph_replay(num_splits):
     hq, hkv, d = SHAPES["qwen3-0.6b"]
     batch, width = 32, 16
     gen = torch.Generator(device="cuda").manual_seed(9)
-    k_cache = torch.randn(batch * width + 1, BLOCK_SIZE, hkv, d, generator=gen, device="cuda").to(torch.bfloat16)
+    k_cache = torch.randn(batch * width + 1, BLOCK_SIZE, hkv, d, generator=gen, device="cuda").to(
+        torch.bfloat16
+    )
     v_cache = torch.randn_like(k_cache)
     # graph inputs: static buffers rewritten in place before each replay (the ModelRunner pattern)
     q = torch.zeros(batch, hq, d, dtype=torch.bfloat16, device="cuda")
@@ -124,7 +156,9 @@ def test_decode_cuda_graph_replay(num_splits):
 
     def step() -> torch.Tensor:
         store_kvcache(key, value, k_cache, v_cache, slots)
-        return paged_decode_attention(q, k_cache, v_cache, tables, lens, d ** -0.5, num_splits=num_splits)
+        return paged_decode_attention(
+            q, k_cache, v_cache, tables, lens, d**-0.5, num_splits=num_splits
+        )
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -137,14 +171,18 @@ def test_decode_cuda_graph_replay(num_splits):
 
     for trial in range(3):
         real = [8, 20, 32][trial]  # the rest are padded entries: context 0, slot -1, table row 0
-        lens_list = torch.randint(1, width * BLOCK_SIZE, (real,), generator=gen, device="cuda").tolist()
-        perm = torch.randperm(batch * width, generator=gen, device="cuda").int() + 1  # block 0 stays spare
+        lens_list = torch.randint(
+            1, width * BLOCK_SIZE, (real,), generator=gen, device="cuda"
+        ).tolist()
+        perm = (
+            torch.randperm(batch * width, generator=gen, device="cuda").int() + 1
+        )  # block 0 stays spare
         tables.zero_()
         lens.zero_()
         slots.fill_(-1)
         for i, n in enumerate(lens_list):
             nb = (n + BLOCK_SIZE - 1) // BLOCK_SIZE
-            tables[i, :nb] = perm[i * width:i * width + nb]
+            tables[i, :nb] = perm[i * width : i * width + nb]
             lens[i] = n
             slots[i] = tables[i, (n - 1) // BLOCK_SIZE] * BLOCK_SIZE + (n - 1) % BLOCK_SIZE
         q.copy_(torch.randn(q.shape, generator=gen, device="cuda"))
@@ -155,7 +193,7 @@ def test_decode_cuda_graph_replay(num_splits):
         torch.cuda.synchronize()
         assert torch.equal(k_cache[0], spare)  # padded slots wrote nothing into block 0
         cu = torch.arange(real + 1, dtype=torch.int32, device="cuda")
-        ref = reference(q[:real], k_cache, v_cache, tables[:real], cu, lens[:real], d ** -0.5)
+        ref = reference(q[:real], k_cache, v_cache, tables[:real], cu, lens[:real], d**-0.5)
         assert rel_err(out[:real], ref) < TOL[torch.bfloat16]
         assert torch.equal(out[real:], torch.zeros_like(out[real:]))
         eager = step()

@@ -1,22 +1,26 @@
-"""worker.kernels (Triton) against the torch reference in worker.layers.attention, run on CPU by the interpreter.
+"""worker.kernels (Triton) against the torch reference in worker.layers.attention, run on CPU by the
+interpreter.
 
 TRITON_INTERPRET is read when @triton.jit decorates, so it is set before worker.kernels is imported (and the
 kernel modules are reloaded if something imported them earlier without it).
 """
+
 import importlib
 import os
 import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import triton.runtime.interpreter as interpreter  # noqa: E402
+import pytest
+import torch
+from triton.runtime import interpreter
 
 
 def _numpy2_index_shim() -> None:
-    # Triton 3.6's interpreter turns a loaded scalar (a 1-element array) into a loop bound with int(array),
-    # which numpy >= 2.4 rejects; take the element instead. Interpreter-only: compiled kernels never see this.
+    # Triton 3.6's interpreter turns a loaded scalar (a 1-element array) into a loop bound
+    # with int(array),
+    # which numpy >= 2.4 rejects; take the element instead. Interpreter-only: compiled kernels
+    # never see this.
     original = interpreter._patch_lang_tensor
     if getattr(original, "nanoserve_shim", False):
         return
@@ -31,8 +35,14 @@ def _numpy2_index_shim() -> None:
 
 def _import_kernels():
     _numpy2_index_shim()
-    names = ["worker.kernels.dtypes", "worker.kernels.store_kvcache", "worker.kernels.prefill_attention",
-             "worker.kernels.decode_attention", "worker.kernels.norm", "worker.kernels"]
+    names = [
+        "worker.kernels.dtypes",
+        "worker.kernels.store_kvcache",
+        "worker.kernels.prefill_attention",
+        "worker.kernels.decode_attention",
+        "worker.kernels.norm",
+        "worker.kernels",
+    ]
     if "worker.kernels.decode_attention" in sys.modules:
         decode = sys.modules["worker.kernels.decode_attention"]
         if not isinstance(decode._decode_split_kernel, interpreter.InterpretedFunction):
@@ -43,7 +53,7 @@ def _import_kernels():
 
 
 kernels = _import_kernels()
-from worker.layers.attention import paged_attention_torch, store_kvcache_torch  # noqa: E402
+from worker.layers.attention import paged_attention_torch, store_kvcache_torch
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
 
@@ -54,11 +64,20 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def make_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype, gen):
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    return (torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype))
+    return (
+        torch.randn(shape, generator=gen).to(dtype),
+        torch.randn(shape, generator=gen).to(dtype),
+    )
 
 
-def make_block_tables(context_lens: list[int], block_size: int, num_blocks: int, gen,
-                      width: int | None = None, pad: int = -1) -> torch.Tensor:
+def make_block_tables(
+    context_lens: list[int],
+    block_size: int,
+    num_blocks: int,
+    gen,
+    width: int | None = None,
+    pad: int = -1,
+) -> torch.Tensor:
     """Shuffled (non-contiguous) distinct blocks per sequence, padded with `pad`."""
     need = [(n + block_size - 1) // block_size for n in context_lens]
     width = width or max(max(need), 1)
@@ -68,13 +87,14 @@ def make_block_tables(context_lens: list[int], block_size: int, num_blocks: int,
     tables = torch.full((len(context_lens), width), pad, dtype=torch.int32)
     used = 0
     for i, n in enumerate(need):
-        tables[i, :n] = perm[used:used + n].int()
+        tables[i, :n] = perm[used : used + n].int()
         used += n
     return tables
 
 
-def poison_unused(k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
-                  context_lens: list[int]) -> None:
+def poison_unused(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor, context_lens: list[int]
+) -> None:
     """NaN into every cache slot no sequence may read: spare blocks (block 0 included) and block tails."""
     block_size = k_cache.shape[1]
     live = torch.zeros(k_cache.shape[:2], dtype=torch.bool)
@@ -87,6 +107,7 @@ def poison_unused(k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Te
 
 # ---------------------------------------------------------------- store_kvcache
 
+
 @pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_store_kvcache_matches_torch_and_skips_padded_slots(slot_dtype, dtype):
@@ -95,8 +116,8 @@ def test_store_kvcache_matches_torch_and_skips_padded_slots(slot_dtype, dtype):
     k_cache, v_cache = make_cache(num_blocks, block_size, hkv, d, dtype, gen)
     # key/value as strided views into a fused qkv buffer, like the model's split of qkv_proj
     qkv = torch.randn(9, (4 + 2 * hkv) * d, generator=gen).to(dtype)
-    key = qkv[:, 4 * d:(4 + hkv) * d].view(9, hkv, d)
-    value = qkv[:, (4 + hkv) * d:].view(9, hkv, d)
+    key = qkv[:, 4 * d : (4 + hkv) * d].view(9, hkv, d)
+    value = qkv[:, (4 + hkv) * d :].view(9, hkv, d)
     slots = torch.tensor([3, -1, 17, 40, -1, 95, 16, 15, -1], dtype=slot_dtype)
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     store_kvcache_torch(key, value, ref_k, ref_v, slots)
@@ -109,15 +130,22 @@ def test_store_kvcache_all_padded_leaves_cache_untouched():
     k_cache, v_cache = make_cache(4, 16, 4, 16, torch.float32, gen)
     before_k, before_v = k_cache.clone(), v_cache.clone()
     key = torch.randn(5, 4, 16, generator=gen)
-    kernels.store_kvcache(key, key.clone(), k_cache, v_cache, torch.full((5,), -1, dtype=torch.int32))
+    kernels.store_kvcache(
+        key, key.clone(), k_cache, v_cache, torch.full((5,), -1, dtype=torch.int32)
+    )
     assert torch.equal(k_cache, before_k) and torch.equal(v_cache, before_v)
 
 
 def test_store_kvcache_rejects_mismatched_shapes():
     k_cache = torch.zeros(2, 16, 2, 16)
     with pytest.raises(ValueError, match="slot_mapping"):
-        kernels.store_kvcache(torch.zeros(3, 2, 16), torch.zeros(3, 2, 16), k_cache, k_cache.clone(),
-                              torch.zeros(4, dtype=torch.int32))
+        kernels.store_kvcache(
+            torch.zeros(3, 2, 16),
+            torch.zeros(3, 2, 16),
+            k_cache,
+            k_cache.clone(),
+            torch.zeros(4, dtype=torch.int32),
+        )
 
 
 # ---------------------------------------------------------------- decode
@@ -136,7 +164,9 @@ def test_decode_matches_torch(block_size, group, num_splits):
     poison_unused(k_cache, v_cache, tables, DECODE_LENS)
     lens = torch.tensor(DECODE_LENS, dtype=torch.int32)
     q = torch.randn(len(DECODE_LENS), group * hkv, d, generator=gen)
-    out = kernels.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.2, num_splits=num_splits)
+    out = kernels.paged_decode_attention(
+        q, k_cache, v_cache, tables, lens, 0.2, num_splits=num_splits
+    )
     cu = torch.arange(len(DECODE_LENS) + 1, dtype=torch.int32)
     ref = paged_attention_torch(q, k_cache, v_cache, tables, cu, lens, 0.2)
     assert rel_err(out, ref) < TOL[torch.float32]
@@ -151,16 +181,19 @@ def test_decode_half_precision(dtype):
     tables = make_block_tables(lens_list, 32, 16, gen)
     lens = torch.tensor(lens_list, dtype=torch.int32)
     q = torch.randn(len(lens_list), group * hkv, d, generator=gen).to(dtype)
-    out = kernels.paged_decode_attention(q, k_cache, v_cache, tables, lens, d ** -0.5, num_splits=2)
+    out = kernels.paged_decode_attention(q, k_cache, v_cache, tables, lens, d**-0.5, num_splits=2)
     cu = torch.arange(len(lens_list) + 1, dtype=torch.int32)
-    ref = paged_attention_torch(q.float(), k_cache.float(), v_cache.float(), tables, cu, lens, d ** -0.5)
+    ref = paged_attention_torch(
+        q.float(), k_cache.float(), v_cache.float(), tables, cu, lens, d**-0.5
+    )
     assert out.dtype == dtype
     assert rel_err(out, ref) < TOL[dtype]
 
 
 @pytest.mark.parametrize("num_splits", [1, 4])
 def test_decode_padded_entries_are_zero_and_never_read(num_splits):
-    # CUDA-graph padding: context_len 0 and a table row of zeros (or -1) that must not be dereferenced
+    # CUDA-graph padding: context_len 0 and a table row of zeros (or -1) that must not be
+    # dereferenced
     gen = torch.Generator().manual_seed(3)
     hkv, d, group = 2, 16, 2
     k_cache, v_cache = make_cache(8, 16, hkv, d, torch.float32, gen)
@@ -169,9 +202,12 @@ def test_decode_padded_entries_are_zero_and_never_read(num_splits):
     poison_unused(k_cache, v_cache, tables, [20, 0, 0, 0])
     lens = torch.tensor([20, 0, 0, 0], dtype=torch.int32)
     q = torch.randn(4, group * hkv, d, generator=gen)
-    out = kernels.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.25, num_splits=num_splits)
-    ref = paged_attention_torch(q[:1], k_cache, v_cache, tables[:1], torch.arange(2, dtype=torch.int32),
-                                lens[:1], 0.25)
+    out = kernels.paged_decode_attention(
+        q, k_cache, v_cache, tables, lens, 0.25, num_splits=num_splits
+    )
+    ref = paged_attention_torch(
+        q[:1], k_cache, v_cache, tables[:1], torch.arange(2, dtype=torch.int32), lens[:1], 0.25
+    )
     assert torch.isfinite(out).all()
     assert torch.equal(out[1:], torch.zeros_like(out[1:]))
     assert rel_err(out[:1], ref) < TOL[torch.float32]
@@ -179,7 +215,9 @@ def test_decode_padded_entries_are_zero_and_never_read(num_splits):
 
 def test_num_splits_rule_depends_on_shapes_only():
     cpu = torch.device("cpu")
-    assert kernels.choose_num_splits(256, 8, 4096, cpu) == 1  # 2048 programs already fill 132 SMs twice
+    assert (
+        kernels.choose_num_splits(256, 8, 4096, cpu) == 1
+    )  # 2048 programs already fill 132 SMs twice
     assert kernels.choose_num_splits(1, 8, 4096, cpu) == 16
     assert kernels.choose_num_splits(16, 8, 4096, cpu) == 3
     assert kernels.choose_num_splits(1, 8, 256, cpu) == 1  # short max context: one share is enough
@@ -187,8 +225,17 @@ def test_num_splits_rule_depends_on_shapes_only():
 
 # ---------------------------------------------------------------- prefill / extend
 
-def run_prefill_case(q_lens: list[int], context_lens: list[int], block_size: int, group: int, dtype,
-                     seed: int, hkv: int = 2, d: int = 32) -> None:
+
+def run_prefill_case(
+    q_lens: list[int],
+    context_lens: list[int],
+    block_size: int,
+    group: int,
+    dtype,
+    seed: int,
+    hkv: int = 2,
+    d: int = 32,
+) -> None:
     gen = torch.Generator().manual_seed(seed)
     num_blocks = sum((n + block_size - 1) // block_size for n in context_lens) + 3
     k_cache, v_cache = make_cache(num_blocks, block_size, hkv, d, dtype, gen)
@@ -197,8 +244,12 @@ def run_prefill_case(q_lens: list[int], context_lens: list[int], block_size: int
     cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
     lens = torch.tensor(context_lens, dtype=torch.int32)
     q = torch.randn(sum(q_lens), group * hkv, d, generator=gen).to(dtype)
-    out = kernels.paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, max(q_lens), d ** -0.5)
-    ref = paged_attention_torch(q.float(), k_cache.float(), v_cache.float(), tables, cu, lens, d ** -0.5)
+    out = kernels.paged_prefill_attention(
+        q, k_cache, v_cache, tables, cu, lens, max(q_lens), d**-0.5
+    )
+    ref = paged_attention_torch(
+        q.float(), k_cache.float(), v_cache.float(), tables, cu, lens, d**-0.5
+    )
     assert out.dtype == dtype and out.shape == q.shape
     assert rel_err(out, ref) < TOL[dtype]
 
@@ -227,14 +278,13 @@ def test_prefill_skips_empty_sequences_and_strided_q():
     gen = torch.Generator().manual_seed(4)
     hkv, d, group, block_size = 2, 16, 2, 16
     context_lens = [10, 0, 37]
-    q_lens = [10, 0, 5]
     k_cache, v_cache = make_cache(8, block_size, hkv, d, torch.float32, gen)
     tables = make_block_tables(context_lens, block_size, 8, gen)
     cu = torch.tensor([0, 10, 10, 15], dtype=torch.int32)
     lens = torch.tensor(context_lens, dtype=torch.int32)
     # q as a strided view of a fused qkv buffer: (tokens, (Hq + 2 Hkv) * D)
     qkv = torch.randn(15, (group * hkv + 2 * hkv) * d, generator=gen)
-    q = qkv[:, :group * hkv * d].view(15, group * hkv, d)
+    q = qkv[:, : group * hkv * d].view(15, group * hkv, d)
     out = kernels.paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, 10, 0.3)
     ref = paged_attention_torch(q, k_cache, v_cache, tables, cu, lens, 0.3)
     assert rel_err(out, ref) < TOL[torch.float32]

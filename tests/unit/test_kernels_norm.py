@@ -1,19 +1,23 @@
 """worker.kernels.norm (fused RMSNorm, add+RMSNorm, SiLU-and-mul) against eager torch, on CPU by the interpreter."""
+
 import importlib
 import os
 import sys
 
-os.environ["TRITON_INTERPRET"] = "1"  # read when @triton.jit decorates: set before worker.kernels loads
+os.environ["TRITON_INTERPRET"] = (
+    "1"  # read when @triton.jit decorates: set before worker.kernels loads
+)
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-import triton.runtime.interpreter as interpreter  # noqa: E402
+import pytest
+import torch
+import torch.nn.functional as F
+from triton.runtime import interpreter
 
 if "worker.kernels.norm" in sys.modules and not isinstance(
-        sys.modules["worker.kernels.norm"]._rms_norm_kernel, interpreter.InterpretedFunction):
+    sys.modules["worker.kernels.norm"]._rms_norm_kernel, interpreter.InterpretedFunction
+):
     importlib.reload(sys.modules["worker.kernels.norm"])
-from worker.kernels.norm import fused_add_rms_norm, rms_norm, silu_and_mul  # noqa: E402
+from worker.kernels.norm import fused_add_rms_norm, rms_norm, silu_and_mul
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
@@ -52,7 +56,7 @@ def test_fused_add_rms_norm_returns_sum_and_leaves_inputs(dtype):
     if dtype == torch.float32:
         assert torch.equal(new_residual, ref_residual)
     else:  # the interpreter rounds fp32 -> bf16 toward zero (the GPU rounds to nearest): allow one ulp
-        torch.testing.assert_close(new_residual, ref_residual, atol=0, rtol=2 ** -7)
+        torch.testing.assert_close(new_residual, ref_residual, atol=0, rtol=2**-7)
     assert rel_err(out, torch_rms_norm(ref_residual, weight, 1e-6)) < TOL[dtype]
     assert torch.equal(x, x0) and torch.equal(residual, r0)
 
@@ -61,7 +65,7 @@ def test_rms_norm_on_strided_heads():
     # Qwen3 q_norm: per-head norm over head_dim of a strided (tokens, heads, head_dim) view of qkv
     gen = torch.Generator().manual_seed(2)
     qkv = torch.randn(4, 6 * 32, generator=gen)
-    q = qkv[:, :4 * 32].view(4, 4, 32)
+    q = qkv[:, : 4 * 32].view(4, 4, 32)
     weight = torch.randn(32, generator=gen)
     assert rel_err(rms_norm(q, weight, 1e-6), torch_rms_norm(q, weight, 1e-6)) < TOL[torch.float32]
 

@@ -1,11 +1,20 @@
-"""Triton kernels for the worker's hot path: KV-cache store, paged prefill/decode attention, fused norms.
+"""Triton kernels for the worker's hot path: KV-cache store, paged prefill/decode attention, fused
+norms.
 
 Imported lazily by worker.layers (CUDA only; on CPU they run under TRITON_INTERPRET=1 for tests).
 """
+
 from worker.kernels.decode_attention import choose_num_splits, paged_decode_attention
 from worker.kernels.norm import fused_add_rms_norm, rms_norm, silu_and_mul
 from worker.kernels.prefill_attention import paged_prefill_attention
 from worker.kernels.store_kvcache import store_kvcache
 
-__all__ = ["choose_num_splits", "fused_add_rms_norm", "paged_decode_attention", "paged_prefill_attention",
-           "rms_norm", "silu_and_mul", "store_kvcache"]
+__all__ = [
+    "choose_num_splits",
+    "fused_add_rms_norm",
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "rms_norm",
+    "silu_and_mul",
+    "store_kvcache",
+]

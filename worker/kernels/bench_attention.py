@@ -1,71 +1,123 @@
-"""Kernel timings for worker.kernels attention on the GPU machine: `python -m worker.kernels.bench_attention`.
+"""Kernel timings for worker.kernels attention on the GPU machine: `python -m
+worker.kernels.bench_attention`.
 
 Decode is bound by K/V bytes, so it reports achieved GB/s (K/V bytes read / median time); prefill reports TFLOP/s.
 """
+
 import torch
 import triton
 
 from worker.kernels import choose_num_splits, paged_decode_attention, paged_prefill_attention
 
 
-def _paged_case(context_lens: list[int], num_kv_heads: int, head_dim: int, block_size: int,
-                dtype: torch.dtype, width: int):
+def _paged_case(
+    context_lens: list[int],
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    width: int,
+):
     need = [triton.cdiv(n, block_size) for n in context_lens]
     num_blocks = sum(need)
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache = torch.randn(shape, device="cuda", dtype=dtype)  # random, never zeros: zeros can time faster
+    k_cache = torch.randn(
+        shape, device="cuda", dtype=dtype
+    )  # random, never zeros: zeros can time faster
     v_cache = torch.randn(shape, device="cuda", dtype=dtype)
     perm = torch.randperm(num_blocks, device="cuda").int()
-    tables = torch.full((len(context_lens), max(width, max(need))), -1, dtype=torch.int32, device="cuda")
+    tables = torch.full(
+        (len(context_lens), max(width, max(need))), -1, dtype=torch.int32, device="cuda"
+    )
     used = 0
     for i, nb in enumerate(need):
-        tables[i, :nb] = perm[used:used + nb]
+        tables[i, :nb] = perm[used : used + nb]
         used += nb
     lens = torch.tensor(context_lens, dtype=torch.int32, device="cuda")
     return k_cache, v_cache, tables, lens
 
 
-def bench_decode(batch: int = 256, context: int = 1024, num_q_heads: int = 16, num_kv_heads: int = 8,
-                 head_dim: int = 128, block_size: int = 256, max_model_len: int = 4096,
-                 dtype: torch.dtype = torch.bfloat16, num_splits: int | None = None) -> float:
+def bench_decode(
+    batch: int = 256,
+    context: int = 1024,
+    num_q_heads: int = 16,
+    num_kv_heads: int = 8,
+    head_dim: int = 128,
+    block_size: int = 256,
+    max_model_len: int = 4096,
+    dtype: torch.dtype = torch.bfloat16,
+    num_splits: int | None = None,
+) -> float:
     """Median µs of one decode attention call; block_tables are as wide as max_model_len (the graph layout)."""
-    k_cache, v_cache, tables, lens = _paged_case([context] * batch, num_kv_heads, head_dim, block_size,
-                                                 dtype, triton.cdiv(max_model_len, block_size))
+    k_cache, v_cache, tables, lens = _paged_case(
+        [context] * batch,
+        num_kv_heads,
+        head_dim,
+        block_size,
+        dtype,
+        triton.cdiv(max_model_len, block_size),
+    )
     q = torch.randn(batch, num_q_heads, head_dim, device="cuda", dtype=dtype)
-    splits = num_splits or choose_num_splits(batch, num_kv_heads, tables.shape[1] * block_size, q.device)
-    fn = lambda: paged_decode_attention(q, k_cache, v_cache, tables, lens, head_dim ** -0.5, num_splits)  # noqa: E731
+    splits = num_splits or choose_num_splits(
+        batch, num_kv_heads, tables.shape[1] * block_size, q.device
+    )
+    fn = lambda: paged_decode_attention(
+        q, k_cache, v_cache, tables, lens, head_dim**-0.5, num_splits
+    )
     ms = triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
     kv_bytes = 2 * batch * context * num_kv_heads * head_dim * k_cache.element_size()
-    print(f"decode  B={batch:4d} ctx={context:5d} Hq={num_q_heads:2d} Hkv={num_kv_heads} D={head_dim} "
-          f"splits={splits:2d}: {ms * 1e3:8.1f} us  {kv_bytes / ms / 1e6:7.0f} GB/s")
+    print(
+        f"decode  B={batch:4d} ctx={context:5d} Hq={num_q_heads:2d} Hkv={num_kv_heads} D={head_dim} "
+        f"splits={splits:2d}: {ms * 1e3:8.1f} us  {kv_bytes / ms / 1e6:7.0f} GB/s"
+    )
     return ms * 1e3
 
 
-def bench_prefill(num_seqs: int = 16, prompt_len: int = 1024, prefix_len: int = 0, num_q_heads: int = 16,
-                  num_kv_heads: int = 8, head_dim: int = 128, block_size: int = 256,
-                  dtype: torch.dtype = torch.bfloat16) -> float:
+def bench_prefill(
+    num_seqs: int = 16,
+    prompt_len: int = 1024,
+    prefix_len: int = 0,
+    num_q_heads: int = 16,
+    num_kv_heads: int = 8,
+    head_dim: int = 128,
+    block_size: int = 256,
+    dtype: torch.dtype = torch.bfloat16,
+) -> float:
     """Median µs of one prefill call over num_seqs prompts of prompt_len new tokens after prefix_len cached."""
     context = prefix_len + prompt_len
-    k_cache, v_cache, tables, lens = _paged_case([context] * num_seqs, num_kv_heads, head_dim, block_size,
-                                                 dtype, 1)
+    k_cache, v_cache, tables, lens = _paged_case(
+        [context] * num_seqs, num_kv_heads, head_dim, block_size, dtype, 1
+    )
     q = torch.randn(num_seqs * prompt_len, num_q_heads, head_dim, device="cuda", dtype=dtype)
     cu = torch.arange(0, num_seqs + 1, dtype=torch.int32, device="cuda") * prompt_len
-    fn = lambda: paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, prompt_len,  # noqa: E731
-                                         head_dim ** -0.5)
+    fn = lambda: paged_prefill_attention(
+        q, k_cache, v_cache, tables, cu, lens, prompt_len, head_dim**-0.5
+    )
     ms = triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
     # causal QK^T and PV: 4 * D flops per visible (query, key) pair per q head
     pairs = num_seqs * (prompt_len * prefix_len + prompt_len * (prompt_len + 1) // 2)
     flops = 4 * head_dim * num_q_heads * pairs
-    print(f"prefill S={num_seqs:3d} q={prompt_len:5d} prefix={prefix_len:5d} Hq={num_q_heads:2d} "
-          f"Hkv={num_kv_heads}: {ms * 1e3:8.1f} us  {flops / ms / 1e9:6.1f} TFLOP/s")
+    print(
+        f"prefill S={num_seqs:3d} q={prompt_len:5d} prefix={prefix_len:5d} Hq={num_q_heads:2d} "
+        f"Hkv={num_kv_heads}: {ms * 1e3:8.1f} us  {flops / ms / 1e9:6.1f} TFLOP/s"
+    )
     return ms * 1e3
 
 
 def main() -> None:
     torch.manual_seed(0)
     for hq in (16, 32):  # Qwen3-0.6B, Qwen3-8B
-        for batch, context in [(1, 1024), (1, 4096), (8, 1024), (16, 2048), (64, 1024), (128, 1024),
-                               (256, 900), (256, 1024), (512, 1024)]:
+        for batch, context in [
+            (1, 1024),
+            (1, 4096),
+            (8, 1024),
+            (16, 2048),
+            (64, 1024),
+            (128, 1024),
+            (256, 900),
+            (256, 1024),
+            (512, 1024),
+        ]:
             bench_decode(batch, context, num_q_heads=hq)
     for splits in (1, 2, 4, 8, 16):  # the split rule's neighbourhood at a mid-size batch
         bench_decode(32, 2048, num_splits=splits)

@@ -1,10 +1,13 @@
-"""Decode attention over the paged KV cache (Attention.forward when not is_prefill): one new token per sequence.
+"""Decode attention over the paged KV cache (Attention.forward when not is_prefill): one new token
+per sequence.
 
 Flash-decoding: grid (batch, num_kv_heads, num_splits). Each program packs all q heads of one kv head into the
 M dimension (padded to 16 rows for tl.dot), so K/V are read once per kv head, and covers one share of that
-sequence's context. A second kernel merges the shares by log-sum-exp. The grid depends on shapes only and the
+sequence's context. A second kernel merges the shares by log-sum-exp. The grid depends on shapes
+only and the
 kernels never sync with the host, so a captured CUDA graph replays it for any context lengths.
 """
+
 import functools
 
 import torch
@@ -19,20 +22,38 @@ MAX_SPLITS = 16
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
-    o_ptr, part_o_ptr, part_lse_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    o_ptr,
+    part_o_ptr,
+    part_lse_ptr,
     qk_scale,
-    stride_qb, stride_qh, stride_ob, stride_oh,
-    stride_cb, stride_cs, stride_ch, stride_bt,
-    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    stride_qb,
+    stride_qh,
+    stride_ob,
+    stride_oh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_bt,
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     context_len = tl.load(context_lens_ptr + seq)
-    # Shares are cut from this sequence's own length (a multiple of BLOCK_N each) so every split has work
+    # Shares are cut from this sequence's own length (a multiple of BLOCK_N each) so every
+    # split has work
     # even when block_tables is padded far past it (CUDA graphs size it for max_model_len).
     split_len = tl.cdiv(tl.cdiv(context_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * split_len
@@ -43,8 +64,11 @@ def _decode_split_kernel(
     cols = tl.arange(0, BLOCK_N)
     row_mask = rows < GROUP
     heads = kv_head * GROUP + rows
-    q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :],
-                mask=row_mask[:, None], other=0.0).to(DOT_DTYPE)  # (BLOCK_H, HEAD_DIM)
+    q = tl.load(
+        q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :],
+        mask=row_mask[:, None],
+        other=0.0,
+    ).to(DOT_DTYPE)  # (BLOCK_H, HEAD_DIM)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -52,16 +76,24 @@ def _decode_split_kernel(
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     kv_head_off = kv_head * stride_ch
     for tile in range(start, end, BLOCK_N):
-        # BLOCK_N divides BLOCK_SIZE and tiles start at multiples of BLOCK_N: a tile lies in one block
+        # BLOCK_N divides BLOCK_SIZE and tiles start at multiples of BLOCK_N: a tile lies
+        # in one block
         block = tl.load(table + tile // BLOCK_SIZE).to(tl.int64)
         pos = tile + cols
         valid = pos < end
-        kv_off = (block * stride_cb + kv_head_off + ((tile % BLOCK_SIZE) + cols)[:, None] * stride_cs
-                  + dims[None, :])
-        # (BLOCK_N, HEAD_DIM); masked rows may hold stale NaN/inf of another sequence and must not reach p @ v
+        kv_off = (
+            block * stride_cb
+            + kv_head_off
+            + ((tile % BLOCK_SIZE) + cols)[:, None] * stride_cs
+            + dims[None, :]
+        )
+        # (BLOCK_N, HEAD_DIM); masked rows may hold stale NaN/inf of another sequence and
+        # must not reach p @ v
         k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(DOT_DTYPE)
         v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(DOT_DTYPE)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_H, BLOCK_N), log2 units
+        s = (
+            tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        )  # (BLOCK_H, BLOCK_N), log2 units
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -73,10 +105,14 @@ def _decode_split_kernel(
     nonempty = l_i > 0.0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
     if NUM_SPLITS == 1:
-        tl.store(o_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=row_mask[:, None])
+        tl.store(
+            o_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :],
+            out.to(o_ptr.dtype.element_ty),
+            mask=row_mask[:, None],
+        )
     else:
-        # partials: (batch, num_q_heads, NUM_SPLITS, HEAD_DIM) fp32 and lse (batch, num_q_heads, NUM_SPLITS)
+        # partials: (batch, num_q_heads, NUM_SPLITS, HEAD_DIM) fp32 and lse (batch,
+        # num_q_heads, NUM_SPLITS)
         lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
         part = (seq * tl.num_programs(1) * GROUP + heads) * NUM_SPLITS + split
         tl.store(part_lse_ptr + part, lse, mask=row_mask)
@@ -85,8 +121,15 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_reduce_kernel(
-    part_o_ptr, part_lse_ptr, o_ptr, stride_ob, stride_oh, num_q_heads,
-    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+    part_o_ptr,
+    part_lse_ptr,
+    o_ptr,
+    stride_ob,
+    stride_oh,
+    num_q_heads,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -99,8 +142,11 @@ def _decode_reduce_kernel(
     m = tl.where(m > float("-inf"), m, 0.0)
     w = tl.where(lse > float("-inf"), tl.exp2(lse - m), 0.0)
     total = tl.sum(w, 0)
-    parts = tl.load(part_o_ptr + (base + splits)[:, None] * HEAD_DIM + dims[None, :],
-                    mask=(splits < NUM_SPLITS)[:, None], other=0.0)  # (BLOCK_S, HEAD_DIM)
+    parts = tl.load(
+        part_o_ptr + (base + splits)[:, None] * HEAD_DIM + dims[None, :],
+        mask=(splits < NUM_SPLITS)[:, None],
+        other=0.0,
+    )  # (BLOCK_S, HEAD_DIM)
     out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
     tl.store(o_ptr + seq * stride_ob + head * stride_oh + dims, out.to(o_ptr.dtype.element_ty))
 
@@ -126,9 +172,15 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, device: t
     return max(1, min(splits, MAX_SPLITS, triton.cdiv(max_context, 256)))
 
 
-def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                           num_splits: int | None = None) -> torch.Tensor:
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+) -> torch.Tensor:
     """q: (batch, num_q_heads, head_dim) -> o of the same shape; context_lens (batch,) counts the new token."""
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
@@ -137,33 +189,65 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if block_tables.shape[0] != batch or context_lens.shape != (batch,):
         raise ValueError("block_tables and context_lens need one row per sequence in q")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or k_cache.stride() != v_cache.stride():
-        raise ValueError("paged_decode_attention needs contiguous head_dim and identical k/v cache strides")
+        raise ValueError(
+            "paged_decode_attention needs contiguous head_dim and identical k/v cache strides"
+        )
     group = num_q_heads // num_kv_heads
     if num_splits is None:
-        num_splits = choose_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, q.device)
+        num_splits = choose_num_splits(
+            batch, num_kv_heads, block_tables.shape[1] * block_size, q.device
+        )
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if batch == 0:
         return o
     if num_splits > 1:
-        part_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        part_o = torch.empty(
+            batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+        )
         part_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = o  # unused by the NUM_SPLITS == 1 specialisation
     fp32 = q.dtype == torch.float32
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, o, part_o, part_lse,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        o,
+        part_o,
+        part_lse,
         scale * LOG2E,
-        q.stride(0), q.stride(1), o.stride(0), o.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_N=min(64, block_size), NUM_SPLITS=num_splits,
-        DOT_PRECISION="ieee" if fp32 else "tf32", DOT_DTYPE=dot_dtype(k_cache.dtype),
-        num_warps=4, num_stages=2 if fp32 else 3,
+        q.stride(0),
+        q.stride(1),
+        o.stride(0),
+        o.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        GROUP=group,
+        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_N=min(64, block_size),
+        NUM_SPLITS=num_splits,
+        DOT_PRECISION="ieee" if fp32 else "tf32",
+        DOT_DTYPE=dot_dtype(k_cache.dtype),
+        num_warps=4,
+        num_stages=2 if fp32 else 3,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(batch, num_q_heads)](
-            part_o, part_lse, o, o.stride(0), o.stride(1), num_q_heads,
-            HEAD_DIM=head_dim, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
+            part_o,
+            part_lse,
+            o,
+            o.stride(0),
+            o.stride(1),
+            num_q_heads,
+            HEAD_DIM=head_dim,
+            NUM_SPLITS=num_splits,
+            BLOCK_S=triton.next_power_of_2(num_splits),
             num_warps=4 if head_dim >= 128 else 2,
         )
     return o

@@ -1,4 +1,5 @@
 """Operand dtype for tl.dot in the attention kernels (decode_attention, prefill_attention)."""
+
 import torch
 import triton
 import triton.language as tl
@@ -10,10 +11,13 @@ def dot_dtype(cache_dtype: torch.dtype) -> tl.dtype:
     """The KV cache dtype; q and p are cast to it so tl.dot sees matching operands.
 
     Under TRITON_INTERPRET the CPU interpreter computes bf16 tl.dot on the raw bits (Triton 3.6), so bf16 is
-    widened to fp32 there; loads, stores and conversions stay bf16. Compiled kernels always use the cache dtype.
+    widened to fp32 there; loads, stores and conversions stay bf16. Compiled kernels always use the
+    cache dtype.
     """
     if cache_dtype not in _TL_DTYPES:
-        raise ValueError(f"KV cache dtype {cache_dtype} is not supported (float32, float16, bfloat16)")
+        raise ValueError(
+            f"KV cache dtype {cache_dtype} is not supported (float32, float16, bfloat16)"
+        )
     if cache_dtype == torch.bfloat16 and triton.knobs.runtime.interpret:
         return tl.float32
     return _TL_DTYPES[cache_dtype]

@@ -1,7 +1,10 @@
-"""Fused elementwise kernels of the Qwen3 decoder layer: RMSNorm (with the residual add) and SiLU-and-mul.
+"""Fused elementwise kernels of the Qwen3 decoder layer: RMSNorm (with the residual add) and SiLU-
+and-mul.
 
-One pass over each tensor instead of the several eager ops of the torch layers; each program owns one row.
+One pass over each tensor instead of the several eager ops of the torch layers; each program owns
+one row.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -9,9 +12,19 @@ import triton.language as tl
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, residual_ptr, weight_ptr, out_ptr, new_residual_ptr,
-    stride_x, stride_r, stride_o, stride_nr, hidden, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr,
+    residual_ptr,
+    weight_ptr,
+    out_ptr,
+    new_residual_ptr,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_nr,
+    hidden,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -47,9 +60,20 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     if x2.shape[0]:
         block = triton.next_power_of_2(hidden)
         _rms_norm_kernel[(x2.shape[0],)](
-            x2, r2, weight, out, new_residual,
-            x2.stride(0), r2.stride(0), out.stride(0), new_residual.stride(0), hidden, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=min(max(block // 256, 1), 8),
+            x2,
+            r2,
+            weight,
+            out,
+            new_residual,
+            x2.stride(0),
+            r2.stride(0),
+            out.stride(0),
+            new_residual.stride(0),
+            hidden,
+            eps,
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=block,
+            num_warps=min(max(block // 256, 1), 8),
         )
     return out.view(x.shape), new_residual.view(x.shape)
 
@@ -59,8 +83,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _launch(x, None, weight, eps)[0]
 
 
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (rms_norm(x + residual), x + residual); the inputs are not modified."""
     return _launch(x, residual, weight, eps)
 
@@ -79,12 +104,20 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.co
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x: (num_tokens, 2 * intermediate), gate then up (the fused gate_up_proj) -> (num_tokens, intermediate)."""
     if x.dim() != 2 or x.shape[1] % 2 or x.stride(-1) != 1:
-        raise ValueError(f"silu_and_mul needs a (num_tokens, 2 * intermediate) row-major x, got {tuple(x.shape)}")
+        raise ValueError(
+            f"silu_and_mul needs a (num_tokens, 2 * intermediate) row-major x, got {tuple(x.shape)}"
+        )
     inter = x.shape[1] // 2
     out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
     if x.shape[0]:
         block = min(1024, triton.next_power_of_2(inter))
         _silu_and_mul_kernel[(x.shape[0], triton.cdiv(inter, block))](
-            x, out, x.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4,
+            x,
+            out,
+            x.stride(0),
+            out.stride(0),
+            inter,
+            BLOCK=block,
+            num_warps=4,
         )
     return out

@@ -1,10 +1,13 @@
 """Prefill / extend attention over the paged KV cache (Attention.forward when is_prefill).
 
 q holds only the new tokens of each sequence (varlen by cu_seqlens_q); their k/v are already stored, so every
-key, cached prefix or new, is read from the cache through block_tables. Each program owns BLOCK_Q query tokens
+key, cached prefix or new, is read from the cache through block_tables. Each program owns BLOCK_Q
+query tokens
 x all q heads of one kv head (the GQA group packed into M), walks the keys with an online softmax, runs
-the tiles that are entirely visible to every query without a mask, and skips tiles past the causal edge.
+the tiles that are entirely visible to every query without a mask, and skips tiles past the causal
+edge.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -16,13 +19,29 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr, o_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    cu_seqlens_q_ptr,
+    context_lens_ptr,
+    o_ptr,
     qk_scale,
-    stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_cb, stride_cs, stride_ch, stride_bt,
-    GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_bt,
+    GROUP: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP
     seq = tl.program_id(0)
@@ -44,8 +63,11 @@ def _prefill_kernel(
     dims = tl.arange(0, HEAD_DIM)
     cols = tl.arange(0, BLOCK_N)
     tokens = (q_start + q_idx).to(tl.int64)
-    q = tl.load(q_ptr + tokens[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :],
-                mask=row_mask[:, None], other=0.0).to(DOT_DTYPE)  # (BLOCK_M, HEAD_DIM)
+    q = tl.load(
+        q_ptr + tokens[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :],
+        mask=row_mask[:, None],
+        other=0.0,
+    ).to(DOT_DTYPE)  # (BLOCK_M, HEAD_DIM)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -55,15 +77,22 @@ def _prefill_kernel(
 
     first_q_pos = prefix_len + q_block * BLOCK_Q
     last_q_pos = tl.minimum(first_q_pos + BLOCK_Q, context_len) - 1
-    # keys [0, full_end) are visible to every query of the tile; [full_end, last_q_pos] need the causal mask
+    # keys [0, full_end) are visible to every query of the tile; [full_end, last_q_pos] need
+    # the causal mask
     full_end = ((first_q_pos + 1) // BLOCK_N) * BLOCK_N
     for tile in range(0, full_end, BLOCK_N):
         block = tl.load(table + tile // BLOCK_SIZE).to(tl.int64)
-        kv_off = (block * stride_cb + kv_head_off + ((tile % BLOCK_SIZE) + cols)[:, None] * stride_cs
-                  + dims[None, :])
+        kv_off = (
+            block * stride_cb
+            + kv_head_off
+            + ((tile % BLOCK_SIZE) + cols)[:, None] * stride_cs
+            + dims[None, :]
+        )
         k = tl.load(k_cache_ptr + kv_off).to(DOT_DTYPE)  # (BLOCK_N, HEAD_DIM)
         v = tl.load(v_cache_ptr + kv_off).to(DOT_DTYPE)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
+        s = (
+            tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        )  # (BLOCK_M, BLOCK_N), log2 units
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
@@ -74,8 +103,12 @@ def _prefill_kernel(
         block = tl.load(table + tile // BLOCK_SIZE).to(tl.int64)
         pos = tile + cols
         valid = pos < context_len
-        kv_off = (block * stride_cb + kv_head_off + ((tile % BLOCK_SIZE) + cols)[:, None] * stride_cs
-                  + dims[None, :])
+        kv_off = (
+            block * stride_cb
+            + kv_head_off
+            + ((tile % BLOCK_SIZE) + cols)[:, None] * stride_cs
+            + dims[None, :]
+        )
         k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(DOT_DTYPE)
         v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
@@ -89,13 +122,23 @@ def _prefill_kernel(
         m_i = m_new
 
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-    tl.store(o_ptr + tokens[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=row_mask[:, None])
+    tl.store(
+        o_ptr + tokens[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :],
+        out.to(o_ptr.dtype.element_ty),
+        mask=row_mask[:, None],
+    )
 
 
-def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                            block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                            context_lens: torch.Tensor, max_seqlen_q: int, scale: float) -> torch.Tensor:
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    max_seqlen_q: int,
+    scale: float,
+) -> torch.Tensor:
     """q: (num_tokens, num_q_heads, head_dim) new tokens -> o of the same shape (causal, bottom-right aligned)."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
@@ -103,9 +146,13 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if cache_dim != head_dim or num_q_heads % num_kv_heads:
         raise ValueError(f"q {tuple(q.shape)} does not fit k_cache {tuple(k_cache.shape)}")
     if cu_seqlens_q.shape != (batch + 1,) or block_tables.shape[0] != batch:
-        raise ValueError("cu_seqlens_q needs batch + 1 entries and block_tables one row per sequence")
+        raise ValueError(
+            "cu_seqlens_q needs batch + 1 entries and block_tables one row per sequence"
+        )
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or k_cache.stride() != v_cache.stride():
-        raise ValueError("paged_prefill_attention needs contiguous head_dim and identical k/v cache strides")
+        raise ValueError(
+            "paged_prefill_attention needs contiguous head_dim and identical k/v cache strides"
+        )
     group = num_q_heads // num_kv_heads
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if num_tokens == 0 or batch == 0 or max_seqlen_q <= 0:
@@ -114,16 +161,36 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     # 128 rows of M (64 for fp32 to fit shared memory), at least one query token per row group
     block_m = 64 if fp32 else 128
     block_q = max(1, block_m // group)
-    block_q = min(block_q, max(16 // group, triton.next_power_of_2(max_seqlen_q)))  # small prompts: smaller tiles
+    block_q = min(
+        block_q, max(16 // group, triton.next_power_of_2(max_seqlen_q))
+    )  # small prompts: smaller tiles
     block_n = min(64, block_size)
     grid = (batch, triton.cdiv(max_seqlen_q, block_q), num_kv_heads)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, o,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        cu_seqlens_q,
+        context_lens,
+        o,
         scale * LOG2E,
-        q.stride(0), q.stride(1), o.stride(0), o.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        GROUP=group, BLOCK_Q=block_q, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n,
-        DOT_PRECISION="ieee" if fp32 else "tf32", DOT_DTYPE=dot_dtype(k_cache.dtype),
-        num_warps=8 if block_q * group * head_dim >= 128 * 128 else 4, num_stages=2,
+        q.stride(0),
+        q.stride(1),
+        o.stride(0),
+        o.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        GROUP=group,
+        BLOCK_Q=block_q,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_N=block_n,
+        DOT_PRECISION="ieee" if fp32 else "tf32",
+        DOT_DTYPE=dot_dtype(k_cache.dtype),
+        num_warps=8 if block_q * group * head_dim >= 128 * 128 else 4,
+        num_stages=2,
     )
     return o

@@ -1,8 +1,10 @@
-"""Write this step's new k/v rows into the paged KV cache by slot_mapping (Attention.forward, before attending).
+"""Write this step's new k/v rows into the paged KV cache by slot_mapping (Attention.forward, before
+attending).
 
 One program per token; slot -1 marks a padded token (CUDA-graph padding, a prefix-cache hit) and is skipped, so
 padded entries never touch a live block.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -10,11 +12,22 @@ import triton.language as tl
 
 @triton.jit
 def _store_kvcache_kernel(
-    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
-    stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_cb, stride_cs, stride_ch,
+    key_ptr,
+    value_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_mapping_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
     num_kv_heads,
-    BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
@@ -27,14 +40,21 @@ def _store_kvcache_kernel(
     mask = (heads < num_kv_heads)[:, None]
     # (BLOCK_H, HEAD_DIM) tile of this token's k and v; the last dim is contiguous everywhere
     k = tl.load(key_ptr + token * stride_kt + heads[:, None] * stride_kh + dims[None, :], mask=mask)
-    v = tl.load(value_ptr + token * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=mask)
+    v = tl.load(
+        value_ptr + token * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=mask
+    )
     dst = block * stride_cb + offset * stride_cs + heads[:, None] * stride_ch + dims[None, :]
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  slot_mapping: torch.Tensor) -> None:
+def store_kvcache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
     """key, value: (num_tokens, num_kv_heads, head_dim); caches: (num_blocks, block_size, num_kv_heads, head_dim)."""
     num_tokens, num_kv_heads, head_dim = key.shape
     if value.shape != key.shape:
@@ -45,13 +65,29 @@ def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
         raise ValueError(f"slot_mapping shape {tuple(slot_mapping.shape)} != ({num_tokens},)")
     if num_tokens == 0:
         return
-    if key.stride(-1) != 1 or value.stride(-1) != 1 or k_cache.stride(-1) != 1 or k_cache.stride() != v_cache.stride():
+    if (
+        key.stride(-1) != 1
+        or value.stride(-1) != 1
+        or k_cache.stride(-1) != 1
+        or k_cache.stride() != v_cache.stride()
+    ):
         raise ValueError("store_kvcache needs contiguous head_dim and identical k/v cache strides")
     _store_kvcache_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        key,
+        value,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
         num_kv_heads,
-        BLOCK_SIZE=k_cache.shape[1], BLOCK_H=triton.next_power_of_2(num_kv_heads), HEAD_DIM=head_dim,
+        BLOCK_SIZE=k_cache.shape[1],
+        BLOCK_H=triton.next_power_of_2(num_kv_heads),
+        HEAD_DIM=head_dim,
         num_warps=4 if num_kv_heads * head_dim >= 1024 else 1,
     )
