@@ -210,3 +210,19 @@ def test_tensor_parallel_2_ranks_matches_single_process(tmp_path):
             (prefill, decode), (ref_prefill, ref_decode) = ours, ref
             torch.testing.assert_close(prefill, ref_prefill, atol=ATOL, rtol=ATOL, msg=name)
             torch.testing.assert_close(decode, ref_decode, atol=ATOL, rtol=ATOL, msg=name)
+
+
+def test_bfloat16_model_stays_close_and_keeps_float32_rotary(tmp_path):
+    hf = make_hf_model(tmp_path, **CONFIGS["untied-gqa2-headdim"])
+    model = build_model(tmp_path).to(torch.bfloat16)
+    rotary = model.model.layers[0].self_attn.rotary_emb
+    assert rotary.cos_sin_cache.dtype is torch.float32  # not a buffer: model.to() leaves it alone
+    seq = random_seqs(hf.config.vocab_size, [12])[0]
+    cache = PagedCache(model, 1)
+    for attn in (m for m in model.modules() if isinstance(m, Attention)):
+        attn.k_cache, attn.v_cache = attn.k_cache.bfloat16(), attn.v_cache.bfloat16()
+    logits = cache.step(model, [seq], is_prefill=True)
+    assert logits.dtype is torch.bfloat16
+    ref = hf_logits(hf, seq)
+    assert (logits.float() - ref).abs().max() < 0.05 * ref.abs().max()
+    assert (logits.float().argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
