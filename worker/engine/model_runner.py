@@ -11,8 +11,9 @@ import numpy as np
 import torch
 
 from worker.config import EngineConfig
-from worker.context import get_context, reset_context, set_context
+from worker.context import reset_context, set_context
 from worker.engine.sequence import Sequence
+from worker.engine.step_inputs import StepInputs
 from worker.layers.attention import Attention
 from worker.loader import load_model
 from worker.model_config import ModelConfig
@@ -90,6 +91,7 @@ class ModelRunner:
             self.graphs = CudaGraphRunner(self)
         self.sample_generator = torch.Generator(self.device).manual_seed(config.seed)
         self.request_generators: dict[int, torch.Generator] = {}  # seq_id -> generator
+        self.publish = None  # set by TensorParallelRunner on rank 0: sends each StepInputs out
 
     # ---- KV cache -------------------------------------------------------------------------------
 
@@ -150,51 +152,63 @@ class ModelRunner:
 
     # ---- inputs ---------------------------------------------------------------------------------
 
-    def _slots(self, seq: Sequence, start: int, end: int) -> np.ndarray:
-        pos = np.arange(start, end)
-        table = np.asarray(seq.block_table, dtype=np.int64)
-        return table[pos // self.block_size] * self.block_size + pos % self.block_size
-
-    def _block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
+    def _block_tables(self, seqs: list[Sequence]) -> np.ndarray:
         width = max(len(seq.block_table) for seq in seqs)
-        table = np.full((len(seqs), width), -1, dtype=np.int32)
+        table = np.full((len(seqs), width), -1, dtype=np.int64)
         for i, seq in enumerate(seqs):
             table[i, :len(seq.block_table)] = seq.block_table
-        return torch.from_numpy(table)
+        return table
 
-    def prepare_prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
+    def prepare_prefill(self, seqs: list[Sequence]) -> StepInputs:
+        bs = self.block_size
         input_ids, positions, slots, q_lens, k_lens = [], [], [], [], []
         for seq in seqs:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_scheduled_tokens
             input_ids.extend(seq.token_ids[start:end])
-            positions.append(np.arange(start, end))
-            slots.append(self._slots(seq, start, end))
+            pos = np.arange(start, end)
+            positions.append(pos)
+            slots.append(np.asarray(seq.block_table)[pos // bs] * bs + pos % bs)
             q_lens.append(end - start)
             k_lens.append(end)
-        dev = self.device
-        cu_q = torch.tensor([0] + list(np.cumsum(q_lens)), dtype=torch.int32)
-        cu_k = torch.tensor([0] + list(np.cumsum(k_lens)), dtype=torch.int32)
-        set_context(is_prefill=True, cu_seqlens_q=cu_q.to(dev), cu_seqlens_k=cu_k.to(dev),
-                    max_seqlen_q=max(q_lens), max_seqlen_k=max(k_lens),
-                    slot_mapping=torch.from_numpy(np.concatenate(slots).astype(np.int32)).to(dev),
-                    context_lens=torch.tensor(k_lens, dtype=torch.int32).to(dev),
-                    block_tables=self._block_tables(seqs).to(dev))
-        return (torch.tensor(input_ids, dtype=torch.long).to(dev),
-                torch.from_numpy(np.concatenate(positions)).to(dev))
+        cu_q = np.concatenate([[0], np.cumsum(q_lens)])
+        # logits only for sequences whose prompt is complete after this step (not for a mid chunk)
+        rows = [cu_q[i + 1] - 1 for i, seq in enumerate(seqs)
+                if seq.num_computed_tokens + seq.num_scheduled_tokens == seq.num_tokens]
+        return StepInputs(True, np.asarray(input_ids), np.concatenate(positions),
+                          np.concatenate(slots), cu_q, np.asarray(k_lens), self._block_tables(seqs),
+                          np.asarray(rows, dtype=np.int64), max(q_lens), max(k_lens))
 
-    def prepare_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
+    def prepare_decode(self, seqs: list[Sequence]) -> StepInputs:
+        bs, n = self.block_size, len(seqs)
+        lens = np.fromiter((len(seq.token_ids) for seq in seqs), dtype=np.int64, count=n)
+        last_blocks = np.fromiter((seq.block_table[(k - 1) // bs] for seq, k in zip(seqs, lens)),
+                                  dtype=np.int64, count=n)
+        return StepInputs(False, np.fromiter((seq.token_ids[-1] for seq in seqs), np.int64, n),
+                          lens - 1, last_blocks * bs + (lens - 1) % bs, np.arange(n + 1), lens,
+                          self._block_tables(seqs), np.arange(n), 1, int(lens.max()))
+
+    def load_inputs(self, x: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy a step's inputs to the device and set the attention context."""
         dev = self.device
-        lens = [seq.num_tokens for seq in seqs]
-        slots = [seq.block_table[(n - 1) // self.block_size] * self.block_size
-                 + (n - 1) % self.block_size for seq, n in zip(seqs, lens)]
-        set_context(is_prefill=False,
-                    cu_seqlens_q=torch.arange(len(seqs) + 1, dtype=torch.int32).to(dev),
-                    max_seqlen_q=1, max_seqlen_k=max(lens),
-                    slot_mapping=torch.tensor(slots, dtype=torch.int32).to(dev),
-                    context_lens=torch.tensor(lens, dtype=torch.int32).to(dev),
-                    block_tables=self._block_tables(seqs).to(dev))
-        return (torch.tensor([seq.token_ids[-1] for seq in seqs], dtype=torch.long).to(dev),
-                torch.tensor([n - 1 for n in lens], dtype=torch.long).to(dev))
+        i32 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(dev, non_blocking=True)  # noqa: E731
+        set_context(is_prefill=x.is_prefill, cu_seqlens_q=i32(x.cu_seqlens_q),
+                    max_seqlen_q=x.max_seqlen_q, max_seqlen_k=x.max_seqlen_k,
+                    slot_mapping=i32(x.slot_mapping), context_lens=i32(x.context_lens),
+                    block_tables=i32(x.block_tables))
+        i64 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(dev, non_blocking=True)  # noqa: E731
+        return i64(x.input_ids), i64(x.positions)
+
+    @torch.inference_mode()
+    def execute(self, x: StepInputs) -> torch.Tensor | None:
+        """Forward one step on this rank; returns the (R, vocab) logits (None when R = 0)."""
+        input_ids, positions = self.load_inputs(x)
+        hidden = self.forward(input_ids, positions, x.is_prefill)
+        reset_context()
+        if len(x.logit_rows) == 0:
+            return None
+        if len(x.logit_rows) < hidden.shape[0]:
+            hidden = hidden[torch.from_numpy(x.logit_rows).to(self.device)]
+        return self.model.compute_logits(hidden)
 
     def prepare_sample(self, seqs: list[Sequence]) -> SamplingTensors:
         dev, vocab = self.device, self.model_config.vocab_size
@@ -243,28 +257,23 @@ class ModelRunner:
         """Forget per-request state of a finished or aborted sequence."""
         self.request_generators.pop(seq.seq_id, None)
 
-    # ---- step -----------------------------------------------------------------------------------
+    # ---- step ---------------------------------------------------------------------------------
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int | None]:
         """Forward one batch; returns the sampled id per sequence (None for a non-final chunk)."""
-        input_ids, positions = (self.prepare_prefill if is_prefill else self.prepare_decode)(seqs)
-        hidden = self.forward(input_ids, positions, is_prefill)
-        ctx = get_context()
-        last = ctx.cu_seqlens_q[1:].long() - 1
-        rows = [i for i, seq in enumerate(seqs)
-                if seq.num_computed_tokens + seq.num_scheduled_tokens == seq.num_tokens]
-        reset_context()
-        if not rows:
+        x = self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
+        if self.publish is not None:
+            self.publish(x)  # the other tensor-parallel ranks run the same step
+        logits = self.execute(x)
+        if logits is None:
             return [None] * len(seqs)
-        sampled_seqs = [seqs[i] for i in rows]
-        if len(rows) < len(seqs):
-            last = last[torch.tensor(rows, device=self.device)]
-        logits = self.model.compute_logits(hidden[last])
-        t = self.prepare_sample(sampled_seqs)
-        token_ids = sample(logits, t, self.sample_generator).tolist()  # one D2H copy
+        done = [i for i, seq in enumerate(seqs)
+                if seq.num_computed_tokens + seq.num_scheduled_tokens == seq.num_tokens]
+        t = self.prepare_sample([seqs[i] for i in done])
+        token_ids = sample(logits, t, self.sample_generator).tolist()  # one device->host copy
         out: list[int | None] = [None] * len(seqs)
-        for i, token_id in zip(rows, token_ids):
+        for i, token_id in zip(done, token_ids):
             out[i] = token_id
         return out
 
