@@ -1,11 +1,9 @@
-"""Decode attention over the paged KV cache (Attention.forward when not is_prefill): one new token
-per sequence.
+"""Decode attention over the paged KV cache (Attention.forward, decode step): one new token a sequence.
 
-Flash-decoding: grid (batch, num_kv_heads, num_splits). Each program packs all q heads of one kv head into the
-M dimension (padded to 16 rows for tl.dot), so K/V are read once per kv head, and covers one share of that
-sequence's context. A second kernel merges the shares by log-sum-exp. The grid depends on shapes
-only and the
-kernels never sync with the host, so a captured CUDA graph replays it for any context lengths.
+Flash-decoding: grid (batch, num_kv_heads, num_splits). Each program packs all q heads of one kv head
+into M (padded to 16 rows for tl.dot), so K/V are read once per kv head, and covers one share of its
+sequence's context; a second kernel merges the shares by log-sum-exp. The grid depends on shapes
+only and nothing syncs with the host, so a captured CUDA graph replays it for any context lengths.
 """
 
 import functools

@@ -1,11 +1,9 @@
 """Prefill / extend attention over the paged KV cache (Attention.forward when is_prefill).
 
-q holds only the new tokens of each sequence (varlen by cu_seqlens_q); their k/v are already stored, so every
-key, cached prefix or new, is read from the cache through block_tables. Each program owns BLOCK_Q
-query tokens
-x all q heads of one kv head (the GQA group packed into M), walks the keys with an online softmax, runs
-the tiles that are entirely visible to every query without a mask, and skips tiles past the causal
-edge.
+q holds only the new tokens of each sequence (varlen by cu_seqlens_q); their k/v are already stored,
+so every key, cached prefix or new, is read from the cache through block_tables. Each program owns
+BLOCK_Q query tokens x all q heads of one kv head (the GQA group packed into M), runs an online
+softmax, skips the mask on tiles every query sees and skips tiles past the causal edge.
 """
 
 import torch

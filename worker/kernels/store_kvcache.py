@@ -1,8 +1,7 @@
-"""Write this step's new k/v rows into the paged KV cache by slot_mapping (Attention.forward, before
-attending).
+"""Write this step's new k/v into the paged KV cache by slot_mapping (Attention.forward, first).
 
-One program per token; slot -1 marks a padded token (CUDA-graph padding, a prefix-cache hit) and is skipped, so
-padded entries never touch a live block.
+One program per token; slot -1 marks a padded token (CUDA-graph padding, a prefix-cache hit) and is
+skipped, so padded entries never touch a live block.
 """
 
 import torch
