@@ -1,0 +1,333 @@
+"""Python client of the public FrontendService: `Client` (blocking) and `AsyncClient` (asyncio).
+
+    with Client("127.0.0.1:50051") as client:
+        print(client.generate("The capital of France is", max_tokens=16, temperature=0).text)
+
+Failed calls raise the typed errors of shared.errors (InvalidArgument, ResourceExhausted, ...).
+"""
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from shared.errors import DeadlineExceeded, ServiceError, error_from_rpc
+from shared.grpc_options import DEFAULT_MAX_MESSAGE_BYTES, channel_options
+from shared.proto.nanoserve.v1 import common_pb2
+from shared.proto.nanoserve.v1 import frontend_service_pb2 as frontend_pb2
+from shared.proto.nanoserve.v1 import frontend_service_pb2_grpc as frontend_grpc
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+SERVICE_NAME = "nanoserve.v1.FrontendService"
+_FINISH_REASONS = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGTH: "length"}
+_SAMPLING_FIELDS = frozenset(common_pb2.SamplingParams.DESCRIPTOR.fields_by_name)
+
+ChatMessages = Iterable[Mapping[str, str] | tuple[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One streamed message: a text delta (valid UTF-8) and the new token ids."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None  # None while running, then "stop" or "length"
+    usage: Usage | None = None  # last chunk only
+    matched_stop: str | None = None
+    matched_stop_token_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A whole request's output, the concatenation of its chunks."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    usage: Usage
+    matched_stop: str | None = None
+    matched_stop_token_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    tensor_parallel_size: int
+    has_chat_template: bool
+
+
+def sampling_params(**kwargs: Any) -> common_pb2.SamplingParams:
+    """SamplingParams from vLLM-named keyword arguments; `stop` may be one string."""
+    unknown = set(kwargs) - _SAMPLING_FIELDS
+    if unknown:
+        raise TypeError(f"unknown sampling parameters: {sorted(unknown)}")
+    if isinstance(kwargs.get("stop"), str):
+        kwargs["stop"] = [kwargs["stop"]]
+    return common_pb2.SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
+
+
+def generate_request(prompt: str | Sequence[int], request_id: str = "",
+                     add_special_tokens: bool | None = None, **sampling: Any
+                     ) -> frontend_pb2.GenerateRequest:
+    request = frontend_pb2.GenerateRequest(request_id=request_id,
+                                           sampling_params=sampling_params(**sampling))
+    if isinstance(prompt, str):
+        request.prompt = prompt
+    else:
+        request.prompt_token_ids.extend(prompt)
+    if add_special_tokens is not None:
+        request.add_special_tokens = add_special_tokens
+    return request
+
+
+def chat_request(messages: ChatMessages, request_id: str = "", enable_thinking: bool | None = None,
+                 **sampling: Any) -> frontend_pb2.ChatRequest:
+    request = frontend_pb2.ChatRequest(request_id=request_id,
+                                       sampling_params=sampling_params(**sampling))
+    for message in messages:
+        role, content = (message["role"], message["content"]) if isinstance(message, Mapping) \
+            else message
+        request.messages.add(role=role, content=content)
+    if enable_thinking is not None:
+        request.enable_thinking = enable_thinking
+    return request
+
+
+def to_chunk(response: frontend_pb2.GenerateResponse | frontend_pb2.ChatResponse) -> Chunk:
+    finished = response.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
+    return Chunk(
+        text=response.text,
+        token_ids=list(response.token_ids),
+        finish_reason=_FINISH_REASONS.get(response.finish_reason) if finished else None,
+        usage=Usage(response.usage.prompt_tokens, response.usage.completion_tokens,
+                    response.usage.cached_tokens) if finished else None,
+        matched_stop=response.matched_stop or None,
+        matched_stop_token_id=response.matched_stop_token_id
+        if response.HasField("matched_stop_token_id") else None,
+    )
+
+
+def join_chunks(chunks: Iterable[Chunk]) -> Completion:
+    texts: list[str] = []
+    token_ids: list[int] = []
+    last = None
+    for chunk in chunks:
+        texts.append(chunk.text)
+        token_ids.extend(chunk.token_ids)
+        last = chunk
+    if last is None or last.finish_reason is None or last.usage is None:
+        raise ServiceError("the stream ended without a finish reason")
+    return Completion("".join(texts), token_ids, last.finish_reason, last.usage,
+                      last.matched_stop, last.matched_stop_token_id)
+
+
+def _model_info(response: frontend_pb2.GetModelInfoResponse) -> ModelInfo:
+    return ModelInfo(response.model_name, response.max_model_len, response.vocab_size,
+                     list(response.eos_token_ids), response.tensor_parallel_size,
+                     response.has_chat_template)
+
+
+class Client:
+    """Blocking client. `timeout` (seconds) is the default deadline of every call."""
+
+    def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = None,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+        self._stub = frontend_grpc.FrontendServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _stream(self, method: Any, request: Any, timeout: float | None) -> Iterator[Chunk]:
+        call = method(request, timeout=timeout or self.timeout)
+        try:
+            for response in call:
+                yield to_chunk(response)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e) from None
+        finally:
+            call.cancel()  # the caller stopped iterating early: end the request on the server
+
+    def generate_stream(self, prompt: str | Sequence[int], *, timeout: float | None = None,
+                        request_id: str = "", add_special_tokens: bool | None = None,
+                        **sampling: Any) -> Iterator[Chunk]:
+        """Streams the completion of `prompt` (text or token ids); keyword arguments are
+        SamplingParams fields (temperature, max_tokens, stop, ...)."""
+        request = generate_request(prompt, request_id, add_special_tokens, **sampling)
+        return self._stream(self._stub.Generate, request, timeout)
+
+    def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Completion:
+        """The whole completion of `prompt`; same arguments as generate_stream."""
+        return join_chunks(self.generate_stream(prompt, **kwargs))
+
+    def chat_stream(self, messages: ChatMessages, *, timeout: float | None = None,
+                    request_id: str = "", enable_thinking: bool | None = None,
+                    **sampling: Any) -> Iterator[Chunk]:
+        """Streams the reply to `messages` ({"role", "content"} dicts or (role, content) pairs)."""
+        request = chat_request(messages, request_id, enable_thinking, **sampling)
+        return self._stream(self._stub.Chat, request, timeout)
+
+    def chat(self, messages: ChatMessages, **kwargs: Any) -> Completion:
+        """The whole reply to `messages`; same arguments as chat_stream."""
+        return join_chunks(self.chat_stream(messages, **kwargs))
+
+    def tokenize(self, text: str, add_special_tokens: bool | None = None,
+                 timeout: float | None = None) -> list[int]:
+        """The token ids of `text` under the served model's tokenizer."""
+        request = frontend_pb2.TokenizeRequest(text=text)
+        if add_special_tokens is not None:
+            request.add_special_tokens = add_special_tokens
+        try:
+            return list(self._stub.Tokenize(request, timeout=timeout or self.timeout).token_ids)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e) from None
+
+    def model_info(self, timeout: float | None = None) -> ModelInfo:
+        """The served model's name and limits."""
+        try:
+            response = self._stub.GetModelInfo(frontend_pb2.GetModelInfoRequest(),
+                                               timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e) from None
+        return _model_info(response)
+
+    def health(self, service: str = SERVICE_NAME, timeout: float = 5.0) -> str:
+        """The grpc.health.v1 status name: "SERVING", "NOT_SERVING", ..."""
+        try:
+            response = self._health.Check(health_pb2.HealthCheckRequest(service=service),
+                                          timeout=timeout)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e) from None
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    def wait_ready(self, timeout: float = 60.0, poll_s: float = 0.1) -> None:
+        """Blocks until the frontend reports SERVING (its worker answered); raises
+        DeadlineExceeded after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.health(timeout=max(0.1, min(1.0, deadline - time.monotonic()))) == "SERVING":
+                    return
+            except ServiceError:
+                pass  # not listening yet
+            if time.monotonic() >= deadline:
+                raise DeadlineExceeded(f"{self.address} not SERVING after {timeout} s")
+            time.sleep(poll_s)
+
+
+class AsyncClient:
+    """asyncio client (grpc.aio); same methods as Client, as coroutines and async iterators."""
+
+    def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = None,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._channel = grpc.aio.insecure_channel(address,
+                                                  options=channel_options(max_message_bytes))
+        self._stub = frontend_grpc.FrontendServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def _stream(self, method: Any, request: Any, timeout: float | None
+                      ) -> AsyncIterator[Chunk]:
+        call = method(request, timeout=timeout or self.timeout)
+        try:
+            async for response in call:
+                yield to_chunk(response)
+        except grpc.aio.AioRpcError as e:
+            raise error_from_rpc(e) from None
+        finally:
+            call.cancel()
+
+    def generate_stream(self, prompt: str | Sequence[int], *, timeout: float | None = None,
+                        request_id: str = "", add_special_tokens: bool | None = None,
+                        **sampling: Any) -> AsyncIterator[Chunk]:
+        """Streams the completion of `prompt`; see Client.generate_stream."""
+        request = generate_request(prompt, request_id, add_special_tokens, **sampling)
+        return self._stream(self._stub.Generate, request, timeout)
+
+    async def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Completion:
+        return join_chunks([chunk async for chunk in self.generate_stream(prompt, **kwargs)])
+
+    def chat_stream(self, messages: ChatMessages, *, timeout: float | None = None,
+                    request_id: str = "", enable_thinking: bool | None = None,
+                    **sampling: Any) -> AsyncIterator[Chunk]:
+        """Streams the reply to `messages`; see Client.chat_stream."""
+        request = chat_request(messages, request_id, enable_thinking, **sampling)
+        return self._stream(self._stub.Chat, request, timeout)
+
+    async def chat(self, messages: ChatMessages, **kwargs: Any) -> Completion:
+        return join_chunks([chunk async for chunk in self.chat_stream(messages, **kwargs)])
+
+    async def tokenize(self, text: str, add_special_tokens: bool | None = None,
+                       timeout: float | None = None) -> list[int]:
+        request = frontend_pb2.TokenizeRequest(text=text)
+        if add_special_tokens is not None:
+            request.add_special_tokens = add_special_tokens
+        try:
+            response = await self._stub.Tokenize(request, timeout=timeout or self.timeout)
+        except grpc.aio.AioRpcError as e:
+            raise error_from_rpc(e) from None
+        return list(response.token_ids)
+
+    async def model_info(self, timeout: float | None = None) -> ModelInfo:
+        try:
+            response = await self._stub.GetModelInfo(frontend_pb2.GetModelInfoRequest(),
+                                                      timeout=timeout or self.timeout)
+        except grpc.aio.AioRpcError as e:
+            raise error_from_rpc(e) from None
+        return _model_info(response)
+
+    async def health(self, service: str = SERVICE_NAME, timeout: float = 5.0) -> str:
+        try:
+            response = await self._health.Check(health_pb2.HealthCheckRequest(service=service),
+                                                timeout=timeout)
+        except grpc.aio.AioRpcError as e:
+            raise error_from_rpc(e) from None
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    async def wait_ready(self, timeout: float = 60.0, poll_s: float = 0.1) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            try:
+                if await self.health(timeout=max(0.1, min(1.0, deadline - loop.time()))) \
+                        == "SERVING":
+                    return
+            except ServiceError:
+                pass
+            if loop.time() >= deadline:
+                raise DeadlineExceeded(f"{self.address} not SERVING after {timeout} s")
+            await asyncio.sleep(poll_s)
