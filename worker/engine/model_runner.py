@@ -104,6 +104,10 @@ class ModelRunner:
         num_blocks = self.config.num_kvcache_blocks
         if num_blocks is None:
             num_blocks = self._blocks_that_fit()
+            if self.world_size > 1:  # every rank must hold the same blocks
+                t = torch.tensor([num_blocks], device=self.device)
+                torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+                num_blocks = int(t.item())
         if num_blocks < 1:
             raise ValueError("not enough memory for a single KV-cache block; lower max_num_seqs / "
                              "max_num_batched_tokens or raise gpu_memory_utilization")

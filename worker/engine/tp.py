@@ -1,0 +1,161 @@
+"""Tensor parallelism: rank 0 (the engine's process) drives N-1 spawned rank processes.
+
+Each step rank 0 writes the StepInputs encoding into a shared-memory buffer with a fresh unique name
+and signals the ranks; every rank runs the same forward, the layers all-reducing through
+torch.distributed (NCCL on CUDA, gloo on CPU; rendezvous on 127.0.0.1 at a free port). A rank that
+dies or raises ends the worker (never a hang on a collective): see TensorParallelRunner._watch.
+"""
+import atexit
+import logging
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import socket
+import threading
+from collections.abc import Callable
+from multiprocessing.shared_memory import SharedMemory
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from worker.config import EngineConfig
+from worker.engine.model_runner import ModelRunner, resolve_device
+from worker.engine.step_inputs import CMD_EXIT, HEADER_LEN, StepInputs, exit_message
+from worker.model_config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def message_bytes(config: EngineConfig, max_model_len: int) -> int:
+    """Upper bound of an encoded StepInputs (int64 words)."""
+    n = max(config.max_num_batched_tokens, config.max_num_seqs)
+    b = config.max_num_seqs
+    width = -(-max_model_len // config.kvcache_block_size)
+    return 8 * (HEADER_LEN + 3 * n + 3 * b + 1 + b * width + n)
+
+
+def init_distributed(device: torch.device, rank: int, world_size: int, port: int) -> None:
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(rank)
+    else:  # ranks share the cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size)
+
+
+def check_tp_size(config: EngineConfig, model_config: ModelConfig) -> None:
+    tp, heads, kv = config.tensor_parallel_size, model_config.num_attention_heads, \
+        model_config.num_key_value_heads
+    if heads % tp:
+        raise ValueError(f"tensor_parallel_size: {tp} does not divide num_attention_heads ({heads})")
+    if kv % tp and tp % kv:
+        raise ValueError(f"tensor_parallel_size: {tp} and num_key_value_heads ({kv}) must divide "
+                         "one another")
+    if resolve_device(config.device).type == "cuda" and torch.cuda.device_count() < tp:
+        raise ValueError(f"tensor_parallel_size: {tp} ranks but {torch.cuda.device_count()} GPUs")
+
+
+def rank_main(config: EngineConfig, model_config: ModelConfig, rank: int, port: int,
+              shm_name: str, ready: mp.Event, parent_pid: int) -> None:
+    """Entry point of ranks 1..N-1: run every step rank 0 publishes until told to exit."""
+    from shared.log import setup_logging
+    setup_logging("worker", "WARNING", rank)
+    world_size = config.tensor_parallel_size
+    init_distributed(resolve_device(config.device), rank, world_size, port)
+    runner = ModelRunner(config, model_config, rank, world_size)
+    shm = SharedMemory(name=shm_name)
+    words = np.ndarray((shm.size // 8,), dtype=np.int64, buffer=shm.buf)
+    try:
+        while True:
+            while not ready.wait(timeout=1.0):
+                if os.getppid() != parent_pid:  # rank 0 is gone: nobody will ever publish
+                    os._exit(1)
+            ready.clear()
+            if words[1] == CMD_EXIT:
+                break
+            runner.execute(StepInputs.decode(words.copy()))  # a copy: rank 0 reuses the buffer
+    finally:
+        del words
+        shm.close()
+
+
+class TensorParallelRunner:
+    """Rank 0's runner: a ModelRunner whose steps are mirrored on the other ranks."""
+
+    def __init__(self, config: EngineConfig, model_config: ModelConfig):
+        check_tp_size(config, model_config)
+        world_size = config.tensor_parallel_size
+        max_len = min(config.max_model_len, model_config.max_position_embeddings)
+        self.shm = SharedMemory(create=True, size=message_bytes(config, max_len))
+        self.words = np.ndarray((self.shm.size // 8,), dtype=np.int64, buffer=self.shm.buf)
+        self.on_rank_death: Callable[[str], None] | None = None  # the server ends its streams
+        self.closed = False
+        ctx = mp.get_context("spawn")
+        port = free_port()
+        self.ready = [ctx.Event() for _ in range(world_size - 1)]
+        self.procs = [ctx.Process(target=rank_main, name=f"nanoserve-tp-rank{r}", daemon=True,
+                                  args=(config, model_config, r, port, self.shm.name,
+                                        self.ready[r - 1], os.getpid()))
+                      for r in range(1, world_size)]
+        for p in self.procs:
+            p.start()
+        self.watcher = threading.Thread(target=self._watch, name="tp-watch", daemon=True)
+        self.watcher.start()
+        init_distributed(resolve_device(config.device), 0, world_size, port)
+        self.runner = ModelRunner(config, model_config, 0, world_size)
+        self.runner.publish = self.publish
+        atexit.register(self.close)
+
+    def __getattr__(self, name: str):  # num_kvcache_blocks, max_model_len, dtype, device, release…
+        return getattr(self.runner, name)
+
+    def run(self, seqs, is_prefill):
+        return self.runner.run(seqs, is_prefill)
+
+    def publish(self, x: StepInputs) -> None:
+        msg = x.encode()
+        self.words[:len(msg)] = msg
+        for event in self.ready:
+            event.set()
+
+    def _watch(self) -> None:
+        """A dead rank would leave rank 0 blocked in a collective forever: end the process."""
+        mp.connection.wait([p.sentinel for p in self.procs])
+        if self.closed:
+            return
+        dead = [f"rank {r} (exit code {p.exitcode})" for r, p in enumerate(self.procs, 1)
+                if not p.is_alive()]
+        message = f"tensor-parallel {', '.join(dead)} died"
+        logger.error("%s: the worker cannot go on", message)
+        if self.on_rank_death is not None:
+            self.on_rank_death(message)  # ends streams, reports NOT_SERVING, exits non-zero
+            threading.Event().wait(10.0)  # the server exits well before this
+        logging.shutdown()
+        self.shm.unlink()
+        os._exit(1)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        msg = exit_message()
+        self.words[:len(msg)] = msg
+        for event in self.ready:
+            event.set()
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        del self.words
+        self.shm.close()
+        self.shm.unlink()
