@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: GPU tests, kernel and engine benchmarks, then a short table.
+# Usage: bash scripts/gpu_run.sh [quick|full|tp]   (logs go to $OUT or ./gpu-logs)
+set -u
+mode=${1:-full}
+out=${OUT:-gpu-logs}; mkdir -p "$out"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" | tee -a "$out/gpu.txt"
+bench="python -m worker.bench --json"
+step() {  # step NAME TIMEOUT CMD...: run, keep the log, never stop the script
+  local name=$1 limit=$2; shift 2
+  echo "=== $name: $*"
+  timeout "$limit" "$@" 2>&1 | tee "$out/$name.log" | grep -vE '^\s*$' | tail -n 40
+}
+if [ "$mode" = tp ]; then
+  step tp_tests 300 python -m pytest -q -x tests/gpu -k "tp" -p no:cacheprovider
+  step bench_tp1_8b 300 $bench throughput latency --shape qwen3-8b --tensor-parallel-size 1
+  step bench_tp2_8b 300 $bench throughput latency --shape qwen3-8b --tensor-parallel-size 2
+else
+  step gpu_tests 420 python -m pytest -q tests/gpu -p no:cacheprovider -rA
+  [ "$mode" = full ] && step kernel_bench 180 python -m worker.kernels.bench_attention
+  step bench_06b 420 $bench throughput latency prefill --shape qwen3-0.6b
+  step bench_06b_eager 240 $bench latency --shape qwen3-0.6b --enforce-eager
+  [ "$mode" = full ] && step bench_8b 300 $bench latency --shape qwen3-8b
+fi
+python - "$out" <<'PY'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+rows = []
+for log in sorted(out.glob("*.log")):
+    for line in log.read_text().splitlines():
+        if line.startswith("{"):
+            rows.append(json.loads(line))
+        elif line.startswith("[gpu]") or " passed" in line or " failed" in line:
+            print(f"{log.stem:<16} {line.strip()}")
+print(f"\n{'bench':<11} {'model':<11} tp  figures")
+for r in rows:
+    figs = {k: v for k, v in r.items() if k not in ("bench", "model", "tp")}
+    print(f"{r['bench']:<11} {r['model']:<11} {r['tp']:<3} {figs}")
+(out / "results.json").write_text(json.dumps(rows, indent=1))
+PY
