@@ -32,8 +32,11 @@ async def serve(config: FrontendConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    logger.info("draining: %d requests in flight, grace %.1f s",
-                server.servicer.num_in_flight, config.grace_period_s)
+    logger.info(
+        "draining: %d requests in flight, grace %.1f s",
+        server.servicer.num_in_flight,
+        config.grace_period_s,
+    )
     await server.stop(config.grace_period_s)
     logger.info("frontend stopped")
 

@@ -12,34 +12,53 @@ from shared.log import parse_level
 
 @dataclass(frozen=True, slots=True)
 class FrontendConfig:
-    """nanoserve frontend: tokenizes, validates and admits requests, streams text from the worker."""
+    """nanoserve frontend: validates, admits, tokenizes requests; streams text from the worker."""
 
-    model: str | None = field(default=None, metadata={
-        "help": "model directory holding tokenizer.json and tokenizer_config.json; the same files "
-                "as the worker's (default: the embedded tiny model)"})
+    model: str | None = field(
+        default=None,
+        metadata={
+            "help": "model directory holding tokenizer.json and tokenizer_config.json, the "
+            "same files as the worker's (default: the embedded tiny model)"
+        },
+    )
     host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
     port: int = field(default=50051, metadata={"help": "port to bind (0 = any free port)"})
-    worker_address: str = field(default="127.0.0.1:50061", metadata={
-        "help": "host:port of the worker's WorkerService"})
-    max_concurrent_requests: int = field(default=1024, metadata={
-        "help": "in-flight Generate/Chat calls before new ones get RESOURCE_EXHAUSTED"})
+    worker_address: str = field(
+        default="127.0.0.1:50061", metadata={"help": "host:port of the worker's WorkerService"}
+    )
+    max_concurrent_requests: int = field(
+        default=1024,
+        metadata={"help": "in-flight Generate/Chat calls before new ones get RESOURCE_EXHAUSTED"},
+    )
     max_stop_strings: int = field(default=16, metadata={"help": "most stop strings per request"})
-    max_stop_string_length: int = field(default=256, metadata={
-        "help": "longest stop string, in characters"})
-    max_prompt_bytes: int = field(default=4 * 1024 * 1024, metadata={
-        "help": "largest prompt (or sum of chat message contents), in UTF-8 bytes"})
-    max_message_bytes: int = field(default=DEFAULT_MAX_MESSAGE_BYTES, metadata={
-        "help": "largest gRPC message, either direction"})
-    request_timeout_s: float = field(default=600.0, metadata={
-        "help": "deadline for calls whose client set none (0 = none)"})
-    worker_connect_timeout_s: float = field(default=1.0, metadata={
-        "help": "how long a request waits for the worker connection before UNAVAILABLE"})
-    grace_period_s: float = field(default=30.0, metadata={
-        "help": "on SIGTERM, how long in-flight streams may run before they are cut"})
-    tokenizer_threads: int = field(default=4, metadata={
-        "help": "threads that run tokenizer encode/decode off the event loop"})
-    enable_reflection: bool = field(default=True, metadata={
-        "help": "serve gRPC reflection (for grpcurl)"})
+    max_stop_string_length: int = field(
+        default=256, metadata={"help": "longest stop string, in characters"}
+    )
+    max_prompt_bytes: int = field(
+        default=4 * 1024 * 1024,
+        metadata={"help": "largest prompt (or sum of chat message contents), in UTF-8 bytes"},
+    )
+    max_message_bytes: int = field(
+        default=DEFAULT_MAX_MESSAGE_BYTES,
+        metadata={"help": "largest gRPC message, either direction"},
+    )
+    request_timeout_s: float = field(
+        default=600.0, metadata={"help": "deadline for calls whose client set none (0 = none)"}
+    )
+    worker_connect_timeout_s: float = field(
+        default=1.0,
+        metadata={"help": "how long a request waits for the worker connection before UNAVAILABLE"},
+    )
+    grace_period_s: float = field(
+        default=30.0,
+        metadata={"help": "on SIGTERM, how long in-flight streams may run before they are cut"},
+    )
+    tokenizer_threads: int = field(
+        default=4, metadata={"help": "threads that run tokenizer encode/decode off the event loop"}
+    )
+    enable_reflection: bool = field(
+        default=True, metadata={"help": "serve gRPC reflection (for grpcurl)"}
+    )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
 
     def __post_init__(self) -> None:
@@ -48,8 +67,12 @@ class FrontendConfig:
         host, sep, port = self.worker_address.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ValueError(f"worker_address must be host:port, got {self.worker_address!r}")
-        for name in ("max_concurrent_requests", "max_stop_string_length", "max_prompt_bytes",
-                     "tokenizer_threads"):
+        for name in (
+            "max_concurrent_requests",
+            "max_stop_string_length",
+            "max_prompt_bytes",
+            "tokenizer_threads",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_stop_strings < 0:
@@ -61,5 +84,6 @@ class FrontendConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not self.worker_connect_timeout_s > 0:
             raise ValueError(
-                f"worker_connect_timeout_s must be > 0, got {self.worker_connect_timeout_s}")
+                f"worker_connect_timeout_s must be > 0, got {self.worker_connect_timeout_s}"
+            )
         parse_level(self.log_level)

@@ -86,26 +86,26 @@ class Detokenizer:
         pieces: list[str] = []
         matched = None
         if not self.finished and self._read_offset < len(self.token_ids):
-            prefix_text = self._decode(self.token_ids[self._prefix_offset:self._read_offset])
-            new_text = self._decode(self.token_ids[self._prefix_offset:])
+            prefix_text = self._decode(self.token_ids[self._prefix_offset : self._read_offset])
+            new_text = self._decode(self.token_ids[self._prefix_offset :])
             self._read_offset = len(self.token_ids)
-            matched = self._push_text(new_text[len(prefix_text):], pieces)
+            matched = self._push_text(new_text[len(prefix_text) :], pieces)
         if not self.finished:
-            pieces.append(self._tail[self._emitted - self._tail_start:])
+            pieces.append(self._tail[self._emitted - self._tail_start :])
             self._emitted = self._text_len
             self.finished = True
         return DetokenizerOutput("".join(pieces), 0, matched)
 
     def _next_text(self, token_id: int) -> str:
         self.token_ids.append(token_id)
-        prefix_text = self._decode(self.token_ids[self._prefix_offset:self._read_offset])
-        new_text = self._decode(self.token_ids[self._prefix_offset:])
+        prefix_text = self._decode(self.token_ids[self._prefix_offset : self._read_offset])
+        new_text = self._decode(self.token_ids[self._prefix_offset :])
         held = len(self.token_ids) - self._read_offset
         complete = len(new_text) > len(prefix_text) and not new_text.endswith(REPLACEMENT_CHAR)
         if not (complete or held >= MAX_HELD_TOKENS):
             return ""  # mid-character: wait for the bytes that complete it
         self._prefix_offset, self._read_offset = self._read_offset, len(self.token_ids)
-        return new_text[len(prefix_text):]
+        return new_text[len(prefix_text) :]
 
     def _push_text(self, delta: str, pieces: list[str]) -> str | None:
         """Appends decoded text, releases what can no longer be part of a stop string into
@@ -124,17 +124,17 @@ class Detokenizer:
         if match is not None:
             start, stop = match
             end = start + len(stop) if self._include_stop else start
-            pieces.append(self._tail[self._emitted - self._tail_start:end - self._tail_start])
+            pieces.append(self._tail[self._emitted - self._tail_start : end - self._tail_start])
             self._emitted = end
             self.finished = True
             return stop
         release = self._text_len - self._partial_match_len()
         if release > self._emitted:
-            pieces.append(self._tail[self._emitted - self._tail_start:release - self._tail_start])
+            pieces.append(self._tail[self._emitted - self._tail_start : release - self._tail_start])
             self._emitted = release
         keep_from = min(self._emitted, self._text_len - self._max_stop_len + 1)
         if keep_from > self._tail_start:
-            self._tail = self._tail[keep_from - self._tail_start:]
+            self._tail = self._tail[keep_from - self._tail_start :]
             self._tail_start = keep_from
         return None
 

@@ -56,11 +56,17 @@ SERVICE_NAME = frontend_pb2.DESCRIPTOR.services_by_name["FrontendService"].full_
 # the tokenizer's thread pool so the event loop keeps serving other streams.
 DETOKENIZE_INLINE_MAX_IDS = 64
 # Worker statuses passed on to the client as they are; anything else becomes INTERNAL.
-_PASS_THROUGH = frozenset({
-    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
-    grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS,
-    grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE,
-})
+_PASS_THROUGH = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNAVAILABLE,
+    }
+)
 
 
 def _worker_error(error: grpc.aio.AioRpcError) -> ServiceError:
@@ -86,7 +92,8 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
             raise Unavailable("frontend is shutting down")
         info = self.link.ready_info()
         return Limits(
-            max_model_len=info.max_model_len, vocab_size=info.vocab_size,
+            max_model_len=info.max_model_len,
+            vocab_size=info.vocab_size,
             max_stop_strings=self.config.max_stop_strings,
             max_stop_string_length=self.config.max_stop_string_length,
             max_prompt_bytes=self.config.max_prompt_bytes,
@@ -97,7 +104,8 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         """Counts the call in flight, or refuses it past max_concurrent_requests."""
         if self.num_in_flight >= self.config.max_concurrent_requests:
             raise ResourceExhausted(
-                f"{self.num_in_flight} requests in flight (max_concurrent_requests); retry later")
+                f"{self.num_in_flight} requests in flight (max_concurrent_requests); retry later"
+            )
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._live_request_ids:
             raise AlreadyExists(f"request_id {request_id!r} is already in flight")
@@ -127,11 +135,14 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
             if request.prompt_token_ids:
                 prompt_ids = list(request.prompt_token_ids)
             else:
-                add_special = not request.HasField("add_special_tokens") or request.add_special_tokens
+                add_special = (
+                    not request.HasField("add_special_tokens") or request.add_special_tokens
+                )
                 prompt_ids = await self.tokenizer.encode_async(request.prompt, add_special)
                 validate_prompt_token_ids(prompt_ids, limits, "prompt")
-            async for fields in self._stream(request_id, prompt_ids, request.sampling_params,
-                                             limits, context):
+            async for fields in self._stream(
+                request_id, prompt_ids, request.sampling_params, limits, context
+            ):
                 yield frontend_pb2.GenerateResponse(**fields)
 
     @grpc_errors
@@ -149,10 +160,12 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         enable_thinking = not request.HasField("enable_thinking") or request.enable_thinking
         with self._admit(request.request_id) as request_id:
             prompt_ids = await self.tokenizer.encode_chat_async(
-                [{"role": role, "content": content} for role, content in messages], enable_thinking)
+                [{"role": role, "content": content} for role, content in messages], enable_thinking
+            )
             validate_prompt_token_ids(prompt_ids, limits, "messages")
-            async for fields in self._stream(request_id, prompt_ids, request.sampling_params,
-                                             limits, context):
+            async for fields in self._stream(
+                request_id, prompt_ids, request.sampling_params, limits, context
+            ):
                 yield frontend_pb2.ChatResponse(**fields)
 
     @grpc_errors
@@ -161,8 +174,9 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
     ) -> frontend_pb2.TokenizeResponse:
         """Returns the token ids of a text; needs no worker."""
         if len(request.text.encode("utf-8")) > self.config.max_prompt_bytes:
-            raise InvalidArgument(f"longer than max_prompt_bytes ({self.config.max_prompt_bytes})",
-                                  field="text")
+            raise InvalidArgument(
+                f"longer than max_prompt_bytes ({self.config.max_prompt_bytes})", field="text"
+            )
         add_special = not request.HasField("add_special_tokens") or request.add_special_tokens
         token_ids = await self.tokenizer.encode_async(request.text, add_special)
         return frontend_pb2.TokenizeResponse(token_ids=token_ids)
@@ -174,8 +188,10 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         """Returns the model's name and limits as the worker reported them."""
         _, info = self._limits()
         return frontend_pb2.GetModelInfoResponse(
-            model_name=info.model_name, max_model_len=info.max_model_len,
-            vocab_size=info.vocab_size, eos_token_ids=info.eos_token_ids,
+            model_name=info.model_name,
+            max_model_len=info.max_model_len,
+            vocab_size=info.vocab_size,
+            eos_token_ids=info.eos_token_ids,
             tensor_parallel_size=info.tensor_parallel_size,
             has_chat_template=self.tokenizer.has_chat_template,
         )
@@ -192,14 +208,16 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         start = time.perf_counter()
         max_tokens = resolve_max_tokens(params, len(prompt_ids), limits)
         worker_request = worker_pb2.GenerateTokensRequest(
-            request_id=request_id, prompt_token_ids=prompt_ids,
+            request_id=request_id,
+            prompt_token_ids=prompt_ids,
             sampling_params=worker_sampling_params(params, max_tokens),
         )
         skip_special = not params.HasField("skip_special_tokens") or params.skip_special_tokens
         include_stop = params.include_stop_str_in_output
         detokenizer = Detokenizer(
             functools.partial(self.tokenizer.decode, skip_special_tokens=skip_special),
-            stop=list(params.stop), include_stop_str_in_output=include_stop,
+            stop=list(params.stop),
+            include_stop_str_in_output=include_stop,
         )
         # Forward the client's remaining deadline so the worker drops the request when it expires.
         timeout = context.time_remaining()
@@ -214,16 +232,20 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                 ttft = ttft if ttft is not None else time.perf_counter() - start
                 finished = chunk.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
                 # A stop token's text stays out of the output, like a stop string's (vLLM).
-                skip_last = (finished and chunk.HasField("stop_token_id") and not include_stop
-                             and len(chunk.token_ids) > 0
-                             and chunk.token_ids[-1] == chunk.stop_token_id)
+                skip_last = (
+                    finished
+                    and chunk.HasField("stop_token_id")
+                    and not include_stop
+                    and len(chunk.token_ids) > 0
+                    and chunk.token_ids[-1] == chunk.stop_token_id
+                )
                 ids = list(chunk.token_ids)
                 if len(ids) > DETOKENIZE_INLINE_MAX_IDS:
                     out = await self.tokenizer.run(detokenizer.add, ids, skip_last)
                 else:
                     out = detokenizer.add(ids, skip_last)
                 completion_tokens += out.num_tokens
-                fields = {"text": out.text, "token_ids": ids[:out.num_tokens]}
+                fields = {"text": out.text, "token_ids": ids[: out.num_tokens]}
                 if out.matched_stop is None and finished:
                     tail = detokenizer.flush()
                     fields["text"] += tail.text
@@ -236,15 +258,23 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                     call.cancel()  # the worker aborts the sequence and frees its KV blocks
                     # cached_tokens is unknown here: the worker reports usage on its last message.
                     fields.update(
-                        finish_reason=common_pb2.FINISH_REASON_STOP, matched_stop=out.matched_stop,
-                        usage=common_pb2.Usage(prompt_tokens=len(prompt_ids),
-                                               completion_tokens=completion_tokens))
+                        finish_reason=common_pb2.FINISH_REASON_STOP,
+                        matched_stop=out.matched_stop,
+                        usage=common_pb2.Usage(
+                            prompt_tokens=len(prompt_ids), completion_tokens=completion_tokens
+                        ),
+                    )
                 if "finish_reason" in fields:
-                    logger.info("request %s finished (%s): %d prompt + %d completion tokens, "
-                                "ttft %.3f s, total %.3f s", request_id,
-                                common_pb2.FinishReason.Name(fields["finish_reason"]),
-                                len(prompt_ids), fields["usage"].completion_tokens, ttft,
-                                time.perf_counter() - start)
+                    logger.info(
+                        "request %s finished (%s): %d prompt + %d completion tokens, "
+                        "ttft %.3f s, total %.3f s",
+                        request_id,
+                        common_pb2.FinishReason.Name(fields["finish_reason"]),
+                        len(prompt_ids),
+                        fields["usage"].completion_tokens,
+                        ttft,
+                        time.perf_counter() - start,
+                    )
                     yield fields
                     return
                 if fields["text"] or fields["token_ids"]:
@@ -265,7 +295,9 @@ class FrontendServer:
         self.tokenizer = tokenizer or Tokenizer(model_dir, config.tokenizer_threads)
         self.health = health_aio.HealthServicer()
         self.link = WorkerLink(
-            config.worker_address, tokenizer_digest(model_dir), self._on_worker_ready,
+            config.worker_address,
+            tokenizer_digest(model_dir),
+            self._on_worker_ready,
             connect_timeout_s=config.worker_connect_timeout_s,
             max_message_bytes=config.max_message_bytes,
         )
@@ -275,13 +307,21 @@ class FrontendServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if config.enable_reflection:
             reflection.enable_server_reflection(
-                [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                 reflection.SERVICE_NAME], self.server)
+                [
+                    SERVICE_NAME,
+                    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                    reflection.SERVICE_NAME,
+                ],
+                self.server,
+            )
         self.port: int | None = None
 
     async def _on_worker_ready(self, ready: bool) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if ready else \
-            health_pb2.HealthCheckResponse.NOT_SERVING
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if ready
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         for service in ("", SERVICE_NAME):
             await self.health.set(service, status)
 

@@ -1,5 +1,5 @@
 """The frontend's tokenizer: tokenizer.json through `tokenizers`, and the chat template from
-tokenizer_config.json rendered in a jinja2 sandbox. Encoding runs in a thread pool, off the event loop.
+tokenizer_config.json rendered in a jinja2 sandbox. Encoding runs in a thread pool, off the loop.
 """
 
 import asyncio
@@ -62,7 +62,7 @@ class Tokenizer:
         config = read_json(config_path) if config_path.is_file() else {}
         self.bos_token = _token_content(config.get("bos_token"))
         self.eos_token = _token_content(config.get("eos_token"))
-        # Tokens decode() drops with skip_special_tokens (e.g. <|im_end|>), as `tokenizers` marks them.
+        # Ids decode() drops with skip_special_tokens (e.g. <|im_end|>), as tokenizer.json marks.
         self.special_token_ids = frozenset(
             i for i, token in self._tokenizer.get_added_tokens_decoder().items() if token.special
         )
@@ -95,7 +95,7 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         enable_thinking: bool = True,
     ) -> str:
-        """Renders the conversation to the prompt text; template errors name the `messages` field."""
+        """Renders the conversation to prompt text; template errors name the `messages` field."""
         if self._template is None:
             raise ValueError("the model has no chat template")
         try:
@@ -108,10 +108,13 @@ class Tokenizer:
                 tools=None,
             )
         except jinja2.TemplateError as e:
-            raise InvalidArgument(f"chat template rejected the conversation: {e}",
-                                  field="messages") from None
+            raise InvalidArgument(
+                f"chat template rejected the conversation: {e}", field="messages"
+            ) from None
 
-    def encode_chat(self, messages: Sequence[dict[str, str]], enable_thinking: bool = True) -> list[int]:
+    def encode_chat(
+        self, messages: Sequence[dict[str, str]], enable_thinking: bool = True
+    ) -> list[int]:
         # The template writes every special token itself; adding them again would double a bos.
         prompt = self.apply_chat_template(messages, enable_thinking=enable_thinking)
         return self.encode(prompt, add_special_tokens=False)
@@ -130,7 +133,9 @@ class Tokenizer:
 
     async def decode_async(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.decode, token_ids, skip_special_tokens)
+        return await loop.run_in_executor(
+            self._executor, self.decode, token_ids, skip_special_tokens
+        )
 
     async def run(self, fn: Any, *args: Any) -> Any:
         """Runs fn(*args) in the tokenizer's thread pool (large detokenizer steps)."""

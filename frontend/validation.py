@@ -41,7 +41,9 @@ def validate_sampling_params(
     """Checks ranges that do not depend on the prompt; see resolve_max_tokens for the rest."""
 
     def bad(name: str, rule: str) -> InvalidArgument:
-        return InvalidArgument(f"must be {rule}, got {getattr(params, name)}", field=f"{prefix}.{name}")
+        return InvalidArgument(
+            f"must be {rule}, got {getattr(params, name)}", field=f"{prefix}.{name}"
+        )
 
     temperature = _finite(params, "temperature", prefix)
     if temperature is not None and temperature < 0:
@@ -69,37 +71,52 @@ def validate_sampling_params(
         if value is not None and not -2 <= value <= 2:
             raise bad(name, "in [-2, 2]")
     if len(params.stop) > limits.max_stop_strings:
-        raise InvalidArgument(f"at most {limits.max_stop_strings} stop strings, got "
-                              f"{len(params.stop)}", field=f"{prefix}.stop")
+        raise InvalidArgument(
+            f"at most {limits.max_stop_strings} stop strings, got {len(params.stop)}",
+            field=f"{prefix}.stop",
+        )
     for i, stop in enumerate(params.stop):
         if not stop:
             raise InvalidArgument("must not be empty", field=f"{prefix}.stop[{i}]")
         if len(stop) > limits.max_stop_string_length:
-            raise InvalidArgument(f"longer than {limits.max_stop_string_length} characters",
-                                  field=f"{prefix}.stop[{i}]")
+            raise InvalidArgument(
+                f"longer than {limits.max_stop_string_length} characters",
+                field=f"{prefix}.stop[{i}]",
+            )
     for i, token_id in enumerate(params.stop_token_ids):
         if token_id >= limits.vocab_size:
-            raise InvalidArgument(f"token id {token_id} >= vocab_size {limits.vocab_size}",
-                                  field=f"{prefix}.stop_token_ids[{i}]")
+            raise InvalidArgument(
+                f"token id {token_id} >= vocab_size {limits.vocab_size}",
+                field=f"{prefix}.stop_token_ids[{i}]",
+            )
 
 
 def resolve_max_tokens(
-    params: common_pb2.SamplingParams, prompt_len: int, limits: Limits,
+    params: common_pb2.SamplingParams,
+    prompt_len: int,
+    limits: Limits,
     prefix: str = "sampling_params",
 ) -> int:
     """The request's max_tokens; unset means "fill the context". The prompt plus max_tokens must
     fit in max_model_len, and min_tokens must not exceed the result."""
     room = limits.max_model_len - prompt_len
     if room < 1:
-        raise InvalidArgument(f"{prompt_len} tokens leave no room in max_model_len "
-                              f"{limits.max_model_len}", field="prompt")
+        raise InvalidArgument(
+            f"{prompt_len} tokens leave no room in max_model_len {limits.max_model_len}",
+            field="prompt",
+        )
     max_tokens = params.max_tokens if params.HasField("max_tokens") else room
     if max_tokens > room:
-        raise InvalidArgument(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) > "
-                              f"max_model_len ({limits.max_model_len})", field=f"{prefix}.max_tokens")
+        raise InvalidArgument(
+            f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) > "
+            f"max_model_len ({limits.max_model_len})",
+            field=f"{prefix}.max_tokens",
+        )
     if params.HasField("min_tokens") and params.min_tokens > max_tokens:
-        raise InvalidArgument(f"must be <= max_tokens ({max_tokens}), got {params.min_tokens}",
-                              field=f"{prefix}.min_tokens")
+        raise InvalidArgument(
+            f"must be <= max_tokens ({max_tokens}), got {params.min_tokens}",
+            field=f"{prefix}.min_tokens",
+        )
     return max_tokens
 
 
@@ -108,8 +125,9 @@ def validate_prompt_token_ids(token_ids: list[int], limits: Limits, field: str) 
         raise InvalidArgument("must not be empty", field=field)
     for i, token_id in enumerate(token_ids):
         if token_id >= limits.vocab_size:
-            raise InvalidArgument(f"token id {token_id} >= vocab_size {limits.vocab_size}",
-                                  field=f"{field}[{i}]")
+            raise InvalidArgument(
+                f"token id {token_id} >= vocab_size {limits.vocab_size}", field=f"{field}[{i}]"
+            )
 
 
 def validate_text(text: str, limits: Limits, field: str, allow_empty: bool = False) -> None:
@@ -117,8 +135,9 @@ def validate_text(text: str, limits: Limits, field: str, allow_empty: bool = Fal
         raise InvalidArgument("must not be empty", field=field)
     size = len(text.encode("utf-8", errors="surrogatepass"))
     if size > limits.max_prompt_bytes:
-        raise InvalidArgument(f"{size} bytes > max_prompt_bytes ({limits.max_prompt_bytes})",
-                              field=field)
+        raise InvalidArgument(
+            f"{size} bytes > max_prompt_bytes ({limits.max_prompt_bytes})", field=field
+        )
 
 
 def validate_messages(messages: list[tuple[str, str]], limits: Limits) -> None:
@@ -128,12 +147,15 @@ def validate_messages(messages: list[tuple[str, str]], limits: Limits) -> None:
     total = 0
     for i, (role, content) in enumerate(messages):
         if role not in CHAT_ROLES:
-            raise InvalidArgument(f"must be one of {sorted(CHAT_ROLES)}, got {role!r}",
-                                  field=f"messages[{i}].role")
+            raise InvalidArgument(
+                f"must be one of {sorted(CHAT_ROLES)}, got {role!r}", field=f"messages[{i}].role"
+            )
         total += len(content.encode("utf-8", errors="surrogatepass"))
     if total > limits.max_prompt_bytes:
-        raise InvalidArgument(f"contents total {total} bytes > max_prompt_bytes "
-                              f"({limits.max_prompt_bytes})", field="messages")
+        raise InvalidArgument(
+            f"contents total {total} bytes > max_prompt_bytes ({limits.max_prompt_bytes})",
+            field="messages",
+        )
 
 
 def validate_request_id(request_id: str) -> None:
@@ -143,8 +165,9 @@ def validate_request_id(request_id: str) -> None:
         raise InvalidArgument("must be printable", field="request_id")
 
 
-def worker_sampling_params(params: common_pb2.SamplingParams, max_tokens: int
-                           ) -> common_pb2.SamplingParams:
+def worker_sampling_params(
+    params: common_pb2.SamplingParams, max_tokens: int
+) -> common_pb2.SamplingParams:
     """The worker's copy: max_tokens resolved, frontend-only fields left out."""
     forwarded = common_pb2.SamplingParams()
     forwarded.CopyFrom(params)

@@ -38,7 +38,9 @@ class WorkerLink:
         self._digest = tokenizer_digest
         self._on_ready_change = on_ready_change
         self._connect_timeout_s = connect_timeout_s
-        self.channel = grpc.aio.insecure_channel(address, options=channel_options(max_message_bytes))
+        self.channel = grpc.aio.insecure_channel(
+            address, options=channel_options(max_message_bytes)
+        )
         self.stub = worker_grpc.WorkerServiceStub(self.channel)
         self.info: worker_pb2.WorkerServiceGetModelInfoResponse | None = None
         self._mismatch: str | None = None
@@ -73,8 +75,9 @@ class WorkerLink:
         try:
             await asyncio.wait_for(self.channel.channel_ready(), self._connect_timeout_s)
         except TimeoutError:
-            raise Unavailable(f"worker at {self.address} did not connect within "
-                              f"{self._connect_timeout_s} s") from None
+            raise Unavailable(
+                f"worker at {self.address} did not connect within {self._connect_timeout_s} s"
+            ) from None
 
     async def _set_ready(self, ready: bool) -> None:
         if ready != self._ready:
@@ -93,21 +96,36 @@ class WorkerLink:
             return False
         self.info = info
         if not info.tokenizer_digest and not self._ready:
-            logger.warning("worker at %s reports no tokenizer digest: cannot check that it uses "
-                           "the frontend's tokenizer files", self.address)
+            logger.warning(
+                "worker at %s reports no tokenizer digest: cannot check that it uses "
+                "the frontend's tokenizer files",
+                self.address,
+            )
         if info.tokenizer_digest and info.tokenizer_digest != self._digest:
             if self._mismatch is None:
-                logger.error("worker at %s serves %s with tokenizer digest %s, but the frontend's "
-                             "tokenizer files hash to %s: not serving until they match",
-                             self.address, info.model_name, info.tokenizer_digest, self._digest)
-            self._mismatch = (f"the worker's tokenizer (digest {info.tokenizer_digest[:12]}) "
-                              f"differs from the frontend's ({self._digest[:12]})")
+                logger.error(
+                    "worker at %s serves %s with tokenizer digest %s, but the frontend's "
+                    "tokenizer files hash to %s: not serving until they match",
+                    self.address,
+                    info.model_name,
+                    info.tokenizer_digest,
+                    self._digest,
+                )
+            self._mismatch = (
+                f"the worker's tokenizer (digest {info.tokenizer_digest[:12]}) "
+                f"differs from the frontend's ({self._digest[:12]})"
+            )
             await self._set_ready(False)
             return True
         if not self._ready:
-            logger.info("worker at %s ready: model %s, max_model_len %d, vocab_size %d, tp %d",
-                        self.address, info.model_name, info.max_model_len, info.vocab_size,
-                        info.tensor_parallel_size)
+            logger.info(
+                "worker at %s ready: model %s, max_model_len %d, vocab_size %d, tp %d",
+                self.address,
+                info.model_name,
+                info.max_model_len,
+                info.vocab_size,
+                info.tensor_parallel_size,
+            )
         self._mismatch = None
         await self._set_ready(True)
         return True

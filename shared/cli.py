@@ -39,8 +39,9 @@ class Child:
         self.name = name
         self.address: str | None = None
         self.listening = threading.Event()
-        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, bufsize=1,
-                                        start_new_session=True)  # signals come from us, in order
+        self.process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True
+        )  # signals come from us, in order
         threading.Thread(target=self._relay, args=(self.process.stdout,), daemon=True).start()
 
     def _relay(self, stream: IO[str]) -> None:
@@ -62,8 +63,10 @@ class Child:
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
-                print(f"nanoserve: {self.name} did not stop in {timeout:.0f} s; killing it",
-                      file=sys.stderr)
+                print(
+                    f"nanoserve: {self.name} did not stop in {timeout:.0f} s; killing it",
+                    file=sys.stderr,
+                )
                 self.process.kill()
         return self.process.wait()
 
@@ -73,8 +76,11 @@ def _wait_until(predicate, children: list[Child], stop: threading.Event, what: s
     while not predicate():
         for child in children:
             if not child.alive():
-                print(f"nanoserve: {child.name} exited with code {child.process.returncode} "
-                      f"while {what}", file=sys.stderr)
+                print(
+                    f"nanoserve: {child.name} exited with code {child.process.returncode} "
+                    f"while {what}",
+                    file=sys.stderr,
+                )
                 return False
         if stop.wait(0.1):
             return False
@@ -85,7 +91,8 @@ def _serving(address: str, service: str) -> bool:
     with grpc.insecure_channel(address) as channel:
         try:
             response = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=1.0)
+                health_pb2.HealthCheckRequest(service=service), timeout=1.0
+            )
         except grpc.RpcError:
             return False
     return response.status == health_pb2.HealthCheckResponse.SERVING
@@ -95,15 +102,22 @@ def serve(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="nanoserve serve",
         description="Run a worker and a frontend on this machine. Flags not listed here go to the "
-                    "worker (e.g. --device cpu --max-num-seqs 64; see `nanoserve worker --help`).")
-    parser.add_argument("--model", help="Hugging Face Qwen3 model directory "
-                                        "(default: the embedded tiny random model)")
+        "worker (e.g. --device cpu --max-num-seqs 64; see `nanoserve worker --help`).",
+    )
+    parser.add_argument(
+        "--model",
+        help="Hugging Face Qwen3 model directory (default: the embedded tiny random model)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="frontend address to bind")
     parser.add_argument("--port", type=int, default=50051, help="frontend port (0 = any free)")
-    parser.add_argument("--worker-port", type=int, default=0,
-                        help="worker port on 127.0.0.1 (default: any free)")
-    parser.add_argument("--frontend-args", default="",
-                        help='extra frontend flags as one string, e.g. "--max-concurrent-requests 64"')
+    parser.add_argument(
+        "--worker-port", type=int, default=0, help="worker port on 127.0.0.1 (default: any free)"
+    )
+    parser.add_argument(
+        "--frontend-args",
+        default="",
+        help='extra frontend flags as one string, e.g. "--max-concurrent-requests 64"',
+    )
     args, worker_args = parser.parse_known_args(argv)
     model = args.model
     if model is None:
@@ -115,26 +129,58 @@ def serve(argv: Sequence[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     python = [sys.executable, "-m"]
-    worker = Child("worker", [*python, "worker", "--model", model, "--host", "127.0.0.1",
-                              "--port", str(args.worker_port), *worker_args])
+    worker = Child(
+        "worker",
+        [
+            *python,
+            "worker",
+            "--model",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(args.worker_port),
+            *worker_args,
+        ],
+    )
     children = [worker]
     try:
         if not _wait_until(worker.listening.is_set, children, stop, "starting"):
             return 0 if stop.is_set() else 1
-        if not _wait_until(lambda: _serving(worker.address, WORKER_SERVICE), children, stop,
-                           "loading the model"):
+        if not _wait_until(
+            lambda: _serving(worker.address, WORKER_SERVICE), children, stop, "loading the model"
+        ):
             return 0 if stop.is_set() else 1
-        frontend = Child("frontend", [
-            *python, "frontend", "--model", model, "--worker-address", worker.address,
-            "--host", args.host, "--port", str(args.port), *shlex.split(args.frontend_args)])
+        frontend = Child(
+            "frontend",
+            [
+                *python,
+                "frontend",
+                "--model",
+                model,
+                "--worker-address",
+                worker.address,
+                "--host",
+                args.host,
+                "--port",
+                str(args.port),
+                *shlex.split(args.frontend_args),
+            ],
+        )
         children.insert(0, frontend)  # stopped first, so in-flight streams drain through it
         if not _wait_until(frontend.listening.is_set, children, stop, "starting"):
             return 0 if stop.is_set() else 1
-        if not _wait_until(lambda: _serving(frontend.address, FRONTEND_SERVICE), children, stop,
-                           "connecting to the worker"):
+        if not _wait_until(
+            lambda: _serving(frontend.address, FRONTEND_SERVICE),
+            children,
+            stop,
+            "connecting to the worker",
+        ):
             return 0 if stop.is_set() else 1
-        print(f"nanoserve serving {model} on {frontend.address} (worker on {worker.address})",
-              flush=True)
+        print(
+            f"nanoserve serving {model} on {frontend.address} (worker on {worker.address})",
+            flush=True,
+        )
         _wait_until(lambda: False, children, stop, "serving")
         return 0 if stop.is_set() else 1
     finally:
@@ -143,32 +189,51 @@ def serve(argv: Sequence[str]) -> int:
 
 
 def generate(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="nanoserve generate",
-                                     description="Stream a completion from a running frontend.")
+    parser = argparse.ArgumentParser(
+        prog="nanoserve generate", description="Stream a completion from a running frontend."
+    )
     parser.add_argument("prompt")
     parser.add_argument("--address", default=DEFAULT_ADDRESS, help="frontend host:port")
-    parser.add_argument("--chat", action="store_true",
-                        help="send the prompt as one user message through the chat template")
-    parser.add_argument("--no-thinking", action="store_true",
-                        help="with --chat: enable_thinking=false (Qwen3)")
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="send the prompt as one user message through the chat template",
+    )
+    parser.add_argument(
+        "--no-thinking", action="store_true", help="with --chat: enable_thinking=false (Qwen3)"
+    )
     parser.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
     parser.add_argument("--usage", action="store_true", help="print token usage to stderr")
-    for name, kind in (("max_tokens", int), ("min_tokens", int), ("temperature", float),
-                       ("top_p", float), ("top_k", int), ("min_p", float), ("seed", int),
-                       ("repetition_penalty", float), ("presence_penalty", float),
-                       ("frequency_penalty", float)):
+    for name, kind in (
+        ("max_tokens", int),
+        ("min_tokens", int),
+        ("temperature", float),
+        ("top_p", float),
+        ("top_k", int),
+        ("min_p", float),
+        ("seed", int),
+        ("repetition_penalty", float),
+        ("presence_penalty", float),
+        ("frequency_penalty", float),
+    ):
         parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind)
     parser.add_argument("--stop", action="append", help="stop string (repeatable)")
     parser.add_argument("--ignore-eos", action="store_true", default=None)
     args = parser.parse_args(argv)
-    sampling = {k: v for k, v in vars(args).items() if v is not None and k not in
-                ("prompt", "address", "chat", "no_thinking", "timeout", "usage")}
+    sampling = {
+        k: v
+        for k, v in vars(args).items()
+        if v is not None
+        and k not in ("prompt", "address", "chat", "no_thinking", "timeout", "usage")
+    }
     with Client(args.address, timeout=args.timeout) as client:
         try:
             if args.chat:
-                stream = client.chat_stream([("user", args.prompt)],
-                                            enable_thinking=False if args.no_thinking else None,
-                                            **sampling)
+                stream = client.chat_stream(
+                    [("user", args.prompt)],
+                    enable_thinking=False if args.no_thinking else None,
+                    **sampling,
+                )
             else:
                 stream = client.generate_stream(args.prompt, **sampling)
             last = None
@@ -181,9 +246,12 @@ def generate(argv: Sequence[str]) -> int:
             return 1
     print()
     if args.usage and last is not None and last.usage is not None:
-        print(f"finish_reason={last.finish_reason} prompt_tokens={last.usage.prompt_tokens} "
-              f"completion_tokens={last.usage.completion_tokens} "
-              f"cached_tokens={last.usage.cached_tokens}", file=sys.stderr)
+        print(
+            f"finish_reason={last.finish_reason} prompt_tokens={last.usage.prompt_tokens} "
+            f"completion_tokens={last.usage.completion_tokens} "
+            f"cached_tokens={last.usage.cached_tokens}",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -81,11 +81,15 @@ def sampling_params(**kwargs: Any) -> common_pb2.SamplingParams:
     return common_pb2.SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
 
 
-def generate_request(prompt: str | Sequence[int], request_id: str = "",
-                     add_special_tokens: bool | None = None, **sampling: Any
-                     ) -> frontend_pb2.GenerateRequest:
-    request = frontend_pb2.GenerateRequest(request_id=request_id,
-                                           sampling_params=sampling_params(**sampling))
+def generate_request(
+    prompt: str | Sequence[int],
+    request_id: str = "",
+    add_special_tokens: bool | None = None,
+    **sampling: Any,
+) -> frontend_pb2.GenerateRequest:
+    request = frontend_pb2.GenerateRequest(
+        request_id=request_id, sampling_params=sampling_params(**sampling)
+    )
     if isinstance(prompt, str):
         request.prompt = prompt
     else:
@@ -95,13 +99,19 @@ def generate_request(prompt: str | Sequence[int], request_id: str = "",
     return request
 
 
-def chat_request(messages: ChatMessages, request_id: str = "", enable_thinking: bool | None = None,
-                 **sampling: Any) -> frontend_pb2.ChatRequest:
-    request = frontend_pb2.ChatRequest(request_id=request_id,
-                                       sampling_params=sampling_params(**sampling))
+def chat_request(
+    messages: ChatMessages,
+    request_id: str = "",
+    enable_thinking: bool | None = None,
+    **sampling: Any,
+) -> frontend_pb2.ChatRequest:
+    request = frontend_pb2.ChatRequest(
+        request_id=request_id, sampling_params=sampling_params(**sampling)
+    )
     for message in messages:
-        role, content = (message["role"], message["content"]) if isinstance(message, Mapping) \
-            else message
+        role, content = (
+            (message["role"], message["content"]) if isinstance(message, Mapping) else message
+        )
         request.messages.add(role=role, content=content)
     if enable_thinking is not None:
         request.enable_thinking = enable_thinking
@@ -114,11 +124,17 @@ def to_chunk(response: frontend_pb2.GenerateResponse | frontend_pb2.ChatResponse
         text=response.text,
         token_ids=list(response.token_ids),
         finish_reason=_FINISH_REASONS.get(response.finish_reason) if finished else None,
-        usage=Usage(response.usage.prompt_tokens, response.usage.completion_tokens,
-                    response.usage.cached_tokens) if finished else None,
+        usage=Usage(
+            response.usage.prompt_tokens,
+            response.usage.completion_tokens,
+            response.usage.cached_tokens,
+        )
+        if finished
+        else None,
         matched_stop=response.matched_stop or None,
         matched_stop_token_id=response.matched_stop_token_id
-        if response.HasField("matched_stop_token_id") else None,
+        if response.HasField("matched_stop_token_id")
+        else None,
     )
 
 
@@ -132,21 +148,36 @@ def join_chunks(chunks: Iterable[Chunk]) -> Completion:
         last = chunk
     if last is None or last.finish_reason is None or last.usage is None:
         raise ServiceError("the stream ended without a finish reason")
-    return Completion("".join(texts), token_ids, last.finish_reason, last.usage,
-                      last.matched_stop, last.matched_stop_token_id)
+    return Completion(
+        "".join(texts),
+        token_ids,
+        last.finish_reason,
+        last.usage,
+        last.matched_stop,
+        last.matched_stop_token_id,
+    )
 
 
 def _model_info(response: frontend_pb2.GetModelInfoResponse) -> ModelInfo:
-    return ModelInfo(response.model_name, response.max_model_len, response.vocab_size,
-                     list(response.eos_token_ids), response.tensor_parallel_size,
-                     response.has_chat_template)
+    return ModelInfo(
+        response.model_name,
+        response.max_model_len,
+        response.vocab_size,
+        list(response.eos_token_ids),
+        response.tensor_parallel_size,
+        response.has_chat_template,
+    )
 
 
 class Client:
     """Blocking client. `timeout` (seconds) is the default deadline of every call."""
 
-    def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = None,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        timeout: float | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
         self.address = address
         self.timeout = timeout
         self._channel = grpc.insecure_channel(address, options=channel_options(max_message_bytes))
@@ -172,9 +203,15 @@ class Client:
         finally:
             call.cancel()  # the caller stopped iterating early: end the request on the server
 
-    def generate_stream(self, prompt: str | Sequence[int], *, timeout: float | None = None,
-                        request_id: str = "", add_special_tokens: bool | None = None,
-                        **sampling: Any) -> Iterator[Chunk]:
+    def generate_stream(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        timeout: float | None = None,
+        request_id: str = "",
+        add_special_tokens: bool | None = None,
+        **sampling: Any,
+    ) -> Iterator[Chunk]:
         """Streams the completion of `prompt` (text or token ids); keyword arguments are
         SamplingParams fields (temperature, max_tokens, stop, ...)."""
         request = generate_request(prompt, request_id, add_special_tokens, **sampling)
@@ -184,9 +221,15 @@ class Client:
         """The whole completion of `prompt`; same arguments as generate_stream."""
         return join_chunks(self.generate_stream(prompt, **kwargs))
 
-    def chat_stream(self, messages: ChatMessages, *, timeout: float | None = None,
-                    request_id: str = "", enable_thinking: bool | None = None,
-                    **sampling: Any) -> Iterator[Chunk]:
+    def chat_stream(
+        self,
+        messages: ChatMessages,
+        *,
+        timeout: float | None = None,
+        request_id: str = "",
+        enable_thinking: bool | None = None,
+        **sampling: Any,
+    ) -> Iterator[Chunk]:
         """Streams the reply to `messages` ({"role", "content"} dicts or (role, content) pairs)."""
         request = chat_request(messages, request_id, enable_thinking, **sampling)
         return self._stream(self._stub.Chat, request, timeout)
@@ -195,8 +238,9 @@ class Client:
         """The whole reply to `messages`; same arguments as chat_stream."""
         return join_chunks(self.chat_stream(messages, **kwargs))
 
-    def tokenize(self, text: str, add_special_tokens: bool | None = None,
-                 timeout: float | None = None) -> list[int]:
+    def tokenize(
+        self, text: str, add_special_tokens: bool | None = None, timeout: float | None = None
+    ) -> list[int]:
         """The token ids of `text` under the served model's tokenizer."""
         request = frontend_pb2.TokenizeRequest(text=text)
         if add_special_tokens is not None:
@@ -209,8 +253,9 @@ class Client:
     def model_info(self, timeout: float | None = None) -> ModelInfo:
         """The served model's name and limits."""
         try:
-            response = self._stub.GetModelInfo(frontend_pb2.GetModelInfoRequest(),
-                                               timeout=timeout or self.timeout)
+            response = self._stub.GetModelInfo(
+                frontend_pb2.GetModelInfoRequest(), timeout=timeout or self.timeout
+            )
         except grpc.RpcError as e:
             raise error_from_rpc(e) from None
         return _model_info(response)
@@ -218,8 +263,9 @@ class Client:
     def health(self, service: str = SERVICE_NAME, timeout: float = 5.0) -> str:
         """The grpc.health.v1 status name: "SERVING", "NOT_SERVING", ..."""
         try:
-            response = self._health.Check(health_pb2.HealthCheckRequest(service=service),
-                                          timeout=timeout)
+            response = self._health.Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout
+            )
         except grpc.RpcError as e:
             raise error_from_rpc(e) from None
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
@@ -230,7 +276,10 @@ class Client:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                if self.health(timeout=max(0.1, min(1.0, deadline - time.monotonic()))) == "SERVING":
+                if (
+                    self.health(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+                    == "SERVING"
+                ):
                     return
             except ServiceError:
                 pass  # not listening yet
@@ -242,12 +291,17 @@ class Client:
 class AsyncClient:
     """asyncio client (grpc.aio); same methods as Client, as coroutines and async iterators."""
 
-    def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = None,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        timeout: float | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(address,
-                                                  options=channel_options(max_message_bytes))
+        self._channel = grpc.aio.insecure_channel(
+            address, options=channel_options(max_message_bytes)
+        )
         self._stub = frontend_grpc.FrontendServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
@@ -260,8 +314,9 @@ class AsyncClient:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def _stream(self, method: Any, request: Any, timeout: float | None
-                      ) -> AsyncIterator[Chunk]:
+    async def _stream(
+        self, method: Any, request: Any, timeout: float | None
+    ) -> AsyncIterator[Chunk]:
         call = method(request, timeout=timeout or self.timeout)
         try:
             async for response in call:
@@ -271,9 +326,15 @@ class AsyncClient:
         finally:
             call.cancel()
 
-    def generate_stream(self, prompt: str | Sequence[int], *, timeout: float | None = None,
-                        request_id: str = "", add_special_tokens: bool | None = None,
-                        **sampling: Any) -> AsyncIterator[Chunk]:
+    def generate_stream(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        timeout: float | None = None,
+        request_id: str = "",
+        add_special_tokens: bool | None = None,
+        **sampling: Any,
+    ) -> AsyncIterator[Chunk]:
         """Streams the completion of `prompt`; see Client.generate_stream."""
         request = generate_request(prompt, request_id, add_special_tokens, **sampling)
         return self._stream(self._stub.Generate, request, timeout)
@@ -281,9 +342,15 @@ class AsyncClient:
     async def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Completion:
         return join_chunks([chunk async for chunk in self.generate_stream(prompt, **kwargs)])
 
-    def chat_stream(self, messages: ChatMessages, *, timeout: float | None = None,
-                    request_id: str = "", enable_thinking: bool | None = None,
-                    **sampling: Any) -> AsyncIterator[Chunk]:
+    def chat_stream(
+        self,
+        messages: ChatMessages,
+        *,
+        timeout: float | None = None,
+        request_id: str = "",
+        enable_thinking: bool | None = None,
+        **sampling: Any,
+    ) -> AsyncIterator[Chunk]:
         """Streams the reply to `messages`; see Client.chat_stream."""
         request = chat_request(messages, request_id, enable_thinking, **sampling)
         return self._stream(self._stub.Chat, request, timeout)
@@ -291,8 +358,9 @@ class AsyncClient:
     async def chat(self, messages: ChatMessages, **kwargs: Any) -> Completion:
         return join_chunks([chunk async for chunk in self.chat_stream(messages, **kwargs)])
 
-    async def tokenize(self, text: str, add_special_tokens: bool | None = None,
-                       timeout: float | None = None) -> list[int]:
+    async def tokenize(
+        self, text: str, add_special_tokens: bool | None = None, timeout: float | None = None
+    ) -> list[int]:
         request = frontend_pb2.TokenizeRequest(text=text)
         if add_special_tokens is not None:
             request.add_special_tokens = add_special_tokens
@@ -304,16 +372,18 @@ class AsyncClient:
 
     async def model_info(self, timeout: float | None = None) -> ModelInfo:
         try:
-            response = await self._stub.GetModelInfo(frontend_pb2.GetModelInfoRequest(),
-                                                      timeout=timeout or self.timeout)
+            response = await self._stub.GetModelInfo(
+                frontend_pb2.GetModelInfoRequest(), timeout=timeout or self.timeout
+            )
         except grpc.aio.AioRpcError as e:
             raise error_from_rpc(e) from None
         return _model_info(response)
 
     async def health(self, service: str = SERVICE_NAME, timeout: float = 5.0) -> str:
         try:
-            response = await self._health.Check(health_pb2.HealthCheckRequest(service=service),
-                                                timeout=timeout)
+            response = await self._health.Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout
+            )
         except grpc.aio.AioRpcError as e:
             raise error_from_rpc(e) from None
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
@@ -323,8 +393,10 @@ class AsyncClient:
         deadline = loop.time() + timeout
         while True:
             try:
-                if await self.health(timeout=max(0.1, min(1.0, deadline - loop.time()))) \
-                        == "SERVING":
+                if (
+                    await self.health(timeout=max(0.1, min(1.0, deadline - loop.time())))
+                    == "SERVING"
+                ):
                     return
             except ServiceError:
                 pass

@@ -61,8 +61,9 @@ def _converter(base: Any, optional: bool) -> Callable[[str], Any]:
         try:
             return convert(text)
         except ValueError as e:
-            raise argparse.ArgumentTypeError(f"invalid {getattr(base, '__name__', base)} value "
-                                             f"{text!r} ({e})") from None
+            raise argparse.ArgumentTypeError(
+                f"invalid {getattr(base, '__name__', base)} value {text!r} ({e})"
+            ) from None
 
     parse.__name__ = getattr(base, "__name__", "value")
     return parse
@@ -125,7 +126,9 @@ def parse_config(
     if parser is None:
         doc = cls.__doc__ or ""
         # dataclass() fills a missing docstring with the signature, which is no description.
-        parser = argparse.ArgumentParser(description=None if doc.startswith(cls.__name__ + "(") else doc)
+        parser = argparse.ArgumentParser(
+            description=None if doc.startswith(cls.__name__ + "(") else doc
+        )
     add_config_args(parser, cls)
     namespace = parser.parse_args(argv)
     try:

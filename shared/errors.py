@@ -65,7 +65,7 @@ class AlreadyExists(ServiceError):
 
 
 class FailedPrecondition(ServiceError):
-    """The system is not in a state that allows the call (e.g. no chat template, tokenizer mismatch)."""
+    """The server cannot run the call as set up (no chat template, tokenizer mismatch)."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
 
@@ -102,9 +102,23 @@ class Unknown(ServiceError):
 
 _ERROR_BY_CODE: dict[grpc.StatusCode, type[ServiceError]] = {
     cls.code: cls
-    for cls in (InvalidArgument, ResourceExhausted, Unavailable, DeadlineExceeded, Cancelled,
-                NotFound, AlreadyExists, FailedPrecondition, OutOfRange, Unimplemented,
-                Unauthenticated, PermissionDenied, Aborted, Internal, Unknown)
+    for cls in (
+        InvalidArgument,
+        ResourceExhausted,
+        Unavailable,
+        DeadlineExceeded,
+        Cancelled,
+        NotFound,
+        AlreadyExists,
+        FailedPrecondition,
+        OutOfRange,
+        Unimplemented,
+        Unauthenticated,
+        PermissionDenied,
+        Aborted,
+        Internal,
+        Unknown,
+    )
 }
 # DATA_LOSS has no class of its own; OK is not an error.
 _ERROR_BY_CODE[grpc.StatusCode.DATA_LOSS] = Internal
@@ -142,6 +156,7 @@ def grpc_errors(handler: Callable) -> Callable:
         await context.abort(grpc.StatusCode.INTERNAL, "internal error")
 
     if inspect.isasyncgenfunction(handler):
+
         @functools.wraps(handler)
         async def stream_wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext):
             try:

@@ -1,5 +1,5 @@
-"""gRPC server and channel options both services use: bounded message sizes and keepalive settings
-that agree with each other, so long prefills with no DATA frames never draw a "too_many_pings" GOAWAY.
+"""gRPC server and channel options both services use: bounded message sizes, and keepalive
+settings that agree, so long prefills with no DATA frames never draw a "too_many_pings" GOAWAY.
 """
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024

@@ -18,7 +18,7 @@ def parse_level(level: str | int) -> int:
 
 
 def setup_logging(service: str, level: str | int = "INFO", rank: int | None = None) -> None:
-    """Routes the root logger to stdout (the sink of docker logs) with the service name in each line.
+    """Routes the root logger to stdout (docker logs read it), the service name in each line.
 
     Tensor-parallel ranks above 0 log at WARNING or above only: rank 0 speaks for the worker.
     """
@@ -27,7 +27,9 @@ def setup_logging(service: str, level: str | int = "INFO", rank: int | None = No
     if rank is not None and rank > 0:
         numeric = max(numeric, logging.WARNING)
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s [{tag}] %(name)s: %(message)s"))
+    handler.setFormatter(
+        logging.Formatter(f"%(asctime)s %(levelname)s [{tag}] %(name)s: %(message)s")
+    )
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -30,9 +30,13 @@ class FakeFrontend(frontend_grpc.FrontendServiceServicer):
         for i, text in enumerate(texts):
             yield frontend_pb2.GenerateResponse(text=text, token_ids=[10 + i])
         yield frontend_pb2.GenerateResponse(
-            token_ids=[99], finish_reason=common_pb2.FINISH_REASON_STOP, matched_stop="\n",
-            usage=common_pb2.Usage(prompt_tokens=4, completion_tokens=len(texts) + 1,
-                                   cached_tokens=2))
+            token_ids=[99],
+            finish_reason=common_pb2.FINISH_REASON_STOP,
+            matched_stop="\n",
+            usage=common_pb2.Usage(
+                prompt_tokens=4, completion_tokens=len(texts) + 1, cached_tokens=2
+            ),
+        )
 
     def Generate(self, request, context):
         self.requests.append(request)
@@ -58,9 +62,14 @@ class FakeFrontend(frontend_grpc.FrontendServiceServicer):
         return frontend_pb2.TokenizeResponse(token_ids=ids)
 
     def GetModelInfo(self, request, context):
-        return frontend_pb2.GetModelInfoResponse(model_name="m", max_model_len=32, vocab_size=100,
-                                                 eos_token_ids=[7], tensor_parallel_size=2,
-                                                 has_chat_template=True)
+        return frontend_pb2.GetModelInfoResponse(
+            model_name="m",
+            max_model_len=32,
+            vocab_size=100,
+            eos_token_ids=[7],
+            tensor_parallel_size=2,
+            has_chat_template=True,
+        )
 
 
 @pytest.fixture
@@ -96,11 +105,15 @@ def test_generate_stream_and_joined(server) -> None:
 def test_chat_tokenize_model_info(server) -> None:
     address, fake, _ = server
     with Client(address) as client:
-        reply = client.chat([{"role": "user", "content": "a"}, ("assistant", "b")],
-                            enable_thinking=False)
+        reply = client.chat(
+            [{"role": "user", "content": "a"}, ("assistant", "b")], enable_thinking=False
+        )
         assert reply.text == "ab"
         request = fake.requests[0]
-        assert [(m.role, m.content) for m in request.messages] == [("user", "a"), ("assistant", "b")]
+        assert [(m.role, m.content) for m in request.messages] == [
+            ("user", "a"),
+            ("assistant", "b"),
+        ]
         assert request.HasField("enable_thinking") and not request.enable_thinking
         assert client.tokenize("ab") == [97, 98, 0]
         assert client.tokenize("ab", add_special_tokens=False) == [97, 98]
@@ -138,8 +151,9 @@ def test_wait_ready(server) -> None:
         assert client.health() == "NOT_SERVING"
         with pytest.raises(errors.DeadlineExceeded):
             client.wait_ready(timeout=0.3)
-        threading.Timer(0.2, health_servicer.set,
-                        (SERVICE, health_pb2.HealthCheckResponse.SERVING)).start()
+        threading.Timer(
+            0.2, health_servicer.set, (SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        ).start()
         client.wait_ready(timeout=5)
         assert client.health() == "SERVING"
 

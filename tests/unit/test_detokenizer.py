@@ -91,10 +91,19 @@ def test_genuine_replacement_char_is_not_held_forever(tok: Tokenizer) -> None:
     assert "\ufffd" in released
 
 
-@given(data=st.data(), text=st.text(
-    alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x2FFFF, categories=["L", "N", "P", "S", "Zs"]),
-    min_size=1, max_size=40))
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    data=st.data(),
+    text=st.text(
+        alphabet=st.characters(
+            min_codepoint=0x20, max_codepoint=0x2FFFF, categories=["L", "N", "P", "S", "Zs"]
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+)
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 def test_random_splits_concatenate_to_full_decode(tok: Tokenizer, data, text: str) -> None:
     text = data.draw(st.sampled_from(TEXTS + [text]))
     ids = tok.encode(text).ids
@@ -149,17 +158,19 @@ def test_earliest_of_several_stops_wins_and_multibyte_stop(tok: Tokenizer) -> No
 
 
 @given(text=st.sampled_from(TEXTS), data=st.data())
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 def test_streamed_stop_equals_non_streamed(tok: Tokenizer, text: str, data) -> None:
     """Whatever the batching, the output equals the full text cut at the first stop occurrence."""
     ids = tok.encode(text).ids
     start = data.draw(st.integers(0, len(text) - 2))
-    stop = text[start:start + data.draw(st.integers(1, 3))]
+    stop = text[start : start + data.draw(st.integers(1, 3))]
     cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(ids) - 1)), max_size=len(ids))))
     batches = [ids[a:b] for a, b in zip([0, *cuts], [*cuts, len(ids)], strict=True) if b > a]
     deltas, matched = _run(Detokenizer(_decode(tok), stop=[stop]), batches)
     assert matched == stop
-    assert "".join(deltas) == text[:text.index(stop)]
+    assert "".join(deltas) == text[: text.index(stop)]
 
 
 def test_skip_last_and_errors(tok: Tokenizer) -> None:

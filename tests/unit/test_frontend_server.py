@@ -44,8 +44,13 @@ class FakeWorker(worker_grpc.WorkerServiceServicer):
     def __init__(self, tokenizer: Tokenizer, digest: str) -> None:
         self.output_ids = tokenizer.encode(OUTPUT, add_special_tokens=False)
         self.info = worker_pb2.WorkerServiceGetModelInfoResponse(
-            model_name="fake", max_model_len=MAX_MODEL_LEN, vocab_size=VOCAB_SIZE,
-            eos_token_ids=[IM_END_ID], tensor_parallel_size=1, tokenizer_digest=digest)
+            model_name="fake",
+            max_model_len=MAX_MODEL_LEN,
+            vocab_size=VOCAB_SIZE,
+            eos_token_ids=[IM_END_ID],
+            tensor_parallel_size=1,
+            tokenizer_digest=digest,
+        )
         self.requests: list[worker_pb2.GenerateTokensRequest] = []
         self.time_remaining: list[float | None] = []
         self.cancelled = asyncio.Event()
@@ -60,13 +65,20 @@ class FakeWorker(worker_grpc.WorkerServiceServicer):
             for n, start in enumerate(range(0, len(ids), 2)):
                 if n == self.hang_after:
                     await asyncio.Event().wait()
-                chunk = worker_pb2.GenerateTokensResponse(token_ids=ids[start:start + 2])
+                chunk = worker_pb2.GenerateTokensResponse(token_ids=ids[start : start + 2])
                 if start + 2 >= len(ids):
-                    chunk.finish_reason = common_pb2.FINISH_REASON_STOP if self.stop_token_id \
-                        is not None else common_pb2.FINISH_REASON_LENGTH
-                    chunk.usage.CopyFrom(common_pb2.Usage(
-                        prompt_tokens=len(request.prompt_token_ids), completion_tokens=len(ids),
-                        cached_tokens=3))
+                    chunk.finish_reason = (
+                        common_pb2.FINISH_REASON_STOP
+                        if self.stop_token_id is not None
+                        else common_pb2.FINISH_REASON_LENGTH
+                    )
+                    chunk.usage.CopyFrom(
+                        common_pb2.Usage(
+                            prompt_tokens=len(request.prompt_token_ids),
+                            completion_tokens=len(ids),
+                            cached_tokens=3,
+                        )
+                    )
                     if self.stop_token_id is not None:
                         chunk.stop_token_id = self.stop_token_id
                 yield chunk
@@ -108,17 +120,24 @@ async def _wait_health(harness: Harness, status: int, timeout: float = 5.0) -> N
 
 
 @contextlib.asynccontextmanager
-async def services(tokenizer: Tokenizer, model_dir: Path, digest: str | None = None,
-                   wait: bool = True, **config) -> AsyncIterator[Harness]:
+async def services(
+    tokenizer: Tokenizer, model_dir: Path, digest: str | None = None, wait: bool = True, **config
+) -> AsyncIterator[Harness]:
     fake = FakeWorker(tokenizer, tokenizer_digest(model_dir) if digest is None else digest)
     worker_server, worker_port = await _start_worker(fake)
-    frontend_config = FrontendConfig(model=str(model_dir), port=0,
-                                     worker_address=f"127.0.0.1:{worker_port}", **config)
+    frontend_config = FrontendConfig(
+        model=str(model_dir), port=0, worker_address=f"127.0.0.1:{worker_port}", **config
+    )
     frontend = FrontendServer(frontend_config, str(model_dir), tokenizer=tokenizer)
     port = await frontend.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    harness = Harness(fake, frontend, frontend_grpc.FrontendServiceStub(channel),
-                      health_pb2_grpc.HealthStub(channel), worker_server)
+    harness = Harness(
+        fake,
+        frontend,
+        frontend_grpc.FrontendServiceStub(channel),
+        health_pb2_grpc.HealthStub(channel),
+        worker_server,
+    )
     try:
         if wait:
             await _wait_health(harness, health_pb2.HealthCheckResponse.SERVING)
@@ -151,13 +170,20 @@ async def _read_rest(call) -> list:
 def _generate(**fields) -> frontend_pb2.GenerateRequest:
     params = fields.pop("sampling_params", {})
     return frontend_pb2.GenerateRequest(
-        sampling_params=common_pb2.SamplingParams(**params), **fields)
+        sampling_params=common_pb2.SamplingParams(**params), **fields
+    )
 
 
 def test_generate_streams_text_and_usage(tokenizer: Tokenizer, tiny_model_dir: Path) -> None:
     async def test(h: Harness) -> None:
-        responses = await _collect(h.stub.Generate(_generate(prompt="Say hi", sampling_params={
-            "max_tokens": 20, "temperature": 0.0, "seed": 7})))
+        responses = await _collect(
+            h.stub.Generate(
+                _generate(
+                    prompt="Say hi",
+                    sampling_params={"max_tokens": 20, "temperature": 0.0, "seed": 7},
+                )
+            )
+        )
         assert "".join(r.text for r in responses) == OUTPUT
         assert [i for r in responses for i in r.token_ids] == h.fake.output_ids
         last = responses[-1]
@@ -185,14 +211,15 @@ def test_unset_max_tokens_fills_the_context(tokenizer: Tokenizer, tiny_model_dir
 def test_stop_string_ends_the_worker_call(tokenizer: Tokenizer, tiny_model_dir: Path) -> None:
     async def test(h: Harness) -> None:
         h.fake.hang_after = 100  # only a stop string can end this request early
-        responses = await _collect(h.stub.Generate(_generate(prompt="x", sampling_params={
-            "stop": ["end. S", "never"]})))
+        responses = await _collect(
+            h.stub.Generate(_generate(prompt="x", sampling_params={"stop": ["end. S", "never"]}))
+        )
         assert "".join(r.text for r in responses) == "Hello, 世界! 😀 The "
         last = responses[-1]
         assert last.finish_reason == common_pb2.FINISH_REASON_STOP
         assert last.matched_stop == "end. S"
         sent_ids = [i for r in responses for i in r.token_ids]
-        assert sent_ids == h.fake.output_ids[:len(sent_ids)]
+        assert sent_ids == h.fake.output_ids[: len(sent_ids)]
         assert last.usage.completion_tokens == len(sent_ids) < len(h.fake.output_ids)
         await asyncio.wait_for(h.fake.cancelled.wait(), 2)
 
@@ -206,8 +233,11 @@ def test_stop_token_text_excluded_unless_asked(tokenizer: Tokenizer, tiny_model_
         assert "".join(r.text for r in responses) == OUTPUT
         assert responses[-1].matched_stop_token_id == h.fake.stop_token_id
         assert responses[-1].token_ids[-1] == h.fake.stop_token_id
-        responses = await _collect(h.stub.Generate(_generate(prompt="x", sampling_params={
-            "include_stop_str_in_output": True})))
+        responses = await _collect(
+            h.stub.Generate(
+                _generate(prompt="x", sampling_params={"include_stop_str_in_output": True})
+            )
+        )
         assert "".join(r.text for r in responses) == OUTPUT + "!"
 
     run(test, tokenizer, tiny_model_dir)
@@ -256,11 +286,19 @@ def test_validation_names_the_field(tokenizer: Tokenizer, tiny_model_dir: Path) 
             assert exc.value.details().startswith(field + ":"), (field, exc.value.details())
         bad_chats = [
             (frontend_pb2.ChatRequest(), "messages"),
-            (frontend_pb2.ChatRequest(messages=[frontend_pb2.ChatMessage(role="bot", content="x")]),
-             "messages[0].role"),
-            (frontend_pb2.ChatRequest(messages=[frontend_pb2.ChatMessage(role="user", content="x")],
-                                      sampling_params=common_pb2.SamplingParams(top_p=-1)),
-             "sampling_params.top_p"),
+            (
+                frontend_pb2.ChatRequest(
+                    messages=[frontend_pb2.ChatMessage(role="bot", content="x")]
+                ),
+                "messages[0].role",
+            ),
+            (
+                frontend_pb2.ChatRequest(
+                    messages=[frontend_pb2.ChatMessage(role="user", content="x")],
+                    sampling_params=common_pb2.SamplingParams(top_p=-1),
+                ),
+                "sampling_params.top_p",
+            ),
         ]
         for request, field in bad_chats:
             with pytest.raises(grpc.aio.AioRpcError) as exc:
@@ -271,8 +309,14 @@ def test_validation_names_the_field(tokenizer: Tokenizer, tiny_model_dir: Path) 
         # and the frontend still serves
         assert (await _collect(h.stub.Generate(_generate(prompt="ok"))))[-1].finish_reason
 
-    run(test, tokenizer, tiny_model_dir, max_stop_strings=2, max_stop_string_length=8,
-        max_prompt_bytes=1000)
+    run(
+        test,
+        tokenizer,
+        tiny_model_dir,
+        max_stop_strings=2,
+        max_stop_string_length=8,
+        max_prompt_bytes=1000,
+    )
 
 
 def test_admission_control(tokenizer: Tokenizer, tiny_model_dir: Path) -> None:
@@ -350,8 +394,10 @@ def test_no_worker_not_serving(tokenizer: Tokenizer, tiny_model_dir: Path) -> No
     async def test(h: Harness) -> None:
         await h.worker_server.stop(0)
         await _wait_health(h, health_pb2.HealthCheckResponse.NOT_SERVING)
-        assert await _health(h, "nanoserve.v1.FrontendService") == \
-            health_pb2.HealthCheckResponse.NOT_SERVING
+        assert (
+            await _health(h, "nanoserve.v1.FrontendService")
+            == health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         with pytest.raises(grpc.aio.AioRpcError) as exc:
             await h.stub.GetModelInfo(frontend_pb2.GetModelInfoRequest())
         assert exc.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -376,19 +422,26 @@ def test_tokenizer_digest_mismatch_refuses(tokenizer: Tokenizer, tiny_model_dir:
 
 def test_chat_model_info_tokenize(tokenizer: Tokenizer, tiny_model_dir: Path) -> None:
     async def test(h: Harness) -> None:
-        messages = [frontend_pb2.ChatMessage(role="system", content="Be brief."),
-                    frontend_pb2.ChatMessage(role="user", content="Hi")]
-        responses = await _collect(h.stub.Chat(frontend_pb2.ChatRequest(
-            messages=messages, enable_thinking=False)))
+        messages = [
+            frontend_pb2.ChatMessage(role="system", content="Be brief."),
+            frontend_pb2.ChatMessage(role="user", content="Hi"),
+        ]
+        responses = await _collect(
+            h.stub.Chat(frontend_pb2.ChatRequest(messages=messages, enable_thinking=False))
+        )
         assert isinstance(responses[-1], frontend_pb2.ChatResponse)
         assert "".join(r.text for r in responses) == OUTPUT
         expected = tokenizer.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in messages], enable_thinking=False)
+            [{"role": m.role, "content": m.content} for m in messages], enable_thinking=False
+        )
         assert "<think>" in expected and expected.endswith("</think>\n\n")
         assert list(h.fake.requests[0].prompt_token_ids) == tokenizer.encode(expected, False)
         info = await h.stub.GetModelInfo(frontend_pb2.GetModelInfoRequest())
-        assert (info.model_name, info.max_model_len, info.vocab_size) == \
-            ("fake", MAX_MODEL_LEN, VOCAB_SIZE)
+        assert (info.model_name, info.max_model_len, info.vocab_size) == (
+            "fake",
+            MAX_MODEL_LEN,
+            VOCAB_SIZE,
+        )
         assert list(info.eos_token_ids) == [IM_END_ID] and info.has_chat_template
         response = await h.stub.Tokenize(frontend_pb2.TokenizeRequest(text="<|im_end|>"))
         assert list(response.token_ids) == [IM_END_ID]
@@ -398,7 +451,9 @@ def test_chat_model_info_tokenize(tokenizer: Tokenizer, tiny_model_dir: Path) ->
 
 def test_graceful_stop_lets_streams_finish(tokenizer: Tokenizer, tiny_model_dir: Path) -> None:
     async def test(h: Harness) -> None:
-        watch = h.health.Watch(health_pb2.HealthCheckRequest(service="nanoserve.v1.FrontendService"))
+        watch = h.health.Watch(
+            health_pb2.HealthCheckRequest(service="nanoserve.v1.FrontendService")
+        )
         assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
         call = h.stub.Generate(_generate(prompt="x"))
         await call.read()

@@ -30,8 +30,11 @@ def _model_dir(path: Path, config: dict) -> Path:
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(["hello world", "你好 世界"], trainer)
     path.mkdir(parents=True, exist_ok=True)
     tok.save(str(path / "tokenizer.json"))
@@ -42,11 +45,14 @@ def _model_dir(path: Path, config: dict) -> Path:
 def test_chat_template_thinking_switch(tokenizer: Tokenizer) -> None:
     on = tokenizer.apply_chat_template(MESSAGES)
     off = tokenizer.apply_chat_template(MESSAGES, enable_thinking=False)
-    expected = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n你好<|im_end|>\n" \
-               "<|im_start|>assistant\n"
+    expected = (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n你好<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
     assert on == expected and off == expected + "<think>\n\n</think>\n\n"
-    assert tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=False) == \
-        expected.removesuffix("<|im_start|>assistant\n")
+    assert tokenizer.apply_chat_template(
+        MESSAGES, add_generation_prompt=False
+    ) == expected.removesuffix("<|im_start|>assistant\n")
     ids = tokenizer.encode_chat(MESSAGES)
     assert ids[0] == 151644 and ids.count(151645) == 2  # <|im_start|> ... two <|im_end|>
     assert tokenizer.has_chat_template
@@ -75,8 +81,10 @@ def test_encode_runs_off_the_event_loop(tokenizer: Tokenizer) -> None:
     async def main() -> tuple[list[int], list[int]]:
         tokenizer._tokenizer = Spy()
         try:
-            return (await tokenizer.encode_async("世界"),
-                    await tokenizer.encode_chat_async(MESSAGES, enable_thinking=False))
+            return (
+                await tokenizer.encode_async("世界"),
+                await tokenizer.encode_chat_async(MESSAGES, enable_thinking=False),
+            )
         finally:
             tokenizer._tokenizer = original
 
@@ -87,8 +95,10 @@ def test_encode_runs_off_the_event_loop(tokenizer: Tokenizer) -> None:
 
 
 def test_sandbox_and_template_errors(tmp_path: Path) -> None:
-    template = ("{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}"
-                "{% endif %}{{ messages | tojson }}{{ ''.__class__.__mro__ }}")
+    template = (
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}"
+        "{% endif %}{{ messages | tojson }}{{ ''.__class__.__mro__ }}"
+    )
     tok = Tokenizer(_model_dir(tmp_path, {"chat_template": template}))
     with pytest.raises(InvalidArgument, match="messages: .*first must be user"):
         tok.apply_chat_template(MESSAGES)
@@ -98,9 +108,13 @@ def test_sandbox_and_template_errors(tmp_path: Path) -> None:
 
 
 def test_named_templates_and_no_template(tmp_path: Path) -> None:
-    named = {"chat_template": [{"name": "tool_use", "template": "T"},
-                               {"name": "default", "template": "{{ bos_token }}D"}],
-             "bos_token": {"content": "<|endoftext|>"}}
+    named = {
+        "chat_template": [
+            {"name": "tool_use", "template": "T"},
+            {"name": "default", "template": "{{ bos_token }}D"},
+        ],
+        "bos_token": {"content": "<|endoftext|>"},
+    }
     tok = Tokenizer(_model_dir(tmp_path / "a", named))
     assert tok.apply_chat_template(MESSAGES) == "<|endoftext|>D"
     bare = Tokenizer(_model_dir(tmp_path / "b", {}))
@@ -119,14 +133,34 @@ def test_missing_tokenizer_json(tmp_path: Path) -> None:
 
 
 def test_frontend_config_flags_and_validation(tiny_model_dir: Path) -> None:
-    config = parse_config(FrontendConfig, [
-        "--model", str(tiny_model_dir), "--port", "0", "--worker-address", "worker:50061",
-        "--max-concurrent-requests", "8", "--no-enable-reflection"])
-    assert (config.port, config.worker_address, config.max_concurrent_requests) == \
-        (0, "worker:50061", 8)
+    config = parse_config(
+        FrontendConfig,
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--port",
+            "0",
+            "--worker-address",
+            "worker:50061",
+            "--max-concurrent-requests",
+            "8",
+            "--no-enable-reflection",
+        ],
+    )
+    assert (config.port, config.worker_address, config.max_concurrent_requests) == (
+        0,
+        "worker:50061",
+        8,
+    )
     assert config.model == str(tiny_model_dir) and not config.enable_reflection
-    for bad in ({"port": 70000}, {"worker_address": "nohost"}, {"max_concurrent_requests": 0},
-                {"request_timeout_s": float("nan")}, {"worker_connect_timeout_s": 0},
-                {"log_level": "LOUD"}, {"max_message_bytes": 10}):
+    for bad in (
+        {"port": 70000},
+        {"worker_address": "nohost"},
+        {"max_concurrent_requests": 0},
+        {"request_timeout_s": float("nan")},
+        {"worker_connect_timeout_s": 0},
+        {"log_level": "LOUD"},
+        {"max_message_bytes": 10},
+    ):
         with pytest.raises(ValueError, match=next(iter(bad))):
             FrontendConfig(**bad)

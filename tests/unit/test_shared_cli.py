@@ -22,7 +22,8 @@ class EchoFrontend(frontend_grpc.FrontendServiceServicer):
             yield frontend_pb2.GenerateResponse(text=piece, token_ids=[1])
         yield frontend_pb2.GenerateResponse(
             finish_reason=common_pb2.FINISH_REASON_LENGTH,
-            usage=common_pb2.Usage(prompt_tokens=3, completion_tokens=2))
+            usage=common_pb2.Usage(prompt_tokens=3, completion_tokens=2),
+        )
 
     def Generate(self, request, context):
         self.requests.append(request)
@@ -48,15 +49,34 @@ def frontend() -> Iterator[tuple[str, EchoFrontend]]:
 
 def test_generate_streams_to_stdout(frontend, capsys) -> None:
     address, fake = frontend
-    code = cli.generate(["世界 hi", "--address", address, "--max-tokens", "5", "--temperature",
-                         "0", "--stop", "a", "--stop", "b", "--ignore-eos", "--usage"])
+    code = cli.generate(
+        [
+            "世界 hi",
+            "--address",
+            address,
+            "--max-tokens",
+            "5",
+            "--temperature",
+            "0",
+            "--stop",
+            "a",
+            "--stop",
+            "b",
+            "--ignore-eos",
+            "--usage",
+        ]
+    )
     assert code == 0
     out, err = capsys.readouterr()
     assert out == "<世界 hi>\n"
     assert "finish_reason=length prompt_tokens=3 completion_tokens=2" in err
     params = fake.requests[0].sampling_params
-    assert (params.max_tokens, params.temperature, list(params.stop), params.ignore_eos) == \
-        (5, 0.0, ["a", "b"], True)
+    assert (params.max_tokens, params.temperature, list(params.stop), params.ignore_eos) == (
+        5,
+        0.0,
+        ["a", "b"],
+        True,
+    )
     assert not params.HasField("top_p") and not params.HasField("seed")
 
 
@@ -74,8 +94,10 @@ def test_pass_through_commands(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli.os, "execv", lambda path, argv: calls.append(argv))
     cli.main(["worker", "--port", "0", "--device", "cpu"])
     cli.main(["frontend", "--help"])
-    assert calls == [[sys.executable, "-m", "worker", "--port", "0", "--device", "cpu"],
-                     [sys.executable, "-m", "frontend", "--help"]]
+    assert calls == [
+        [sys.executable, "-m", "worker", "--port", "0", "--device", "cpu"],
+        [sys.executable, "-m", "frontend", "--help"],
+    ]
     import shared.tiny_model
 
     monkeypatch.setattr(shared.tiny_model, "main", lambda argv: calls.append(("tiny", argv)))
@@ -86,11 +108,13 @@ def test_pass_through_commands(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_child_relays_output_and_stops(capsys) -> None:
-    script = ("import signal, sys, time\n"
-              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
-              "print('log line', flush=True)\n"
-              "print('frontend listening on 127.0.0.1:4242', flush=True)\n"
-              "time.sleep(30)\n")
+    script = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+        "print('log line', flush=True)\n"
+        "print('frontend listening on 127.0.0.1:4242', flush=True)\n"
+        "time.sleep(30)\n"
+    )
     child = cli.Child("frontend", [sys.executable, "-c", script])
     assert child.listening.wait(10)
     assert child.address == "127.0.0.1:4242" and child.alive()
@@ -99,8 +123,10 @@ def test_child_relays_output_and_stops(capsys) -> None:
 
 
 def test_child_killed_when_it_ignores_sigterm() -> None:
-    script = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-              "print('worker listening on 127.0.0.1:1', flush=True)\ntime.sleep(30)\n")
+    script = (
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('worker listening on 127.0.0.1:1', flush=True)\ntime.sleep(30)\n"
+    )
     child = cli.Child("worker", [sys.executable, "-c", script])
     assert child.listening.wait(10)
     assert child.stop(timeout=0.5) == -9

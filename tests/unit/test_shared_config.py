@@ -31,8 +31,15 @@ class RequiredConfig:
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("MODEL", "MAX_NUM_SEQS", "GPU_MEMORY_UTILIZATION", "ENFORCE_EAGER",
-                 "NUM_KVCACHE_BLOCKS", "WORKER_ADDRESS", "PORT"):
+    for name in (
+        "MODEL",
+        "MAX_NUM_SEQS",
+        "GPU_MEMORY_UTILIZATION",
+        "ENFORCE_EAGER",
+        "NUM_KVCACHE_BLOCKS",
+        "WORKER_ADDRESS",
+        "PORT",
+    ):
         monkeypatch.delenv(f"NANOSERVE_{name}", raising=False)
 
 
@@ -41,10 +48,22 @@ def test_defaults() -> None:
 
 
 def test_flags_map_to_fields() -> None:
-    config = parse_config(DemoConfig, [
-        "--model", "/m", "--max-num-seqs", "8", "--gpu-memory-utilization", "0.5",
-        "--enforce-eager", "--num-kvcache-blocks", "64", "--worker-address", "h:1",
-    ])
+    config = parse_config(
+        DemoConfig,
+        [
+            "--model",
+            "/m",
+            "--max-num-seqs",
+            "8",
+            "--gpu-memory-utilization",
+            "0.5",
+            "--enforce-eager",
+            "--num-kvcache-blocks",
+            "64",
+            "--worker-address",
+            "h:1",
+        ],
+    )
     assert config == DemoConfig("/m", 8, 0.5, True, 64, "h:1")
     assert parse_config(DemoConfig, ["--no-enforce-eager"]).enforce_eager is False
 

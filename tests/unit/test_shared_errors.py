@@ -9,12 +9,26 @@ import pytest
 from shared import errors
 
 
-@pytest.mark.parametrize("cls", [
-    errors.InvalidArgument, errors.ResourceExhausted, errors.Unavailable, errors.DeadlineExceeded,
-    errors.Cancelled, errors.NotFound, errors.AlreadyExists, errors.FailedPrecondition,
-    errors.OutOfRange, errors.Unimplemented, errors.Unauthenticated, errors.PermissionDenied,
-    errors.Aborted, errors.Internal, errors.Unknown,
-])
+@pytest.mark.parametrize(
+    "cls",
+    [
+        errors.InvalidArgument,
+        errors.ResourceExhausted,
+        errors.Unavailable,
+        errors.DeadlineExceeded,
+        errors.Cancelled,
+        errors.NotFound,
+        errors.AlreadyExists,
+        errors.FailedPrecondition,
+        errors.OutOfRange,
+        errors.Unimplemented,
+        errors.Unauthenticated,
+        errors.PermissionDenied,
+        errors.Aborted,
+        errors.Internal,
+        errors.Unknown,
+    ],
+)
 def test_round_trip(cls: type[errors.ServiceError]) -> None:
     error = errors.error_for_code(cls.code, "details")
     assert type(error) is cls and error.message == "details" and isinstance(error, Exception)
@@ -53,7 +67,7 @@ class _Context:
 
 class _Servicer:
     @errors.grpc_errors
-    async def Unary(self, request, context):  # noqa: N802 - gRPC method names
+    async def Unary(self, request, context):
         if request == "bad":
             raise errors.InvalidArgument("empty", field="prompt")
         if request == "bug":
@@ -61,7 +75,7 @@ class _Servicer:
         return request
 
     @errors.grpc_errors
-    async def Stream(self, request, context):  # noqa: N802
+    async def Stream(self, request, context):
         yield 1
         if request == "bug":
             raise RuntimeError("boom")
@@ -81,8 +95,10 @@ def test_decorator_maps_errors() -> None:
             await servicer.Unary("bug", context)
         assert context.aborted == (grpc.StatusCode.INTERNAL, "internal error")
 
-        for request, expected in (("x", (grpc.StatusCode.UNAVAILABLE, "worker down")),
-                                  ("bug", (grpc.StatusCode.INTERNAL, "internal error"))):
+        for request, expected in (
+            ("x", (grpc.StatusCode.UNAVAILABLE, "worker down")),
+            ("bug", (grpc.StatusCode.INTERNAL, "internal error")),
+        ):
             context, received = _Context(), []
             with pytest.raises(grpc.aio.AbortError):
                 async for item in servicer.Stream(request, context):

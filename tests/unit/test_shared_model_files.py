@@ -39,7 +39,10 @@ def test_setup_logging(capsys) -> None:
     try:
         setup_logging("worker", "debug", rank=0)
         logging.getLogger("worker.server").info("worker listening on 127.0.0.1:5")
-        assert "INFO [worker:r0] worker.server: worker listening on 127.0.0.1:5" in capsys.readouterr().out
+        assert (
+            "INFO [worker:r0] worker.server: worker listening on 127.0.0.1:5"
+            in capsys.readouterr().out
+        )
         setup_logging("worker", "DEBUG", rank=1)
         assert root.level == logging.WARNING
         setup_logging("frontend", "INFO")
