@@ -19,11 +19,11 @@ if [ "$mode" = tp ]; then
   step bench_tp1_8b 300 $bench throughput latency --shape qwen3-8b --tensor-parallel-size 1
   step bench_tp2_8b 300 $bench throughput latency --shape qwen3-8b --tensor-parallel-size 2
 else
-  step gpu_tests 420 python -m pytest -q tests/gpu -p no:cacheprovider -rA
-  [ "$mode" = full ] && step kernel_bench 180 python -m worker.kernels.bench_attention
-  step bench_06b 420 $bench throughput latency prefill --shape qwen3-0.6b
-  step bench_06b_eager 240 $bench latency --shape qwen3-0.6b --enforce-eager
-  [ "$mode" = full ] && step bench_8b 300 $bench latency --shape qwen3-8b
+  step gpu_tests 300 python -m pytest -q tests/gpu -p no:cacheprovider -rA
+  [ "$mode" = full ] && step kernel_bench 90 python -m worker.kernels.bench_attention
+  step bench_06b 200 $bench throughput latency prefill --shape qwen3-0.6b
+  step bench_06b_eager 60 $bench latency --shape qwen3-0.6b --enforce-eager
+  [ "$mode" = full ] && step bench_8b 90 $bench latency --shape qwen3-8b
 fi
 python - "$out" <<'PY'
 import json, pathlib, sys
