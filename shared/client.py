@@ -158,6 +158,13 @@ def join_chunks(chunks: Iterable[Chunk]) -> Completion:
     )
 
 
+def tokenize_request(text: str, add_special_tokens: bool | None) -> frontend_pb2.TokenizeRequest:
+    request = frontend_pb2.TokenizeRequest(text=text)
+    if add_special_tokens is not None:
+        request.add_special_tokens = add_special_tokens
+    return request
+
+
 def _model_info(response: frontend_pb2.GetModelInfoResponse) -> ModelInfo:
     return ModelInfo(
         response.model_name,
@@ -193,8 +200,14 @@ class Client:
     def close(self) -> None:
         self._channel.close()
 
+    def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
+        try:
+            return method(request, timeout=self.timeout if timeout is None else timeout)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e) from None
+
     def _stream(self, method: Any, request: Any, timeout: float | None) -> Iterator[Chunk]:
-        call = method(request, timeout=timeout or self.timeout)
+        call = method(request, timeout=self.timeout if timeout is None else timeout)
         try:
             for response in call:
                 yield to_chunk(response)
@@ -242,32 +255,18 @@ class Client:
         self, text: str, add_special_tokens: bool | None = None, timeout: float | None = None
     ) -> list[int]:
         """The token ids of `text` under the served model's tokenizer."""
-        request = frontend_pb2.TokenizeRequest(text=text)
-        if add_special_tokens is not None:
-            request.add_special_tokens = add_special_tokens
-        try:
-            return list(self._stub.Tokenize(request, timeout=timeout or self.timeout).token_ids)
-        except grpc.RpcError as e:
-            raise error_from_rpc(e) from None
+        request = tokenize_request(text, add_special_tokens)
+        return list(self._unary(self._stub.Tokenize, request, timeout).token_ids)
 
     def model_info(self, timeout: float | None = None) -> ModelInfo:
         """The served model's name and limits."""
-        try:
-            response = self._stub.GetModelInfo(
-                frontend_pb2.GetModelInfoRequest(), timeout=timeout or self.timeout
-            )
-        except grpc.RpcError as e:
-            raise error_from_rpc(e) from None
-        return _model_info(response)
+        request = frontend_pb2.GetModelInfoRequest()
+        return _model_info(self._unary(self._stub.GetModelInfo, request, timeout))
 
     def health(self, service: str = SERVICE_NAME, timeout: float = 5.0) -> str:
         """The grpc.health.v1 status name: "SERVING", "NOT_SERVING", ..."""
-        try:
-            response = self._health.Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=timeout
-            )
-        except grpc.RpcError as e:
-            raise error_from_rpc(e) from None
+        request = health_pb2.HealthCheckRequest(service=service)
+        response = self._unary(self._health.Check, request, timeout)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
 
     def wait_ready(self, timeout: float = 60.0, poll_s: float = 0.1) -> None:
@@ -276,10 +275,8 @@ class Client:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                if (
-                    self.health(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
-                    == "SERVING"
-                ):
+                status = self.health(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+                if status == "SERVING":
                     return
             except ServiceError:
                 pass  # not listening yet
@@ -314,10 +311,16 @@ class AsyncClient:
     async def close(self) -> None:
         await self._channel.close()
 
+    async def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
+        try:
+            return await method(request, timeout=self.timeout if timeout is None else timeout)
+        except grpc.aio.AioRpcError as e:
+            raise error_from_rpc(e) from None
+
     async def _stream(
         self, method: Any, request: Any, timeout: float | None
     ) -> AsyncIterator[Chunk]:
-        call = method(request, timeout=timeout or self.timeout)
+        call = method(request, timeout=self.timeout if timeout is None else timeout)
         try:
             async for response in call:
                 yield to_chunk(response)
@@ -361,31 +364,16 @@ class AsyncClient:
     async def tokenize(
         self, text: str, add_special_tokens: bool | None = None, timeout: float | None = None
     ) -> list[int]:
-        request = frontend_pb2.TokenizeRequest(text=text)
-        if add_special_tokens is not None:
-            request.add_special_tokens = add_special_tokens
-        try:
-            response = await self._stub.Tokenize(request, timeout=timeout or self.timeout)
-        except grpc.aio.AioRpcError as e:
-            raise error_from_rpc(e) from None
-        return list(response.token_ids)
+        request = tokenize_request(text, add_special_tokens)
+        return list((await self._unary(self._stub.Tokenize, request, timeout)).token_ids)
 
     async def model_info(self, timeout: float | None = None) -> ModelInfo:
-        try:
-            response = await self._stub.GetModelInfo(
-                frontend_pb2.GetModelInfoRequest(), timeout=timeout or self.timeout
-            )
-        except grpc.aio.AioRpcError as e:
-            raise error_from_rpc(e) from None
-        return _model_info(response)
+        request = frontend_pb2.GetModelInfoRequest()
+        return _model_info(await self._unary(self._stub.GetModelInfo, request, timeout))
 
     async def health(self, service: str = SERVICE_NAME, timeout: float = 5.0) -> str:
-        try:
-            response = await self._health.Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=timeout
-            )
-        except grpc.aio.AioRpcError as e:
-            raise error_from_rpc(e) from None
+        request = health_pb2.HealthCheckRequest(service=service)
+        response = await self._unary(self._health.Check, request, timeout)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
 
     async def wait_ready(self, timeout: float = 60.0, poll_s: float = 0.1) -> None:
@@ -393,10 +381,8 @@ class AsyncClient:
         deadline = loop.time() + timeout
         while True:
             try:
-                if (
-                    await self.health(timeout=max(0.1, min(1.0, deadline - loop.time())))
-                    == "SERVING"
-                ):
+                status = await self.health(timeout=max(0.1, min(1.0, deadline - loop.time())))
+                if status == "SERVING":
                     return
             except ServiceError:
                 pass
