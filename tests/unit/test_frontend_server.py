@@ -468,3 +468,20 @@ def test_graceful_stop_lets_streams_finish(tokenizer: Tokenizer, tiny_model_dir:
         await asyncio.wait_for(stopping, 2)  # without waiting out the grace period
 
     run(test, tokenizer, tiny_model_dir)
+
+
+def test_reflection_lists_the_services(tokenizer: Tokenizer, tiny_model_dir: Path) -> None:
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    async def test(h: Harness) -> None:
+        port = h.frontend.port
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+            call = stub.ServerReflectionInfo()
+            await call.write(reflection_pb2.ServerReflectionRequest(list_services=""))
+            response = await call.read()
+            await call.done_writing()
+        names = {s.name for s in response.list_services_response.service}
+        assert {"nanoserve.v1.FrontendService", "grpc.health.v1.Health"} <= names
+
+    run(test, tokenizer, tiny_model_dir)
