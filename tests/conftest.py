@@ -6,6 +6,15 @@ by shared.tiny_model; the tokenizer is cached under $NANOSERVE_CACHE (default ~/
 
 from __future__ import annotations
 
+import os
+import shutil
+
+# Without a GPU, Triton kernels can only run in its interpreter. TRITON_INTERPRET is read when a kernel
+# is decorated, so it must be set before anything imports worker.kernels (nvidia-smi: a cheap probe
+# that needs no torch import here).
+if shutil.which("nvidia-smi") is None:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import socket
 from pathlib import Path
 
