@@ -114,6 +114,11 @@ def serve(argv: Sequence[str]) -> int:
         "--worker-port", type=int, default=0, help="worker port on 127.0.0.1 (default: any free)"
     )
     parser.add_argument(
+        "--demo",
+        metavar="PROMPT",
+        help="once serving, stream one chat reply to PROMPT to the terminal, then keep serving",
+    )
+    parser.add_argument(
         "--frontend-args",
         default="",
         help='extra frontend flags as one string, e.g. "--max-concurrent-requests 64"',
@@ -181,6 +186,12 @@ def serve(argv: Sequence[str]) -> int:
             f"nanoserve serving {model} on {frontend.address} (worker on {worker.address})",
             flush=True,
         )
+        if args.demo:
+            host, port = frontend.address.rsplit(":", 1)
+            connect = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
+            print(f"> {args.demo}", flush=True)
+            generate([args.demo, "--chat", "--no-thinking", "--max-tokens", "48", "--usage",
+                      "--address", f"{connect}:{port}"])
         _wait_until(lambda: False, children, stop, "serving")
         return 0 if stop.is_set() else 1
     finally:
