@@ -152,6 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prefill-tokens", type=int, default=65536)
     p.add_argument("--json", action="store_true", help="one JSON line per benchmark")
     args = p.parse_args(argv)
+    from shared.log import setup_logging
+    setup_logging("bench", "INFO")
     llm = None
     for what in args.what:
         if what == "scheduler":

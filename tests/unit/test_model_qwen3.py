@@ -216,7 +216,7 @@ def test_bfloat16_model_stays_close_and_keeps_float32_rotary(tmp_path):
     hf = make_hf_model(tmp_path, **CONFIGS["untied-gqa2-headdim"])
     model = build_model(tmp_path).to(torch.bfloat16)
     rotary = model.model.layers[0].self_attn.rotary_emb
-    assert rotary.cos_sin_cache.dtype is torch.float32  # not a buffer: model.to() leaves it alone
+    assert rotary.cache_on(torch.device("cpu")).dtype is torch.float32  # model.to() leaves it alone
     seq = random_seqs(hf.config.vocab_size, [12])[0]
     cache = PagedCache(model, 1)
     for attn in (m for m in model.modules() if isinstance(m, Attention)):

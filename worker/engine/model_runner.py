@@ -130,7 +130,13 @@ class ModelRunner:
         free, total = torch.cuda.mem_get_info()
         stats = torch.cuda.memory_stats()
         peak, current = stats["allocated_bytes.all.peak"], stats["allocated_bytes.all.current"]
-        budget = total * self.config.gpu_memory_utilization - (total - free) - (peak - current)
+        # CUDA graphs take their private pool after the cache exists: keep room for it
+        graph_reserve = 0 if self.config.enforce_eager else 2 * 2**30
+        budget = (total * self.config.gpu_memory_utilization - (total - free) - (peak - current)
+                  - graph_reserve)
+        logger.info("GPU memory: total %.1f GiB, in use %.1f GiB, warm-up peak %.1f GiB over %.1f GiB "
+                    "resident -> %.1f GiB for the KV cache", total / 2**30, (total - free) / 2**30,
+                    peak / 2**30, current / 2**30, budget / 2**30)
         return int(budget) // self.block_bytes
 
     @torch.inference_mode()

@@ -7,6 +7,7 @@ Imported lazily by worker.layers (CUDA only; on CPU they run under TRITON_INTERP
 from worker.kernels.decode_attention import choose_num_splits, paged_decode_attention
 from worker.kernels.norm import fused_add_rms_norm, rms_norm, silu_and_mul
 from worker.kernels.prefill_attention import paged_prefill_attention
+from worker.kernels.qk_norm_rope import qk_norm_rope
 from worker.kernels.store_kvcache import store_kvcache
 
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "fused_add_rms_norm",
     "paged_decode_attention",
     "paged_prefill_attention",
+    "qk_norm_rope",
     "rms_norm",
     "silu_and_mul",
     "store_kvcache",

@@ -17,6 +17,11 @@ class RMSNorm(nn.Module):
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         # x: (..., hidden). With residual: x + residual is normalised and also returned as the new
         # residual stream. The statistics are taken in float32, as Hugging Face's Qwen3RMSNorm.
+        if x.is_cuda:  # one Triton kernel instead of ~8 small torch ones
+            from worker.kernels import fused_add_rms_norm, rms_norm
+            if residual is None:
+                return rms_norm(x, self.weight, self.eps)
+            return fused_add_rms_norm(x, residual, self.weight, self.eps)
         if residual is not None:
             x = x + residual
             residual = x

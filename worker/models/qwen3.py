@@ -36,9 +36,14 @@ class Qwen3Attention(nn.Module):
         # hidden_states: (N, hidden) -> qkv: (N, (Hq + 2 * Hkv) * D), heads of this rank
         qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = self.q_norm(q.reshape(-1, self.num_heads, self.head_dim))  # (N, Hq, D)
-        k = self.k_norm(k.reshape(-1, self.num_kv_heads, self.head_dim))  # (N, Hkv, D)
-        q, k = self.rotary_emb(positions, q, k)
+        q = q.view(-1, self.num_heads, self.head_dim)  # (N, Hq, D), a strided view of qkv
+        k = k.view(-1, self.num_kv_heads, self.head_dim)  # (N, Hkv, D)
+        if qkv.is_cuda:  # norms + rotary in one kernel, in place
+            from worker.kernels import qk_norm_rope
+            qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight,
+                         self.rotary_emb.cache_on(qkv.device), positions, self.q_norm.eps)
+        else:
+            q, k = self.rotary_emb(positions, self.q_norm(q), self.k_norm(k))
         o = self.attn(q.flatten(1), k.flatten(1), v)  # (N, Hq * D)
         return self.o_proj(o)  # (N, hidden), summed over ranks
 
