@@ -7,7 +7,7 @@ out=${OUT:-gpu-logs}; mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" | tee -a "$out/gpu.txt"
+echo "commit ${NANOSERVE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" | tee -a "$out/gpu.txt"
 bench="python -m worker.bench --json"
 step() {  # step NAME TIMEOUT CMD...: run, keep the log, never stop the script
   local name=$1 limit=$2; shift 2
@@ -21,7 +21,7 @@ if [ "$mode" = tp ]; then
 else
   step gpu_tests 300 python -m pytest -q tests/gpu -p no:cacheprovider -rA
   [ "$mode" = full ] && step kernel_bench 90 python -m worker.kernels.bench_attention
-  step bench_06b 200 $bench throughput latency prefill --shape qwen3-0.6b
+  step bench_06b 240 $bench throughput latency prefill --shape qwen3-0.6b --breakdown
   step bench_06b_eager 60 $bench latency --shape qwen3-0.6b --enforce-eager
   [ "$mode" = full ] && step bench_8b 90 $bench latency --shape qwen3-8b
 fi

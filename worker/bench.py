@@ -69,10 +69,45 @@ def bench_throughput(llm, args) -> dict:
     dt = time.perf_counter() - t
     out_tokens = sum(p.max_tokens for p in params)
     res = dict(output_tokens=out_tokens, seconds=round(dt, 3), output_tok_s=round(out_tokens / dt))
+    if args.breakdown:  # a second, instrumented run: where a step's time goes
+        b = step_breakdown(llm)
+        llm.generate(prompts[:n], params, use_tqdm=False)
+        res["ms_per_call"] = report_breakdown(b)
     sol = H200_SPEED_OF_LIGHT.get(args.shape) if not args.model else None
     if sol:
         res["fraction_of_h200_sol"] = round(out_tokens / dt / sol, 3)
     return res
+
+
+def step_breakdown(llm) -> dict:
+    """Wrap the engine's per-step stages with timers (ms per call, averaged over decode steps)."""
+    import collections
+    totals: dict[str, float] = collections.defaultdict(float)
+    counts: dict[str, int] = collections.defaultdict(int)
+    runner = getattr(llm.model_runner, "runner", llm.model_runner)
+
+    def timed(obj, name, label):
+        fn = getattr(obj, name)
+
+        def wrapper(*a, **kw):
+            t = time.perf_counter()
+            out = fn(*a, **kw)
+            totals[label] += time.perf_counter() - t
+            counts[label] += 1
+            return out
+        setattr(obj, name, wrapper)
+
+    timed(llm.scheduler, "schedule", "schedule")
+    timed(llm.scheduler, "postprocess", "postprocess")
+    timed(runner, "prepare_decode", "prepare_decode")
+    timed(runner, "prepare_sample", "prepare_sample")
+    timed(runner, "run", "run (incl. GPU)")
+    timed(llm, "step", "engine step")
+    return {"totals": totals, "counts": counts}
+
+
+def report_breakdown(b: dict) -> dict:
+    return {k: round(1000 * v / max(1, b["counts"][k]), 3) for k, v in b["totals"].items()}
 
 
 def bench_latency(llm, args) -> dict:
@@ -151,6 +186,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--decode-tokens", type=int, default=128)
     p.add_argument("--prefill-tokens", type=int, default=65536)
     p.add_argument("--json", action="store_true", help="one JSON line per benchmark")
+    p.add_argument("--breakdown", action="store_true",
+                   help="throughput: rerun with timers around each stage of a step")
     args = p.parse_args(argv)
     from shared.log import setup_logging
     setup_logging("bench", "INFO")
