@@ -33,8 +33,10 @@ def main(argv: list[str]) -> int:
     try:
         port = int(os.environ.get("NANOSERVE_PORT") or default_port)
     except ValueError:
-        print(f"healthcheck: NANOSERVE_PORT is not a port: {os.environ['NANOSERVE_PORT']!r}",
-              file=sys.stderr)
+        print(
+            f"healthcheck: NANOSERVE_PORT is not a port: {os.environ['NANOSERVE_PORT']!r}",
+            file=sys.stderr,
+        )
         return 1
     serving = check(service, port)
     if not serving:

