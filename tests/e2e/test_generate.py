@@ -1,0 +1,141 @@
+"""Generate and Chat through the real frontend and worker processes: greedy output equals the offline
+engine's, streamed deltas add up, 64 concurrent streams (some cancelled) stay exact and leave every
+KV block free, and a deadline ends a request DEADLINE_EXCEEDED.
+"""
+
+import asyncio
+import time
+
+import pytest
+
+from shared.client import AsyncClient, Client
+from shared.errors import DeadlineExceeded
+from tests.e2e.conftest import assert_idle
+from worker import SamplingParams
+
+pytestmark = pytest.mark.e2e
+
+PROMPTS = [
+    "The capital of France is",
+    "Hello world",
+    "你好世界🙂",
+    "def fibonacci(n):",
+    "1 2 3 4",
+]
+MAX_TOKENS = 24
+
+
+def expected_text(tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_greedy_generate_equals_offline_engine(services, reference, tokenizer) -> None:
+    with Client(services.frontend.address, timeout=30) as client:
+        prompts = [client.tokenize(p) for p in PROMPTS]
+        want = reference(prompts, temperature=0, max_tokens=MAX_TOKENS)
+        for text, prompt_ids, want_ids in zip(PROMPTS, prompts, want, strict=True):
+            chunks = list(client.generate_stream(text, temperature=0, max_tokens=MAX_TOKENS))
+            streamed_ids = [t for c in chunks for t in c.token_ids]
+            assert streamed_ids == want_ids, text
+            assert "".join(c.text for c in chunks) == expected_text(tokenizer, want_ids)
+            assert all(c.finish_reason is None for c in chunks[:-1])
+            last = chunks[-1]
+            assert last.finish_reason == "length"
+            assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (
+                len(prompt_ids),
+                MAX_TOKENS,
+            )
+            if text not in PROMPTS[:2]:
+                continue
+            # the same prompt as token ids, and the joined (non-streaming) form
+            joined = client.generate(prompt_ids, temperature=0, max_tokens=MAX_TOKENS)
+            assert joined.token_ids == want_ids
+            assert joined.text == expected_text(tokenizer, want_ids)
+
+
+def test_seeded_sampling_streams_valid_multibyte_text(services, offline_llm, tokenizer) -> None:
+    """Seeded sampling over the random model draws tokens from the whole vocabulary: CJK, emoji,
+    byte fragments. The stream equals the offline engine's, and every prefix of the streamed text
+    is a prefix of the decode of all ids (no U+FFFD released early for a split character)."""
+    with Client(services.frontend.address, timeout=30) as client:
+        prompt = client.tokenize("你好世界🙂")
+        seeds = range(3)
+        params = [SamplingParams(temperature=1.0, seed=s, max_tokens=32) for s in seeds]
+        wants = [
+            o.token_ids for o in offline_llm.generate([prompt] * len(seeds), params, use_tqdm=False)
+        ]
+        non_ascii = 0
+        for seed, want_ids in zip(seeds, wants, strict=True):
+            chunks = list(client.generate_stream(prompt, temperature=1.0, seed=seed, max_tokens=32))
+            ids = [t for c in chunks for t in c.token_ids]
+            assert ids == want_ids, f"seed {seed}"
+            full = expected_text(tokenizer, ids)
+            streamed = ""
+            for chunk in chunks:
+                streamed += chunk.text
+                assert full.startswith(streamed), (seed, streamed, full)
+            assert streamed == full
+            non_ascii += sum(ord(ch) > 0x7F for ch in full)
+        assert non_ascii > 10  # the check above really saw multi-byte text
+
+
+def test_chat_template_and_enable_thinking(services, tokenizer) -> None:
+    messages = [{"role": "user", "content": "Say hi in Chinese: 你好"}]
+    with Client(services.frontend.address, timeout=30) as client:
+        thinking = client.chat(messages, temperature=0, max_tokens=8)
+        direct = client.chat(messages, temperature=0, max_tokens=8, enable_thinking=False)
+        default_thinking = client.chat(messages, temperature=0, max_tokens=8, enable_thinking=True)
+        plain = client.tokenize("Say hi in Chinese: 你好")
+    assert thinking.usage.prompt_tokens == default_thinking.usage.prompt_tokens
+    assert thinking.token_ids == default_thinking.token_ids
+    # enable_thinking=false appends an empty think block to the generation prompt
+    assert direct.usage.prompt_tokens > thinking.usage.prompt_tokens > len(plain)
+    for reply in (thinking, direct):
+        assert reply.finish_reason == "length" and len(reply.token_ids) == 8
+        assert reply.text == expected_text(tokenizer, reply.token_ids)
+
+
+def test_64_concurrent_streams_with_cancellations(services, reference) -> None:
+    n, max_tokens = 64, 20
+    texts = [f"Request {i}: tell me about {i * 7919 % 1000}" for i in range(n)]
+    with Client(services.frontend.address, timeout=30) as client:
+        prompts = [client.tokenize(t) for t in texts]
+    want = reference(prompts, temperature=0, max_tokens=max_tokens)
+
+    async def one(client: AsyncClient, i: int) -> list[int] | None:
+        stream = client.generate_stream(texts[i], temperature=0, max_tokens=max_tokens)
+        ids: list[int] = []
+        try:
+            async for chunk in stream:
+                ids.extend(chunk.token_ids)
+                if i % 10 == 0 and len(ids) >= 3:
+                    return None  # cancelled mid-stream: aclose() cancels the call
+            return ids
+        finally:
+            await stream.aclose()
+
+    async def main() -> list[list[int] | None]:
+        async with AsyncClient(services.frontend.address, timeout=60) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(n)))
+
+    results = asyncio.run(main())
+    for i, (got, want_ids) in enumerate(zip(results, want, strict=True)):
+        if i % 10 == 0:
+            assert got is None
+        else:
+            assert got == want_ids, f"stream {i}"
+    assert_idle(services.worker.address)
+
+
+def test_deadline_exceeded_frees_the_worker(services) -> None:
+    with Client(services.frontend.address) as client:
+        start = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            client.generate("Tell me a long story", timeout=0.2, temperature=0, max_tokens=4000)
+        assert time.monotonic() - start < 2.0
+        assert_idle(services.worker.address)
+        # the deadline also reaches the worker when the client's stream is read slowly
+        with pytest.raises(DeadlineExceeded):
+            for _ in client.generate_stream("Another long story", timeout=0.3, max_tokens=4000):
+                time.sleep(0.05)
+        assert_idle(services.worker.address)
