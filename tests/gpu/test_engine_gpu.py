@@ -54,9 +54,12 @@ def teacher_forced_logits(llm, prompt: list[int]) -> torch.Tensor:
     seq = Sequence(prompt, SamplingParams())
     llm.block_manager.allocate(seq)
     seq.num_scheduled_tokens = len(prompt) - seq.num_computed_tokens
-    x = llm.model_runner.prepare_prefill([seq])
+    runner = llm.model_runner
+    x = runner.prepare_prefill([seq])
     x.logit_rows = np.arange(len(prompt))
-    logits = llm.model_runner.execute(x).float()
+    if runner.publish is not None:  # tensor parallel: the other ranks run the same step
+        runner.publish(x)
+    logits = runner.execute(x).float()
     llm.block_manager.deallocate(seq)
     return logits
 
@@ -70,7 +73,7 @@ def test_logits_match_transformers(hf_model, capsys):
     path, hf = hf_model
     llm = make_llm(path, enforce_eager=True)
     agree = agree_hf32 = total = 0
-    max_err = 0.0
+    max_err = scale = 0.0
     for prompt in prompts(4, 200, 700, seed=1):
         ours = teacher_forced_logits(llm, prompt)
         ids = torch.tensor([prompt], device="cuda")
@@ -82,13 +85,14 @@ def test_logits_match_transformers(hf_model, capsys):
         agree_hf32 += (ours.argmax(-1) == ref32.argmax(-1)).sum().item()
         total += len(prompt)
         max_err = max(max_err, (ours - ref).abs().max().item())
+        scale = max(scale, ref.abs().max().item())
     free(llm)
     with capsys.disabled():
         print(f"\n[gpu] bf16 teacher-forced top-1 agreement with transformers bf16 {agree / total:.4f}"
               f" (with transformers fp32 {agree_hf32 / total:.4f}), max |logit diff| {max_err:.3f}"
-              f" over {total} positions")
+              f" (logits up to {scale:.1f}) over {total} positions")
     assert agree / total >= 0.99
-    assert max_err < 1.0
+    assert max_err <= 0.05 * scale  # a few bf16 ulps of the largest logit
 
 
 @pytest.fixture(scope="module")
@@ -103,25 +107,44 @@ def reference_tokens(hf_model):
     return ps, sp, out
 
 
-@pytest.mark.parametrize("kw", [
-    dict(),  # CUDA graphs, triton
-    dict(attention_backend="torch", enforce_eager=True),
-    dict(max_num_seqs=16),  # 40 sequences: batches outside the largest bucket run eagerly
-    dict(num_kvcache_blocks=12, kvcache_block_size=256),  # preemption
-    dict(kvcache_block_size=16),
-], ids=["graphs", "torch_backend", "outside_buckets", "preemption", "block16"])
-def test_greedy_tokens_stable(hf_model, reference_tokens, kw):
+def first_divergence_is_a_near_tie(llm, prompt, ours, ref) -> float:
+    """Logit gap, at the first differing position, between the two engines' choices (eager logits)."""
+    i = next(j for j, (a, b) in enumerate(zip(ours, ref)) if a != b)
+    logits = teacher_forced_logits(llm, prompt + ref[:i])[-1]
+    return abs(logits[ours[i]] - logits[ref[i]]).item()
+
+
+@pytest.mark.parametrize("kw, exact", [
+    (dict(), True),  # CUDA graphs replay the eager kernels: bit-identical
+    (dict(kvcache_block_size=16), True),  # the same batches over another page size
+    (dict(attention_backend="torch", enforce_eager=True), False),
+    (dict(max_num_seqs=16), False),  # 40 sequences in batches of 16: other GEMM shapes
+    (dict(num_kvcache_blocks=12, kvcache_block_size=256), False),  # preemption
+], ids=["graphs", "block16", "torch_backend", "outside_buckets", "preemption"])
+def test_greedy_tokens_stable(hf_model, reference_tokens, kw, exact, capsys):
+    """bf16 GEMMs round differently for other batch shapes (no batch-invariant kernels), so where
+    the batches differ a sequence may diverge — only at a near-tie of the two top logits."""
     path, _ = hf_model
     ps, sp, ref = reference_tokens
     llm = make_llm(path, **kw)
     out = [o.token_ids for o in llm.generate(ps, sp, use_tqdm=False)]
-    same = sum(a == b for a, b in zip(out, ref))
     if "num_kvcache_blocks" in kw:
         assert llm.scheduler.num_preemptions > 0
-    # prefix-cache hits: the same prompts again
-    again = [o.token_ids for o in llm.generate(ps[:8], sp, use_tqdm=False)]
+    again = [o.token_ids for o in llm.generate(ps[:8], sp, use_tqdm=False)]  # prefix-cache hits
     assert llm.block_manager.num_hit_tokens > 0
     assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
+    differ = [i for i, (a, b) in enumerate(zip(out, ref)) if a != b]
+    gaps = [first_divergence_is_a_near_tie(llm, ps[i], out[i], ref[i]) for i in differ]
+    # a cached prefix shortens the prefill GEMMs: the same near-tie rule applies
+    differ_again = [i for i, (a, b) in enumerate(zip(again, out)) if a != b]
+    gaps += [first_divergence_is_a_near_tie(llm, ps[i], again[i], out[i]) for i in differ_again]
     free(llm)
-    assert same == len(ref), f"{len(ref) - same} of {len(ref)} sequences differ"
-    assert again == ref[:8]
+    name = "-".join(f"{k}={v}" for k, v in kw.items()) or "graphs"
+    with capsys.disabled():
+        print(f"\n[gpu] greedy {name}: {len(differ)} of {len(ref)} sequences diverge from eager, "
+              f"{len(differ_again)} of 8 on prefix-cache hits; logit gaps at divergence "
+              f"{[round(g, 3) for g in gaps]}")
+    if exact:
+        assert not differ
+    assert len(differ) <= len(ref) // 10 and len(differ_again) <= 1
+    assert all(g <= 0.25 for g in gaps)  # one bf16 ulp at |logit| in [32, 64)
