@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: GPU tests, kernel and engine benchmarks, then a short table.
-# Usage: bash scripts/gpu_run.sh [quick|full|tp]   (logs go to $OUT or ./gpu-logs)
+# Usage: bash scripts/gpu_run.sh [quick|full|tp]   (tp needs two GPUs)   (logs go to $OUT or ./gpu-logs)
 set -u
 mode=${1:-full}
 out=${OUT:-gpu-logs}; mkdir -p "$out"
@@ -14,16 +14,17 @@ step() {  # step NAME TIMEOUT CMD...: run, keep the log, never stop the script
   echo "=== $name: $*"
   timeout "$limit" "$@" 2>&1 | tee "$out/$name.log" | grep -vE '^\s*$' | tail -n 40
 }
-if [ "$mode" = tp ]; then
-  step tp_tests 300 python -m pytest -q -x tests/gpu -k "tp" -p no:cacheprovider
-  step bench_tp1_8b 300 $bench throughput latency --shape qwen3-8b --tensor-parallel-size 1
-  step bench_tp2_8b 300 $bench throughput latency --shape qwen3-8b --tensor-parallel-size 2
-else
-  step gpu_tests 300 python -m pytest -q tests/gpu -p no:cacheprovider -rA
-  [ "$mode" = full ] && step kernel_bench 90 python -m worker.kernels.bench_attention
-  step bench_06b 240 $bench throughput latency prefill --shape qwen3-0.6b --breakdown
+# quick: tests + 0.6B figures; full: + kernel sweep + 8B latency; tp: + 8B at tensor-parallel 1 and 2
+step gpu_tests 420 python -m pytest -q tests/gpu -p no:cacheprovider -rA
+[ "$mode" = full ] && step kernel_bench 90 python -m worker.kernels.bench_attention
+step bench_06b 240 $bench throughput latency prefill --shape qwen3-0.6b --breakdown
+if [ "$mode" = full ]; then
   step bench_06b_eager 60 $bench latency --shape qwen3-0.6b --enforce-eager
-  [ "$mode" = full ] && step bench_8b 90 $bench latency --shape qwen3-8b
+  step bench_8b 90 $bench latency --shape qwen3-8b
+fi
+if [ "$mode" = tp ]; then
+  step bench_8b_tp1 200 $bench throughput latency --shape qwen3-8b --tensor-parallel-size 1
+  step bench_8b_tp2 200 $bench throughput latency --shape qwen3-8b --tensor-parallel-size 2
 fi
 python - "$out" <<'PY'
 import json, pathlib, sys

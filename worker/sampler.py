@@ -12,7 +12,7 @@ import torch
 
 @dataclass(slots=True)
 class SamplingTensors:
-    temperatures: torch.Tensor  # (B,) float32, 0 = greedy
+    temperatures: torch.Tensor | None  # (B,) float32, 0 = greedy; None when all rows are greedy
     top_ks: torch.Tensor | None  # (B,) int64, vocab size = disabled; None when no row uses it
     top_ps: torch.Tensor | None  # (B,) float32
     min_ps: torch.Tensor | None  # (B,) float32

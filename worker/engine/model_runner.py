@@ -13,7 +13,7 @@ import torch
 from worker.config import EngineConfig
 from worker.context import reset_context, set_context
 from worker.engine.sequence import Sequence
-from worker.engine.step_inputs import StepInputs
+from worker.engine.step_inputs import StepInputs, max_message_words, split_message
 from worker.layers.attention import Attention
 from worker.loader import load_model
 from worker.model_config import ModelConfig
@@ -92,6 +92,12 @@ class ModelRunner:
         self.sample_generator = torch.Generator(self.device).manual_seed(config.seed)
         self.request_generators: dict[int, torch.Generator] = {}  # seq_id -> generator
         self.publish = None  # set by TensorParallelRunner on rank 0: sends each StepInputs out
+        if self.device.type == "cuda":
+            words = max_message_words(config.max_num_batched_tokens, config.max_num_seqs,
+                                      self.max_num_blocks_per_seq)
+            self.pinned = [torch.empty(words, dtype=torch.long, pin_memory=True) for _ in range(2)]
+            self.copied = [torch.cuda.Event() for _ in range(2)]
+            self.flip = 0
 
     # ---- KV cache -------------------------------------------------------------------------------
 
@@ -197,41 +203,49 @@ class ModelRunner:
                           lens - 1, last_blocks * bs + (lens - 1) % bs, np.arange(n + 1), lens,
                           self._block_tables(seqs), np.arange(n), 1, int(lens.max()))
 
-    def load_inputs(self, x: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copy a step's inputs to the device and set the attention context."""
-        dev = self.device
-        i32 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(dev, non_blocking=True)  # noqa: E731
-        set_context(is_prefill=x.is_prefill, cu_seqlens_q=i32(x.cu_seqlens_q),
-                    max_seqlen_q=x.max_seqlen_q, max_seqlen_k=x.max_seqlen_k,
-                    slot_mapping=i32(x.slot_mapping), context_lens=i32(x.context_lens),
-                    block_tables=i32(x.block_tables))
-        i64 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(dev, non_blocking=True)  # noqa: E731
-        return i64(x.input_ids), i64(x.positions)
+    def load_inputs(self, x: StepInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Copy a step's inputs to the device (on CUDA: one copy from pinned memory) and set the
+        attention context."""
+        msg = x.encode()
+        if self.device.type == "cuda":
+            # two pinned buffers used in turn; an event says when the copy out of one is done
+            buf, done = self.pinned[self.flip], self.copied[self.flip]
+            self.flip ^= 1
+            done.synchronize()
+            buf[:len(msg)].numpy()[:] = msg
+            msg = buf[:len(msg)].to(self.device, non_blocking=True)
+            done.record()
+        else:
+            msg = torch.from_numpy(msg)
+        ids, pos, slots, cu, ctx_lens, tables, rows = split_message(msg, x)
+        set_context(is_prefill=x.is_prefill, cu_seqlens_q=cu.int(), max_seqlen_q=x.max_seqlen_q,
+                    max_seqlen_k=x.max_seqlen_k, slot_mapping=slots.int(),
+                    context_lens=ctx_lens.int(), block_tables=tables.int())
+        return ids, pos, rows
 
     @torch.inference_mode()
     def execute(self, x: StepInputs) -> torch.Tensor | None:
         """Forward one step on this rank; returns the (R, vocab) logits (None when R = 0)."""
-        input_ids, positions = self.load_inputs(x)
+        input_ids, positions, rows = self.load_inputs(x)
         hidden = self.forward(input_ids, positions, x.is_prefill)
         reset_context()
         if len(x.logit_rows) == 0:
             return None
         if len(x.logit_rows) < hidden.shape[0]:
-            hidden = hidden[torch.from_numpy(x.logit_rows).to(self.device)]
+            hidden = hidden[rows]
         return self.model.compute_logits(hidden)
 
     def prepare_sample(self, seqs: list[Sequence]) -> SamplingTensors:
         dev, vocab = self.device, self.model_config.vocab_size
         params = [seq.sampling_params for seq in seqs]
-        t = SamplingTensors(
-            temperatures=torch.tensor([0.0 if p.greedy else p.temperature for p in params],
-                                      dtype=torch.float32).to(dev),
-            top_ks=None, top_ps=None, min_ps=None,
-            all_greedy=all(p.greedy for p in params))
+        t = SamplingTensors(temperatures=None, top_ks=None, top_ps=None, min_ps=None,
+                            all_greedy=all(p.greedy for p in params))
         if any(p.has_penalties for p in params):
             self._penalty_tensors(seqs, t)
-        if t.all_greedy:
+        if t.all_greedy:  # argmax only: no per-row tensors to copy
             return t
+        t.temperatures = torch.tensor([0.0 if p.greedy else p.temperature for p in params],
+                                      dtype=torch.float32).to(dev)
         if any(p.top_k > 0 for p in params):
             t.top_ks = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params]).to(dev)
         if any(p.top_p < 1 for p in params):

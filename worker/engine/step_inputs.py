@@ -41,14 +41,32 @@ class StepInputs:
         version, cmd, is_prefill, n, b, w, r, max_q, max_k = (int(x) for x in buf[:9])
         if version != VERSION or cmd != CMD_STEP:
             raise ValueError(f"step message version {version} / command {cmd} not understood")
-        sizes = [n, n, n, b + 1, b, b * w, r]
-        arrays, at = [], HEADER_LEN
-        for size in sizes:
-            arrays.append(buf[at:at + size])
-            at += size
-        ids, pos, slots, cu, ctx_lens, tables, rows = arrays
-        return StepInputs(bool(is_prefill), ids, pos, slots, cu, ctx_lens, tables.reshape(b, w),
-                          rows, max_q, max_k)
+        at = HEADER_LEN
+        ids, pos, slots = buf[at:at + n], buf[at + n:at + 2 * n], buf[at + 2 * n:at + 3 * n]
+        shell = StepInputs(bool(is_prefill), ids, pos, slots, np.empty(b + 1), np.empty(b),
+                           np.empty((b, w)), np.empty(r), max_q, max_k)
+        _, _, _, cu, ctx_lens, tables, rows = split_message(buf, shell)
+        return StepInputs(bool(is_prefill), ids, pos, slots, cu, ctx_lens, tables, rows, max_q, max_k)
+
+
+def max_message_words(max_num_batched_tokens: int, max_num_seqs: int, max_blocks_per_seq: int) -> int:
+    """Upper bound of len(StepInputs.encode()) for an engine's limits."""
+    n = max(max_num_batched_tokens, max_num_seqs)
+    b = max_num_seqs
+    return HEADER_LEN + 3 * n + 3 * b + 1 + b * max_blocks_per_seq + n
+
+
+def split_message(msg, x: StepInputs) -> list:
+    """Views of an encoded message (numpy or a device tensor) in field order: input_ids, positions,
+    slot_mapping, cu_seqlens_q, context_lens, block_tables (B, W), logit_rows. Sizes come from x."""
+    n, b = len(x.input_ids), len(x.context_lens)
+    w, r = x.block_tables.shape[1], len(x.logit_rows)
+    parts, at = [], HEADER_LEN
+    for size in (n, n, n, b + 1, b, b * w, r):
+        parts.append(msg[at:at + size])
+        at += size
+    parts[5] = parts[5].reshape(b, w)
+    return parts
 
 
 def exit_message() -> np.ndarray:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from worker.config import EngineConfig
 from worker.engine.model_runner import ModelRunner, resolve_device
-from worker.engine.step_inputs import CMD_EXIT, HEADER_LEN, StepInputs, exit_message
+from worker.engine.step_inputs import CMD_EXIT, StepInputs, exit_message, max_message_words
 from worker.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -31,14 +31,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def message_bytes(config: EngineConfig, max_model_len: int) -> int:
-    """Upper bound of an encoded StepInputs (int64 words)."""
-    n = max(config.max_num_batched_tokens, config.max_num_seqs)
-    b = config.max_num_seqs
-    width = -(-max_model_len // config.kvcache_block_size)
-    return 8 * (HEADER_LEN + 3 * n + 3 * b + 1 + b * width + n)
 
 
 def init_distributed(device: torch.device, rank: int, world_size: int, port: int) -> None:
@@ -94,7 +86,9 @@ class TensorParallelRunner:
         check_tp_size(config, model_config)
         world_size = config.tensor_parallel_size
         max_len = min(config.max_model_len, model_config.max_position_embeddings)
-        self.shm = SharedMemory(create=True, size=message_bytes(config, max_len))
+        words = max_message_words(config.max_num_batched_tokens, config.max_num_seqs,
+                                  -(-max_len // config.kvcache_block_size))
+        self.shm = SharedMemory(create=True, size=8 * words)
         self.words = np.ndarray((self.shm.size // 8,), dtype=np.int64, buffer=self.shm.buf)
         self.on_rank_death: Callable[[str], None] | None = None  # the server ends its streams
         self.closed = False
