@@ -291,10 +291,11 @@ def wait_idle(worker_address: str, timeout: float = 5.0) -> worker_pb2.GetLoadRe
         time.sleep(0.05)
 
 
-def assert_idle(worker_address: str, timeout: float = 5.0) -> None:
+def assert_idle(worker_address: str, num_blocks: int = NUM_BLOCKS, timeout: float = 5.0) -> None:
+    """Nothing runs or waits on the worker and all its `num_blocks` KV blocks are free."""
     load = wait_idle(worker_address, timeout)
     assert (load.num_running, load.num_waiting) == (0, 0), load
-    assert load.num_free_blocks == load.num_total_blocks == NUM_BLOCKS, load
+    assert load.num_free_blocks == load.num_total_blocks == num_blocks, load
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ from tests.e2e.conftest import (
     Pair,
     assert_idle,
     check_health,
+    get_load,
     start_frontend,
     start_pair,
     start_worker,
@@ -127,4 +128,15 @@ def test_killed_worker_is_unavailable_at_once_and_found_again(lifecycle) -> None
         client.wait_ready(timeout=30)
         after = client.generate("Hello world", temperature=0, max_tokens=8)
     assert after.token_ids == before.token_ids
+    assert_idle(pair.worker.address)
+
+
+def test_killed_frontend_frees_the_workers_blocks(lifecycle) -> None:
+    pair = lifecycle.ensure_running()
+    with Client(pair.frontend.address, timeout=30) as client:
+        streams = [client.generate_stream(f"Story {i}", max_tokens=3000) for i in range(4)]
+        for stream in streams:
+            next(stream)
+        assert get_load(pair.worker.address).num_running == 4
+        pair.frontend.kill()  # SIGKILL: its connection to the worker drops
     assert_idle(pair.worker.address)
