@@ -5,13 +5,14 @@ services keep serving with every KV block free. Admission control refuses the re
 
 import asyncio
 import math
+import time
 from collections.abc import Iterator
 
 import grpc
 import pytest
 
 from shared.client import AsyncClient, Client
-from shared.errors import ResourceExhausted
+from shared.errors import AlreadyExists, ResourceExhausted
 from shared.proto.nanoserve.v1 import common_pb2
 from shared.proto.nanoserve.v1 import frontend_service_pb2 as frontend_pb2
 from shared.proto.nanoserve.v1 import frontend_service_pb2_grpc as frontend_grpc
@@ -115,6 +116,12 @@ FRONTEND_CASES = [
     (
         "request_id too long",
         ("Generate", frontend_pb2.GenerateRequest(prompt="hi", request_id="r" * 200)),
+        INVALID,
+        "request_id",
+    ),
+    (
+        "request_id not printable",
+        ("Generate", frontend_pb2.GenerateRequest(prompt="hi", request_id="a\nb")),
         INVALID,
         "request_id",
     ),
@@ -254,6 +261,74 @@ def test_worker_rejects_a_duplicate_request_id(worker_stub) -> None:
     got, details, _ = status_of(worker_stub.GenerateTokens(worker_request([4], "dup"), timeout=30))
     assert got == INVALID and "request_id" in details
     first.cancel()
+
+
+def test_frontend_refuses_a_request_id_in_flight(services) -> None:
+    with Client(services.frontend.address, timeout=30) as client:
+        stream = client.generate_stream("Tell me a story", request_id="same-id", max_tokens=3000)
+        next(stream)
+        with pytest.raises(AlreadyExists, match="same-id"):
+            client.generate("hello", request_id="same-id", max_tokens=2)
+        stream.close()  # cancels the call; the id is free again once the frontend sees that
+        for _ in range(40):
+            try:
+                done = client.generate("hello", request_id="same-id", max_tokens=2)
+                break
+            except AlreadyExists:
+                time.sleep(0.05)
+    assert done.finish_reason == "length"
+
+
+REUSE_BUG = (
+    "worker/async_engine.py routes deltas by the client's request_id: a step of a request aborted "
+    "just before (AsyncEngine.abort pops its stream) is dispatched, in _dispatch, to the new stream "
+    "registered under the same id, which gets the old request's token(s) first"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=REUSE_BUG)
+def test_worker_request_id_reused_after_cancel_gets_only_its_own_tokens(worker_stub) -> None:
+    want = [
+        t
+        for r in worker_stub.GenerateTokens(
+            worker_request([9707, 1879], max_tokens=2, temperature=0), timeout=30
+        )
+        for t in r.token_ids
+    ]
+    got = []
+    for _ in range(5):  # the old request is mid-step when it is cancelled: every try hits it
+        old = worker_stub.GenerateTokens(
+            worker_request([785, 6722, 315], "reused", max_tokens=3000), timeout=30
+        )
+        next(old)
+        old.cancel()
+        new = worker_stub.GenerateTokens(
+            worker_request([9707, 1879], "reused", max_tokens=2, temperature=0), timeout=30
+        )
+        got.append([t for r in new for t in r.token_ids])
+    assert got == [want] * 5
+
+
+@pytest.mark.xfail(strict=True, reason=REUSE_BUG)
+def test_frontend_request_id_reused_after_cancel_gets_only_its_own_tokens(services) -> None:
+    with Client(services.frontend.address, timeout=30) as client:
+        want = client.generate("hello", temperature=0, max_tokens=2)
+        got = []
+        for _ in range(5):
+            old = client.generate_stream("Tell me a story", request_id="reused", max_tokens=3000)
+            next(old)
+            old.close()
+            for _ in range(40):  # until the frontend has released the id
+                try:
+                    got.append(
+                        client.generate(
+                            "hello", request_id="reused", temperature=0, max_tokens=2
+                        ).token_ids
+                    )
+                    break
+                except AlreadyExists:
+                    time.sleep(0.02)
+    assert got == [want.token_ids] * 5
 
 
 @pytest.mark.xfail(

@@ -4,6 +4,7 @@ KV block free, and a deadline ends a request DEADLINE_EXCEEDED.
 """
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -79,20 +80,35 @@ def test_seeded_sampling_streams_valid_multibyte_text(services, offline_llm, tok
         assert non_ascii > 10  # the check above really saw multi-byte text
 
 
-def test_chat_template_and_enable_thinking(services, tokenizer) -> None:
+def render_chat(model_dir, messages: list[dict], enable_thinking: bool | None) -> str:
+    """The model's chat template rendered here, independently of the frontend."""
+    import jinja2
+
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    template = jinja2.Environment().from_string(config["chat_template"])
+    return template.render(messages=messages, add_generation_prompt=True, **extra)
+
+
+def test_chat_template_and_enable_thinking(services, tiny_model_dir, tokenizer, reference) -> None:
     messages = [{"role": "user", "content": "Say hi in Chinese: 你好"}]
+    replies = {}
     with Client(services.frontend.address, timeout=30) as client:
-        thinking = client.chat(messages, temperature=0, max_tokens=8)
-        direct = client.chat(messages, temperature=0, max_tokens=8, enable_thinking=False)
-        default_thinking = client.chat(messages, temperature=0, max_tokens=8, enable_thinking=True)
-        plain = client.tokenize("Say hi in Chinese: 你好")
-    assert thinking.usage.prompt_tokens == default_thinking.usage.prompt_tokens
-    assert thinking.token_ids == default_thinking.token_ids
-    # enable_thinking=false appends an empty think block to the generation prompt
-    assert direct.usage.prompt_tokens > thinking.usage.prompt_tokens > len(plain)
-    for reply in (thinking, direct):
-        assert reply.finish_reason == "length" and len(reply.token_ids) == 8
+        for thinking in (None, True, False):
+            replies[thinking] = client.chat(
+                messages, temperature=0, max_tokens=8, enable_thinking=thinking
+            )
+    # the default is thinking on; off appends an empty think block to the generation prompt
+    assert replies[None] == replies[True]
+    assert replies[False].usage.prompt_tokens > replies[True].usage.prompt_tokens
+    for thinking in (True, False):
+        text = render_chat(tiny_model_dir, messages, thinking)
+        prompt = tokenizer.encode(text, add_special_tokens=False).ids
+        reply = replies[thinking]
+        assert reply.usage.prompt_tokens == len(prompt)
+        assert reply.token_ids == reference([prompt], temperature=0, max_tokens=8)[0]
         assert reply.text == expected_text(tokenizer, reply.token_ids)
+        assert reply.finish_reason == "length"
 
 
 def test_64_concurrent_streams_with_cancellations(services, reference) -> None:
