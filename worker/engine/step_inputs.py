@@ -69,6 +69,14 @@ def split_message(msg, x: StepInputs) -> list:
     return parts
 
 
+def message_len(header: np.ndarray) -> int:
+    """Words of the message that starts with `header` (the exit message is the header alone)."""
+    if header[1] != CMD_STEP:
+        return HEADER_LEN
+    n, b, w, r = (int(v) for v in header[3:7])
+    return HEADER_LEN + 3 * n + 2 * b + 1 + b * w + r
+
+
 def exit_message() -> np.ndarray:
     header = np.zeros(HEADER_LEN, dtype=np.int64)
     header[:2] = [VERSION, CMD_EXIT]

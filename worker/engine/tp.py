@@ -12,6 +12,7 @@ import multiprocessing.connection
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.shared_memory import SharedMemory
 
@@ -21,10 +22,12 @@ import torch.distributed as dist
 
 from worker.config import EngineConfig
 from worker.engine.model_runner import ModelRunner, resolve_device
-from worker.engine.step_inputs import CMD_EXIT, StepInputs, exit_message, max_message_words
+from worker.engine.step_inputs import (CMD_EXIT, HEADER_LEN, StepInputs, exit_message,
+                                       max_message_words, message_len)
 from worker.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
+SPIN_S = 0.005  # how long an idle rank polls shared memory before it sleeps
 
 
 def free_port() -> int:
@@ -65,15 +68,26 @@ def rank_main(config: EngineConfig, model_config: ModelConfig, rank: int, port: 
     runner = ModelRunner(config, model_config, rank, world_size)
     shm = SharedMemory(name=shm_name)
     words = np.ndarray((shm.size // 8,), dtype=np.int64, buffer=shm.buf)
+    seen = 0
     try:
         while True:
-            while not ready.wait(timeout=1.0):
-                if os.getppid() != parent_pid:  # rank 0 is gone: nobody will ever publish
-                    os._exit(1)
-            ready.clear()
-            if words[1] == CMD_EXIT:
+            # a busy engine publishes the next step within milliseconds: spin on the sequence
+            # number (the wake-up of a sleeping process is on the critical path of every step),
+            # then sleep on the event
+            spin_until = time.perf_counter() + SPIN_S
+            while words[0] == seen:
+                if time.perf_counter() > spin_until:
+                    ready.wait(timeout=1.0)
+                    ready.clear()
+                    if os.getppid() != parent_pid:  # rank 0 is gone: nobody will ever publish
+                        os._exit(1)
+            seen = int(words[0])
+            size = message_len(words[1:1 + HEADER_LEN])
+            message = words[1:1 + size].copy()  # rank 0 reuses the buffer for the next step
+            if message[1] == CMD_EXIT:
                 break
-            runner.execute(StepInputs.decode(words.copy()))  # a copy: rank 0 reuses the buffer
+            runner.execute(StepInputs.decode(message))
+        shutdown_process_group()
     finally:
         del words
         shm.close()
@@ -88,7 +102,7 @@ class TensorParallelRunner:
         max_len = min(config.max_model_len, model_config.max_position_embeddings)
         words = max_message_words(config.max_num_batched_tokens, config.max_num_seqs,
                                   -(-max_len // config.kvcache_block_size))
-        self.shm = SharedMemory(create=True, size=8 * words)
+        self.shm = SharedMemory(create=True, size=8 * (1 + words))  # [sequence number | message]
         self.words = np.ndarray((self.shm.size // 8,), dtype=np.int64, buffer=self.shm.buf)
         self.on_rank_death: Callable[[str], None] | None = None  # the server ends its streams
         self.closed = False
@@ -115,8 +129,11 @@ class TensorParallelRunner:
         return self.runner.run(seqs, is_prefill)
 
     def publish(self, x: StepInputs) -> None:
-        msg = x.encode()
-        self.words[:len(msg)] = msg
+        self._send(x.encode())
+
+    def _send(self, msg: np.ndarray) -> None:
+        self.words[1:1 + len(msg)] = msg
+        self.words[0] += 1  # after the message: x86 keeps the stores in order
         for event in self.ready:
             event.set()
 
@@ -140,16 +157,24 @@ class TensorParallelRunner:
         if self.closed:
             return
         self.closed = True
-        msg = exit_message()
-        self.words[:len(msg)] = msg
-        for event in self.ready:
-            event.set()
+        self._send(exit_message())
+        # every rank tears its communicator down now, while the others still live: NCCL's teardown
+        # can wait on peers, so it is bounded and never blocks the exit
+        shutdown_process_group()
         for p in self.procs:
             p.join(timeout=10)
             if p.is_alive():
                 p.terminate()
-        if dist.is_initialized():
-            dist.destroy_process_group()
         del self.words
         self.shm.close()
         self.shm.unlink()
+
+
+def shutdown_process_group(timeout_s: float = 10.0) -> None:
+    if not dist.is_initialized():
+        return
+    t = threading.Thread(target=dist.destroy_process_group, name="tp-teardown", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        logger.warning("tensor-parallel process group teardown timed out after %.0f s", timeout_s)
