@@ -16,12 +16,15 @@ from tests.e2e.conftest import (
     FRONTEND_SERVICE,
     WORKER_SERVICE,
     Pair,
+    Service,
     assert_idle,
     check_health,
+    frontend_argv,
     get_load,
     start_frontend,
     start_pair,
     start_worker,
+    worker_argv,
 )
 
 pytestmark = pytest.mark.e2e
@@ -140,3 +143,28 @@ def test_killed_frontend_frees_the_workers_blocks(lifecycle) -> None:
         assert get_load(pair.worker.address).num_running == 4
         pair.frontend.kill()  # SIGKILL: its connection to the worker drops
     assert_idle(pair.worker.address)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="grpc.aio servers bind with SO_REUSEPORT by default: a second worker or frontend on a "
+    "port already served starts without error and the kernel splits new connections between the "
+    "two processes; worker/server.py server_options and shared/grpc_options.server_options need "
+    "('grpc.so_reuseport', 0)",
+)
+@pytest.mark.parametrize("service", ["worker", "frontend"])
+def test_a_port_in_use_is_refused(lifecycle, service) -> None:
+    pair = lifecycle.ensure_running()
+    busy = pair.frontend.port  # served by the module's frontend
+    argv = (
+        worker_argv(lifecycle.model_dir, port=busy)
+        if service == "worker"
+        else frontend_argv(lifecycle.model_dir, pair.worker.address, port=busy)
+    )
+    second = Service(service, argv)
+    try:
+        with pytest.raises(RuntimeError, match="before listening"):
+            second.wait_listening(timeout=30)
+        assert second.process.returncode != 0
+    finally:
+        second.stop()
