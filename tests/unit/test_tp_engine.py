@@ -33,3 +33,21 @@ def test_tp_size_must_divide_heads(tmp_path):
         LLM(tmp_path, device="cpu", tensor_parallel_size=2)
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         LLM(tmp_path, device="cpu", tensor_parallel_size=4)
+
+
+@pytest.mark.parametrize("tp, kv_heads", [(4, 4), (4, 2), (8, 2)],
+                         ids=["tp4_kv_split", "tp4_kv_replicated", "tp8_kv_replicated"])
+def test_tp_4_and_8_equal_transformers(tmp_path, tp, kv_heads):
+    """More ranks than this machine has cores: slow, but the same tokens (gloo on CPU)."""
+    hf = make_hf_model(tmp_path, num_attention_heads=8, num_key_value_heads=kv_heads, head_dim=16,
+                       intermediate_size=128, vocab_size=509)
+    prompts = PROMPTS[:2]
+    ref = hf_greedy(hf, prompts, 12)
+    llm = LLM(tmp_path, device="cpu", tensor_parallel_size=tp, kvcache_block_size=16,
+              num_kvcache_blocks=16)
+    try:
+        out = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                           use_tqdm=False)
+        assert [o.token_ids for o in out] == ref
+    finally:
+        llm.shutdown()
