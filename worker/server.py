@@ -14,6 +14,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from shared.errors import InvalidArgument, ResourceExhausted, Unavailable, grpc_errors
+from shared.grpc_options import server_options
 from shared.model_files import tokenizer_digest
 from shared.proto.nanoserve.v1 import common_pb2
 from shared.proto.nanoserve.v1 import worker_service_pb2 as worker_pb2
@@ -134,18 +135,10 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             num_finished=a.num_finished)
 
 
-def server_options(config: WorkerConfig) -> list[tuple[str, int]]:
-    return [("grpc.max_receive_message_length", config.max_message_bytes),
-            ("grpc.max_send_message_length", config.max_message_bytes),
-            ("grpc.keepalive_time_ms", 30_000), ("grpc.keepalive_timeout_ms", 10_000),
-            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-            ("grpc.keepalive_permit_without_calls", 1)]
-
-
 async def serve(config: WorkerConfig) -> int:
     """Run the worker until SIGTERM/SIGINT (exit 0) or an engine failure (exit 1)."""
     loop = asyncio.get_running_loop()
-    server = grpc.aio.server(options=server_options(config))
+    server = grpc.aio.server(options=server_options(config.max_message_bytes))
     servicer = WorkerServicer(config)
     worker_grpc.add_WorkerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
