@@ -140,8 +140,9 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                 )
                 prompt_ids = await self.tokenizer.encode_async(request.prompt, add_special)
                 validate_prompt_token_ids(prompt_ids, limits, "prompt")
+            prompt_field = "prompt_token_ids" if request.prompt_token_ids else "prompt"
             async for fields in self._stream(
-                request_id, prompt_ids, request.sampling_params, limits, context
+                request_id, prompt_ids, request.sampling_params, limits, context, prompt_field
             ):
                 yield frontend_pb2.GenerateResponse(**fields)
 
@@ -164,7 +165,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
             )
             validate_prompt_token_ids(prompt_ids, limits, "messages")
             async for fields in self._stream(
-                request_id, prompt_ids, request.sampling_params, limits, context
+                request_id, prompt_ids, request.sampling_params, limits, context, "messages"
             ):
                 yield frontend_pb2.ChatResponse(**fields)
 
@@ -203,10 +204,12 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         params: common_pb2.SamplingParams,
         limits: Limits,
         context: grpc.aio.ServicerContext,
+        prompt_field: str,
     ) -> AsyncIterator[dict]:
-        """Runs one request on the worker; yields the fields of each response message."""
+        """Runs one request on the worker; yields the fields of each response message.
+        `prompt_field` names the request field the prompt came from, for errors."""
         start = time.perf_counter()
-        max_tokens = resolve_max_tokens(params, len(prompt_ids), limits)
+        max_tokens = resolve_max_tokens(params, len(prompt_ids), limits, prompt_field=prompt_field)
         worker_request = worker_pb2.GenerateTokensRequest(
             request_id=request_id,
             prompt_token_ids=prompt_ids,

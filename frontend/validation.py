@@ -96,6 +96,7 @@ def resolve_max_tokens(
     prompt_len: int,
     limits: Limits,
     prefix: str = "sampling_params",
+    prompt_field: str = "prompt",
 ) -> int:
     """The request's max_tokens; unset means "fill the context". The prompt plus max_tokens must
     fit in max_model_len, and min_tokens must not exceed the result."""
@@ -103,7 +104,7 @@ def resolve_max_tokens(
     if room < 1:
         raise InvalidArgument(
             f"{prompt_len} tokens leave no room in max_model_len {limits.max_model_len}",
-            field="prompt",
+            field=prompt_field,
         )
     max_tokens = params.max_tokens if params.HasField("max_tokens") else room
     if max_tokens > room:

@@ -13,6 +13,9 @@ def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[t
     return [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
+        # grpc binds with SO_REUSEPORT by default: a second server on a busy port would start and
+        # silently share its connections. Refuse the port instead.
+        ("grpc.so_reuseport", 0),
         # Accept the clients' 30 s pings, also between calls, and never punish them with GOAWAY.
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),

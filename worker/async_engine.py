@@ -5,6 +5,7 @@ scheduler needs no locks; each step's outputs go back to the loop in one call_so
 """
 import asyncio
 import collections
+import itertools
 import logging
 import queue
 import threading
@@ -37,7 +38,12 @@ class AsyncEngine:
         self.engine, self.loop, self.on_fatal = engine, loop, on_fatal
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.wakeup = threading.Event()
-        self.streams: dict[str, asyncio.Queue] = {}  # owned by the event loop
+        # owned by the event loop. Streams are keyed by an engine-side id unique for the process, not
+        # by the caller's request_id: a step's deltas for a request aborted just before must not reach
+        # a new request that reuses its id
+        self.streams: dict[str, asyncio.Queue] = {}  # engine id -> stream
+        self.engine_ids: dict[str, str] = {}  # caller's request_id -> engine id
+        self.next_id = itertools.count()
         self.error: BaseException | None = None
         self.stopped = False
         self.num_finished = 0
@@ -54,21 +60,26 @@ class AsyncEngine:
         """Validates (ValueError) and queues a request; returns the queue its deltas arrive on."""
         if self.error is not None:
             raise EngineDead(str(self.error))
-        if request_id in self.streams:
+        if request_id in self.engine_ids:
             raise ValueError(f"request_id: {request_id!r} is already running")
         self.engine.validate(token_ids, sp)
         stream: asyncio.Queue = asyncio.Queue()
-        self.streams[request_id] = stream
-        self.inbox.put(("add", request_id, token_ids, sp))
+        engine_id = f"{next(self.next_id)}:{request_id}"
+        self.engine_ids[request_id] = engine_id
+        self.streams[engine_id] = stream
+        self.inbox.put(("add", engine_id, token_ids, sp))
         self.wakeup.set()
         return stream
 
     def abort(self, request_id: str) -> bool:
         """Idempotent; the blocks are free before the next step runs."""
-        known = self.streams.pop(request_id, None) is not None
-        self.inbox.put(("abort", request_id))
+        engine_id = self.engine_ids.pop(request_id, None)
+        if engine_id is None:
+            return False
+        self.streams.pop(engine_id, None)
+        self.inbox.put(("abort", engine_id))
         self.wakeup.set()
-        return known
+        return True
 
     def stop(self) -> None:
         self.stopped = True
@@ -112,24 +123,28 @@ class AsyncEngine:
         except BaseException as exc:  # noqa: BLE001 - a dead engine must end every stream
             logger.exception("engine thread failed")
             self.error = exc
-            self.loop.call_soon_threadsafe(self._fail_all, exc)
+            self.loop.call_soon_threadsafe(self.fail, exc)
 
     # ---- event loop -----------------------------------------------------------------------------
 
     def _dispatch(self, deltas: list[tuple[str, TokenDelta]]) -> None:
-        for request_id, delta in deltas:
-            stream = self.streams.get(request_id)
+        for engine_id, delta in deltas:
+            stream = self.streams.get(engine_id)
             if stream is None:
                 continue  # aborted meanwhile
             stream.put_nowait(delta)
             if delta.seq is not None:
-                self.streams.pop(request_id, None)
+                del self.streams[engine_id]
+                self.engine_ids.pop(engine_id.split(":", 1)[1], None)
                 self.num_finished += 1
 
-    def _fail_all(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
         for stream in self.streams.values():
             stream.put_nowait(EngineDead(str(exc)))
         self.streams.clear()
+        self.engine_ids.clear()
         self.on_fatal(exc)
 
     def rates(self) -> tuple[float, float]:

@@ -5,8 +5,8 @@ engine is loaded and while draining; a dead engine makes the process exit non-ze
 """
 import asyncio
 import logging
+import os
 import signal
-import sys
 import uuid
 from pathlib import Path
 
@@ -171,7 +171,10 @@ async def serve(config: WorkerConfig) -> int:
         await server.stop(0)
         return 0
     engine = load.result()  # a load error propagates: the process exits non-zero
-    servicer.engine = AsyncEngine(engine, loop, on_fatal)
+    servicer.engine = async_engine = AsyncEngine(engine, loop, on_fatal)
+    if hasattr(engine.model_runner, "on_rank_death"):  # tensor parallel: a dead rank ends us
+        engine.model_runner.on_rank_death = lambda message: loop.call_soon_threadsafe(
+            async_engine.fail, RuntimeError(message))
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     logger.info("serving %s (%d KV blocks)", config.model, engine.num_kvcache_blocks)
@@ -186,6 +189,8 @@ async def serve(config: WorkerConfig) -> int:
             await asyncio.sleep(0.05)
         logger.info("draining done (%d streams cut)", servicer.engine.num_requests)
     await server.stop(0.5)
+    if exit_code:  # the engine thread may be stuck in a collective: do not wait for it
+        return exit_code
     servicer.engine.stop()
     engine.shutdown()
     return exit_code
@@ -202,5 +207,6 @@ def main(argv: list[str] | None = None) -> None:
         from shared.tiny_model import default_model_dir
         config = dataclasses.replace(config, model=str(default_model_dir()))
     code = asyncio.run(serve(config))
-    if code:
-        sys.exit(code)
+    if code:  # an engine failure: exit now, whatever threads or ranks are stuck
+        logging.shutdown()
+        os._exit(code)

@@ -270,7 +270,7 @@ BAD_REQUESTS = [
     (_generate(), "prompt"),
     (_generate(prompt="a", prompt_token_ids=[1]), "prompt"),
     (_generate(prompt_token_ids=[1, VOCAB_SIZE + 5]), "prompt_token_ids[1]"),
-    (_generate(prompt_token_ids=[1] * MAX_MODEL_LEN), "prompt"),
+    (_generate(prompt_token_ids=[1] * MAX_MODEL_LEN), "prompt_token_ids"),
     (_generate(prompt="x" * 2000), "prompt"),  # > max_prompt_bytes
     (_generate(prompt="a", request_id="r" * 200), "request_id"),
 ]
