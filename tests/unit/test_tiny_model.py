@@ -17,7 +17,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from shared import tiny_model
-from shared.tiny_model import CHAT_TEMPLATE, default_model_dir, make_tiny_model
+from shared import qwen_tokenizer
+from shared.qwen_tokenizer import CHAT_TEMPLATE
+from shared.tiny_model import default_model_dir, make_tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,7 +69,7 @@ def test_encode_matches_qwen_tiktoken(hf_tokenizer, qwen_reference, text):
 @given(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40))
 def test_encode_matches_qwen_tiktoken_fuzz(hf_tokenizer, qwen_reference, text):
     # Past <|im_end|> the Qwen3 added tokens differ from the reference's Qwen-1 specials.
-    assume(not any(content in text for content, _ in tiny_model._ADDED_TOKENS[3:]))
+    assume(not any(content in text for content, _ in qwen_tokenizer.ADDED_TOKENS[3:]))
     ids = hf_tokenizer.encode(text).ids
     assert ids == qwen_reference.encode(text)
     # Both tokenizers normalize to NFC first, so the round trip gives the NFC form back.
@@ -261,7 +263,7 @@ def test_default_model_dir_idempotent_and_race_safe(tmp_path, monkeypatch, token
     # Seed the private cache with the already-built tokenizer so this test stays fast.
     cache = tmp_path / "cache"
     cache.mkdir()
-    (cache / tiny_model.TOKENIZER_CACHE_NAME).symlink_to(tokenizer_files_dir)
+    (cache / qwen_tokenizer.TOKENIZER_CACHE_NAME).symlink_to(tokenizer_files_dir)
     monkeypatch.setenv("NANOSERVE_CACHE", str(cache))
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     code = "from shared.tiny_model import default_model_dir; print(default_model_dir())"
@@ -274,7 +276,7 @@ def test_default_model_dir_idempotent_and_race_safe(tmp_path, monkeypatch, token
     mtime = (path / "model.safetensors").stat().st_mtime_ns
     assert default_model_dir() == path and (path / "model.safetensors").stat().st_mtime_ns == mtime
     assert sorted(p.name for p in cache.iterdir()) == sorted(
-        [tiny_model.DEFAULT_MODEL_NAME, tiny_model.TOKENIZER_CACHE_NAME])  # no temp dirs left
+        [tiny_model.DEFAULT_MODEL_NAME, qwen_tokenizer.TOKENIZER_CACHE_NAME])  # no temp dirs left
     assert {p.name for p in path.iterdir()} == {
         "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
         "tokenizer_config.json"}
