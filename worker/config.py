@@ -29,7 +29,7 @@ class EngineConfig:
         "help": "fraction of GPU memory the worker may use"})
     cpu_kvcache_gib: float = field(default=1.0, metadata={"help": "KV-cache size on cpu, in GiB"})
     attention_backend: str = field(default="auto", metadata={
-        "help": "auto (triton on cuda, torch on cpu), torch or triton"})
+        "help": "auto (triton on cuda, torch on cpu), torch, triton or flash_attn"})
     seed: int = field(default=0, metadata={"help": "seed of the sampler for unseeded requests"})
     load_format: str = field(default="auto", metadata={
         "help": "auto (read the safetensors) or dummy (random weights: benchmarks)"})
@@ -57,8 +57,8 @@ class EngineConfig:
             raise ValueError(f"cpu_kvcache_gib must be > 0, got {self.cpu_kvcache_gib}")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be auto or dummy, got {self.load_format!r}")
-        if self.attention_backend not in ("auto", "torch", "triton"):
-            raise ValueError("attention_backend must be auto, torch or triton, "
+        if self.attention_backend not in ("auto", "torch", "triton", "flash_attn"):
+            raise ValueError("attention_backend must be auto, torch, triton or flash_attn, "
                              f"got {self.attention_backend!r}")
 
 

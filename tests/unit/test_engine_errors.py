@@ -80,3 +80,10 @@ def test_bad_requests(llm):
     assert llm.is_finished() and llm.block_manager.num_free_blocks == 8
     out = llm.generate([[3] * 100], SamplingParams(max_tokens=28, ignore_eos=True), use_tqdm=False)
     assert len(out[0].token_ids) == 28
+
+
+def test_gpu_backends_need_cuda(model_dir):
+    with pytest.raises(ValueError, match="attention_backend"):
+        LLM(model_dir, device="cpu", attention_backend="triton")
+    with pytest.raises(ValueError, match="attention_backend"):
+        EngineConfig(attention_backend="xformers")

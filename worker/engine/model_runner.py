@@ -82,6 +82,15 @@ class ModelRunner:
         backend = config.attention_backend
         if backend == "auto":
             backend = "triton" if self.device.type == "cuda" else "torch"
+        if backend in ("triton", "flash_attn") and self.device.type != "cuda":
+            raise ValueError(f"attention_backend: {backend} needs device cuda")
+        if backend == "flash_attn":
+            try:
+                import flash_attn  # noqa: F401
+            except ImportError as e:
+                raise ValueError(f"attention_backend: flash_attn does not import ({e})") from None
+            if self.block_size % 256:
+                raise ValueError("attention_backend: flash_attn needs kvcache_block_size % 256 == 0")
         for layer in self.attention_layers:
             layer.backend = backend
         self.num_kvcache_blocks = self.allocate_kv_cache()

@@ -1,7 +1,7 @@
 """Attention over the paged KV cache: store the new k/v by slot_mapping, then attend.
 
 Backends: torch (gather the blocks, SDPA; the CPU path and the reference), Triton kernels on CUDA
-(worker.kernels), flash-attn when importable. All read the batch layout from worker.context.
+(worker.kernels), flash-attn when asked for (attention_backend=flash_attn). All read the batch layout from worker.context.
 KV cache layout: (num_blocks, block_size, num_kv_heads, head_dim), the flash-attn paged layout.
 """
 import torch
@@ -74,7 +74,7 @@ class Attention(nn.Module):
         self.num_heads, self.head_dim, self.scale = num_heads, head_dim, scale
         self.num_kv_heads = num_kv_heads
         self.k_cache = self.v_cache = torch.tensor([])
-        self.backend = "torch"  # "torch" | "triton"; set by ModelRunner
+        self.backend = "torch"  # "torch" | "triton" | "flash_attn"; set by ModelRunner
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: (N, Hq * D) -> (N, Hq, D); k, v: (N, Hkv * D) -> (N, Hkv, D)
@@ -86,6 +86,8 @@ class Attention(nn.Module):
             o = varlen_attention_torch(q, k, v, ctx.cu_seqlens_q, self.scale)
         elif self.backend == "triton":
             o = self._triton(q, k, v, ctx)
+        elif self.backend == "flash_attn":
+            o = self._flash_attn(q, k, v, ctx)
         else:
             store_kvcache_torch(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
             o = paged_attention_torch(q, self.k_cache, self.v_cache, ctx.block_tables,
@@ -101,3 +103,22 @@ class Attention(nn.Module):
                                            self.scale)
         return paged_decode_attention(q, self.k_cache, self.v_cache, ctx.block_tables,
                                       ctx.context_lens, self.scale)
+
+    def _flash_attn(self, q, k, v, ctx) -> torch.Tensor:
+        # flash-attn's paged kernels read the same (num_blocks, block_size, Hkv, D) layout; they
+        # need block_size % 256 == 0 (checked by ModelRunner)
+        from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+
+        from worker.kernels import store_kvcache
+        store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        if ctx.is_prefill:
+            cu_k = F.pad(ctx.context_lens.cumsum(0, dtype=torch.int32), (1, 0))
+            return flash_attn_varlen_func(q, self.k_cache, self.v_cache,
+                                          cu_seqlens_q=ctx.cu_seqlens_q, cu_seqlens_k=cu_k,
+                                          max_seqlen_q=ctx.max_seqlen_q,
+                                          max_seqlen_k=ctx.max_seqlen_k, softmax_scale=self.scale,
+                                          causal=True, block_table=ctx.block_tables)
+        return flash_attn_with_kvcache(q.unsqueeze(1), self.k_cache, self.v_cache,
+                                       cache_seqlens=ctx.context_lens,
+                                       block_table=ctx.block_tables, softmax_scale=self.scale,
+                                       causal=True).squeeze(1)
