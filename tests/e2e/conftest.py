@@ -6,6 +6,7 @@ stops exactly the processes it started, by handle (SIGTERM, then SIGKILL after a
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import signal
@@ -55,6 +56,12 @@ class Service:
         )
         self._reader = threading.Thread(target=self._read, name=f"{name}-output", daemon=True)
         self._reader.start()
+        atexit.register(self._kill_if_alive)  # an interrupted session leaves no process behind
+
+    def _kill_if_alive(self) -> None:
+        if self.alive():
+            self.process.kill()
+            self.process.wait(5)
 
     @property
     def pid(self) -> int:

@@ -279,15 +279,9 @@ def test_frontend_refuses_a_request_id_in_flight(services) -> None:
     assert done.finish_reason == "length"
 
 
-REUSE_BUG = (
-    "worker/async_engine.py routes deltas by the client's request_id: a step of a request aborted "
-    "just before (AsyncEngine.abort pops its stream) is dispatched, in _dispatch, to the new stream "
-    "registered under the same id, which gets the old request's token(s) first"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=REUSE_BUG)
 def test_worker_request_id_reused_after_cancel_gets_only_its_own_tokens(worker_stub) -> None:
+    """A step of the aborted request still in flight must not reach the new stream of the same id
+    (regression: the worker once routed deltas by the client's request_id)."""
     want = [
         t
         for r in worker_stub.GenerateTokens(
@@ -309,7 +303,6 @@ def test_worker_request_id_reused_after_cancel_gets_only_its_own_tokens(worker_s
     assert got == [want] * 5
 
 
-@pytest.mark.xfail(strict=True, reason=REUSE_BUG)
 def test_frontend_request_id_reused_after_cancel_gets_only_its_own_tokens(services) -> None:
     with Client(services.frontend.address, timeout=30) as client:
         want = client.generate("hello", temperature=0, max_tokens=2)
@@ -331,11 +324,6 @@ def test_frontend_request_id_reused_after_cancel_gets_only_its_own_tokens(servic
     assert got == [want.token_ids] * 5
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="frontend/validation.py resolve_max_tokens names the field "
-    "'prompt' even when the request gave prompt_token_ids",
-)
 def test_frontend_names_prompt_token_ids_when_they_fill_the_context(frontend_stub) -> None:
     _, request = generate("", [1] * MAX_MODEL_LEN)
     got, details, _ = status_of(frontend_stub.Generate(request, timeout=30))

@@ -107,6 +107,26 @@ def test_sigterm_worker_drains_the_stream_in_flight(lifecycle) -> None:
             client.generate("hello", max_tokens=4)
 
 
+def test_sigterm_worker_cuts_streams_after_the_grace_period(lifecycle) -> None:
+    pair = lifecycle.ensure_running()
+    assert pair.worker.stop() == 0  # nothing in flight: it exits at once
+    pair.worker = start_worker(
+        lifecycle.model_dir, "--grace-period-s", "0.5", port=lifecycle.worker_port
+    )
+    with Client(pair.frontend.address, timeout=30) as client:
+        client.wait_ready(timeout=30)
+        stream = client.generate_stream("Tell me a long story", max_tokens=3000)
+        next(stream)
+        pair.worker.signal(signal.SIGTERM)
+        start = time.monotonic()
+        with pytest.raises(Unavailable):
+            for _ in stream:
+                pass
+        assert 0.4 < time.monotonic() - start < 5.0
+    assert pair.worker.wait(timeout=15) == 0, pair.worker.output()
+    assert "1 streams cut" in pair.worker.output()
+
+
 def test_killed_worker_is_unavailable_at_once_and_found_again(lifecycle) -> None:
     pair = lifecycle.ensure_running()
     with Client(pair.frontend.address, timeout=30) as client:
@@ -145,15 +165,10 @@ def test_killed_frontend_frees_the_workers_blocks(lifecycle) -> None:
     assert_idle(pair.worker.address)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="grpc.aio servers bind with SO_REUSEPORT by default: a second worker or frontend on a "
-    "port already served starts without error and the kernel splits new connections between the "
-    "two processes; worker/server.py server_options and shared/grpc_options.server_options need "
-    "('grpc.so_reuseport', 0)",
-)
 @pytest.mark.parametrize("service", ["worker", "frontend"])
 def test_a_port_in_use_is_refused(lifecycle, service) -> None:
+    """A second server on a served port exits instead of sharing it (grpc's default SO_REUSEPORT
+    would let the kernel split new connections between the two)."""
     pair = lifecycle.ensure_running()
     busy = pair.frontend.port  # served by the module's frontend
     argv = (

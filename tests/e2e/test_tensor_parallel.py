@@ -128,11 +128,6 @@ def test_killed_rank_makes_the_frontend_unavailable(rank_kill) -> None:
     assert rank_kill.frontend_health == "NOT_SERVING"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="worker/server.py never sets TensorParallelRunner."
-    "on_rank_death: the worker os._exit(1)s without ending its streams or going "
-    "NOT_SERVING, so clients only see 'Stream removed (Socket closed)'",
-)
 def test_killed_rank_is_named_in_the_stream_error(rank_kill) -> None:
+    """The worker ends its streams with the cause, not just a dropped connection."""
     assert "tensor-parallel" in str(rank_kill.error)
