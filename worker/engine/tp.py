@@ -139,11 +139,14 @@ class TensorParallelRunner:
 
     def _watch(self) -> None:
         """A dead rank would leave rank 0 blocked in a collective forever: end the process."""
-        mp.connection.wait([p.sentinel for p in self.procs])
+        ready = mp.connection.wait([p.sentinel for p in self.procs])
         if self.closed:
             return
+        for p in self.procs:
+            if p.sentinel in ready:
+                p.join(timeout=1)  # reap it, so that its exit code is known
         dead = [f"rank {r} (exit code {p.exitcode})" for r, p in enumerate(self.procs, 1)
-                if not p.is_alive()]
+                if p.sentinel in ready]
         message = f"tensor-parallel {', '.join(dead)} died"
         logger.error("%s: the worker cannot go on", message)
         if self.on_rank_death is not None:
