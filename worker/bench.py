@@ -1,11 +1,13 @@
 """`nanoserve bench`: figures, never pass/fail. Offline throughput on nano-vllm's workload, batch-1
-decode latency, prefill throughput, and the CPU cost of one scheduler + block-manager step.
+decode latency, prefill throughput, and the CPU cost of one scheduler + block-manager step
+(`nanoserve bench serving`: the same work through the gRPC services, worker.bench_serving).
 
 Without --model the engine runs random weights (load_format=dummy) of a named Qwen3 shape.
 """
 import argparse
 import json
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -169,6 +171,10 @@ def bench_scheduler(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "serving":  # the gRPC path against offline: its own flags
+        from worker.bench_serving import main as serving_main
+        return serving_main(argv[1:])
     p = argparse.ArgumentParser(prog="nanoserve bench", description=__doc__)
     p.add_argument("what", nargs="*", default=["throughput", "latency", "prefill"],
                    choices=["throughput", "latency", "prefill", "scheduler"])
