@@ -6,8 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/setup.sh
 source scripts/setup.sh dev
-if command -v npm >/dev/null 2>&1 && [ -f clients/node/package-lock.json ]; then
-  npm ci --prefix clients/node --no-audit --no-fund --loglevel=error >/dev/null  # the Node e2e client
+if command -v npm >/dev/null 2>&1; then  # the Node.js e2e client, and buf for the proto lint test
+  for dir in clients/node protos; do
+    if [ -f "$dir/package-lock.json" ]; then
+      npm ci --prefix "$dir" --no-audit --no-fund --loglevel=error >/dev/null
+    fi
+  done
 fi
 # docker-compose validates docker-compose.yml without a docker engine (Debian's package); best effort:
 # the compose test says it skipped when the tool is missing

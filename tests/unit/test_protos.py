@@ -1,7 +1,10 @@
 """The committed stubs in shared/proto/ match what protos/generate.py makes from the protos."""
 
 import importlib.util
+import subprocess
 from pathlib import Path
+
+import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = REPO_ROOT / "shared" / "proto"
@@ -52,3 +55,15 @@ def test_stubs_import_with_relative_imports() -> None:
     assert frontend_pb2.DESCRIPTOR.package == "nanoserve.v1"
     services = worker_pb2.DESCRIPTOR.services_by_name
     assert {s.full_name for s in services.values()} == {"nanoserve.v1.WorkerService"}
+
+
+BUF = Path(__file__).resolve().parents[2] / "protos" / "node_modules" / ".bin" / "buf"
+
+
+@pytest.mark.skipif(not BUF.exists(), reason="buf is installed by `npm ci --prefix protos` "
+                    "(scripts/test.sh does it when npm is present)")
+def test_buf_lint_standard():
+    repo = BUF.parents[3]
+    result = subprocess.run([str(BUF), "lint"], cwd=repo, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
