@@ -376,3 +376,40 @@ def test_admission_control_refuses_the_third_stream(services, admission_frontend
 
     asyncio.run(main())
     assert_idle(services.worker.address)
+
+
+def test_worker_admission_refuses_past_max_queued_requests(tiny_model_dir) -> None:
+    """The worker's own limit (a frontend is not its only client): RESOURCE_EXHAUSTED, then room."""
+    from tests.e2e.conftest import start_worker
+
+    worker = start_worker(tiny_model_dir, "--max-queued-requests", "2")
+    try:
+        async def main() -> None:
+            async with grpc.aio.insecure_channel(worker.address) as channel:
+                stub = worker_grpc.WorkerServiceStub(channel)
+                calls = [stub.GenerateTokens(worker_request([5, 6, 7], max_tokens=3000), timeout=60)
+                         for _ in range(2)]
+                for call in calls:
+                    await call.read()  # both running
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    extra = stub.GenerateTokens(worker_request([5], max_tokens=4), timeout=60)
+                    async for _ in extra:
+                        pass
+                assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "max_queued_requests" in refused.value.details()
+                for call in calls:
+                    call.cancel()
+                for _ in range(100):  # the cancelled streams give their places back
+                    try:
+                        got = [r async for r in stub.GenerateTokens(
+                            worker_request([5], max_tokens=4), timeout=60)]
+                        break
+                    except grpc.aio.AioRpcError as e:
+                        assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                        await asyncio.sleep(0.05)
+                assert sum(len(r.token_ids) for r in got) == 4
+
+        asyncio.run(main())
+        assert_idle(worker.address)
+    finally:
+        worker.stop()
