@@ -39,6 +39,21 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+def resolve_attention_backend(backend: str, device: torch.device, block_size: int) -> str:
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if backend in ("triton", "flash_attn") and device.type != "cuda":
+        raise ValueError(f"attention_backend: {backend} needs device cuda")
+    if backend == "flash_attn":
+        try:
+            import flash_attn  # noqa: F401
+        except ImportError as e:
+            raise ValueError(f"attention_backend: flash_attn does not import ({e})") from None
+        if block_size % 256:
+            raise ValueError("attention_backend: flash_attn needs kvcache_block_size % 256 == 0")
+    return backend
+
+
 @torch.no_grad()
 def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
     """Random weights of a sane scale (benchmarks without a checkpoint)."""
@@ -62,6 +77,7 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype, self.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        backend = resolve_attention_backend(config.attention_backend, self.device, self.block_size)
         self.max_model_len = min(config.max_model_len, model_config.max_position_embeddings)
         self.max_num_blocks_per_seq = math.ceil(self.max_model_len / self.block_size)
 
@@ -79,18 +95,6 @@ class ModelRunner:
         self.num_kv_heads = self.attention_layers[0].num_kv_heads
         self.head_dim = model_config.head_dim
 
-        backend = config.attention_backend
-        if backend == "auto":
-            backend = "triton" if self.device.type == "cuda" else "torch"
-        if backend in ("triton", "flash_attn") and self.device.type != "cuda":
-            raise ValueError(f"attention_backend: {backend} needs device cuda")
-        if backend == "flash_attn":
-            try:
-                import flash_attn  # noqa: F401
-            except ImportError as e:
-                raise ValueError(f"attention_backend: flash_attn does not import ({e})") from None
-            if self.block_size % 256:
-                raise ValueError("attention_backend: flash_attn needs kvcache_block_size % 256 == 0")
         for layer in self.attention_layers:
             layer.backend = backend
         self.num_kvcache_blocks = self.allocate_kv_cache()
