@@ -31,6 +31,19 @@ class EngineDead(RuntimeError):
     """The engine thread failed; every stream ends with this error."""
 
 
+class RequestAborted(RuntimeError):
+    """The request was ended by WorkerService.Abort or refused by the engine thread."""
+
+
+@dataclass(slots=True)
+class Stream:
+    """One request's handle: its engine-side id (unique for the process: a reused request_id never
+    receives an ended request's tokens) and the queue its deltas arrive on."""
+    request_id: str
+    engine_id: str
+    queue: asyncio.Queue
+
+
 class AsyncEngine:
 
     def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop,
@@ -38,11 +51,9 @@ class AsyncEngine:
         self.engine, self.loop, self.on_fatal = engine, loop, on_fatal
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.wakeup = threading.Event()
-        # owned by the event loop. Streams are keyed by an engine-side id unique for the process, not
-        # by the caller's request_id: a step's deltas for a request aborted just before must not reach
-        # a new request that reuses its id
-        self.streams: dict[str, asyncio.Queue] = {}  # engine id -> stream
-        self.engine_ids: dict[str, str] = {}  # caller's request_id -> engine id
+        # owned by the event loop
+        self.streams: dict[str, Stream] = {}  # engine id -> stream
+        self.by_request_id: dict[str, Stream] = {}  # the caller's id -> stream
         self.next_id = itertools.count()
         self.error: BaseException | None = None
         self.stopped = False
@@ -56,30 +67,36 @@ class AsyncEngine:
     def num_requests(self) -> int:
         return len(self.streams)
 
-    def add(self, request_id: str, token_ids: list[int], sp: SamplingParams) -> asyncio.Queue:
-        """Validates (ValueError) and queues a request; returns the queue its deltas arrive on."""
+    def add(self, request_id: str, token_ids: list[int], sp: SamplingParams) -> Stream:
+        """Validates (ValueError) and queues a request; its deltas arrive on the stream's queue."""
         if self.error is not None:
             raise EngineDead(str(self.error))
-        if request_id in self.engine_ids:
+        if request_id in self.by_request_id:
             raise ValueError(f"request_id: {request_id!r} is already running")
         self.engine.validate(token_ids, sp)
-        stream: asyncio.Queue = asyncio.Queue()
-        engine_id = f"{next(self.next_id)}:{request_id}"
-        self.engine_ids[request_id] = engine_id
-        self.streams[engine_id] = stream
-        self.inbox.put(("add", engine_id, token_ids, sp))
+        stream = Stream(request_id, str(next(self.next_id)), asyncio.Queue())
+        self.streams[stream.engine_id] = self.by_request_id[request_id] = stream
+        self.inbox.put(("add", stream.engine_id, token_ids, sp))
         self.wakeup.set()
         return stream
 
     def abort(self, request_id: str) -> bool:
-        """Idempotent; the blocks are free before the next step runs."""
-        engine_id = self.engine_ids.pop(request_id, None)
-        if engine_id is None:
+        """WorkerService.Abort: ends the request's stream (RequestAborted). Idempotent."""
+        stream = self.by_request_id.get(request_id)
+        if stream is None:
             return False
-        self.streams.pop(engine_id, None)
-        self.inbox.put(("abort", engine_id))
-        self.wakeup.set()
+        self.release(stream)
+        stream.queue.put_nowait(RequestAborted(f"request {request_id!r} was aborted"))
         return True
+
+    def release(self, stream: Stream) -> None:
+        """Forget a stream that ends early (cancelled, deadline, error, abort); the engine frees its
+        blocks before the next step. Idempotent."""
+        if self.streams.pop(stream.engine_id, None) is None:
+            return
+        self.by_request_id.pop(stream.request_id, None)
+        self.inbox.put(("abort", stream.engine_id))
+        self.wakeup.set()
 
     def stop(self) -> None:
         self.stopped = True
@@ -95,11 +112,12 @@ class AsyncEngine:
             except queue.Empty:
                 return
             if msg[0] == "add":
-                _, request_id, token_ids, sp = msg
+                _, engine_id, token_ids, sp = msg
                 try:
-                    self.engine.add_request(token_ids, sp, request_id)
-                except ValueError as e:  # raced with an abort of the same id, or re-validation
-                    logger.warning("request %s refused by the engine: %s", request_id, e)
+                    self.engine.add_request(token_ids, sp, engine_id)
+                except ValueError as e:  # validated already; ends the stream all the same
+                    logger.warning("request %s refused by the engine: %s", engine_id, e)
+                    self.loop.call_soon_threadsafe(self._refuse, engine_id, str(e))
             else:
                 self.engine.abort(msg[1])
 
@@ -131,29 +149,37 @@ class AsyncEngine:
         for engine_id, delta in deltas:
             stream = self.streams.get(engine_id)
             if stream is None:
-                continue  # aborted meanwhile
-            stream.put_nowait(delta)
+                continue  # ended meanwhile
+            stream.queue.put_nowait(delta)
             if delta.seq is not None:
                 del self.streams[engine_id]
-                self.engine_ids.pop(engine_id.split(":", 1)[1], None)
+                self.by_request_id.pop(stream.request_id, None)
                 self.num_finished += 1
 
+    def _refuse(self, engine_id: str, reason: str) -> None:
+        stream = self.streams.pop(engine_id, None)
+        if stream is not None:
+            self.by_request_id.pop(stream.request_id, None)
+            stream.queue.put_nowait(RequestAborted(f"refused by the engine: {reason}"))
+
     def fail(self, exc: BaseException) -> None:
+        """The engine is dead (its thread raised, or a tensor-parallel rank died)."""
         if self.error is None:
             self.error = exc
         for stream in self.streams.values():
-            stream.put_nowait(EngineDead(str(exc)))
+            stream.queue.put_nowait(EngineDead(str(exc)))
         self.streams.clear()
-        self.engine_ids.clear()
+        self.by_request_id.clear()
         self.on_fatal(exc)
 
     def rates(self) -> tuple[float, float]:
         """(prompt tokens/s, generated tokens/s) over the recent steps."""
-        samples = [s for s in self.history if s[0] > time.monotonic() - 10.0]
+        # tuple() copies in one C call: the engine thread appends meanwhile
+        samples = [s for s in tuple(self.history) if s[0] > time.monotonic() - 10.0]
         if len(samples) < 2 or samples[-1][0] <= samples[0][0]:
             return 0.0, 0.0
         dt = samples[-1][0] - samples[0][0]
         return (samples[-1][1] - samples[0][1]) / dt, (samples[-1][2] - samples[0][2]) / dt
 
 
-__all__ = ["AsyncEngine", "TokenDelta", "EngineDead", "FinishReason"]
+__all__ = ["AsyncEngine", "EngineDead", "FinishReason", "RequestAborted", "Stream", "TokenDelta"]

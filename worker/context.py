@@ -1,6 +1,6 @@
 """Per-step batch metadata shared by the model runner and the attention layers.
 
-ModelRunner.prepare_* fills it before each forward; Attention and the LM-head selection read it, so the
+ModelRunner.load_inputs fills it before each forward; Attention and the LM-head selection read it, so the
 model's forward keeps the plain `(input_ids, positions)` signature (the nano-vllm design).
 """
 from dataclasses import dataclass
@@ -12,7 +12,7 @@ import torch
 class Context:
     is_prefill: bool = False
     cu_seqlens_q: torch.Tensor | None = None  # (batch + 1,) int32, prefix sums of new-token counts
-    cu_seqlens_k: torch.Tensor | None = None  # (batch + 1,) int32, prefix sums of total kv lengths
+    cu_seqlens_k: torch.Tensor | None = None  # (batch + 1,) int32 kv prefix sums (flash-attn prefill)
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
     slot_mapping: torch.Tensor | None = None  # (num_tokens,) int32 cache slot per new token, -1 = skip

@@ -13,13 +13,13 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from shared.errors import InvalidArgument, ResourceExhausted, Unavailable, grpc_errors
+from shared.errors import Aborted, InvalidArgument, ResourceExhausted, Unavailable, grpc_errors
 from shared.grpc_options import server_options
 from shared.model_files import tokenizer_digest
 from shared.proto.nanoserve.v1 import common_pb2
 from shared.proto.nanoserve.v1 import worker_service_pb2 as worker_pb2
 from shared.proto.nanoserve.v1 import worker_service_pb2_grpc as worker_grpc
-from worker.async_engine import AsyncEngine, EngineDead
+from worker.async_engine import AsyncEngine, EngineDead, RequestAborted
 from worker.config import WorkerConfig
 from worker.engine.sequence import FinishReason
 from worker.sampling_params import SamplingParams
@@ -75,18 +75,20 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         done = False
         try:
             while not done:
-                delta = await stream.get()
+                delta = await stream.queue.get()
                 ids = []
                 while True:  # coalesce what arrived while the client was slow
                     if isinstance(delta, EngineDead):
                         raise Unavailable(f"the engine failed: {delta}")
+                    if isinstance(delta, RequestAborted):
+                        raise Aborted(str(delta))
                     ids.extend(delta.token_ids)
                     if delta.seq is not None:
                         done = True
                         break
-                    if stream.empty():
+                    if stream.queue.empty():
                         break
-                    delta = stream.get_nowait()
+                    delta = stream.queue.get_nowait()
                 response = worker_pb2.GenerateTokensResponse(token_ids=ids)
                 if done:
                     seq = delta.seq
@@ -98,8 +100,8 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                         response.stop_token_id = seq.stop_token_id
                 yield response
         finally:
-            if not done:  # cancelled, deadline, error: free the blocks now
-                engine.abort(request_id)
+            if not done:  # cancelled, deadline, error, abort: free the blocks now
+                engine.release(stream)
 
     @grpc_errors
     async def Abort(self, request, context):
@@ -172,9 +174,8 @@ async def serve(config: WorkerConfig) -> int:
         return 0
     engine = load.result()  # a load error propagates: the process exits non-zero
     servicer.engine = async_engine = AsyncEngine(engine, loop, on_fatal)
-    if hasattr(engine.model_runner, "on_rank_death"):  # tensor parallel: a dead rank ends us
-        engine.model_runner.on_rank_death = lambda message: loop.call_soon_threadsafe(
-            async_engine.fail, RuntimeError(message))
+    engine.model_runner.on_rank_death = lambda message: loop.call_soon_threadsafe(
+        async_engine.fail, RuntimeError(message))  # tensor parallel: a dead rank ends the worker
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     logger.info("serving %s (%d KV blocks)", config.model, engine.num_kvcache_blocks)
@@ -190,6 +191,7 @@ async def serve(config: WorkerConfig) -> int:
         logger.info("draining done (%d streams cut)", servicer.engine.num_requests)
     await server.stop(0.5)
     if exit_code:  # the engine thread may be stuck in a collective: do not wait for it
+        engine.model_runner.kill()  # tensor-parallel ranks go too
         return exit_code
     servicer.engine.stop()
     engine.shutdown()

@@ -413,3 +413,17 @@ def test_worker_admission_refuses_past_max_queued_requests(tiny_model_dir) -> No
         assert_idle(worker.address)
     finally:
         worker.stop()
+
+
+def test_worker_abort_ends_the_stream_and_frees_its_blocks(services, worker_stub) -> None:
+    stream = worker_stub.GenerateTokens(
+        worker_request([5, 6, 7], request_id="abort-me", max_tokens=3000), timeout=60
+    )
+    next(stream)  # running
+    assert worker_stub.Abort(worker_pb2.AbortRequest(request_ids=["abort-me"])).num_aborted == 1
+    got, details, _ = status_of(stream)
+    assert got == grpc.StatusCode.ABORTED and "abort-me" in details
+    # idempotent, and an unknown id is no error
+    again = worker_stub.Abort(worker_pb2.AbortRequest(request_ids=["abort-me", "never-seen"]))
+    assert again.num_aborted == 0
+    assert_idle(services.worker.address)

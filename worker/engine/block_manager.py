@@ -20,6 +20,10 @@ class Block:
         self.token_ids: tuple[int, ...] = ()
 
 
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    return (num_tokens + block_size - 1) // block_size
+
+
 def chain_hash(token_ids: list[int], prefix_hash: bytes | None) -> bytes:
     h = hashlib.sha256(prefix_hash or b"")
     h.update(array("q", token_ids).tobytes())
@@ -61,7 +65,7 @@ class BlockManager:
     def can_allocate(self, seq: Sequence) -> bool:
         matched = self._match_prefix(seq)
         in_use = sum(1 for b in matched if self.blocks[b].ref_count > 0)
-        return seq.num_blocks_for(seq.num_tokens, self.block_size) - in_use <= self.num_free_blocks
+        return blocks_for(seq.num_tokens, self.block_size) - in_use <= self.num_free_blocks
 
     def allocate(self, seq: Sequence) -> None:
         """Give seq blocks for all its tokens, reusing cached prefix blocks."""
@@ -74,11 +78,13 @@ class BlockManager:
             block.ref_count += 1
             seq.block_table.append(block_id)
             seq.block_hashes.append(block.hash)
-        for _ in range(seq.num_blocks_for(seq.num_tokens, self.block_size) - len(matched)):
+        for _ in range(blocks_for(seq.num_tokens, self.block_size) - len(matched)):
             seq.block_table.append(self._take_free_block())
-        seq.num_computed_tokens = seq.num_cached_tokens = len(matched) * self.block_size
-        self.num_hit_tokens += seq.num_cached_tokens
-        self.num_queried_tokens += seq.num_tokens
+        seq.num_computed_tokens = len(matched) * self.block_size
+        if seq.num_completion_tokens == 0:  # a recompute after preemption is no new request
+            seq.num_cached_tokens = seq.num_computed_tokens
+            self.num_hit_tokens += seq.num_cached_tokens
+            self.num_queried_tokens += seq.num_tokens
 
     def _take_free_block(self) -> int:
         block_id = next(iter(self.free_block_ids))
@@ -105,7 +111,7 @@ class BlockManager:
     def append_slot(self, seq: Sequence) -> bool:
         """Make room for the KV of seq's newest token (the one the next decode step computes);
         False, changing nothing, when the free blocks do not suffice. On the per-step hot path."""
-        needed = (len(seq.token_ids) + self.block_size - 1) // self.block_size - len(seq.block_table)
+        needed = blocks_for(len(seq.token_ids), self.block_size) - len(seq.block_table)
         if needed <= 0:
             return True
         if needed > len(self.free_block_ids):

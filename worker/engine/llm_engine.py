@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from worker.config import EngineConfig
 from worker.engine.block_manager import BlockManager
 from worker.engine.scheduler import Scheduler
-from worker.engine.sequence import FinishReason, Sequence
+from worker.engine.sequence import Sequence
 from worker.model_config import ModelConfig
 from worker.sampling_params import SamplingParams
 
@@ -96,11 +96,11 @@ class LLMEngine:
         token_ids = self.model_runner.run(seqs, is_prefill)
         if is_prefill:
             self.num_prompt_tokens_done += sum(s.num_scheduled_tokens for s in seqs)
-        finished = set(id(s) for s in self.scheduler.postprocess(seqs, token_ids))
+        self.scheduler.postprocess(seqs, token_ids)
         outputs = []
         for seq in seqs:
             new = seq.take_new_tokens()
-            done = id(seq) in finished
+            done = seq.is_finished
             if done:
                 self.requests.pop(seq.request_id, None)
                 self.model_runner.release(seq)
@@ -113,14 +113,4 @@ class LLMEngine:
         return self.scheduler.is_finished()
 
     def shutdown(self) -> None:
-        close = getattr(self.model_runner, "close", None)
-        if close is not None:
-            close()
-
-
-def usage_of(seq: Sequence) -> tuple[int, int, int]:
-    """(prompt_tokens, completion_tokens, cached_tokens) of a sequence."""
-    return seq.num_prompt_tokens, seq.num_completion_tokens, seq.num_cached_tokens
-
-
-__all__ = ["LLMEngine", "StepOutput", "FinishReason", "usage_of"]
+        self.model_runner.close()

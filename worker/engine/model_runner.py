@@ -4,6 +4,7 @@ model (decode through captured CUDA graphs), samples, and returns one token id p
 Owns the weights and the KV cache of its rank. Under tensor parallelism rank 0's runner drives the
 others through worker.engine.tp (every rank forwards the same batch; only rank 0 samples).
 """
+import importlib
 import logging
 import math
 
@@ -46,7 +47,7 @@ def resolve_attention_backend(backend: str, device: torch.device, block_size: in
         raise ValueError(f"attention_backend: {backend} needs device cuda")
     if backend == "flash_attn":
         try:
-            import flash_attn  # noqa: F401
+            importlib.import_module("flash_attn")
         except ImportError as e:
             raise ValueError(f"attention_backend: flash_attn does not import ({e})") from None
         if block_size % 256:
@@ -105,6 +106,7 @@ class ModelRunner:
         self.sample_generator = torch.Generator(self.device).manual_seed(config.seed)
         self.request_generators: dict[int, torch.Generator] = {}  # seq_id -> generator
         self.publish = None  # set by TensorParallelRunner on rank 0: sends each StepInputs out
+        self.on_rank_death = None  # tensor parallelism only (TensorParallelRunner)
         if self.device.type == "cuda":
             words = max_message_words(config.max_num_batched_tokens, config.max_num_seqs,
                                       self.max_num_blocks_per_seq)
@@ -201,8 +203,7 @@ class ModelRunner:
             k_lens.append(end)
         cu_q = np.concatenate([[0], np.cumsum(q_lens)])
         # logits only for sequences whose prompt is complete after this step (not for a mid chunk)
-        rows = [cu_q[i + 1] - 1 for i, seq in enumerate(seqs)
-                if seq.num_computed_tokens + seq.num_scheduled_tokens == seq.num_tokens]
+        rows = [cu_q[i + 1] - 1 for i, seq in enumerate(seqs) if seq.samples_this_step]
         return StepInputs(True, np.asarray(input_ids), np.concatenate(positions),
                           np.concatenate(slots), cu_q, np.asarray(k_lens), self._block_tables(seqs),
                           np.asarray(rows, dtype=np.int64), max(q_lens), max(k_lens))
@@ -231,9 +232,13 @@ class ModelRunner:
         else:
             msg = torch.from_numpy(msg)
         ids, pos, slots, cu, ctx_lens, tables, rows = split_message(msg, x)
-        set_context(is_prefill=x.is_prefill, cu_seqlens_q=cu.int(), max_seqlen_q=x.max_seqlen_q,
-                    max_seqlen_k=x.max_seqlen_k, slot_mapping=slots.int(),
-                    context_lens=ctx_lens.int(), block_tables=tables.int())
+        ctx_lens = ctx_lens.int()
+        cu_k = None  # only the flash-attn prefill reads it
+        if x.is_prefill and self.attention_layers[0].backend == "flash_attn":
+            cu_k = torch.nn.functional.pad(ctx_lens.cumsum(0, dtype=torch.int32), (1, 0))
+        set_context(is_prefill=x.is_prefill, cu_seqlens_q=cu.int(), cu_seqlens_k=cu_k,
+                    max_seqlen_q=x.max_seqlen_q, max_seqlen_k=x.max_seqlen_k,
+                    slot_mapping=slots.int(), context_lens=ctx_lens, block_tables=tables.int())
         return ids, pos, rows
 
     @torch.inference_mode()
@@ -294,6 +299,12 @@ class ModelRunner:
         """Forget per-request state of a finished or aborted sequence."""
         self.request_generators.pop(seq.seq_id, None)
 
+    def close(self) -> None:
+        """Nothing to tear down on one rank (TensorParallelRunner stops its ranks)."""
+
+    def kill(self) -> None:
+        """Before a fatal exit (TensorParallelRunner kills its ranks)."""
+
     # ---- step ---------------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -305,8 +316,7 @@ class ModelRunner:
         logits = self.execute(x)
         if logits is None:
             return [None] * len(seqs)
-        done = [i for i, seq in enumerate(seqs)
-                if seq.num_computed_tokens + seq.num_scheduled_tokens == seq.num_tokens]
+        done = [i for i, seq in enumerate(seqs) if seq.samples_this_step]
         t = self.prepare_sample([seqs[i] for i in done])
         token_ids = sample(logits, t, self.sample_generator).tolist()  # one device->host copy
         out: list[int | None] = [None] * len(seqs)

@@ -41,7 +41,7 @@ class Scheduler:
             seq.num_scheduled_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget)
             budget -= seq.num_scheduled_tokens
             scheduled.append(seq)
-            if seq.num_computed_tokens + seq.num_scheduled_tokens < seq.num_tokens:
+            if not seq.samples_this_step:
                 break  # a partial chunk ends the batch; the prompt stays at the head of `waiting`
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
@@ -79,8 +79,8 @@ class Scheduler:
             seq.num_computed_tokens += seq.num_scheduled_tokens
             seq.num_scheduled_tokens = 0
             self.block_manager.hash_blocks(seq)
-            if seq.num_computed_tokens < len(seq.token_ids) or seq.status == SequenceStatus.FINISHED:
-                continue  # a non-final prefill chunk samples nothing; aborted mid-step
+            if seq.num_computed_tokens < len(seq.token_ids):
+                continue  # a non-final prefill chunk samples nothing
             seq.append_token(token_id)
             reason = self._stop_reason(seq, token_id)
             if reason is not None:

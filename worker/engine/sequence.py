@@ -60,12 +60,10 @@ class Sequence:
         return self.status == SequenceStatus.FINISHED
 
     @property
-    def is_prefill(self) -> bool:
-        """True while some tokens other than the newest one still lack KV (prefill or recompute)."""
-        return self.num_computed_tokens < self.num_tokens - 1
-
-    def num_blocks_for(self, num_tokens: int, block_size: int) -> int:
-        return (num_tokens + block_size - 1) // block_size
+    def samples_this_step(self) -> bool:
+        """The scheduled tokens reach the end of the sequence: this step yields its next token
+        (False for a chunk in the middle of a long prompt)."""
+        return self.num_computed_tokens + self.num_scheduled_tokens == len(self.token_ids)
 
     def block_token_ids(self, i: int, block_size: int) -> list[int]:
         return self.token_ids[i * block_size:(i + 1) * block_size]

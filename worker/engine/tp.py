@@ -6,10 +6,12 @@ torch.distributed (NCCL on CUDA, gloo on CPU; rendezvous on 127.0.0.1 at a free 
 dies or raises ends the worker (never a hang on a collective): see TensorParallelRunner._watch.
 """
 import atexit
+import ctypes
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
 import os
+import signal
 import socket
 import threading
 import time
@@ -58,9 +60,22 @@ def check_tp_size(config: EngineConfig, model_config: ModelConfig) -> None:
         raise ValueError(f"tensor_parallel_size: {tp} ranks but {torch.cuda.device_count()} GPUs")
 
 
+def die_with_parent() -> None:
+    """Linux: the kernel kills this rank when the thread that spawned it ends, also while the rank
+    is blocked in a collective that a dead rank 0 will never join."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: the idle loop's parent check still ends an orphaned rank
+
+
 def rank_main(config: EngineConfig, model_config: ModelConfig, rank: int, port: int,
               shm_name: str, ready: mp.Event, parent_pid: int) -> None:
     """Entry point of ranks 1..N-1: run every step rank 0 publishes until told to exit."""
+    die_with_parent()
+    if os.getppid() != parent_pid:
+        os._exit(1)
     from shared.log import setup_logging
     setup_logging("worker", "WARNING", rank)
     world_size = config.tensor_parallel_size
@@ -122,11 +137,15 @@ class TensorParallelRunner:
         self.runner.publish = self.publish
         atexit.register(self.close)
 
-    def __getattr__(self, name: str):  # num_kvcache_blocks, max_model_len, dtype, device, release…
+    def __getattr__(self, name: str):  # run, num_kvcache_blocks, max_model_len, dtype, release…
         return getattr(self.runner, name)
 
-    def run(self, seqs, is_prefill):
-        return self.runner.run(seqs, is_prefill)
+    def kill(self) -> None:
+        """Before a fatal exit: the ranks may be blocked in a collective; no teardown is waited for."""
+        self.closed = True
+        for p in self.procs:
+            p.kill()
+        self.shm.unlink()
 
     def publish(self, x: StepInputs) -> None:
         self._send(x.encode())
@@ -153,7 +172,7 @@ class TensorParallelRunner:
             self.on_rank_death(message)  # ends streams, reports NOT_SERVING, exits non-zero
             threading.Event().wait(10.0)  # the server exits well before this
         logging.shutdown()
-        self.shm.unlink()
+        self.kill()
         os._exit(1)
 
     def close(self) -> None:

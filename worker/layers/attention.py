@@ -112,9 +112,9 @@ class Attention(nn.Module):
         from worker.kernels import store_kvcache
         store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
         if ctx.is_prefill:
-            cu_k = F.pad(ctx.context_lens.cumsum(0, dtype=torch.int32), (1, 0))
             return flash_attn_varlen_func(q, self.k_cache, self.v_cache,
-                                          cu_seqlens_q=ctx.cu_seqlens_q, cu_seqlens_k=cu_k,
+                                          cu_seqlens_q=ctx.cu_seqlens_q,
+                                          cu_seqlens_k=ctx.cu_seqlens_k,
                                           max_seqlen_q=ctx.max_seqlen_q,
                                           max_seqlen_k=ctx.max_seqlen_k, softmax_scale=self.scale,
                                           causal=True, block_table=ctx.block_tables)
