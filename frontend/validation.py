@@ -4,11 +4,11 @@ Each check raises shared.errors.InvalidArgument naming the offending field (stat
 INVALID_ARGUMENT); the servicer calls these before admission and tokenization costs anything.
 """
 
-import math
 from dataclasses import dataclass
 
 from shared.errors import InvalidArgument
 from shared.proto.nanoserve.v1 import common_pb2
+from shared.sampling_rules import RULES, violations
 
 INT64_MAX = 2**63 - 1
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -26,50 +26,14 @@ class Limits:
     max_prompt_bytes: int
 
 
-def _finite(params: common_pb2.SamplingParams, name: str, prefix: str) -> float | None:
-    if not params.HasField(name):
-        return None
-    value = getattr(params, name)
-    if not math.isfinite(value):
-        raise InvalidArgument(f"must be a finite number, got {value}", field=f"{prefix}.{name}")
-    return value
-
-
 def validate_sampling_params(
     params: common_pb2.SamplingParams, limits: Limits, prefix: str = "sampling_params"
 ) -> None:
     """Checks ranges that do not depend on the prompt; see resolve_max_tokens for the rest."""
 
-    def bad(name: str, rule: str) -> InvalidArgument:
-        return InvalidArgument(
-            f"must be {rule}, got {getattr(params, name)}", field=f"{prefix}.{name}"
-        )
-
-    temperature = _finite(params, "temperature", prefix)
-    if temperature is not None and temperature < 0:
-        raise bad("temperature", ">= 0")
-    top_p = _finite(params, "top_p", prefix)
-    if top_p is not None and not 0 < top_p <= 1:
-        raise bad("top_p", "in (0, 1]")
-    if params.HasField("top_k") and params.top_k < -1:
-        raise bad("top_k", "-1 or 0 (disabled) or positive")
-    min_p = _finite(params, "min_p", prefix)
-    if min_p is not None and not 0 <= min_p <= 1:
-        raise bad("min_p", "in [0, 1]")
-    if params.HasField("max_tokens") and params.max_tokens < 1:
-        raise bad("max_tokens", ">= 1")
-    if params.HasField("min_tokens"):
-        if params.min_tokens < 0:
-            raise bad("min_tokens", ">= 0")
-        if params.HasField("max_tokens") and params.min_tokens > params.max_tokens:
-            raise bad("min_tokens", f"<= max_tokens ({params.max_tokens})")
-    repetition_penalty = _finite(params, "repetition_penalty", prefix)
-    if repetition_penalty is not None and repetition_penalty <= 0:
-        raise bad("repetition_penalty", "> 0")
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = _finite(params, name, prefix)
-        if value is not None and not -2 <= value <= 2:
-            raise bad(name, "in [-2, 2]")
+    given = {name: getattr(params, name) for name in RULES if params.HasField(name)}
+    for name, rule in violations(given):
+        raise InvalidArgument(f"must be {rule}, got {given[name]}", field=f"{prefix}.{name}")
     if len(params.stop) > limits.max_stop_strings:
         raise InvalidArgument(
             f"at most {limits.max_stop_strings} stop strings, got {len(params.stop)}",

@@ -2,8 +2,9 @@
 
 The gRPC worker builds one from the proto's SamplingParams; offline users pass it to LLM.generate.
 """
-import math
 from dataclasses import dataclass
+
+from shared.sampling_rules import RULES, violations
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,33 +23,11 @@ class SamplingParams:
     frequency_penalty: float = 0.0
 
     def __post_init__(self):
-        def bad(name: str, rule: str):
-            raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
-
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-                     "frequency_penalty"):
-            if not math.isfinite(getattr(self, name)):
-                bad(name, "a finite number")
-        if self.temperature < 0:
-            bad("temperature", ">= 0")
-        if not 0 < self.top_p <= 1:
-            bad("top_p", "in (0, 1]")
-        if self.top_k < -1:
-            bad("top_k", "-1, 0 (disabled) or positive")
-        if not 0 <= self.min_p <= 1:
-            bad("min_p", "in [0, 1]")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            bad("max_tokens", ">= 1")
-        if self.min_tokens < 0 or (self.max_tokens is not None and self.min_tokens > self.max_tokens):
-            bad("min_tokens", ">= 0 and <= max_tokens")
-        if self.repetition_penalty <= 0:
-            bad("repetition_penalty", "> 0")
-        if not -2 <= self.presence_penalty <= 2:
-            bad("presence_penalty", "in [-2, 2]")
-        if not -2 <= self.frequency_penalty <= 2:
-            bad("frequency_penalty", "in [-2, 2]")
+        given = {name: getattr(self, name) for name in RULES if getattr(self, name) is not None}
+        for name, rule in violations(given):
+            raise ValueError(f"{name} must be {rule}, got {given[name]!r}")
         if any(t < 0 for t in self.stop_token_ids):
-            bad("stop_token_ids", "non-negative")
+            raise ValueError(f"stop_token_ids must be non-negative, got {self.stop_token_ids!r}")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
 
     @property
