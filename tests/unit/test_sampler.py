@@ -113,3 +113,20 @@ def test_repetition_penalty_changes_greedy_output(llm):
     assert tokens != plain
     # a frequency penalty of 2 makes repeats rare
     assert len(set(tokens)) > len(set(plain)) or len(set(tokens)) >= len(tokens) // 2
+
+
+def test_penalty_tensors_count_prompt_and_output_per_sequence(llm):
+    from worker.engine.sequence import Sequence
+    seqs = []
+    for prompt, output in [([5, 5, 9], [9, 9, 3]), ([7], []), ([1, 2], [2, 8, 8, 8])]:
+        seq = Sequence(prompt, SamplingParams(repetition_penalty=1.3, frequency_penalty=0.5))
+        seq.token_ids += output
+        seqs.append(seq)
+    t = llm.model_runner.prepare_sample(seqs)
+    for i, seq in enumerate(seqs):
+        prompt, output = seq.token_ids[:seq.num_prompt_tokens], seq.completion_token_ids
+        assert set(t.prompt_mask[i].nonzero().flatten().tolist()) == set(prompt)
+        counts = {tok: output.count(tok) for tok in output}
+        got = {int(k): int(t.output_counts[i, k]) for k in t.output_counts[i].nonzero().flatten()}
+        assert got == counts
+    assert torch.allclose(t.repetition_penalties, torch.tensor([1.3] * 3))
