@@ -58,9 +58,10 @@ def teacher_forced_logits(llm, prompt: list[int]) -> torch.Tensor:
     runner = llm.model_runner
     x = runner.prepare_prefill([seq])
     x.logit_rows = np.arange(len(prompt))
+    msg = x.encode()
     if runner.publish is not None:  # tensor parallel: the other ranks run the same step
-        runner.publish(x)
-    logits = runner.execute(x).float()
+        runner.publish(msg)
+    logits = runner.execute(x, msg).float()
     llm.block_manager.deallocate(seq)
     return logits
 

@@ -217,10 +217,11 @@ class ModelRunner:
                           lens - 1, last_blocks * bs + (lens - 1) % bs, np.arange(n + 1), lens,
                           self._block_tables(seqs), np.arange(n), 1, int(lens.max()))
 
-    def load_inputs(self, x: StepInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Copy a step's inputs to the device (on CUDA: one copy from pinned memory) and set the
-        attention context."""
-        msg = x.encode()
+    def load_inputs(self, x: StepInputs, msg: np.ndarray | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Copy a step's inputs (`msg`: x encoded, when the caller has it) to the device (on CUDA:
+        one copy from pinned memory) and set the attention context."""
+        msg = x.encode() if msg is None else msg
         if self.device.type == "cuda":
             # two pinned buffers used in turn; an event says when the copy out of one is done
             buf, done = self.pinned[self.flip], self.copied[self.flip]
@@ -231,7 +232,7 @@ class ModelRunner:
             done.record()
         else:
             msg = torch.from_numpy(msg)
-        ids, pos, slots, cu, ctx_lens, tables, rows = split_message(msg, x)
+        ids, pos, slots, cu, ctx_lens, tables, rows = split_message(msg, x.dims)
         ctx_lens = ctx_lens.int()
         cu_k = None  # only the flash-attn prefill reads it
         if x.is_prefill and self.attention_layers[0].backend == "flash_attn":
@@ -242,9 +243,9 @@ class ModelRunner:
         return ids, pos, rows
 
     @torch.inference_mode()
-    def execute(self, x: StepInputs) -> torch.Tensor | None:
+    def execute(self, x: StepInputs, msg: np.ndarray | None = None) -> torch.Tensor | None:
         """Forward one step on this rank; returns the (R, vocab) logits (None when R = 0)."""
-        input_ids, positions, rows = self.load_inputs(x)
+        input_ids, positions, rows = self.load_inputs(x, msg)
         hidden = self.forward(input_ids, positions, x.is_prefill)
         reset_context()
         if len(x.logit_rows) == 0:
@@ -324,9 +325,10 @@ class ModelRunner:
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int | None]:
         """Forward one batch; returns the sampled id per sequence (None for a non-final chunk)."""
         x = self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
+        msg = x.encode()
         if self.publish is not None:
-            self.publish(x)  # the other tensor-parallel ranks run the same step
-        logits = self.execute(x)
+            self.publish(msg)  # the other tensor-parallel ranks run the same step
+        logits = self.execute(x, msg)
         if logits is None:
             return [None] * len(seqs)
         done = [i for i, seq in enumerate(seqs) if seq.samples_this_step]

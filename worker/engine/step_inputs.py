@@ -26,11 +26,15 @@ class StepInputs:
     max_seqlen_q: int
     max_seqlen_k: int
 
+    @property
+    def dims(self) -> tuple[int, int, int, int]:
+        """(tokens N, sequences B, block-table width W, logit rows R): they size every field."""
+        return (len(self.input_ids), len(self.context_lens), self.block_tables.shape[1],
+                len(self.logit_rows))
+
     def encode(self) -> np.ndarray:
-        n, b = len(self.input_ids), len(self.context_lens)
-        w, r = self.block_tables.shape[1], len(self.logit_rows)
         header = np.zeros(HEADER_LEN, dtype=np.int64)
-        header[:9] = [VERSION, CMD_STEP, int(self.is_prefill), n, b, w, r, self.max_seqlen_q,
+        header[:9] = [VERSION, CMD_STEP, int(self.is_prefill), *self.dims, self.max_seqlen_q,
                       self.max_seqlen_k]
         parts = [header, self.input_ids, self.positions, self.slot_mapping, self.cu_seqlens_q,
                  self.context_lens, self.block_tables.reshape(-1), self.logit_rows]
@@ -41,31 +45,28 @@ class StepInputs:
         version, cmd, is_prefill, n, b, w, r, max_q, max_k = (int(x) for x in buf[:9])
         if version != VERSION or cmd != CMD_STEP:
             raise ValueError(f"step message version {version} / command {cmd} not understood")
-        at = HEADER_LEN
-        ids, pos, slots = buf[at:at + n], buf[at + n:at + 2 * n], buf[at + 2 * n:at + 3 * n]
-        shell = StepInputs(bool(is_prefill), ids, pos, slots, np.empty(b + 1), np.empty(b),
-                           np.empty((b, w)), np.empty(r), max_q, max_k)
-        _, _, _, cu, ctx_lens, tables, rows = split_message(buf, shell)
-        return StepInputs(bool(is_prefill), ids, pos, slots, cu, ctx_lens, tables, rows, max_q, max_k)
+        return StepInputs(bool(is_prefill), *split_message(buf, (n, b, w, r)), max_q, max_k)
+
+
+def field_sizes(n: int, b: int, w: int, r: int) -> list[int]:
+    """Words of each array field, in message order."""
+    return [n, n, n, b + 1, b, b * w, r]
 
 
 def max_message_words(max_num_batched_tokens: int, max_num_seqs: int, max_blocks_per_seq: int) -> int:
     """Upper bound of len(StepInputs.encode()) for an engine's limits."""
     n = max(max_num_batched_tokens, max_num_seqs)
-    b = max_num_seqs
-    return HEADER_LEN + 3 * n + 3 * b + 1 + b * max_blocks_per_seq + n
+    return HEADER_LEN + sum(field_sizes(n, max_num_seqs, max_blocks_per_seq, n))
 
 
-def split_message(msg, x: StepInputs) -> list:
-    """Views of an encoded message (numpy or a device tensor) in field order: input_ids, positions,
-    slot_mapping, cu_seqlens_q, context_lens, block_tables (B, W), logit_rows. Sizes come from x."""
-    n, b = len(x.input_ids), len(x.context_lens)
-    w, r = x.block_tables.shape[1], len(x.logit_rows)
+def split_message(msg, dims: tuple[int, int, int, int]) -> list:
+    """Views of an encoded message (numpy array or device tensor) in field order: input_ids,
+    positions, slot_mapping, cu_seqlens_q, context_lens, block_tables (B, W), logit_rows."""
     parts, at = [], HEADER_LEN
-    for size in (n, n, n, b + 1, b, b * w, r):
+    for size in field_sizes(*dims):
         parts.append(msg[at:at + size])
         at += size
-    parts[5] = parts[5].reshape(b, w)
+    parts[5] = parts[5].reshape(dims[1], dims[2])
     return parts
 
 
@@ -73,8 +74,7 @@ def message_len(header: np.ndarray) -> int:
     """Words of the message that starts with `header` (the exit message is the header alone)."""
     if header[1] != CMD_STEP:
         return HEADER_LEN
-    n, b, w, r = (int(v) for v in header[3:7])
-    return HEADER_LEN + 3 * n + 2 * b + 1 + b * w + r
+    return HEADER_LEN + sum(field_sizes(*(int(v) for v in header[3:7])))
 
 
 def exit_message() -> np.ndarray:

@@ -101,7 +101,7 @@ def rank_main(config: EngineConfig, model_config: ModelConfig, rank: int, port: 
             message = words[1:1 + size].copy()  # rank 0 reuses the buffer for the next step
             if message[1] == CMD_EXIT:
                 break
-            runner.execute(StepInputs.decode(message))
+            runner.execute(StepInputs.decode(message), message)
         shutdown_process_group()
     finally:
         del words
@@ -147,10 +147,8 @@ class TensorParallelRunner:
             p.kill()
         self.shm.unlink()
 
-    def publish(self, x: StepInputs) -> None:
-        self._send(x.encode())
-
-    def _send(self, msg: np.ndarray) -> None:
+    def publish(self, msg: np.ndarray) -> None:
+        """Send an encoded StepInputs (or the exit message) to the other ranks."""
         self.words[1:1 + len(msg)] = msg
         self.words[0] += 1  # after the message: x86 keeps the stores in order
         for event in self.ready:
@@ -179,7 +177,7 @@ class TensorParallelRunner:
         if self.closed:
             return
         self.closed = True
-        self._send(exit_message())
+        self.publish(exit_message())
         # every rank tears its communicator down now, while the others still live: NCCL's teardown
         # can wait on peers, so it is bounded and never blocks the exit
         shutdown_process_group()
