@@ -62,15 +62,14 @@ class BlockManager:
             matched.append(block_id)
         return matched
 
-    def can_allocate(self, seq: Sequence) -> bool:
-        matched = self._match_prefix(seq)
-        in_use = sum(1 for b in matched if self.blocks[b].ref_count > 0)
-        return blocks_for(seq.num_tokens, self.block_size) - in_use <= self.num_free_blocks
-
-    def allocate(self, seq: Sequence) -> None:
-        """Give seq blocks for all its tokens, reusing cached prefix blocks."""
+    def allocate(self, seq: Sequence) -> bool:
+        """Give seq blocks for all its tokens, reusing cached prefix blocks; False, changing
+        nothing, when the free blocks do not suffice."""
         assert not seq.block_table
         matched = self._match_prefix(seq)
+        in_use = sum(1 for b in matched if self.blocks[b].ref_count > 0)
+        if blocks_for(seq.num_tokens, self.block_size) - in_use > self.num_free_blocks:
+            return False
         for block_id in matched:
             block = self.blocks[block_id]
             if block.ref_count == 0:
@@ -85,6 +84,7 @@ class BlockManager:
             seq.num_cached_tokens = seq.num_computed_tokens
             self.num_hit_tokens += seq.num_cached_tokens
             self.num_queried_tokens += seq.num_tokens
+        return True
 
     def _take_free_block(self) -> int:
         block_id = next(iter(self.free_block_ids))

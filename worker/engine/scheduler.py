@@ -34,10 +34,8 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         while self.waiting and budget > 0 and len(self.running) + len(scheduled) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not seq.block_table:
-                if not self.block_manager.can_allocate(seq):
-                    break
-                self.block_manager.allocate(seq)
+            if not seq.block_table and not self.block_manager.allocate(seq):
+                break
             seq.num_scheduled_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget)
             budget -= seq.num_scheduled_tokens
             scheduled.append(seq)
@@ -72,9 +70,9 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    def postprocess(self, seqs: list[Sequence], token_ids: list[int | None]) -> list[Sequence]:
-        """Account for the step's work and append sampled tokens; returns sequences that finished."""
-        finished = []
+    def postprocess(self, seqs: list[Sequence], token_ids: list[int | None]) -> None:
+        """Account for the step's work, append the sampled tokens, finish what stopped."""
+        num_finished = 0
         for seq, token_id in zip(seqs, token_ids):
             seq.num_computed_tokens += seq.num_scheduled_tokens
             seq.num_scheduled_tokens = 0
@@ -84,9 +82,10 @@ class Scheduler:
             seq.append_token(token_id)
             reason = self._stop_reason(seq, token_id)
             if reason is not None:
-                self.finish(seq, reason)
-                finished.append(seq)
-        return finished
+                self._end(seq, reason)
+                num_finished += 1
+        if num_finished:  # one pass over `running`, not one removal per finished sequence
+            self.running = deque(s for s in self.running if not s.is_finished)
 
     def _stop_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
         sp = seq.sampling_params
@@ -101,17 +100,15 @@ class Scheduler:
             return FinishReason.LENGTH
         return None
 
-    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+    def _end(self, seq: Sequence, reason: FinishReason) -> None:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         self.block_manager.deallocate(seq)
-        if seq in self.running:
-            self.running.remove(seq)
 
     def abort(self, seq: Sequence) -> None:
         """Remove seq wherever it is; its blocks are free at once."""
         if seq.is_finished:
             return
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-        self.finish(seq, FinishReason.ABORT)
+        queue = self.waiting if seq.status == SequenceStatus.WAITING else self.running
+        queue.remove(seq)
+        self._end(seq, FinishReason.ABORT)
