@@ -5,9 +5,14 @@ persistent buffers; padded rows have slot -1 and context length 0, so they never
 """
 import logging
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from worker.context import get_context, reset_context, set_context
+
+if TYPE_CHECKING:
+    from worker.engine.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +25,7 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 
 class CudaGraphRunner:
 
-    def __init__(self, runner):
+    def __init__(self, runner: "ModelRunner"):
         self.model = runner.model
         max_bs = min(runner.config.max_num_seqs, 512)
         dev, width = runner.device, runner.max_num_blocks_per_seq

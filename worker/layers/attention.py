@@ -94,7 +94,7 @@ class Attention(nn.Module):
                                       ctx.cu_seqlens_q, ctx.context_lens, self.scale)
         return o.flatten(1, 2)
 
-    def _triton(self, q, k, v, ctx) -> torch.Tensor:
+    def _triton(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx) -> torch.Tensor:
         from worker.kernels import paged_decode_attention, paged_prefill_attention, store_kvcache
         store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
         if ctx.is_prefill:
@@ -104,7 +104,7 @@ class Attention(nn.Module):
         return paged_decode_attention(q, self.k_cache, self.v_cache, ctx.block_tables,
                                       ctx.context_lens, self.scale)
 
-    def _flash_attn(self, q, k, v, ctx) -> torch.Tensor:
+    def _flash_attn(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx) -> torch.Tensor:
         # flash-attn's paged kernels read the same (num_blocks, block_size, Hkv, D) layout; they
         # need block_size % 256 == 0 (checked by ModelRunner)
         from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
