@@ -164,7 +164,9 @@ async def serve(config: WorkerConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    from worker.engine.llm_engine import LLMEngine  # torch is imported here, after the port is bound
+    from worker.engine.llm_engine import (
+        LLMEngine,  # torch is imported here, after the port is bound
+    )
     load = asyncio.ensure_future(asyncio.to_thread(LLMEngine, config))
     await asyncio.wait([load, asyncio.ensure_future(stop.wait())],
                        return_when=asyncio.FIRST_COMPLETED)

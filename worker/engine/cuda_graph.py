@@ -4,7 +4,6 @@ ModelRunner.forward replays the smallest bucket that holds the batch; inputs are
 persistent buffers; padded rows have slot -1 and context length 0, so they never touch live blocks.
 """
 import logging
-
 from typing import TYPE_CHECKING
 
 import torch

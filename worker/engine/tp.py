@@ -24,8 +24,14 @@ import torch.distributed as dist
 
 from worker.config import EngineConfig
 from worker.engine.model_runner import ModelRunner, resolve_device
-from worker.engine.step_inputs import (CMD_EXIT, HEADER_LEN, StepInputs, exit_message,
-                                       max_message_words, message_len)
+from worker.engine.step_inputs import (
+    CMD_EXIT,
+    HEADER_LEN,
+    StepInputs,
+    exit_message,
+    max_message_words,
+    message_len,
+)
 from worker.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
