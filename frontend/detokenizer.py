@@ -62,10 +62,6 @@ class Detokenizer:
         self._emitted = 0  # characters of output text released to the caller
         self.finished = False
 
-    @property
-    def text_len(self) -> int:
-        return self._emitted
-
     def add(self, token_ids: Sequence[int], skip_last: bool = False) -> DetokenizerOutput:
         """Consumes new ids. `skip_last` keeps the last id's text out of the output (a stop token
         id that ended the request, when include_stop_str_in_output is false)."""

@@ -131,12 +131,6 @@ class Tokenizer:
             self._executor, self.encode_chat, messages, enable_thinking
         )
 
-    async def decode_async(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._executor, self.decode, token_ids, skip_special_tokens
-        )
-
     async def run(self, fn: Any, *args: Any) -> Any:
         """Runs fn(*args) in the tokenizer's thread pool (large detokenizer steps)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)

@@ -40,9 +40,6 @@ class Sequence:
         self.stop_token_id: int | None = None
         self.num_emitted = 0  # completion tokens already handed to the caller
 
-    def __len__(self) -> int:
-        return len(self.token_ids)
-
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
