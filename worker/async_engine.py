@@ -140,6 +140,7 @@ class AsyncEngine:
                     self.loop.call_soon_threadsafe(self._dispatch, deltas)
         except BaseException as exc:  # noqa: BLE001 - a dead engine must end every stream
             logger.exception("engine thread failed")
+            exc = self.engine.model_runner.explain(exc)
             self.error = exc
             self.loop.call_soon_threadsafe(self.fail, exc)
 

@@ -319,6 +319,10 @@ class ModelRunner:
     def kill(self) -> None:
         """Before a fatal exit (TensorParallelRunner kills its ranks)."""
 
+    def explain(self, exc: BaseException) -> BaseException:
+        """The error to report for a failed step (TensorParallelRunner names a dead rank)."""
+        return exc
+
     # ---- step ---------------------------------------------------------------------------------
 
     @torch.inference_mode()

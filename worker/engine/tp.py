@@ -146,6 +146,22 @@ class TensorParallelRunner:
     def __getattr__(self, name: str):  # run, num_kvcache_blocks, max_model_len, dtype, release…
         return getattr(self.runner, name)
 
+    def _dead_ranks(self, dead: list) -> str:
+        for p in dead:
+            p.join(timeout=1)  # reap it, so that its exit code is known
+        names = [f"rank {self.procs.index(p) + 1} (exit code {p.exitcode})" for p in dead]
+        return f"tensor-parallel {', '.join(names)} died"
+
+    def explain(self, exc: BaseException) -> BaseException:
+        """A collective that fails on rank 0 (gloo raises, NCCL may not) usually means a rank died:
+        name it, waiting briefly for the process to be gone."""
+        ready = mp.connection.wait([p.sentinel for p in self.procs], timeout=2.0)
+        if not ready:
+            return exc
+        error = RuntimeError(self._dead_ranks([p for p in self.procs if p.sentinel in ready]))
+        error.__cause__ = exc
+        return error
+
     def kill(self) -> None:
         """Before a fatal exit: the ranks may be blocked in a collective; no teardown is waited for."""
         self.closed = True
@@ -165,12 +181,7 @@ class TensorParallelRunner:
         ready = mp.connection.wait([p.sentinel for p in self.procs])
         if self.closed:
             return
-        for p in self.procs:
-            if p.sentinel in ready:
-                p.join(timeout=1)  # reap it, so that its exit code is known
-        dead = [f"rank {r} (exit code {p.exitcode})" for r, p in enumerate(self.procs, 1)
-                if p.sentinel in ready]
-        message = f"tensor-parallel {', '.join(dead)} died"
+        message = self._dead_ranks([p for p in self.procs if p.sentinel in ready])
         logger.error("%s: the worker cannot go on", message)
         if self.on_rank_death is not None:
             self.on_rank_death(message)  # ends streams, reports NOT_SERVING, exits non-zero
