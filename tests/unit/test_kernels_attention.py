@@ -53,6 +53,11 @@ def _import_kernels():
 
 
 kernels = _import_kernels()
+
+
+def decode_module():
+    return sys.modules["worker.kernels.decode_attention"]
+
 from worker.layers.attention import paged_attention_torch, store_kvcache_torch
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
@@ -211,6 +216,60 @@ def test_decode_padded_entries_are_zero_and_never_read(num_splits):
     assert torch.isfinite(out).all()
     assert torch.equal(out[1:], torch.zeros_like(out[1:]))
     assert rel_err(out[:1], ref) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("num_splits", [2, 4, 5, 16])
+def test_decode_one_launch_merge_repeats_exactly(num_splits):
+    # the last split of each (seq, kv_head) merges in-kernel; a second call equal to the first
+    # shows the arrival counters were reset (a stale count would merge early or never)
+    gen = torch.Generator().manual_seed(20 + num_splits)
+    hkv, d, group, block_size = 2, 32, 4, 16
+    lens_list = [1, 16, 37, 70, 0]  # a padded entry last
+    k_cache, v_cache = make_cache(16, block_size, hkv, d, torch.float32, gen)
+    tables = make_block_tables(lens_list, block_size, 16, gen, width=5)
+    poison_unused(k_cache, v_cache, tables, lens_list)
+    lens = torch.tensor(lens_list, dtype=torch.int32)
+    q = torch.randn(len(lens_list), group * hkv, d, generator=gen)
+    first = kernels.paged_decode_attention(
+        q, k_cache, v_cache, tables, lens, 0.2, num_splits=num_splits
+    )
+    counters = decode_module()._COUNTERS[torch.device("cpu")][-1]
+    assert counters.numel() >= len(lens_list) * hkv
+    assert not counters.any()  # every counter back at zero after the launch
+    second = kernels.paged_decode_attention(
+        q, k_cache, v_cache, tables, lens, 0.2, num_splits=num_splits
+    )
+    assert torch.equal(first, second)
+    cu = torch.arange(5, dtype=torch.int32)
+    ref = paged_attention_torch(q[:4], k_cache, v_cache, tables[:4], cu, lens[:4], 0.2)
+    assert rel_err(first[:4], ref) < TOL[torch.float32]
+    assert torch.equal(first[4], torch.zeros_like(first[4]))
+    # a smaller batch reuses the same persistent counter buffer
+    kernels.paged_decode_attention(
+        q[:2], k_cache, v_cache, tables[:2], lens[:2], 0.2, num_splits=num_splits
+    )
+    assert decode_module()._COUNTERS[torch.device("cpu")][-1] is counters
+
+
+def test_decode_counters_never_allocated_during_graph_capture(monkeypatch):
+    decode = decode_module()
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setitem(decode._COUNTERS, torch.device("cuda", 0), [])
+    with pytest.raises(RuntimeError, match="arrival counters"):
+        decode._arrival_counters(torch.device("cuda", 0), 64)
+
+
+def test_decode_rejects_bad_num_splits():
+    with pytest.raises(ValueError, match="num_splits"):
+        kernels.paged_decode_attention(
+            torch.zeros(1, 2, 16),
+            torch.zeros(1, 16, 1, 16),
+            torch.zeros(1, 16, 1, 16),
+            torch.zeros(1, 1, dtype=torch.int32),
+            torch.ones(1, dtype=torch.int32),
+            1.0,
+            num_splits=0,
+        )
 
 
 def test_num_splits_rule_depends_on_shapes_only():

@@ -2,8 +2,9 @@
 
 Flash-decoding: grid (batch, num_kv_heads, num_splits). Each program packs all q heads of one kv head
 into M (padded to 16 rows for tl.dot), so K/V are read once per kv head, and covers one share of its
-sequence's context; a second kernel merges the shares by log-sum-exp. The grid depends on shapes
-only and nothing syncs with the host, so a captured CUDA graph replays it for any context lengths.
+sequence's context; the last program of a (sequence, kv head) to finish merges the shares by
+log-sum-exp in the same launch (an arrival counter). The grid depends on shapes only and nothing syncs
+with the host, so a captured CUDA graph replays it for any context lengths.
 """
 
 import functools
@@ -17,6 +18,10 @@ from worker.kernels.dtypes import dot_dtype
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
 
+# device -> arrival-counter buffers, the newest last. int32, all zero between launches (the merging
+# program resets its counter). Older buffers stay alive: a CUDA graph captured with one replays it.
+_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
+
 
 @triton.jit
 def _decode_split_kernel(
@@ -28,6 +33,7 @@ def _decode_split_kernel(
     o_ptr,
     part_o_ptr,
     part_lse_ptr,
+    counters_ptr,
     qk_scale,
     stride_qb,
     stride_qh,
@@ -43,6 +49,7 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
 ):
@@ -112,41 +119,76 @@ def _decode_split_kernel(
         # partials: (batch, num_q_heads, NUM_SPLITS, HEAD_DIM) fp32 and lse (batch,
         # num_q_heads, NUM_SPLITS)
         lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
-        part = (seq * tl.num_programs(1) * GROUP + heads) * NUM_SPLITS + split
-        tl.store(part_lse_ptr + part, lse, mask=row_mask)
-        tl.store(part_o_ptr + part[:, None] * HEAD_DIM + dims[None, :], out, mask=row_mask[:, None])
+        rows_base = (seq * tl.num_programs(1) * GROUP + heads) * NUM_SPLITS  # (BLOCK_H,)
+        tl.store(part_lse_ptr + rows_base + split, lse, mask=row_mask)
+        tl.store(
+            part_o_ptr + (rows_base + split)[:, None] * HEAD_DIM + dims[None, :],
+            out,
+            mask=row_mask[:, None],
+        )
+        # Arrival: every thread's partial stores precede the barrier, the barrier precedes the
+        # (single-thread) gpu-scope release of the counter add, so a program that acquires the
+        # count sees them. The last of the NUM_SPLITS programs of this (seq, kv_head) merges.
+        tl.debug_barrier()
+        counter = counters_ptr + seq * tl.num_programs(1) + kv_head
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if arrived == NUM_SPLITS - 1:
+            # ".cg" reads at L2: the other programs' partials may be stale in this SM's L1
+            splits = tl.arange(0, BLOCK_S)
+            lse_all = tl.load(
+                part_lse_ptr + rows_base[:, None] + splits[None, :],
+                mask=row_mask[:, None] & (splits < NUM_SPLITS)[None, :],
+                other=float("-inf"),
+                cache_modifier=".cg",
+            )  # (BLOCK_H, BLOCK_S)
+            # context_len 0 (a padded batch entry) leaves every split empty: zeros, not NaN
+            m = tl.max(lse_all, 1)
+            m = tl.where(m > float("-inf"), m, 0.0)
+            total = tl.sum(tl.where(lse_all > float("-inf"), tl.exp2(lse_all - m[:, None]), 0.0), 1)
+            merged = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+            for j in tl.static_range(NUM_SPLITS):
+                lse_j = tl.load(
+                    part_lse_ptr + rows_base + j,
+                    mask=row_mask,
+                    other=float("-inf"),
+                    cache_modifier=".cg",
+                )
+                w = tl.where(lse_j > float("-inf"), tl.exp2(lse_j - m), 0.0)
+                part = tl.load(
+                    part_o_ptr + (rows_base + j)[:, None] * HEAD_DIM + dims[None, :],
+                    mask=row_mask[:, None],
+                    other=0.0,
+                    cache_modifier=".cg",
+                )  # (BLOCK_H, HEAD_DIM)
+                merged += part * w[:, None]
+            merged = merged / tl.where(total > 0.0, total, 1.0)[:, None]
+            tl.store(
+                o_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :],
+                merged.to(o_ptr.dtype.element_ty),
+                mask=row_mask[:, None],
+            )
+            # every split of this launch has arrived: zero for the next launch / graph replay
+            tl.store(counter, 0)
 
 
-@triton.jit
-def _decode_reduce_kernel(
-    part_o_ptr,
-    part_lse_ptr,
-    o_ptr,
-    stride_ob,
-    stride_oh,
-    num_q_heads,
-    HEAD_DIM: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-):
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    splits = tl.arange(0, BLOCK_S)
-    dims = tl.arange(0, HEAD_DIM)
-    base = (seq * num_q_heads + head) * NUM_SPLITS
-    lse = tl.load(part_lse_ptr + base + splits, mask=splits < NUM_SPLITS, other=float("-inf"))
-    # context_len 0 (a padded batch entry) leaves every split empty: write zeros, not NaN
-    m = tl.max(lse, 0)
-    m = tl.where(m > float("-inf"), m, 0.0)
-    w = tl.where(lse > float("-inf"), tl.exp2(lse - m), 0.0)
-    total = tl.sum(w, 0)
-    parts = tl.load(
-        part_o_ptr + (base + splits)[:, None] * HEAD_DIM + dims[None, :],
-        mask=(splits < NUM_SPLITS)[:, None],
-        other=0.0,
-    )  # (BLOCK_S, HEAD_DIM)
-    out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
-    tl.store(o_ptr + seq * stride_ob + head * stride_oh + dims, out.to(o_ptr.dtype.element_ty))
+def _arrival_counters(device: torch.device, size: int) -> torch.Tensor:
+    """A zeroed int32 buffer of >= size counters that persists across calls and graph replays.
+
+    Grows only outside CUDA-graph capture (an allocation there would belong to the graph's pool
+    and be reused by other tensors between replays); the engine's eager warm-up of each bucket before
+    capturing it, largest first, sizes it in time.
+    """
+    buffers = _COUNTERS.setdefault(device, [])
+    if buffers and buffers[-1].numel() >= size:
+        return buffers[-1]
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        have = buffers[-1].numel() if buffers else 0
+        raise RuntimeError(
+            f"paged_decode_attention: capturing a CUDA graph needs {size} arrival counters on "
+            f"{device} but only {have} exist; run the same decode shape eagerly before capture"
+        )
+    buffers.append(torch.zeros(size, dtype=torch.int32, device=device))
+    return buffers[-1]
 
 
 @functools.cache
@@ -158,7 +200,7 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, device: t
     """Splits per (sequence, kv head), from shapes only.
 
     Rule: aim for ~2 programs per SM (H200: 132 SMs -> 264 programs); a (batch * num_kv_heads) grid that
-    already reaches that gets 1 split (no partials, no reduce launch). Otherwise split up to MAX_SPLITS,
+    already reaches that gets 1 split (no partials, no merge). Otherwise split up to MAX_SPLITS,
     keeping >= 256 tokens of the longest possible context (max_blocks * block_size) per split so the
     merge stays cheap against the K/V reads.
     """
@@ -190,6 +232,8 @@ def paged_decode_attention(
         raise ValueError(
             "paged_decode_attention needs contiguous head_dim and identical k/v cache strides"
         )
+    if num_splits is not None and num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     group = num_q_heads // num_kv_heads
     if num_splits is None:
         num_splits = choose_num_splits(
@@ -203,8 +247,11 @@ def paged_decode_attention(
             batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
         )
         part_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+        # one arrival counter per (seq, kv_head), (batch, num_kv_heads) row-major
+        counters = _arrival_counters(q.device, batch * num_kv_heads)
     else:
         part_o = part_lse = o  # unused by the NUM_SPLITS == 1 specialisation
+        counters = context_lens
     fp32 = q.dtype == torch.float32
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q,
@@ -215,6 +262,7 @@ def paged_decode_attention(
         o,
         part_o,
         part_lse,
+        counters,
         scale * LOG2E,
         q.stride(0),
         q.stride(1),
@@ -230,22 +278,10 @@ def paged_decode_attention(
         BLOCK_SIZE=block_size,
         BLOCK_N=min(64, block_size),
         NUM_SPLITS=num_splits,
+        BLOCK_S=triton.next_power_of_2(num_splits),
         DOT_PRECISION="ieee" if fp32 else "tf32",
         DOT_DTYPE=dot_dtype(k_cache.dtype),
         num_warps=4,
         num_stages=2 if fp32 else 3,
     )
-    if num_splits > 1:
-        _decode_reduce_kernel[(batch, num_q_heads)](
-            part_o,
-            part_lse,
-            o,
-            o.stride(0),
-            o.stride(1),
-            num_q_heads,
-            HEAD_DIM=head_dim,
-            NUM_SPLITS=num_splits,
-            BLOCK_S=triton.next_power_of_2(num_splits),
-            num_warps=4 if head_dim >= 128 else 2,
-        )
     return o

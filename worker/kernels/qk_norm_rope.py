@@ -1,7 +1,8 @@
-"""Qwen3's per-head q/k RMSNorm followed by the rotary embedding, in place, in one kernel.
+"""Qwen3's per-head q/k RMSNorm followed by the rotary embedding, in place, in one kernel; optionally
+also the KV-cache store of this step's k and v (Qwen3Attention, before Attention.forward).
 
-Replaces ~30 small torch kernels a layer (two norms, the cos/sin gather, rotate-half) on the decode
-path, where launch count, not bytes, sets the time. Called by Qwen3Attention on CUDA tensors.
+Replaces ~30 small torch kernels a layer (two norms, the cos/sin gather, rotate-half, store_kvcache)
+on the decode path, where launch count, not bytes, sets the time. Called on CUDA tensors.
 """
 import torch
 import triton
@@ -9,9 +10,13 @@ import triton.language as tl
 
 
 @triton.jit
-def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_sin_ptr, pos_ptr,
-                         stride_qt, stride_qh, stride_kt, stride_kh, eps,
-                         NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr):
+def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_sin_ptr, pos_ptr,
+                         k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+                         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                         stride_cb, stride_cs, stride_ch, eps,
+                         NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr,
+                         STORE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    # grid (num_tokens, num_q_heads + num_kv_heads): one program per (token, head)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     if head < NUM_Q_HEADS:
@@ -34,20 +39,65 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_sin_ptr, pos_ptr,
     pos = tl.load(pos_ptr + token).to(tl.int64)
     cos = tl.load(cos_sin_ptr + pos * (2 * HALF) + dims)
     sin = tl.load(cos_sin_ptr + pos * (2 * HALF) + HALF + dims)
-    tl.store(ptr + dims, (x1 * cos - x2 * sin).to(dtype))
-    tl.store(ptr + HALF + dims, (x2 * cos + x1 * sin).to(dtype))
+    y1 = (x1 * cos - x2 * sin).to(dtype)
+    y2 = (x2 * cos + x1 * sin).to(dtype)
+    tl.store(ptr + dims, y1)
+    tl.store(ptr + HALF + dims, y2)
+    if STORE:  # noqa: SIM102 (STORE is a constexpr: False drops the block at compile time)
+        if head >= NUM_Q_HEADS:
+            # the k head's program also writes the cache slot of this token (k and the same head
+            # of v); slot -1 marks a padded token (CUDA-graph padding) and stores nothing
+            slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+            if slot >= 0:
+                kv_head = head - NUM_Q_HEADS
+                dst = ((slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs
+                       + kv_head * stride_ch)
+                cache_dtype = k_cache_ptr.dtype.element_ty
+                tl.store(k_cache_ptr + dst + dims, y1.to(cache_dtype))
+                tl.store(k_cache_ptr + dst + HALF + dims, y2.to(cache_dtype))
+                src = v_ptr + token * stride_vt + kv_head * stride_vh
+                tl.store(v_cache_ptr + dst + dims, tl.load(src + dims).to(cache_dtype))
+                tl.store(v_cache_ptr + dst + HALF + dims, tl.load(src + HALF + dims).to(cache_dtype))
 
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-                 cos_sin_cache: torch.Tensor, positions: torch.Tensor, eps: float) -> None:
+                 cos_sin_cache: torch.Tensor, positions: torch.Tensor, eps: float,
+                 v: torch.Tensor | None = None, k_cache: torch.Tensor | None = None,
+                 v_cache: torch.Tensor | None = None,
+                 slot_mapping: torch.Tensor | None = None) -> None:
     """In place. q: (N, Hq, D), k: (N, Hkv, D) (strided views of the qkv output are fine);
-    cos_sin_cache: (max_position, D) fp32 as [cos | sin]; positions: (N,)."""
+    cos_sin_cache: (max_position, D) fp32 as [cos | sin]; positions: (N,).
+
+    With v (N, Hkv, D), k_cache/v_cache (num_blocks, block_size, Hkv, D) and slot_mapping (N,) int32
+    or int64, also stores the normed, rotated k and the untouched v at each token's slot (as
+    store_kvcache would afterwards); slot -1 stores nothing. All four or none.
+    """
     n, num_q_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
     if k.shape[0] != n or k.shape[2] != head_dim or q.stride(-1) != 1 or k.stride(-1) != 1:
         raise ValueError(f"qk_norm_rope: q {tuple(q.shape)} and k {tuple(k.shape)} do not fit")
+    store = [x is not None for x in (v, k_cache, v_cache, slot_mapping)]
+    if any(store) and not all(store):
+        raise ValueError("qk_norm_rope: v, k_cache, v_cache and slot_mapping come together")
+    if all(store):
+        if v.shape != k.shape or v.stride(-1) != 1:
+            raise ValueError(f"qk_norm_rope: v {tuple(v.shape)} does not fit k {tuple(k.shape)}")
+        if (k_cache.shape != v_cache.shape or k_cache.shape[2:] != (num_kv_heads, head_dim)
+                or k_cache.stride(-1) != 1 or k_cache.stride() != v_cache.stride()):
+            raise ValueError(f"qk_norm_rope: k_cache {tuple(k_cache.shape)} / v_cache "
+                             f"{tuple(v_cache.shape)} do not fit k {tuple(k.shape)}")
+        if slot_mapping.shape != (n,):
+            raise ValueError(f"qk_norm_rope: slot_mapping {tuple(slot_mapping.shape)} != ({n},)")
+        cache_strides = k_cache.stride()[:3]
+        block_size = k_cache.shape[1]
+    else:
+        v, k_cache, v_cache, slot_mapping = k, k, k, positions  # unused by STORE=False
+        cache_strides, block_size = (0, 0, 0), 1
     if n == 0:
         return
-    _qk_norm_rope_kernel[(n, num_q_heads + k.shape[1])](
-        q, k, q_weight, k_weight, cos_sin_cache, positions,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), eps,
-        NUM_Q_HEADS=num_q_heads, HALF=head_dim // 2, num_warps=1)
+    _qk_norm_rope_kernel[(n, num_q_heads + num_kv_heads)](
+        q, k, v, q_weight, k_weight, cos_sin_cache, positions, k_cache, v_cache, slot_mapping,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        *cache_strides, eps,
+        NUM_Q_HEADS=num_q_heads, HALF=head_dim // 2, STORE=all(store), BLOCK_SIZE=block_size,
+        num_warps=1)

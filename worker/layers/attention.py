@@ -1,5 +1,8 @@
 """Attention over the paged KV cache: store the new k/v by slot_mapping, then attend.
 
+On the Triton and flash-attn backends Qwen3Attention's q/k-norm + rotary kernel stores k/v already
+(fuses_kv_store), and forward is told so (kv_stored) and skips its own store.
+
 Backends: torch (gather the blocks, SDPA; the CPU path and the reference), Triton kernels on CUDA
 (worker.kernels), flash-attn when asked for (attention_backend=flash_attn). All read the batch layout from worker.context.
 KV cache layout: (num_blocks, block_size, num_kv_heads, head_dim), the flash-attn paged layout.
@@ -76,8 +79,16 @@ class Attention(nn.Module):
         self.k_cache = self.v_cache = torch.tensor([])
         self.backend = "torch"  # "torch" | "triton" | "flash_attn"; set by ModelRunner
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    @property
+    def fuses_kv_store(self) -> bool:
+        """Whether the caller stores k/v into the cache itself (in its q/k-norm + rotary kernel) and
+        passes kv_stored=True: the CUDA backends once the cache exists."""
+        return self.k_cache.numel() > 0 and self.backend in ("triton", "flash_attn")
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_stored: bool = False) -> torch.Tensor:
         # q: (N, Hq * D) -> (N, Hq, D); k, v: (N, Hkv * D) -> (N, Hkv, D)
+        # kv_stored: this step's k/v are already in k_cache/v_cache at ctx.slot_mapping
         ctx = get_context()
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -85,18 +96,21 @@ class Attention(nn.Module):
         if self.k_cache.numel() == 0:
             o = varlen_attention_torch(q, k, v, ctx.cu_seqlens_q, self.scale)
         elif self.backend == "triton":
-            o = self._triton(q, k, v, ctx)
+            o = self._triton(q, k, v, ctx, kv_stored)
         elif self.backend == "flash_attn":
-            o = self._flash_attn(q, k, v, ctx)
+            o = self._flash_attn(q, k, v, ctx, kv_stored)
         else:
-            store_kvcache_torch(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+            if not kv_stored:
+                store_kvcache_torch(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
             o = paged_attention_torch(q, self.k_cache, self.v_cache, ctx.block_tables,
                                       ctx.cu_seqlens_q, ctx.context_lens, self.scale)
         return o.flatten(1, 2)
 
-    def _triton(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx) -> torch.Tensor:
+    def _triton(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx,
+                kv_stored: bool) -> torch.Tensor:
         from worker.kernels import paged_decode_attention, paged_prefill_attention, store_kvcache
-        store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        if not kv_stored:
+            store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
         if ctx.is_prefill:
             return paged_prefill_attention(q, self.k_cache, self.v_cache, ctx.block_tables,
                                            ctx.cu_seqlens_q, ctx.context_lens, ctx.max_seqlen_q,
@@ -104,13 +118,15 @@ class Attention(nn.Module):
         return paged_decode_attention(q, self.k_cache, self.v_cache, ctx.block_tables,
                                       ctx.context_lens, self.scale)
 
-    def _flash_attn(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx) -> torch.Tensor:
+    def _flash_attn(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx,
+                    kv_stored: bool) -> torch.Tensor:
         # flash-attn's paged kernels read the same (num_blocks, block_size, Hkv, D) layout; they
         # need block_size % 256 == 0 (checked by ModelRunner)
         from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 
         from worker.kernels import store_kvcache
-        store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        if not kv_stored:
+            store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
         if ctx.is_prefill:
             return flash_attn_varlen_func(q, self.k_cache, self.v_cache,
                                           cu_seqlens_q=ctx.cu_seqlens_q,

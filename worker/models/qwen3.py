@@ -6,6 +6,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from worker.context import get_context
 from worker.layers.activation import SiluAndMul
 from worker.layers.attention import Attention
 from worker.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
@@ -38,13 +39,22 @@ class Qwen3Attention(nn.Module):
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)  # (N, Hq, D), a strided view of qkv
         k = k.view(-1, self.num_kv_heads, self.head_dim)  # (N, Hkv, D)
+        kv_stored = False
         if qkv.is_cuda:  # norms + rotary in one kernel, in place
             from worker.kernels import qk_norm_rope
-            qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight,
-                         self.rotary_emb.cache_on(qkv.device), positions, self.q_norm.eps)
+            cache_on = self.rotary_emb.cache_on(qkv.device)
+            if self.attn.fuses_kv_store:  # the same kernel writes k/v into the paged cache
+                qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, cache_on, positions,
+                             self.q_norm.eps, v=v.view(-1, self.num_kv_heads, self.head_dim),
+                             k_cache=self.attn.k_cache, v_cache=self.attn.v_cache,
+                             slot_mapping=get_context().slot_mapping)
+                kv_stored = True
+            else:
+                qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, cache_on, positions,
+                             self.q_norm.eps)
         else:
             q, k = self.rotary_emb(positions, self.q_norm(q), self.k_norm(k))
-        o = self.attn(q.flatten(1), k.flatten(1), v)  # (N, Hq * D)
+        o = self.attn(q.flatten(1), k.flatten(1), v, kv_stored=kv_stored)  # (N, Hq * D)
         return self.o_proj(o)  # (N, hidden), summed over ranks
 
 
