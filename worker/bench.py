@@ -41,7 +41,8 @@ def make_llm(args):
     kw = dict(tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager,
               max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, device=args.device,
-              attention_backend=args.attention_backend)
+              attention_backend=args.attention_backend,
+              custom_all_reduce=not args.no_custom_all_reduce)
     if args.model:
         return LLM(args.model, **kw)
     model = write_shape_dir(args.shape, Path(tempfile.mkdtemp(prefix="nanoserve-bench-")))
@@ -131,6 +132,43 @@ def bench_latency(llm, args) -> dict:
     return dict(context=args.context, ms_per_token=round(1000 * (timings[steps + 1] - timings[1]) / steps, 3))
 
 
+def bench_profile(llm, args) -> dict:
+    """Batch-`profile_batch` decode under torch.profiler: wall vs GPU-busy time per step, and the
+    kernels that fill a step (where the latency goes)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from worker import SamplingParams
+    rng = random.Random(3)
+    b, steps = args.profile_batch, 32
+    prompts = [[rng.randrange(1000) for _ in range(args.context)] for _ in range(b)]
+    sp = SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True)
+    llm.generate(prompts, sp, use_tqdm=False)  # warm-up and prefix-cache the prompts
+    for p in prompts:
+        llm.add_request(p, sp)
+    llm.step()  # the prefill (a prefix hit: only the last token)
+    sync(llm)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        n = 0
+        while not llm.is_finished():
+            llm.step()
+            n += 1
+        sync(llm)
+        wall = (time.perf_counter() - t) / n
+    kernels: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels.setdefault(e.name, []).append(e.device_time)
+    busy = sum(sum(v) for v in kernels.values()) / n / 1000
+    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:14]
+    return dict(batch=b, steps=n, wall_ms_per_step=round(1000 * wall, 3),
+                gpu_busy_ms_per_step=round(busy, 3),
+                kernels_per_step=round(sum(len(v) for v in kernels.values()) / n, 1),
+                top_kernels_us_per_step={k[:60]: [round(sum(v) / n, 1), round(len(v) / n, 1)]
+                                         for k, v in top})
+
+
 def bench_prefill(llm, args) -> dict:
     from worker import SamplingParams
     rng = random.Random(2)
@@ -177,12 +215,14 @@ def main(argv: list[str] | None = None) -> None:
         return serving_main(argv[1:])
     p = argparse.ArgumentParser(prog="nanoserve bench", description=__doc__)
     p.add_argument("what", nargs="*", default=["throughput", "latency", "prefill"],
-                   choices=["throughput", "latency", "prefill", "scheduler"])
+                   choices=["throughput", "latency", "prefill", "scheduler", "profile"])
     p.add_argument("--model", default="", help="model directory (default: random weights of --shape)")
     p.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES))
     p.add_argument("--device", default="auto")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--no-custom-all-reduce", action="store_true",
+                   help="tensor parallel: NCCL for every all-reduce")
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--max-num-seqs", type=int, default=512)
@@ -193,6 +233,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--decode-tokens", type=int, default=128)
     p.add_argument("--prefill-tokens", type=int, default=65536)
+    p.add_argument("--profile-batch", type=int, default=1, help="profile: decode batch size")
     p.add_argument("--json", action="store_true", help="one JSON line per benchmark")
     p.add_argument("--breakdown", action="store_true",
                    help="throughput: rerun with timers around each stage of a step")
@@ -206,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             llm = llm or make_llm(args)
             res = {"throughput": bench_throughput, "latency": bench_latency,
-                   "prefill": bench_prefill}[what](llm, args)
+                   "prefill": bench_prefill, "profile": bench_profile}[what](llm, args)
         label = args.model or args.shape
         print(json.dumps({"bench": what, "model": label, "tp": args.tensor_parallel_size, **res})
               if args.json else f"{what:<11} {label} tp={args.tensor_parallel_size}: {res}",

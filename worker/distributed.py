@@ -1,10 +1,15 @@
 """Tensor-parallel rank helpers for the model layers.
 
 The TP group is the default torch.distributed group (ModelRunner initialises it: NCCL on CUDA, gloo
-on CPU); without it every helper degrades to world size 1, the plain single-process path.
+on CPU); without it every helper degrades to world size 1, the plain single-process path. On CUDA,
+small all-reduces (every decode step's) go through SymmetricAllReduce instead of NCCL.
 """
+import logging
+
 import torch
 import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
 
 
 def _initialized() -> bool:
@@ -19,9 +24,69 @@ def get_tp_world_size() -> int:
     return dist.get_world_size() if _initialized() else 1
 
 
+class SymmetricAllReduce:
+    """One-shot all-reduce over NVLink through torch's symmetric memory: each rank copies its tensor
+    into its own buffer of a symmetric allocation, the ranks meet at a barrier on the signal pads,
+    and each sums every rank's buffer with peer loads. One kernel and no NCCL protocol: a few µs for
+    the KiB-sized messages of a decode step, against ~10 µs for NCCL (worker.bench_allreduce).
+    CUDA-graph safe: the buffer and the signal pads have fixed addresses and reset themselves."""
+
+    def __init__(self, device: torch.device, max_bytes: int, dtype: torch.dtype = torch.bfloat16):
+        import torch.distributed._symmetric_memory as symm_mem
+        self.group_name = dist.group.WORLD.group_name
+        self.dtype, self.max_numel = dtype, max_bytes // dtype.itemsize
+        self.buffer = symm_mem.empty(self.max_numel, dtype=dtype, device=device)
+        self.handle = symm_mem.rendezvous(self.buffer, self.group_name)
+
+    def fits(self, x: torch.Tensor) -> bool:
+        # 16-byte vectors: the kernel's alignment of the element count and of the data pointer
+        return (x.dtype == self.dtype and x.numel() <= self.max_numel and x.is_contiguous()
+                and (x.numel() * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum x over the ranks, in place (each thread overwrites only elements it copied out
+        before the barrier)."""
+        symm = self.buffer[:x.numel()].view(x.shape)
+        return torch.ops.symm_mem.one_shot_all_reduce_copy_out(symm, x, "sum", self.group_name, x)
+
+    def close(self) -> None:
+        del self.handle, self.buffer
+
+
+_symmetric: SymmetricAllReduce | None = None
+
+
+def init_symmetric_all_reduce(device: torch.device, max_bytes: int, dtype: torch.dtype) -> None:
+    """Every rank calls this after init_process_group (CUDA only). All ranks agree whether it
+    works (a rank that used it while another used NCCL would wait forever), else NCCL stays."""
+    global _symmetric
+    comm, error = None, ""
+    try:
+        comm = SymmetricAllReduce(device, max_bytes, dtype)
+    except Exception as e:  # no P2P, no symmetric-memory backend in this torch build, ...
+        error = f"{type(e).__name__}: {e}"
+    ok = torch.tensor([int(comm is not None)], device=device)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    if ok.item():
+        _symmetric = comm
+        logger.info("all-reduces up to %d KiB through symmetric memory", max_bytes // 1024)
+    else:
+        logger.warning("symmetric-memory all-reduce unavailable (%s): NCCL for all sizes",
+                       error or "another rank failed")
+
+
+def close_symmetric_all_reduce() -> None:
+    global _symmetric
+    if _symmetric is not None:
+        _symmetric.close()
+        _symmetric = None
+
+
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
-    """Sum x over the TP ranks, in place."""
+    """Sum x over the TP ranks, in place; returns x."""
     if get_tp_world_size() > 1:
+        if _symmetric is not None and _symmetric.fits(x):
+            return _symmetric(x)
         dist.all_reduce(x)
     return x
 

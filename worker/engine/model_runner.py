@@ -13,6 +13,7 @@ import torch
 
 from worker.config import EngineConfig
 from worker.context import reset_context, set_context
+from worker.distributed import init_symmetric_all_reduce
 from worker.engine.sequence import Sequence
 from worker.engine.step_inputs import StepInputs, max_message_words, split_message
 from worker.layers.attention import Attention
@@ -92,6 +93,10 @@ class ModelRunner:
         else:
             load_model(self.model, config.model)
         self.model.eval()
+        if self.device.type == "cuda" and world_size > 1 and config.custom_all_reduce:
+            # the largest decode step's activations; prefill's bigger messages stay on NCCL
+            max_bytes = min(config.max_num_seqs, 512) * model_config.hidden_size * self.dtype.itemsize
+            init_symmetric_all_reduce(self.device, max_bytes, self.dtype)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.num_kv_heads = self.attention_layers[0].num_kv_heads
         self.head_dim = model_config.head_dim

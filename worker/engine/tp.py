@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from worker.config import EngineConfig
+from worker.distributed import close_symmetric_all_reduce
 from worker.engine.model_runner import ModelRunner, resolve_device
 from worker.engine.step_inputs import (
     CMD_EXIT,
@@ -210,6 +211,7 @@ class TensorParallelRunner:
 def shutdown_process_group(timeout_s: float = 10.0) -> None:
     if not dist.is_initialized():
         return
+    close_symmetric_all_reduce()
     t = threading.Thread(target=dist.destroy_process_group, name="tp-teardown", daemon=True)
     t.start()
     t.join(timeout_s)

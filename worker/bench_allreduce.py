@@ -1,0 +1,79 @@
+"""`python -m worker.bench_allreduce`: per-call latency of the tensor-parallel all-reduce inside CUDA
+graphs, NCCL against the symmetric-memory one-shot kernel (worker.distributed), by message size.
+
+Prints one JSON line per size; also checks that both give the exact sum. Needs >= 2 GPUs.
+"""
+import argparse
+import json
+import os
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+REPS = 50  # all-reduces captured back to back in one graph
+
+
+def _time_graph(fn, x: torch.Tensor) -> float:
+    """µs per call of fn(x), REPS calls per replay of one captured graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn(x)  # warm-up outside capture (NCCL and symmetric memory set themselves up)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(REPS):
+            fn(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    dist.barrier()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / (10 * REPS)
+
+
+def _worker(rank: int, world_size: int, port: int, args) -> None:
+    from worker.distributed import SymmetricAllReduce
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size)
+    dev = torch.device("cuda", rank)
+    symm = SymmetricAllReduce(dev, max_bytes=args.max_rows * args.hidden * 2)
+    for rows in args.rows:
+        x = torch.randn(rows, args.hidden, dtype=torch.bfloat16, device=dev,
+                        generator=torch.Generator(dev).manual_seed(rank))
+        want = x.clone()
+        dist.all_reduce(want)
+        got = symm(x.clone())
+        exact = bool(torch.equal(got, want))
+        nccl_us = _time_graph(lambda t: dist.all_reduce(t), x.clone())
+        symm_us = _time_graph(symm, x.clone())
+        if rank == 0:
+            print(json.dumps(dict(bench="allreduce", world_size=world_size, rows=rows,
+                                  kib=rows * args.hidden * 2 // 1024, nccl_us=round(nccl_us, 2),
+                                  symm_one_shot_us=round(symm_us, 2), exact=exact)), flush=True)
+    dist.barrier()
+    symm.close()
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m worker.bench_allreduce", description=__doc__)
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--rows", type=int, nargs="*", default=[1, 4, 16, 64, 256])
+    p.add_argument("--max-rows", type=int, default=256)
+    args = p.parse_args(argv)
+    from worker.engine.tp import free_port
+    mp.spawn(_worker, args=(args.world_size, free_port(), args), nprocs=args.world_size)
+
+
+if __name__ == "__main__":
+    main()
