@@ -1,14 +1,18 @@
 """CUDA graphs for decode steps: one graph per batch-size bucket, captured after the KV cache exists.
 
-ModelRunner.forward replays the smallest bucket that holds the batch; inputs are copied into
-persistent buffers; padded rows have slot -1 and context length 0, so they never touch live blocks.
+A graph covers the whole decode forward and the LM head. Its inputs live in one persistent int32
+device buffer, laid out per bucket; ModelRunner.execute fills it with ONE host->device copy of a
+pinned staging buffer and replays the smallest bucket that holds the batch. Padded rows have slot -1
+and context length 0, so they never touch live blocks.
 """
 import logging
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
-from worker.context import get_context, reset_context, set_context
+from worker.context import reset_context, set_context
+from worker.engine.step_inputs import StepInputs
 
 if TYPE_CHECKING:
     from worker.engine.model_runner import ModelRunner
@@ -27,50 +31,67 @@ class CudaGraphRunner:
     def __init__(self, runner: "ModelRunner"):
         self.model = runner.model
         max_bs = min(runner.config.max_num_seqs, 512)
-        dev, width = runner.device, runner.max_num_blocks_per_seq
-        hidden_size = runner.model_config.hidden_size
-        # persistent inputs: every replay reads these addresses
-        self.input_ids = torch.zeros(max_bs, dtype=torch.long, device=dev)
-        self.positions = torch.zeros(max_bs, dtype=torch.long, device=dev)
-        self.slot_mapping = torch.full((max_bs,), -1, dtype=torch.int32, device=dev)
-        self.context_lens = torch.zeros(max_bs, dtype=torch.int32, device=dev)
-        self.block_tables = torch.full((max_bs, width), -1, dtype=torch.int32, device=dev)
+        dev, self.width = runner.device, runner.max_num_blocks_per_seq
+        # per bucket bs: [input_ids | positions | slot_mapping | context_lens] (bs each), then the
+        # (bs, width) block tables
+        self.inputs = torch.zeros(max_bs * (4 + self.width), dtype=torch.int32, device=dev)
+        self.staging = [torch.empty(self.inputs.shape, dtype=torch.int32, pin_memory=True)
+                        for _ in range(2)]
+        self.copied = [torch.cuda.Event() for _ in range(2)]
+        self.flip = 0
         self.cu_seqlens_q = torch.arange(max_bs + 1, dtype=torch.int32, device=dev)
-        self.outputs = torch.zeros(max_bs, hidden_size, dtype=runner.dtype, device=dev)
+        vocab = runner.model_config.vocab_size
+        self.logits = torch.zeros(max_bs, vocab, dtype=runner.dtype, device=dev)
         self.batch_sizes = graph_batch_sizes(max_bs)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         pool = None
         for bs in reversed(self.batch_sizes):  # largest first so smaller graphs reuse its pool
+            ids, pos, slots, lens, tables = self._views(self.inputs, bs)
+            slots.fill_(-1)
             graph = torch.cuda.CUDAGraph()
-            self._set_context(bs, max_seqlen_k=runner.max_model_len)
-            self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])  # warm-up
+            set_context(is_prefill=False, cu_seqlens_q=self.cu_seqlens_q[:bs + 1], max_seqlen_q=1,
+                        max_seqlen_k=runner.max_model_len, slot_mapping=slots,
+                        context_lens=lens, block_tables=tables)
+            self._forward(bs, ids, pos)  # warm-up: compiles kernels, sizes their scratch
             with torch.cuda.graph(graph, pool):
-                self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])
+                self._forward(bs, ids, pos)
             pool = pool or graph.pool()
             self.graphs[bs] = graph
             torch.cuda.synchronize()
             reset_context()
         logger.info("captured CUDA graphs for decode batch sizes %s", self.batch_sizes)
 
-    def _set_context(self, bs: int, max_seqlen_k: int) -> None:
-        set_context(is_prefill=False, cu_seqlens_q=self.cu_seqlens_q[:bs + 1], max_seqlen_q=1,
-                    max_seqlen_k=max_seqlen_k, slot_mapping=self.slot_mapping[:bs],
-                    context_lens=self.context_lens[:bs], block_tables=self.block_tables[:bs])
+    def _views(self, flat, bs: int) -> list:
+        """(ids, positions, slots, context_lens, block_tables (bs, width)) views of a flat buffer."""
+        parts = [flat[i * bs:(i + 1) * bs] for i in range(4)]
+        return parts + [flat[4 * bs:4 * bs + bs * self.width].view(bs, self.width)]
+
+    def _forward(self, bs: int, ids: torch.Tensor, pos: torch.Tensor) -> None:
+        hidden = self.model(ids, pos)
+        self.logits[:bs] = self.model.compute_logits(hidden)
 
     def can_run(self, batch_size: int) -> bool:
         return batch_size <= self.batch_sizes[-1]
 
-    def replay(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        n = input_ids.shape[0]
+    def run(self, x: StepInputs) -> torch.Tensor:
+        """Replay the decode step x; returns its (B, vocab) logits (a view valid until the next
+        replay)."""
+        n = len(x.input_ids)
         bs = next(b for b in self.batch_sizes if b >= n)
-        ctx = get_context()
-        self.input_ids[:n] = input_ids
-        self.positions[:n] = positions
-        self.slot_mapping[:bs].fill_(-1)
-        self.slot_mapping[:n] = ctx.slot_mapping
-        self.context_lens[:bs].zero_()
-        self.context_lens[:n] = ctx.context_lens
-        width = ctx.block_tables.shape[1]
-        self.block_tables[:n, :width] = ctx.block_tables
+        w = x.block_tables.shape[1]
+        if w > self.width:
+            raise ValueError(f"block_tables width {w} exceeds the graphs' {self.width}")
+        # two staging buffers used in turn; an event says when the copy out of one is done
+        staging, done = self.staging[self.flip], self.copied[self.flip]
+        self.flip ^= 1
+        done.synchronize()
+        used = 4 * bs + n * self.width  # rows past n of the block tables are never read
+        ids, pos, slots, lens, tables = self._views(staging.numpy(), bs)
+        ids[:n], pos[:n], slots[:n], lens[:n] = (x.input_ids, x.positions, x.slot_mapping,
+                                                 x.context_lens)
+        ids[n:], pos[n:], slots[n:], lens[n:] = 0, 0, -1, 0
+        tables[:n, :w] = x.block_tables
+        self.inputs[:used].copy_(staging[:used], non_blocking=True)
+        done.record()
         self.graphs[bs].replay()
-        return self.outputs[:n]
+        return self.logits[:n]

@@ -250,8 +250,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, x: StepInputs, msg: np.ndarray | None = None) -> torch.Tensor | None:
         """Forward one step on this rank; returns the (R, vocab) logits (None when R = 0)."""
+        if not x.is_prefill and self.graphs is not None and self.graphs.can_run(len(x.input_ids)):
+            return self.graphs.run(x)  # decode: one copy in, one replay (forward + LM head)
         input_ids, positions, rows = self.load_inputs(x, msg)
-        hidden = self.forward(input_ids, positions, x.is_prefill)
+        hidden = self.model(input_ids, positions)
         reset_context()
         if len(x.logit_rows) == 0:
             return None
@@ -334,8 +336,9 @@ class ModelRunner:
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int | None]:
         """Forward one batch; returns the sampled id per sequence (None for a non-final chunk)."""
         x = self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
-        msg = x.encode()
+        msg = None
         if self.publish is not None:
+            msg = x.encode()
             self.publish(msg)  # the other tensor-parallel ranks run the same step
         logits = self.execute(x, msg)
         if logits is None:
@@ -347,9 +350,3 @@ class ModelRunner:
         for i, token_id in zip(done, token_ids):
             out[i] = token_id
         return out
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                is_prefill: bool) -> torch.Tensor:
-        if not is_prefill and self.graphs is not None and self.graphs.can_run(len(input_ids)):
-            return self.graphs.replay(input_ids, positions)
-        return self.model(input_ids, positions)
