@@ -1,4 +1,5 @@
-"""worker.kernels on CUDA at Qwen3 shapes against the torch reference, plus CUDA-graph capture/replay of decode."""
+"""worker.kernels on CUDA at Qwen3 shapes against the torch reference, plus CUDA-graph capture/replay
+of a decode step (fused q/k-norm + rotary + KV store, one-launch decode attention)."""
 
 import pytest
 import torch
@@ -13,11 +14,13 @@ if torch.cuda.is_available():
         fused_add_rms_norm,
         paged_decode_attention,
         paged_prefill_attention,
+        qk_norm_rope,
         rms_norm,
         silu_and_mul,
         store_kvcache,
     )
 from worker.layers.attention import paged_attention_torch, store_kvcache_torch
+from worker.layers.rotary_embedding import RotaryEmbedding
 
 # (num_q_heads, num_kv_heads, head_dim): Qwen3-0.6B, Qwen3-8B
 SHAPES = {"qwen3-0.6b": (16, 8, 128), "qwen3-8b": (32, 8, 128)}
@@ -136,9 +139,39 @@ def test_store_kvcache_real_shapes_skips_padded_slots():
     assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
 
 
+@pytest.mark.parametrize("num_splits", [2, 8, 16])
+@pytest.mark.parametrize("batch", [1, 3, 40])
+def test_decode_in_kernel_merge_is_deterministic(num_splits, batch):
+    """The last split program merges: many launches in a row give bit-identical outputs (a missed
+    partial, a stale L1 read or a counter left non-zero would show as a differing or garbage row)."""
+    hq, hkv, d = SHAPES["qwen3-8b"]
+    gen = torch.Generator(device="cuda").manual_seed(num_splits * 100 + batch)
+    lens_list = torch.randint(1, 4096, (batch,), generator=gen, device="cuda").tolist()
+    lens_list[-1] = 0 if batch > 1 else lens_list[-1]  # a padded entry
+    k_cache, v_cache, tables, lens = make_case(lens_list, hkv, d, torch.bfloat16, gen)
+    q = torch.randn(batch, hq, d, generator=gen, device="cuda").to(torch.bfloat16)
+    outs = [
+        paged_decode_attention(q, k_cache, v_cache, tables, lens, d**-0.5, num_splits=num_splits)
+        for _ in range(50)
+    ]
+    torch.cuda.synchronize()
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])
+    real = [i for i, n in enumerate(lens_list) if n > 0]
+    cu = torch.arange(len(real) + 1, dtype=torch.int32, device="cuda")
+    ref = reference(q[real], k_cache, v_cache, tables[real], cu, lens[real], d**-0.5)
+    assert rel_err(outs[0][real], ref) < TOL[torch.bfloat16]
+    if len(real) < batch:
+        assert torch.equal(outs[0][-1], torch.zeros_like(outs[0][-1]))
+    from worker.kernels.decode_attention import _COUNTERS
+
+    assert not _COUNTERS[q.device][-1].any()  # every counter reset for the next launch
+
+
 @pytest.mark.parametrize("num_splits", [None, 1, 8])
 def test_decode_cuda_graph_replay(num_splits):
-    """Capture store_kvcache + decode once, then replay with other context lengths, tables and padding."""
+    """Capture the fused q/k-norm + rotary + KV store and the one-launch decode once, then replay
+    with other context lengths, tables and padding (the ModelRunner decode step of one layer)."""
     hq, hkv, d = SHAPES["qwen3-0.6b"]
     batch, width = 32, 16
     gen = torch.Generator(device="cuda").manual_seed(9)
@@ -146,16 +179,25 @@ def test_decode_cuda_graph_replay(num_splits):
         torch.bfloat16
     )
     v_cache = torch.randn_like(k_cache)
-    # graph inputs: static buffers rewritten in place before each replay (the ModelRunner pattern)
-    q = torch.zeros(batch, hq, d, dtype=torch.bfloat16, device="cuda")
-    key = torch.zeros(batch, hkv, d, dtype=torch.bfloat16, device="cuda")
-    value = torch.zeros_like(key)
+    cos_sin = RotaryEmbedding(d, width * BLOCK_SIZE, 1e6).cache_on(torch.device("cuda"))
+    q_w = (1 + 0.1 * torch.randn(d, generator=gen, device="cuda")).to(torch.bfloat16)
+    k_w = (1 + 0.1 * torch.randn(d, generator=gen, device="cuda")).to(torch.bfloat16)
+    # graph inputs: static buffers rewritten in place before each replay (the ModelRunner
+    # pattern); qkv is the raw projection, normed in place inside the graph
+    raw = torch.zeros(batch, (hq + 2 * hkv) * d, dtype=torch.bfloat16, device="cuda")
+    qkv = torch.zeros_like(raw)
+    q, key, value = (
+        x.view(batch, -1, d) for x in qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    )
+    positions = torch.zeros(batch, dtype=torch.long, device="cuda")
     slots = torch.full((batch,), -1, dtype=torch.int32, device="cuda")
     lens = torch.zeros(batch, dtype=torch.int32, device="cuda")
     tables = torch.zeros(batch, width, dtype=torch.int32, device="cuda")
 
     def step() -> torch.Tensor:
-        store_kvcache(key, value, k_cache, v_cache, slots)
+        qkv.copy_(raw)
+        qk_norm_rope(q, key, q_w, k_w, cos_sin, positions, 1e-6, v=value, k_cache=k_cache,
+                     v_cache=v_cache, slot_mapping=slots)
         return paged_decode_attention(
             q, k_cache, v_cache, tables, lens, d**-0.5, num_splits=num_splits
         )
@@ -163,7 +205,7 @@ def test_decode_cuda_graph_replay(num_splits):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        step()  # compile and warm up outside the capture
+        step()  # compile, size the arrival counters and warm up outside the capture
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -180,18 +222,21 @@ def test_decode_cuda_graph_replay(num_splits):
         tables.zero_()
         lens.zero_()
         slots.fill_(-1)
+        positions.zero_()
         for i, n in enumerate(lens_list):
             nb = (n + BLOCK_SIZE - 1) // BLOCK_SIZE
             tables[i, :nb] = perm[i * width : i * width + nb]
             lens[i] = n
+            positions[i] = n - 1
             slots[i] = tables[i, (n - 1) // BLOCK_SIZE] * BLOCK_SIZE + (n - 1) % BLOCK_SIZE
-        q.copy_(torch.randn(q.shape, generator=gen, device="cuda"))
-        key.copy_(torch.randn(key.shape, generator=gen, device="cuda"))
-        value.copy_(torch.randn(value.shape, generator=gen, device="cuda"))
+        raw.copy_(torch.randn(raw.shape, generator=gen, device="cuda"))
         spare = k_cache[0].clone()
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(k_cache[0], spare)  # padded slots wrote nothing into block 0
+        flat_k, flat_v = k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, d)
+        live = slots[:real].long()
+        assert torch.equal(flat_k[live], key[:real]) and torch.equal(flat_v[live], value[:real])
         cu = torch.arange(real + 1, dtype=torch.int32, device="cuda")
         ref = reference(q[:real], k_cache, v_cache, tables[:real], cu, lens[:real], d**-0.5)
         assert rel_err(out[:real], ref) < TOL[torch.bfloat16]
