@@ -64,7 +64,7 @@ class CudaGraphRunner:
     def _views(self, flat, bs: int) -> list:
         """(ids, positions, slots, context_lens, block_tables (bs, width)) views of a flat buffer."""
         parts = [flat[i * bs:(i + 1) * bs] for i in range(4)]
-        return parts + [flat[4 * bs:4 * bs + bs * self.width].view(bs, self.width)]
+        return parts + [flat[4 * bs:4 * bs + bs * self.width].reshape(bs, self.width)]
 
     def _forward(self, bs: int, ids: torch.Tensor, pos: torch.Tensor) -> None:
         hidden = self.model(ids, pos)
