@@ -141,7 +141,9 @@ def test_greedy_tokens_stable(hf_model, reference_tokens, kw, exact, capsys):
     rerun = [i for i in reversed(range(len(ps))) if len(ps[i]) > block][:4]
     hits_before = llm.block_manager.num_hit_tokens
     again = [o.token_ids for o in llm.generate([ps[i] for i in rerun], sp, use_tqdm=False)]
-    assert llm.block_manager.num_hit_tokens > hits_before
+    hit_tokens = llm.block_manager.num_hit_tokens - hits_before
+    if "num_kvcache_blocks" not in kw:  # 12 blocks cannot promise to keep any prompt cached
+        assert hit_tokens > 0
     assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
     differ = [i for i, (a, b) in enumerate(zip(out, ref)) if a != b]
     gaps = [first_divergence_is_a_near_tie(llm, ps[i], out[i], ref[i]) for i in differ]
@@ -153,8 +155,9 @@ def test_greedy_tokens_stable(hf_model, reference_tokens, kw, exact, capsys):
     name = "-".join(f"{k}={v}" for k, v in kw.items()) or "graphs"
     with capsys.disabled():
         print(f"\n[gpu] greedy {name}: {len(differ)} of {len(ref)} sequences diverge from eager, "
-              f"{len(differ_again)} of {len(rerun)} on prefix-cache hits; logit gaps at divergence (bf16 ulps) "
-              f"{[round(g, 3) for g in gaps]}")
+              f"{len(differ_again)} of {len(rerun)} on reruns "
+              f"({hit_tokens} prefix-cache hit tokens); "
+              f"logit gaps at divergence (bf16 ulps) {[round(g, 3) for g in gaps]}")
     if exact:
         assert not differ
     assert len(differ) <= len(ref) // 10 and len(differ_again) <= 1

@@ -104,8 +104,29 @@ def bench_prefill(
     return ms * 1e3
 
 
+def sweep_small_batch_splits() -> None:
+    """Batch-1..4 decode is latency-bound: µs per call from a CUDA graph (as a decode step runs it)
+    for each split count, at the rule's choice marked *."""
+    from worker.kernels.bench_gemm import graph_us
+    for hq, hkv in ((16, 8), (16, 4)):  # Qwen3-0.6B; Qwen3-8B per rank at tensor-parallel 2
+        for batch, context in ((1, 1024), (1, 4096), (4, 1024)):
+            k_cache, v_cache, tables, lens = _paged_case(
+                [context] * batch, hkv, 128, 256, torch.bfloat16, 16
+            )
+            q = torch.randn(batch, hq, 128, device="cuda", dtype=torch.bfloat16)
+            rule = choose_num_splits(batch, hkv, tables.shape[1] * 256, q.device)
+            times = {
+                n: graph_us(lambda n=n: paged_decode_attention(
+                    q, k_cache, v_cache, tables, lens, 128**-0.5, n))
+                for n in (1, 2, 4, 8, 16, 32)
+            }
+            row = "  ".join(f"{n}{'*' if n == rule else ''}: {t:5.1f}" for n, t in times.items())
+            print(f"decode graph B={batch} ctx={context} Hq={hq} Hkv={hkv} us by splits  {row}")
+
+
 def main() -> None:
     torch.manual_seed(0)
+    sweep_small_batch_splits()
     for hq in (16, 32):  # Qwen3-0.6B, Qwen3-8B
         for batch, context in [
             (1, 1024),

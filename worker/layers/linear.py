@@ -10,6 +10,10 @@ from torch import nn
 
 from worker.distributed import all_reduce, get_tp_rank, get_tp_world_size
 
+# widest output that linear() sends to the skinny kernel at M = 1: above it cuBLAS is as fast or
+# faster on the H200 (worker.kernels.bench_gemm, docs/benchmarks.md)
+SKINNY_MAX_N = 2048
+
 
 def divide(total: int, parts: int, name: str) -> int:
     if total % parts:
@@ -40,9 +44,10 @@ def load_whole(param: nn.Parameter, loaded, shard_id=None) -> None:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear, except a small decode batch on CUDA: cuBLAS's tiles read W at ~25% of the HBM
-    bandwidth at M <= 8, worker.kernels.skinny_gemm at ~70%+."""
-    if x.is_cuda and bias is None and x.dim() == 2 and 0 < x.shape[0] <= 8 and x.stride(1) == 1:
+    """F.linear, except one row times a narrow weight on CUDA (batch-1 decode of o_proj/down_proj
+    at Qwen3-0.6B widths), where cuBLAS's tiles take 2-3x longer than worker.kernels.skinny_gemm."""
+    if (x.is_cuda and bias is None and x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1
+            and weight.shape[0] <= SKINNY_MAX_N):
         from worker.kernels.skinny_gemm import skinny_gemm
         return skinny_gemm(x, weight)
     return F.linear(x, weight, bias)
