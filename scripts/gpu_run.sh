@@ -15,14 +15,17 @@ step() {  # step NAME TIMEOUT CMD...: run, keep the log, never stop the script
   timeout "$limit" "$@" 2>&1 | tee "$out/$name.log" | grep -vE '^\s*$' | tail -n 40
 }
 # quick: tests + 0.6B figures; full: + kernel sweep + 8B latency; tp: + 8B at tensor-parallel 1 and 2
-step gpu_tests 420 python -m pytest -q tests/gpu -p no:cacheprovider -rA
+step gpu_tests 420 python -m pytest -q tests/gpu -p no:cacheprovider -rA --ignore=tests/gpu/test_tp_gpu.py
+# tensor parallel in its own process: a collective that hangs must not take the rest down
+[ "$mode" = tp ] && step gpu_tp_tests 240 python -m pytest -q tests/gpu/test_tp_gpu.py -p no:cacheprovider -rA
 [ "$mode" = full ] && step kernel_bench 90 python -m worker.kernels.bench_attention
-step bench_06b 240 $bench throughput latency prefill --shape qwen3-0.6b --breakdown
+step bench_06b 240 $bench throughput latency prefill profile --shape qwen3-0.6b --breakdown
 if [ "$mode" = full ]; then
   step bench_06b_eager 60 $bench latency --shape qwen3-0.6b --enforce-eager
   step bench_8b 90 $bench latency --shape qwen3-8b
 fi
 if [ "$mode" = tp ]; then
+  step allreduce 120 python -m worker.bench_allreduce
   step bench_8b_tp1 200 $bench throughput latency --shape qwen3-8b --tensor-parallel-size 1
   step bench_8b_tp2 200 $bench throughput latency --shape qwen3-8b --tensor-parallel-size 2
 fi
@@ -38,7 +41,7 @@ for log in sorted(out.glob("*.log")):
             print(f"{log.stem:<16} {line.strip()}")
 print(f"\n{'bench':<11} {'model':<11} tp  figures")
 for r in rows:
-    figs = {k: v for k, v in r.items() if k not in ("bench", "model", "tp")}
-    print(f"{r['bench']:<11} {r['model']:<11} {r['tp']:<3} {figs}")
+    figs = {k: v for k, v in r.items() if k not in ("bench", "model", "tp", "top_kernels_us_per_step")}
+    print(f"{r['bench']:<11} {r.get('model', '-'):<11} {r.get('tp', r.get('world_size', '-')):<3} {figs}")
 (out / "results.json").write_text(json.dumps(rows, indent=1))
 PY
