@@ -209,10 +209,18 @@ class TensorParallelRunner:
 
 
 def shutdown_process_group(timeout_s: float = 10.0) -> None:
+    """Every rank, once no collective is in flight: NCCL communicators are aborted (destroying them
+    waits on peers and, with communicators captured in CUDA graphs, never returned on the H200);
+    gloo's are destroyed. Bounded either way, so a stuck teardown never blocks the exit."""
     if not dist.is_initialized():
         return
     close_symmetric_all_reduce()
-    t = threading.Thread(target=dist.destroy_process_group, name="tp-teardown", daemon=True)
+    if dist.get_backend() == "nccl":
+        torch.cuda.synchronize()
+        teardown = dist.distributed_c10d._abort_process_group
+    else:
+        teardown = dist.destroy_process_group
+    t = threading.Thread(target=teardown, name="tp-teardown", daemon=True)
     t.start()
     t.join(timeout_s)
     if t.is_alive():
