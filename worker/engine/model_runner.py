@@ -321,7 +321,11 @@ class ModelRunner:
         self.request_generators.pop(seq.seq_id, None)
 
     def close(self) -> None:
-        """Nothing to tear down on one rank (TensorParallelRunner stops its ranks)."""
+        """Drop the CUDA graphs: their captured collectives pin the communicators, which a
+        tensor-parallel teardown then cannot free (TensorParallelRunner stops the ranks)."""
+        self.graphs = None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
 
     def kill(self) -> None:
         """Before a fatal exit (TensorParallelRunner kills its ranks)."""

@@ -7,6 +7,7 @@ dies or raises ends the worker (never a hang on a collective): see TensorParalle
 """
 import atexit
 import ctypes
+import gc
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
@@ -109,10 +110,17 @@ def rank_main(config: EngineConfig, model_config: ModelConfig, rank: int, port: 
             if message[1] == CMD_EXIT:
                 break
             runner.execute(StepInputs.decode(message), message)
+        runner.close()
+        del runner
+        gc.collect()
         shutdown_process_group()
     finally:
         del words
         shm.close()
+    # skip the interpreter's teardown: torch's communicator threads, if the bounded teardown left
+    # them running, would abort the process from their destructors
+    logging.shutdown()
+    os._exit(0)
 
 
 class TensorParallelRunner:
@@ -196,6 +204,8 @@ class TensorParallelRunner:
             return
         self.closed = True
         self.publish(exit_message())
+        self.runner.close()
+        gc.collect()
         # every rank tears its communicator down now, while the others still live: NCCL's teardown
         # can wait on peers, so it is bounded and never blocks the exit
         shutdown_process_group()
