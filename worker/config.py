@@ -17,6 +17,9 @@ class EngineConfig:
         "help": "auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 or float16"})
     tensor_parallel_size: int = field(default=1, metadata={"help": "ranks the model is split over"})
     enforce_eager: bool = field(default=False, metadata={"help": "never use CUDA graphs"})
+    decode_lookahead: bool | None = field(default=None, metadata={
+        "help": "forward decode step N+1 before step N's tokens reach the host (default: on "
+                "cuda with one rank)"})
     custom_all_reduce: bool = field(default=True, metadata={
         "help": "tensor parallelism on CUDA: small all-reduces through symmetric memory, not NCCL"})
     max_num_seqs: int = field(default=256, metadata={"help": "max sequences in one batch"})

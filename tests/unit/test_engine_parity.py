@@ -96,10 +96,10 @@ def test_chunked_prefill_same_tokens(untied):
     chunks = []
     orig = llm.model_runner.run
 
-    def spy(seqs, is_prefill):
+    def spy(seqs, is_prefill, **kw):
         if is_prefill:
             chunks.append(sum(s.num_scheduled_tokens for s in seqs))
-        return orig(seqs, is_prefill)
+        return orig(seqs, is_prefill, **kw)
 
     llm.model_runner.run = spy
     out = llm.generate(prompts, GREEDY, use_tqdm=False)

@@ -73,9 +73,9 @@ class CudaGraphRunner:
     def can_run(self, batch_size: int) -> bool:
         return batch_size <= self.batch_sizes[-1]
 
-    def run(self, x: StepInputs) -> torch.Tensor:
-        """Replay the decode step x; returns its (B, vocab) logits (a view valid until the next
-        replay)."""
+    def run(self, x: StepInputs, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Replay the decode step x (its token ids from the device tensor input_ids when given);
+        returns its (B, vocab) logits (a view valid until the next replay)."""
         n = len(x.input_ids)
         bs = next(b for b in self.batch_sizes if b >= n)
         w = x.block_tables.shape[1]
@@ -93,5 +93,7 @@ class CudaGraphRunner:
         tables[:n, :w] = x.block_tables
         self.inputs[:used].copy_(staging[:used], non_blocking=True)
         done.record()
+        if input_ids is not None:  # the previous step's sampled ids, never seen by the host
+            self.inputs[:n].copy_(input_ids)
         self.graphs[bs].replay()
         return self.logits[:n]

@@ -93,7 +93,8 @@ class LLMEngine:
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
             return []
-        token_ids = self.model_runner.run(seqs, is_prefill)
+        # nothing waiting: the next step most likely decodes the same sequences again
+        token_ids = self.model_runner.run(seqs, is_prefill, lookahead=not self.scheduler.waiting)
         if is_prefill:
             self.num_prompt_tokens_done += sum(s.num_scheduled_tokens for s in seqs)
         self.scheduler.postprocess(seqs, token_ids)

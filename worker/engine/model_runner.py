@@ -14,6 +14,7 @@ import torch
 from worker.config import EngineConfig
 from worker.context import reset_context, set_context
 from worker.distributed import init_symmetric_all_reduce
+from worker.engine.lookahead import Foreseen, foreseen_rows, next_decode_inputs
 from worker.engine.sequence import Sequence
 from worker.engine.step_inputs import StepInputs, max_message_words, split_message
 from worker.layers.attention import Attention
@@ -111,6 +112,11 @@ class ModelRunner:
         self.sample_generator = torch.Generator(self.device).manual_seed(config.seed)
         self.request_generators: dict[int, torch.Generator] = {}  # seq_id -> generator
         self.publish = None  # set by TensorParallelRunner on rank 0: sends each StepInputs out
+        # decode lookahead (worker.engine.lookahead): one rank only, the others cannot follow
+        self.lookahead = (config.decode_lookahead if config.decode_lookahead is not None
+                          else self.device.type == "cuda")
+        self.foreseen: Foreseen | None = None
+        self.num_foreseen_steps = 0  # decode steps whose logits came from a foreseen forward
         self.on_rank_death = None  # tensor parallelism only (TensorParallelRunner)
         if self.device.type == "cuda":
             words = max_message_words(config.max_num_batched_tokens, config.max_num_seqs,
@@ -248,12 +254,14 @@ class ModelRunner:
         return ids, pos, rows
 
     @torch.inference_mode()
-    def execute(self, x: StepInputs, msg: np.ndarray | None = None) -> torch.Tensor | None:
-        """Forward one step on this rank; returns the (R, vocab) logits (None when R = 0)."""
+    def execute(self, x: StepInputs, msg: np.ndarray | None = None,
+                input_ids: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Forward one step on this rank; returns the (R, vocab) logits (None when R = 0).
+        input_ids: the step's token ids as a device tensor, overriding x.input_ids (lookahead)."""
         if not x.is_prefill and self.graphs is not None and self.graphs.can_run(len(x.input_ids)):
-            return self.graphs.run(x)  # decode: one copy in, one replay (forward + LM head)
-        input_ids, positions, rows = self.load_inputs(x, msg)
-        hidden = self.model(input_ids, positions)
+            return self.graphs.run(x, input_ids)  # decode: one copy in, one replay (+ LM head)
+        ids, positions, rows = self.load_inputs(x, msg)
+        hidden = self.model(ids if input_ids is None else input_ids, positions)
         reset_context()
         if len(x.logit_rows) == 0:
             return None
@@ -337,20 +345,54 @@ class ModelRunner:
     # ---- step ---------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int | None]:
-        """Forward one batch; returns the sampled id per sequence (None for a non-final chunk)."""
+    def run(self, seqs: list[Sequence], is_prefill: bool,
+            lookahead: bool = False) -> list[int | None]:
+        """Forward one batch; returns the sampled id per sequence (None for a non-final chunk).
+        lookahead: the caller expects the next step to decode the same sequences (nothing waits)."""
         x = self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
-        msg = None
-        if self.publish is not None:
-            msg = x.encode()
-            self.publish(msg)  # the other tensor-parallel ranks run the same step
-        logits = self.execute(x, msg)
+        logits = self._take_foreseen(seqs, x)
+        if logits is None:
+            msg = None
+            if self.publish is not None:
+                msg = x.encode()
+                self.publish(msg)  # the other tensor-parallel ranks run the same step
+            logits = self.execute(x, msg)
         if logits is None:
             return [None] * len(seqs)
         done = [i for i, seq in enumerate(seqs) if seq.samples_this_step]
         t = self.prepare_sample([seqs[i] for i in done])
-        token_ids = sample(logits, t, self.sample_generator).tolist()  # one device->host copy
+        ids = sample(logits, t, self.sample_generator)  # (R,) on the device
+        nxt = None
+        if lookahead and self.lookahead and self.publish is None and not is_prefill:
+            nxt = next_decode_inputs(x, seqs, self.block_size, self.max_model_len)
+        token_ids = ids.tolist() if nxt is None else self._forward_ahead(nxt, seqs, ids)
         out: list[int | None] = [None] * len(seqs)
         for i, token_id in zip(done, token_ids):
             out[i] = token_id
         return out
+
+    def _take_foreseen(self, seqs: list[Sequence], x: StepInputs) -> torch.Tensor | None:
+        """The logits of x from the step forwarded ahead, when it foresaw x."""
+        f, self.foreseen = self.foreseen, None
+        rows = foreseen_rows(f, seqs, x) if f is not None else None
+        if rows is None:
+            return None
+        self.num_foreseen_steps += 1
+        if len(rows) == len(f.seq_ids):
+            return f.logits
+        return f.logits[torch.from_numpy(rows).to(f.logits.device)]
+
+    def _forward_ahead(self, nxt: StepInputs, seqs: list[Sequence], ids: torch.Tensor) -> list[int]:
+        """Start copying step N's ids (R,) to the host, forward step N+1 on them, then wait for the
+        copy: the GPU computes N+1 while the host processes N."""
+        if self.device.type == "cuda":
+            host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+            host.copy_(ids, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record()
+        self.foreseen = Foreseen([seq.seq_id for seq in seqs], nxt,
+                                 self.execute(nxt, input_ids=ids))
+        if self.device.type == "cuda":
+            copied.synchronize()
+            return host.tolist()
+        return ids.tolist()

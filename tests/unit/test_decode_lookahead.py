@@ -1,0 +1,139 @@
+"""Decode lookahead (worker.engine.lookahead): forwarding step N+1 before step N's ids reach the host
+changes no token. Checked on CPU (the eager path) against transformers and against the engine without
+lookahead, under batches that shrink, stop tokens, seeded sampling, preemption, aborts and prefix hits."""
+import random
+
+import numpy as np
+import pytest
+
+from tests.unit.hf_reference import hf_greedy, make_hf_model
+from worker import LLM, SamplingParams
+from worker.engine.lookahead import Foreseen, foreseen_rows, next_decode_inputs
+from worker.engine.sequence import Sequence
+from worker.engine.step_inputs import StepInputs
+
+
+def prompts_of(lengths: list[int], seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(2, 512) for _ in range(n)] for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("lookahead")
+    return path, make_hf_model(path)
+
+
+def make_llm(path, lookahead: bool, **kw) -> LLM:
+    args = dict(device="cpu", kvcache_block_size=16, num_kvcache_blocks=128)
+    return LLM(path, decode_lookahead=lookahead, **{**args, **kw})
+
+
+def test_greedy_equals_transformers_and_uses_foreseen_steps(model):
+    path, hf = model
+    prompts = prompts_of([3, 17, 40, 64], seed=1)
+    lens = [9, 32, 20, 27]  # the batch shrinks as sequences end: foreseen subsets are reused
+    ref = [r[:n] for r, n in zip(hf_greedy(hf, prompts, max(lens)), lens)]
+    llm = make_llm(path, True)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lens]
+    out = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in out] == ref
+    runner = llm.model_runner
+    # every decode step but those after a block boundary or before a sequence's last token
+    assert runner.num_foreseen_steps >= 20
+    assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
+
+
+def run_all(llm: LLM, prompts, params, abort_after: dict[int, int]) -> list[tuple]:
+    """Drive the engine step by step, aborting request i after abort_after[i] steps."""
+    seqs = [llm.add_request(p, sp) for p, sp in zip(prompts, params)]
+    steps = 0
+    while not llm.is_finished():
+        llm.step()
+        steps += 1
+        for i, at in abort_after.items():
+            if steps == at:
+                llm.abort(seqs[i].request_id)
+    return [(tuple(s.completion_token_ids), s.finish_reason) for s in seqs]
+
+
+@pytest.mark.parametrize("case", ["stop_tokens_and_seeds", "preemption", "aborts", "prefix_hits"])
+def test_same_tokens_with_and_without_lookahead(model, case):
+    path, _ = model
+    prompts = prompts_of([5, 33, 18, 70, 12, 40], seed=2)
+    kw, abort_after = {}, {}
+    params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True) for _ in prompts]
+    if case == "stop_tokens_and_seeds":
+        # seeded sampling, and stop ids that end sequences at steps the lookahead cannot foresee
+        params = [SamplingParams(temperature=0.8, top_p=0.9, seed=i, max_tokens=30,
+                                 stop_token_ids=[7, 11, 13, 100 + i]) for i in range(len(prompts))]
+    elif case == "preemption":
+        kw = dict(num_kvcache_blocks=12)
+    elif case == "aborts":
+        abort_after = {1: 3, 3: 9}
+    elif case == "prefix_hits":
+        prompts = prompts + [p + [5, 6, 7] for p in prompts[:3]]
+        params = params + params[:3]
+    outs, foreseen = [], []
+    for lookahead in (False, True):
+        llm = make_llm(path, lookahead, **kw)
+        outs.append(run_all(llm, prompts, params, abort_after))
+        foreseen.append(llm.model_runner.num_foreseen_steps)
+        bm = llm.block_manager
+        assert bm.num_free_blocks == bm.num_blocks and not llm.requests
+        if case == "preemption":
+            assert llm.scheduler.num_preemptions > 0
+    assert outs[0] == outs[1]
+    assert foreseen[0] == 0 and foreseen[1] > 0
+    reasons = {str(reason) for _, reason in outs[1]}
+    if case == "stop_tokens_and_seeds":
+        assert "FinishReason.STOP" in reasons and "FinishReason.LENGTH" in reasons
+    if case == "aborts":
+        assert "FinishReason.ABORT" in reasons
+
+
+def decode_step(lens: list[int], tables: list[list[int]], block_size: int) -> StepInputs:
+    n = len(lens)
+    lens_a = np.asarray(lens)
+    width = max(map(len, tables))
+    bt = np.full((n, width), -1, dtype=np.int64)
+    for i, t in enumerate(tables):
+        bt[i, :len(t)] = t
+    last = bt[np.arange(n), (lens_a - 1) // block_size]
+    return StepInputs(False, np.zeros(n, dtype=np.int64), lens_a - 1,
+                      last * block_size + (lens_a - 1) % block_size, np.arange(n + 1), lens_a, bt,
+                      np.arange(n), 1, int(lens_a.max()))
+
+
+def seqs_of(lens: list[int], max_tokens: int = 100) -> list[Sequence]:
+    return [Sequence(list(range(n)), SamplingParams(max_tokens=max_tokens)) for n in lens]
+
+
+def test_next_step_needs_an_allocated_slot_and_no_certain_stop():
+    seqs = seqs_of([5, 16])
+    x = decode_step([5, 16], [[3], [4]], block_size=16)
+    assert next_decode_inputs(x, seqs, 16, 1000) is None  # position 16 needs a second block
+    x = decode_step([5, 16], [[3], [4, 9]], block_size=16)
+    nxt = next_decode_inputs(x, seqs, 16, 1000)
+    assert nxt.positions.tolist() == [5, 16] and nxt.context_lens.tolist() == [6, 17]
+    assert nxt.slot_mapping.tolist() == [3 * 16 + 5, 9 * 16]
+    assert next_decode_inputs(x, seqs, 16, 17) is None  # 16 + 1 tokens reach max_model_len
+    short = seqs_of([5, 16], max_tokens=1)  # no completion yet: the next token is the last
+    assert next_decode_inputs(x, short, 16, 1000) is None
+
+
+def test_foreseen_rows_accepts_an_ordered_subset_only():
+    seqs = seqs_of([5, 6, 7])
+    fx = next_decode_inputs(decode_step([5, 6, 7], [[1], [2], [3]], 16), seqs, 16, 1000)
+    f = Foreseen([s.seq_id for s in seqs], fx, logits=None)
+    for s in seqs:
+        s.append_token(0)
+    same = decode_step([6, 7, 8], [[1], [2], [3]], 16)
+    assert foreseen_rows(f, seqs, same).tolist() == [0, 1, 2]
+    subset = decode_step([6, 8], [[1], [3]], 16)
+    assert foreseen_rows(f, [seqs[0], seqs[2]], subset).tolist() == [0, 2]
+    assert foreseen_rows(f, [seqs[2], seqs[0]], decode_step([8, 6], [[3], [1]], 16)) is None
+    moved = decode_step([6, 7, 8], [[1], [5], [3]], 16)  # another block: not the foreseen step
+    assert foreseen_rows(f, seqs, moved) is None
+    other = seqs_of([6])
+    assert foreseen_rows(f, other, decode_step([6], [[1]], 16)) is None
