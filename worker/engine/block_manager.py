@@ -120,6 +120,19 @@ class BlockManager:
             seq.block_table.append(self._take_free_block())
         return True
 
+    def reserve_next(self, seq: Sequence) -> bool:
+        """Decode lookahead: also make room for the token after seq's newest one, which the runner
+        forwards before the newest is appended; False, changing nothing, when no block is free.
+        append_slot finds the block in place next step; deallocate frees it with the rest."""
+        needed = blocks_for(len(seq.token_ids) + 1, self.block_size) - len(seq.block_table)
+        if needed <= 0:
+            return True
+        if needed > len(self.free_block_ids):
+            return False
+        for _ in range(needed):
+            seq.block_table.append(self._take_free_block())
+        return True
+
     def hash_blocks(self, seq: Sequence) -> None:
         """Register the blocks whose KV became complete in the last step."""
         num_full = seq.num_computed_tokens // self.block_size

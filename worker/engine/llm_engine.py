@@ -93,8 +93,15 @@ class LLMEngine:
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
             return []
-        # nothing waiting: the next step most likely decodes the same sequences again
-        token_ids = self.model_runner.run(seqs, is_prefill, lookahead=not self.scheduler.waiting)
+        # nothing waiting: the next step most likely decodes the same sequences again, so the runner
+        # may forward it ahead (worker.engine.lookahead) into slots reserved now
+        lookahead = (not is_prefill and not self.scheduler.waiting
+                     and self.model_runner.uses_lookahead)
+        if lookahead:
+            for seq in seqs:
+                if seq.num_tokens + 1 < self.max_model_len:
+                    self.block_manager.reserve_next(seq)
+        token_ids = self.model_runner.run(seqs, is_prefill, lookahead=lookahead)
         if is_prefill:
             self.num_prompt_tokens_done += sum(s.num_scheduled_tokens for s in seqs)
         self.scheduler.postprocess(seqs, token_ids)

@@ -1,8 +1,8 @@
 """Decode lookahead: ModelRunner launches decode step N+1 before step N's sampled ids reach the host.
 
 After sampling step N (ids still on the device) the runner forwards step N+1 with those ids copied
-device-to-device, when every sequence will surely still run and its next KV slot is already
-allocated; only then does it wait for N's ids. The host's postprocess, schedule and prepare of N+1
+device-to-device, for the sequences that do not surely stop by length and whose next KV slot is
+allocated (LLMEngine reserves it); only then does it wait for N's ids. The host's postprocess, schedule and prepare of N+1
 overlap that forward, so the GPU does not idle between steps. run(N+1) takes the foreseen logits
 for the sequences it schedules (a subset, in order, when some stopped or were aborted or preempted),
 else forwards afresh. A foreseen forward writes only the KV its sequences would write anyway, into a
@@ -27,32 +27,37 @@ class Foreseen:
 
 
 def next_decode_inputs(x: StepInputs, seqs: list[Sequence], block_size: int,
-                       max_model_len: int) -> StepInputs | None:
-    """The decode step after decode step x if every sequence goes on; None when one surely stops
-    by length (max_tokens or max_model_len) or its next token's slot needs a new block."""
-    for seq in seqs:
-        max_tokens = seq.sampling_params.max_tokens
-        if max_tokens is not None and seq.num_completion_tokens + 1 >= max_tokens:
-            return None
-        if seq.num_tokens + 1 >= max_model_len:
-            return None
-    n = len(seqs)
-    positions = x.context_lens.copy()  # (B,) the token sampled by x sits at position len
-    block_index = positions // block_size
-    if (block_index >= x.block_tables.shape[1]).any():
+                       max_model_len: int) -> tuple[np.ndarray, StepInputs] | None:
+    """The decode step after decode step x for the sequences that may go on: (their rows in x, the
+    step). Sequences that surely stop by length (max_tokens, max_model_len) are left out; None when
+    none is left or one's next slot has no block (LLMEngine reserves it: BlockManager.reserve_next)."""
+    keep = [i for i, seq in enumerate(seqs)
+            if not ((seq.sampling_params.max_tokens is not None
+                     and seq.num_completion_tokens + 1 >= seq.sampling_params.max_tokens)
+                    or seq.num_tokens + 1 >= max_model_len)]
+    if not keep:
         return None
-    blocks = x.block_tables[np.arange(n), block_index]
+    rows = np.asarray(keep, dtype=np.int64)
+    positions = x.context_lens[rows]  # (K,) the token sampled by x sits at position len
+    tables = x.block_tables[rows]
+    block_index = positions // block_size
+    if (block_index >= tables.shape[1]).any():
+        return None
+    blocks = tables[np.arange(len(rows)), block_index]
     if (blocks < 0).any():
         return None
     lens = positions + 1
-    return StepInputs(False, np.zeros(n, dtype=np.int64), positions,
-                      blocks * block_size + positions % block_size, x.cu_seqlens_q, lens,
-                      x.block_tables, x.logit_rows, 1, int(lens.max()))
+    k = len(rows)
+    return rows, StepInputs(False, np.zeros(k, dtype=np.int64), positions,
+                            blocks * block_size + positions % block_size, np.arange(k + 1), lens,
+                            tables, np.arange(k), 1, int(lens.max()))
 
 
-def foreseen_rows(f: Foreseen, seqs: list[Sequence], x: StepInputs) -> np.ndarray | None:
+def foreseen_rows(f: Foreseen, seqs: list[Sequence], x: StepInputs,
+                  block_size: int) -> np.ndarray | None:
     """Rows of f's logits for the decode step x over seqs, or None when x is not (a subset in
-    order of) the foreseen step: another sequence, position, slot or block table."""
+    order of) the foreseen step: another sequence, position, slot, or block under its context (a
+    block reserved since, past the context, changes nothing the step reads)."""
     if x.is_prefill or len(seqs) > len(f.seq_ids):
         return None
     where = {seq_id: i for i, seq_id in enumerate(f.seq_ids)}
@@ -60,11 +65,14 @@ def foreseen_rows(f: Foreseen, seqs: list[Sequence], x: StepInputs) -> np.ndarra
                        count=len(seqs))
     if (rows < 0).any() or (np.diff(rows) <= 0).any():
         return None
-    fx, w = f.x, x.block_tables.shape[1]
+    fx = f.x
     if not (np.array_equal(fx.positions[rows], x.positions)
             and np.array_equal(fx.slot_mapping[rows], x.slot_mapping)
-            and np.array_equal(fx.context_lens[rows], x.context_lens)
-            and np.array_equal(fx.block_tables[rows, :w], x.block_tables)
-            and (fx.block_tables[rows, w:] < 0).all()):
+            and np.array_equal(fx.context_lens[rows], x.context_lens)):
         return None
-    return rows
+    w = min(x.block_tables.shape[1], fx.block_tables.shape[1])
+    read = np.arange(w)[None, :] < -(-x.context_lens[:, None] // block_size)  # (B, w) blocks read
+    if (-(-x.context_lens // block_size) > w).any():
+        return None
+    same = x.block_tables[:, :w] == fx.block_tables[rows, :w]
+    return rows if (same | ~read).all() else None

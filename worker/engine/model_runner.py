@@ -363,18 +363,24 @@ class ModelRunner:
         t = self.prepare_sample([seqs[i] for i in done])
         ids = sample(logits, t, self.sample_generator)  # (R,) on the device
         nxt = None
-        if lookahead and self.lookahead and self.publish is None and not is_prefill:
+        if lookahead and self.uses_lookahead and not is_prefill:
             nxt = next_decode_inputs(x, seqs, self.block_size, self.max_model_len)
-        token_ids = ids.tolist() if nxt is None else self._forward_ahead(nxt, seqs, ids)
+        token_ids = ids.tolist() if nxt is None else self._forward_ahead(*nxt, seqs, ids)
         out: list[int | None] = [None] * len(seqs)
         for i, token_id in zip(done, token_ids):
             out[i] = token_id
         return out
 
+    @property
+    def uses_lookahead(self) -> bool:
+        """Decode lookahead is on for this runner (never under tensor parallelism: the other ranks
+        would have to follow)."""
+        return self.lookahead and self.publish is None
+
     def _take_foreseen(self, seqs: list[Sequence], x: StepInputs) -> torch.Tensor | None:
         """The logits of x from the step forwarded ahead, when it foresaw x."""
         f, self.foreseen = self.foreseen, None
-        rows = foreseen_rows(f, seqs, x) if f is not None else None
+        rows = foreseen_rows(f, seqs, x, self.block_size) if f is not None else None
         if rows is None:
             return None
         self.num_foreseen_steps += 1
@@ -382,16 +388,18 @@ class ModelRunner:
             return f.logits
         return f.logits[torch.from_numpy(rows).to(f.logits.device)]
 
-    def _forward_ahead(self, nxt: StepInputs, seqs: list[Sequence], ids: torch.Tensor) -> list[int]:
-        """Start copying step N's ids (R,) to the host, forward step N+1 on them, then wait for the
-        copy: the GPU computes N+1 while the host processes N."""
+    def _forward_ahead(self, rows: np.ndarray, nxt: StepInputs, seqs: list[Sequence],
+                       ids: torch.Tensor) -> list[int]:
+        """Start copying step N's ids (R,) to the host, forward step N+1 on those of `rows`, then
+        wait for the copy: the GPU computes N+1 while the host processes N."""
         if self.device.type == "cuda":
             host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
             host.copy_(ids, non_blocking=True)
             copied = torch.cuda.Event()
             copied.record()
-        self.foreseen = Foreseen([seq.seq_id for seq in seqs], nxt,
-                                 self.execute(nxt, input_ids=ids))
+        next_ids = ids if len(rows) == len(seqs) else ids[torch.from_numpy(rows).to(ids.device)]
+        self.foreseen = Foreseen([seqs[i].seq_id for i in rows], nxt,
+                                 self.execute(nxt, input_ids=next_ids))
         if self.device.type == "cuda":
             copied.synchronize()
             return host.tolist()
