@@ -143,3 +143,22 @@ def test_foreseen_rows_accepts_an_ordered_subset_only():
     assert foreseen_rows(f, seqs, moved, 16) is None
     other = seqs_of([6])
     assert foreseen_rows(f, other, decode_step([6], [[1]], 16), 16) is None
+
+
+def test_tensor_parallel_ranks_follow_the_step_forwarded_ahead(model):
+    """tp=2 over gloo: rank 0 publishes the foreseen step and broadcasts its sampled ids; the
+    tokens equal tp=1 without lookahead (seeded sampling, stops, a shrinking batch)."""
+    path, _ = model
+    prompts = prompts_of([5, 33, 18, 70], seed=5)
+    params = [SamplingParams(temperature=0.7, seed=i, max_tokens=8 + 5 * i,
+                             stop_token_ids=[7, 11, 13]) for i in range(len(prompts))]
+    ref = make_llm(path, False)
+    want = run_all(ref, prompts, params, {})
+    llm = make_llm(path, True, tensor_parallel_size=2)
+    try:
+        got = run_all(llm, prompts, params, {})
+        assert llm.model_runner.num_foreseen_steps > 0
+        assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
+    finally:
+        llm.shutdown()
+    assert got == want

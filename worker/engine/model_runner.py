@@ -16,7 +16,12 @@ from worker.context import reset_context, set_context
 from worker.distributed import init_symmetric_all_reduce
 from worker.engine.lookahead import Foreseen, foreseen_rows, next_decode_inputs
 from worker.engine.sequence import Sequence
-from worker.engine.step_inputs import StepInputs, max_message_words, split_message
+from worker.engine.step_inputs import (
+    CMD_STEP_AHEAD,
+    StepInputs,
+    max_message_words,
+    split_message,
+)
 from worker.layers.attention import Attention
 from worker.loader import load_model
 from worker.model_config import ModelConfig
@@ -112,9 +117,10 @@ class ModelRunner:
         self.sample_generator = torch.Generator(self.device).manual_seed(config.seed)
         self.request_generators: dict[int, torch.Generator] = {}  # seq_id -> generator
         self.publish = None  # set by TensorParallelRunner on rank 0: sends each StepInputs out
-        # decode lookahead (worker.engine.lookahead): one rank only, the others cannot follow
+        # decode lookahead (worker.engine.lookahead); by default on CUDA with one rank (under
+        # tensor parallelism it works, but is not measured on GPUs yet)
         self.lookahead = (config.decode_lookahead if config.decode_lookahead is not None
-                          else self.device.type == "cuda")
+                          else self.device.type == "cuda" and world_size == 1)
         self.foreseen: Foreseen | None = None
         self.num_foreseen_steps = 0  # decode steps whose logits came from a foreseen forward
         self.on_rank_death = None  # tensor parallelism only (TensorParallelRunner)
@@ -373,9 +379,9 @@ class ModelRunner:
 
     @property
     def uses_lookahead(self) -> bool:
-        """Decode lookahead is on for this runner (never under tensor parallelism: the other ranks
-        would have to follow)."""
-        return self.lookahead and self.publish is None
+        """Decode lookahead is on (under tensor parallelism rank 0 publishes the step forwarded ahead
+        and broadcasts its sampled ids to the other ranks)."""
+        return self.lookahead
 
     def _take_foreseen(self, seqs: list[Sequence], x: StepInputs) -> torch.Tensor | None:
         """The logits of x from the step forwarded ahead, when it foresaw x."""
@@ -398,8 +404,13 @@ class ModelRunner:
             copied = torch.cuda.Event()
             copied.record()
         next_ids = ids if len(rows) == len(seqs) else ids[torch.from_numpy(rows).to(ids.device)]
+        msg = None
+        if self.publish is not None:  # the other ranks forward the same step on these ids
+            msg = nxt.encode(CMD_STEP_AHEAD)
+            self.publish(msg)
+            torch.distributed.broadcast(next_ids, src=0)
         self.foreseen = Foreseen([seqs[i].seq_id for i in rows], nxt,
-                                 self.execute(nxt, input_ids=next_ids))
+                                 self.execute(nxt, msg, input_ids=next_ids))
         if self.device.type == "cuda":
             copied.synchronize()
             return host.tolist()

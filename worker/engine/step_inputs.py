@@ -11,6 +11,7 @@ import numpy as np
 VERSION = 1
 HEADER_LEN = 16
 CMD_STEP, CMD_EXIT = 1, 2
+CMD_STEP_AHEAD = 3  # a decode step whose input ids come from rank 0's device broadcast (lookahead)
 
 
 @dataclass(slots=True)
@@ -32,9 +33,9 @@ class StepInputs:
         return (len(self.input_ids), len(self.context_lens), self.block_tables.shape[1],
                 len(self.logit_rows))
 
-    def encode(self) -> np.ndarray:
+    def encode(self, cmd: int = CMD_STEP) -> np.ndarray:
         header = np.zeros(HEADER_LEN, dtype=np.int64)
-        header[:9] = [VERSION, CMD_STEP, int(self.is_prefill), *self.dims, self.max_seqlen_q,
+        header[:9] = [VERSION, cmd, int(self.is_prefill), *self.dims, self.max_seqlen_q,
                       self.max_seqlen_k]
         parts = [header, self.input_ids, self.positions, self.slot_mapping, self.cu_seqlens_q,
                  self.context_lens, self.block_tables.reshape(-1), self.logit_rows]
@@ -43,7 +44,7 @@ class StepInputs:
     @staticmethod
     def decode(buf: np.ndarray) -> "StepInputs":
         version, cmd, is_prefill, n, b, w, r, max_q, max_k = (int(x) for x in buf[:9])
-        if version != VERSION or cmd != CMD_STEP:
+        if version != VERSION or cmd not in (CMD_STEP, CMD_STEP_AHEAD):
             raise ValueError(f"step message version {version} / command {cmd} not understood")
         return StepInputs(bool(is_prefill), *split_message(buf, (n, b, w, r)), max_q, max_k)
 
@@ -72,7 +73,7 @@ def split_message(msg, dims: tuple[int, int, int, int]) -> list:
 
 def message_len(header: np.ndarray) -> int:
     """Words of the message that starts with `header` (the exit message is the header alone)."""
-    if header[1] != CMD_STEP:
+    if header[1] not in (CMD_STEP, CMD_STEP_AHEAD):
         return HEADER_LEN
     return HEADER_LEN + sum(field_sizes(*(int(v) for v in header[3:7])))
 

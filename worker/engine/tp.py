@@ -28,6 +28,7 @@ from worker.distributed import close_symmetric_all_reduce
 from worker.engine.model_runner import ModelRunner, resolve_device
 from worker.engine.step_inputs import (
     CMD_EXIT,
+    CMD_STEP_AHEAD,
     HEADER_LEN,
     StepInputs,
     exit_message,
@@ -109,7 +110,11 @@ def rank_main(config: EngineConfig, model_config: ModelConfig, rank: int, port: 
             message = words[1:1 + size].copy()  # rank 0 reuses the buffer for the next step
             if message[1] == CMD_EXIT:
                 break
-            runner.execute(StepInputs.decode(message), message)
+            x, ids = StepInputs.decode(message), None
+            if message[1] == CMD_STEP_AHEAD:  # lookahead: the ids rank 0 sampled, from its GPU
+                ids = torch.empty(len(x.input_ids), dtype=torch.long, device=runner.device)
+                dist.broadcast(ids, src=0)
+            runner.execute(x, message, input_ids=ids)
         runner.close()
         del runner
         gc.collect()
