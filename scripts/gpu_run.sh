@@ -28,6 +28,7 @@ if [ "$mode" = tp ]; then
   step allreduce 120 python -m worker.bench_allreduce
   step bench_8b_tp1 200 $bench throughput latency --shape qwen3-8b --tensor-parallel-size 1
   step bench_8b_tp2 200 $bench throughput latency --shape qwen3-8b --tensor-parallel-size 2
+  step bench_8b_tp2_lookahead 200 $bench latency --shape qwen3-8b --tensor-parallel-size 2 --decode-lookahead on
 fi
 python - "$out" <<'PY'
 import json, pathlib, sys

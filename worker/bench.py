@@ -42,7 +42,8 @@ def make_llm(args):
               max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, device=args.device,
               attention_backend=args.attention_backend,
-              custom_all_reduce=not args.no_custom_all_reduce)
+              custom_all_reduce=not args.no_custom_all_reduce,
+              decode_lookahead={"auto": None, "on": True, "off": False}[args.decode_lookahead])
     if args.model:
         return LLM(args.model, **kw)
     model = write_shape_dir(args.shape, Path(tempfile.mkdtemp(prefix="nanoserve-bench-")))
@@ -221,6 +222,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--decode-lookahead", default="auto", choices=["auto", "on", "off"],
+                   help="forward decode step N+1 before N's ids reach the host (auto: one rank)")
     p.add_argument("--no-custom-all-reduce", action="store_true",
                    help="tensor parallel: NCCL for every all-reduce")
     p.add_argument("--attention-backend", default="auto")
