@@ -8,7 +8,6 @@ and context length 0, so they never touch live blocks.
 import logging
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from worker.context import reset_context, set_context
