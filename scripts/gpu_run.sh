@@ -14,21 +14,21 @@ step() {  # step NAME TIMEOUT CMD...: run, keep the log, never stop the script
   echo "=== $name: $*"
   timeout "$limit" "$@" 2>&1 | tee "$out/$name.log" | grep -vE '^\s*$' | tail -n 40
 }
-# quick: tests + 0.6B figures; full: + kernel sweep + 8B latency; tp: + 8B at tensor-parallel 1 and 2
-step gpu_tests 420 python -m pytest -q tests/gpu -p no:cacheprovider -rA --ignore=tests/gpu/test_tp_gpu.py
+# quick: tests + 0.6B figures; full: + kernel sweep + 8B latency; tp: TP tests + 8B at tensor-parallel 1 and 2
+[ "$mode" != tp ] && step gpu_tests 420 python -m pytest -q tests/gpu -p no:cacheprovider -rA --ignore=tests/gpu/test_tp_gpu.py
 # tensor parallel in its own process: a collective that hangs must not take the rest down
 [ "$mode" = tp ] && step gpu_tp_tests 240 python -m pytest -q tests/gpu/test_tp_gpu.py -p no:cacheprovider -rA
 [ "$mode" = full ] && step kernel_bench 90 python -m worker.kernels.bench_attention
-step bench_06b 240 $bench throughput latency prefill profile --shape qwen3-0.6b --breakdown
+[ "$mode" != tp ] && step bench_06b 240 $bench throughput latency prefill profile --shape qwen3-0.6b --breakdown
 if [ "$mode" = full ]; then
   step bench_06b_eager 60 $bench latency --shape qwen3-0.6b --enforce-eager
   step bench_8b 90 $bench latency --shape qwen3-8b
 fi
 if [ "$mode" = tp ]; then
   step allreduce 120 python -m worker.bench_allreduce
-  step bench_8b_tp1 200 $bench throughput latency --shape qwen3-8b --tensor-parallel-size 1
-  step bench_8b_tp2 200 $bench throughput latency --shape qwen3-8b --tensor-parallel-size 2
-  step bench_8b_tp2_lookahead 200 $bench latency --shape qwen3-8b --tensor-parallel-size 2 --decode-lookahead on
+  step bench_8b_tp1 200 $bench throughput latency profile --shape qwen3-8b --tensor-parallel-size 1
+  step bench_8b_tp2 200 $bench latency --shape qwen3-8b --tensor-parallel-size 2 --decode-lookahead off
+  step bench_8b_tp2_lookahead 200 $bench throughput latency profile --shape qwen3-8b --tensor-parallel-size 2 --decode-lookahead on
 fi
 python - "$out" <<'PY'
 import json, pathlib, sys
