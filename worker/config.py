@@ -19,7 +19,7 @@ class EngineConfig:
     enforce_eager: bool = field(default=False, metadata={"help": "never use CUDA graphs"})
     decode_lookahead: bool | None = field(default=None, metadata={
         "help": "forward decode step N+1 before step N's tokens reach the host (default: on "
-                "cuda with one rank; tensor parallelism only when asked for)"})
+                "cuda, off on cpu)"})
     custom_all_reduce: bool = field(default=True, metadata={
         "help": "tensor parallelism on CUDA: small all-reduces through symmetric memory, not NCCL"})
     max_num_seqs: int = field(default=256, metadata={"help": "max sequences in one batch"})

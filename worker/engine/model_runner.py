@@ -118,10 +118,10 @@ class ModelRunner:
         self.sample_generator = torch.Generator(self.device).manual_seed(config.seed)
         self.sampling = SamplingInputs(self.device, model_config.vocab_size)
         self.publish = None  # set by TensorParallelRunner on rank 0: sends each StepInputs out
-        # decode lookahead (worker.engine.lookahead); by default on CUDA with one rank (under
-        # tensor parallelism it works, but is not measured on GPUs yet)
+        # decode lookahead (worker.engine.lookahead): on by default on CUDA, with any number of
+        # ranks (8B at tp=2 on two H200s: 3.93 -> 3.67 ms a token at batch 1)
         self.lookahead = (config.decode_lookahead if config.decode_lookahead is not None
-                          else self.device.type == "cuda" and world_size == 1)
+                          else self.device.type == "cuda")
         self.foreseen: Foreseen | None = None
         self.num_foreseen_steps = 0  # decode steps whose logits came from a foreseen forward
         self.on_rank_death = None  # tensor parallelism only (TensorParallelRunner)
