@@ -1,7 +1,10 @@
 """`python -m worker.bench_allreduce`: per-call latency of the tensor-parallel all-reduce inside CUDA
-graphs, NCCL against the symmetric-memory one-shot kernel (worker.distributed), by message size.
+graphs, NCCL against the symmetric-memory one-shot kernel (worker.distributed), by message size; and
+the all-reduce + residual add + RMSNorm of a decoder layer, unfused (one-shot, then the norm kernel)
+against fused (worker.kernels.allreduce_norm).
 
-Prints one JSON line per size; also checks that both give the exact sum. Needs >= 2 GPUs.
+Prints one JSON line per size; also checks that every path gives the exact sum, and that a chain of
+fused calls (slots alternating, as in the model) gives the bits of the unfused chain. Needs >= 2 GPUs.
 """
 import argparse
 import json
@@ -37,6 +40,39 @@ def _time_graph(fn, x: torch.Tensor) -> float:
     return start.elapsed_time(end) * 1000 / (10 * REPS)
 
 
+def _time_norm(symm, x: torch.Tensor, rank: int) -> tuple[float, float, bool]:
+    """µs per all-reduce + add + RMSNorm, unfused and fused; and whether 16 chained layers' worth of
+    fused calls (each one's output, scaled per rank, is the next one's partial) match unfused."""
+    from worker.kernels import fused_add_rms_norm
+    weight = torch.rand(x.shape[1], dtype=x.dtype, device=x.device) + 0.5
+    residual = torch.randn_like(x)
+    slot = [0]
+
+    def fused(t):
+        return fused_step(t, residual)
+
+    def unfused(t):
+        return fused_add_rms_norm(symm(t), residual, weight, 1e-6)
+
+    def chain(step) -> list[torch.Tensor]:
+        h, r, outs = x.clone(), residual.clone(), []
+        for _ in range(16):
+            h, r = step(h, r)
+            outs += [h, r]
+            h = h * (rank + 1)
+        return outs
+
+    def fused_step(h, r):
+        slot[0] ^= 1
+        return symm.add_rms_norm(h, r, weight, 1e-6, slot[0])
+
+    a = chain(fused_step)
+    b = chain(lambda h, r: fused_add_rms_norm(symm(h.clone()), r, weight, 1e-6))
+    torch.cuda.synchronize()
+    exact = all(torch.equal(p, q) for p, q in zip(a, b))
+    return _time_graph(unfused, x.clone()), _time_graph(fused, x.clone()), exact
+
+
 def _worker(rank: int, world_size: int, port: int, args) -> None:
     from worker.distributed import SymmetricAllReduce
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -45,7 +81,9 @@ def _worker(rank: int, world_size: int, port: int, args) -> None:
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size)
     dev = torch.device("cuda", rank)
-    symm = SymmetricAllReduce(dev, max_bytes=args.max_rows * args.hidden * 2)
+    symm = SymmetricAllReduce(dev, max_bytes=args.max_rows * args.hidden * 2, max_rows=args.max_rows)
+    torch.cuda.synchronize()  # the fused kernel's flags are zeroed on every rank before any use
+    dist.barrier()
     for rows in args.rows:
         x = torch.randn(rows, args.hidden, dtype=torch.bfloat16, device=dev,
                         generator=torch.Generator(dev).manual_seed(rank))
@@ -55,10 +93,14 @@ def _worker(rank: int, world_size: int, port: int, args) -> None:
         exact = bool(torch.equal(got, want))
         nccl_us = _time_graph(lambda t: dist.all_reduce(t), x.clone())
         symm_us = _time_graph(symm, x.clone())
+        unfused_us, fused_us, chain_exact = _time_norm(symm, x, rank)
         if rank == 0:
             print(json.dumps(dict(bench="allreduce", world_size=world_size, rows=rows,
                                   kib=rows * args.hidden * 2 // 1024, nccl_us=round(nccl_us, 2),
-                                  symm_one_shot_us=round(symm_us, 2), exact=exact)), flush=True)
+                                  symm_one_shot_us=round(symm_us, 2), exact=exact,
+                                  ar_then_norm_us=round(unfused_us, 2),
+                                  fused_ar_norm_us=round(fused_us, 2), fused_exact=chain_exact)),
+                  flush=True)
     dist.barrier()
     symm.close()
     dist.destroy_process_group()

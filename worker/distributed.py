@@ -31,12 +31,23 @@ class SymmetricAllReduce:
     the KiB-sized messages of a decode step, against ~10 µs for NCCL (worker.bench_allreduce).
     CUDA-graph safe: the buffer and the signal pads have fixed addresses and reset themselves."""
 
-    def __init__(self, device: torch.device, max_bytes: int, dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, device: torch.device, max_bytes: int, dtype: torch.dtype = torch.bfloat16,
+                 max_rows: int = 512):
         import torch.distributed._symmetric_memory as symm_mem
         self.group_name = dist.group.WORLD.group_name
-        self.dtype, self.max_numel = dtype, max_bytes // dtype.itemsize
+        self.dtype, self.max_numel, self.max_rows = dtype, max_bytes // dtype.itemsize, max_rows
         self.buffer = symm_mem.empty(self.max_numel, dtype=dtype, device=device)
         self.handle = symm_mem.rendezvous(self.buffer, self.group_name)
+        # all_reduce_add_rms_norm's own symmetric memory: two data slots and (max_rows, world)
+        # int32 flags, zeroed here (the caller's all-rank agreement orders it before any use)
+        self.rank, world = self.handle.rank, self.handle.world_size
+        self.fused_buffer = symm_mem.empty(2 * self.max_numel, dtype=dtype, device=device)
+        fused_handle = symm_mem.rendezvous(self.fused_buffer, self.group_name)
+        self.flags = symm_mem.empty(max_rows * world, dtype=torch.int32, device=device).zero_()
+        flags_handle = symm_mem.rendezvous(self.flags, self.group_name)
+        self.buffer_ptrs = torch.tensor(fused_handle.buffer_ptrs, dtype=torch.int64, device=device)
+        self.flag_ptrs = torch.tensor(flags_handle.buffer_ptrs, dtype=torch.int64, device=device)
+        self.fused_handles = (fused_handle, flags_handle)
 
     def fits(self, x: torch.Tensor) -> bool:
         # 16-byte vectors: the kernel's alignment of the element count and of the data pointer
@@ -49,20 +60,33 @@ class SymmetricAllReduce:
         symm = self.buffer[:x.numel()].view(x.shape)
         return torch.ops.symm_mem.one_shot_all_reduce_copy_out(symm, x, "sum", self.group_name, x)
 
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float, slot: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rms_norm(sum_ranks(x) + residual), sum_ranks(x) + residual) in one kernel, or None
+        when x does not fit. Consecutive calls must use different slots (0 or 1): a rank may
+        overwrite a slot only once every peer is past the call that read it."""
+        if not (self.fits(x) and x.dim() == 2 and x.shape[0] <= self.max_rows
+                and residual.shape == x.shape and residual.is_contiguous()):
+            return None
+        from worker.kernels.allreduce_norm import allreduce_add_rms_norm
+        return allreduce_add_rms_norm(x, residual, weight, eps, self.buffer_ptrs, self.flag_ptrs,
+                                      slot * self.max_numel, self.rank)
+
     def close(self) -> None:
-        del self.handle, self.buffer
+        del self.handle, self.buffer, self.fused_handles, self.fused_buffer, self.flags
 
 
 _symmetric: SymmetricAllReduce | None = None
 
 
-def init_symmetric_all_reduce(device: torch.device, max_bytes: int, dtype: torch.dtype) -> None:
+def init_symmetric_all_reduce(device: torch.device, max_bytes: int, dtype: torch.dtype,
+                              max_rows: int = 512) -> None:
     """Every rank calls this after init_process_group (CUDA only). All ranks agree whether it
     works (a rank that used it while another used NCCL would wait forever), else NCCL stays."""
     global _symmetric
     comm, error = None, ""
     try:
-        comm = SymmetricAllReduce(device, max_bytes, dtype)
+        comm = SymmetricAllReduce(device, max_bytes, dtype, max_rows)
     except Exception as e:  # no P2P, no symmetric-memory backend in this torch build, ...
         error = f"{type(e).__name__}: {e}"
     ok = torch.tensor([int(comm is not None)], device=device)
@@ -89,6 +113,15 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
             return _symmetric(x)
         dist.all_reduce(x)
     return x
+
+
+def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                            eps: float, slot: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The all-reduce of a row-parallel layer fused with the residual add + RMSNorm after it, or
+    None where only the unfused path runs (one rank, no symmetric memory, too many rows)."""
+    if _symmetric is None or get_tp_world_size() == 1 or x.dtype != torch.bfloat16:
+        return None
+    return _symmetric.add_rms_norm(x, residual, weight, eps, slot)
 
 
 def all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:

@@ -15,7 +15,7 @@ def _rank_main(rank: int, world_size: int, port: int, fail_rank: int, results) -
     from worker import distributed
 
     class FakeSymmetric:  # stands in for torch's symmetric memory, which needs CUDA peers
-        def __init__(self, device, max_bytes, dtype):
+        def __init__(self, device, max_bytes, dtype, max_rows):
             if rank == fail_rank:
                 raise RuntimeError("no peer access here")
 

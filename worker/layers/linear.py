@@ -149,8 +149,12 @@ class RowParallelLinear(LinearBase):
     """y = x W^T with W's columns split across ranks: x arrives split by features (the output of a
     column-parallel layer), each rank computes a partial sum, and an all-reduce completes it."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False,
+                 reduce_results: bool = True):
         super().__init__(divide(input_size, get_tp_world_size(), "input_size"), output_size, bias)
+        # False: return this rank's partial sum; the caller all-reduces it (fused into the RMSNorm
+        # that follows, worker.layers.layernorm)
+        self.reduce_results = reduce_results
 
     def weight_loader(self, param, loaded, shard_id=None):
         if param.ndim == 1:  # the bias is replicated
@@ -163,4 +167,4 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # the bias is added once, on rank 0, before the sum
         y = linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
-        return all_reduce(y) if self.tp_size > 1 else y
+        return all_reduce(y) if self.tp_size > 1 and self.reduce_results else y

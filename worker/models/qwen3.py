@@ -26,7 +26,8 @@ class Qwen3Attention(nn.Module):
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.head_dim = head_dim
         self.q_size, self.kv_size = self.num_heads * head_dim, self.num_kv_heads * head_dim
-        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size)
+        # partial sums: post_attention_layernorm all-reduces them (fused with its add + norm)
+        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size, reduce_results=False)
         # Qwen3 normalises each head's q and k over head_dim before the rotary embedding
         self.q_norm = RMSNorm(head_dim, eps=rms_norm_eps)
         self.k_norm = RMSNorm(head_dim, eps=rms_norm_eps)
@@ -55,7 +56,7 @@ class Qwen3Attention(nn.Module):
         else:
             q, k = self.rotary_emb(positions, self.q_norm(q), self.k_norm(k))
         o = self.attn(q.flatten(1), k.flatten(1), v, kv_stored=kv_stored)  # (N, Hq * D)
-        return self.o_proj(o)  # (N, hidden), summed over ranks
+        return self.o_proj(o)  # (N, hidden), this rank's partial sum
 
 
 class Qwen3MLP(nn.Module):
@@ -64,10 +65,11 @@ class Qwen3MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2)
         self.act_fn = SiluAndMul()
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
+        # partial sums: the next layer's input_layernorm (or the final norm) all-reduces them
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, reduce_results=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # (N, hidden) -> (N, 2 * I / tp) -> (N, I / tp) -> (N, hidden)
+        # (N, hidden) -> (N, 2 * I / tp) -> (N, I / tp) -> (N, hidden), a partial sum over ranks
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
@@ -80,8 +82,10 @@ class Qwen3DecoderLayer(nn.Module):
             config.head_dim, config.rms_norm_eps, config.rope_theta,
             config.max_position_embeddings)
         self.mlp = Qwen3MLP(config.hidden_size, config.intermediate_size)
-        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        # each norm after a sub-block all-reduces its partial sums; the two alternate slots
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, all_reduce_slot=1)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps,
+                                                all_reduce_slot=0)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,7 +106,7 @@ class Qwen3Model(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Qwen3DecoderLayer(config)
                                     for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, all_reduce_slot=1)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden_states, residual = self.embed_tokens(input_ids), None  # (N, hidden)

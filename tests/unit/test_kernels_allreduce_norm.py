@@ -1,0 +1,55 @@
+"""The all-reduce + residual add + RMSNorm kernel (Triton interpreter on CPU): one rank equals
+fused_add_rms_norm; two ranks are simulated from one rank's side (the peer's slot and flag already
+written), which checks the sum in rank order, the flag handshake and the flags left clean."""
+import pytest
+import torch
+
+from worker.kernels.allreduce_norm import allreduce_add_rms_norm
+from worker.kernels.norm import fused_add_rms_norm
+
+M, HIDDEN = 3, 96
+
+
+def ptrs(*tensors: torch.Tensor) -> torch.Tensor:
+    return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
+
+
+def inputs(seed: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*shape, generator=g).bfloat16() for shape in
+                 [(M, HIDDEN), (M, HIDDEN), (M, HIDDEN), (HIDDEN,)])
+
+
+@pytest.mark.parametrize("slot", [0, 1])
+def test_one_rank_is_the_fused_norm(slot):
+    x, _, residual, weight = inputs(0)
+    buffer = torch.zeros(2, M * HIDDEN, dtype=torch.bfloat16)
+    flags = torch.zeros(M, dtype=torch.int32)
+    out, new_residual = allreduce_add_rms_norm(x, residual, weight, 1e-6, ptrs(buffer), ptrs(flags),
+                                               slot * M * HIDDEN, 0)
+    ref_out, ref_residual = fused_add_rms_norm(x, residual, weight, 1e-6)
+    assert torch.equal(out, ref_out) and torch.equal(new_residual, ref_residual)
+    assert torch.equal(buffer[slot].view(M, HIDDEN), x)  # this rank's partial went to its slot
+    assert not buffer[1 - slot].any()
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_two_ranks_sum_in_rank_order_and_leave_the_flags_clean(rank):
+    x_rank0, x_rank1, residual, weight = inputs(1)
+    mine, peers = (x_rank0, x_rank1) if rank == 0 else (x_rank1, x_rank0)
+    slot = M * HIDDEN  # the second slot
+    buffers = [torch.zeros(2 * M * HIDDEN, dtype=torch.bfloat16) for _ in range(2)]
+    flags = [torch.zeros(M, 2, dtype=torch.int32) for _ in range(2)]
+    peer = 1 - rank
+    buffers[peer][slot:] = peers.flatten()  # the peer has written its partial and flagged it
+    flags[rank][:, peer] = 1
+    out, new_residual = allreduce_add_rms_norm(mine, residual, weight, 1e-6, ptrs(*buffers),
+                                               ptrs(*flags), slot, rank)
+    # rank order, rounded once to bf16 (by truncation: Triton's interpreter truncates where the
+    # GPU rounds to nearest even)
+    summed = ((x_rank0.float() + x_rank1.float()).view(torch.int32) & -65536).view(torch.float32)
+    summed = summed.bfloat16()
+    ref_out, ref_residual = fused_add_rms_norm(summed, residual, weight, 1e-6)
+    assert torch.equal(out, ref_out) and torch.equal(new_residual, ref_residual)
+    assert not flags[rank].any()  # the peer's flags were consumed
+    assert flags[peer][:, rank].tolist() == [1] * M and not flags[peer][:, peer].any()
