@@ -24,6 +24,12 @@ def get_tp_world_size() -> int:
     return dist.get_world_size() if _initialized() else 1
 
 
+# the fused all-reduce + add + RMSNorm runs one program per row, each with its own barrier: on 2 x
+# H200 it beats one-shot + norm kernel up to 8 rows (4 rows: 7.1 vs 8.6 µs), ties at 16 and loses
+# beyond (256 rows: 57 vs 24 µs; worker.bench_allreduce) -> batch-1..8 decode steps only
+FUSED_MAX_ROWS = 8
+
+
 class SymmetricAllReduce:
     """One-shot all-reduce over NVLink through torch's symmetric memory: each rank copies its tensor
     into its own buffer of a symmetric allocation, the ranks meet at a barrier on the signal pads,
@@ -65,7 +71,7 @@ class SymmetricAllReduce:
         """(rms_norm(sum_ranks(x) + residual), sum_ranks(x) + residual) in one kernel, or None
         when x does not fit. Consecutive calls must use different slots (0 or 1): a rank may
         overwrite a slot only once every peer is past the call that read it."""
-        if not (self.fits(x) and x.dim() == 2 and x.shape[0] <= self.max_rows
+        if not (self.fits(x) and x.dim() == 2 and x.shape[0] <= min(self.max_rows, FUSED_MAX_ROWS)
                 and residual.shape == x.shape and residual.is_contiguous()):
             return None
         from worker.kernels.allreduce_norm import allreduce_add_rms_norm

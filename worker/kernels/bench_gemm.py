@@ -1,73 +1,162 @@
 """`python -m worker.kernels.bench_gemm`: small-M linear layers on the GPU machine, cuBLAS (F.linear)
-against worker.kernels.skinny_gemm at its chosen tiles and at every tile of a sweep.
+against worker.kernels.skinny_gemm at its chosen tiles and, with --sweep, at a curated candidate list.
 
-Times come from a CUDA graph of REPS back-to-back calls (a decode step replays such a graph, and
-launch overhead would otherwise hide microsecond kernels); GB/s counts the weight bytes read.
+Times are L2-cold, as in the model where every weight streams from HBM once per step: a CUDA graph
+(a decode step replays one; launch overhead would hide µs kernels) of back-to-back calls that cycle
+through enough copies of W and x to touch >= COLD_BYTES (~5x the H200's 50 MB L2) between two reads of
+the same copy. GB/s counts the weight bytes read. One JSON line per (shape, M), then a summary table.
 """
 import argparse
 import itertools
 import json
+import math
+import statistics
 
 import torch
 import torch.nn.functional as F
 
+from worker.kernels.norm import silu_and_mul
 from worker.kernels.skinny_gemm import skinny_gemm, skinny_gemm_config
 
 REPS = 20
+COLD_BYTES = 256 << 20
 SHAPES = {  # (N, K) of qkv, o, gate_up, down per rank
     "qwen3-0.6b": [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)],
     "qwen3-8b": [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)],
     "qwen3-8b-tp2": [(3072, 4096), (4096, 2048), (12288, 4096), (4096, 6144)],
+    "lm-head": [(151936, 1024), (151936, 4096), (75968, 4096)],  # 0.6B, 8B, 8B at tp 2: not swept
 }
+# (BLOCK_N, BLOCK_K, num_warps, LOOP_STAGES) at M = 1, and the K splits tried with the first four
+TILES = [(2, 512, 2, 1), (2, 512, 4, 1), (4, 512, 4, 1), (4, 1024, 4, 1), (2, 512, 4, 3),
+         (4, 512, 4, 3), (4, 1024, 4, 2), (8, 512, 4, 2), (8, 1024, 8, 2), (2, 2048, 8, 1)]
+SPLIT_TILES, SPLITS = TILES[1:4] + TILES[6:7], (2, 4, 8)
 
 
-def graph_us(fn) -> float:
-    """µs per call of fn() replayed from a CUDA graph."""
-    fn()
+def _replay_us(fn, calls: int, iters: int = 10) -> float:
+    """µs per call of fn(i), i = 0..calls-1, captured once in a CUDA graph: the median of iters replays."""
+    fn(0)  # compiles, and sizes skinny_gemm's arrival counters, outside capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(REPS):
-            fn()
+        for i in range(calls):
+            fn(i)
     graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(iters)]
+    for start, end in events:
+        start.record()
         graph.replay()
-    end.record()
+        end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (5 * REPS)
+    return statistics.median(s.elapsed_time(e) for s, e in events) * 1000 / calls
 
 
-def sweep_configs(m: int):
+def graph_us(fn) -> float:
+    """µs per call of fn() replayed REPS times from a CUDA graph (L2-warm if fn reuses its operands)."""
+    return _replay_us(lambda i: fn(), REPS)
+
+
+def sweep_configs(m: int, n: int, k: int) -> list[dict]:
+    """<= 22 candidates: every tile unsplit, and K splits of four tiles while programs stay few."""
     bm = 1 << (m - 1).bit_length()
-    for bn, bk, warps in itertools.product((2, 4, 8, 16), (128, 256, 512), (2, 4, 8)):
-        if bm * bn * bk <= 32768:
-            yield dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=3)
+    out = []
+    for (bn, bk, warps, stages), split in itertools.chain(
+            itertools.product(TILES, (1,)), itertools.product(SPLIT_TILES, SPLITS)):
+        bk = min(bk, 8192 // (bm * bn))  # bounded registers at larger M
+        if split > 1 and (k // split < bk or math.ceil(n / bn) * split > 8192):
+            continue
+        cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, LOOP_STAGES=stages,
+                   num_warps=warps, num_stages=1)
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def _short(cfg: dict) -> str:
+    return (f"n{cfg['BLOCK_N']} k{cfg['BLOCK_K']} s{cfg['SPLIT_K']} p{cfg['LOOP_STAGES']} "
+            f"w{cfg['num_warps']}")
+
+
+def bench_shape(shape: str, m: int, n: int, k: int, sweep: bool) -> dict:
+    down = shape != "lm-head" and (n, k) == SHAPES[shape][3]
+    copies = max(2, math.ceil(COLD_BYTES / (n * k * 2)))
+    calls = max(REPS, copies)
+    ws = torch.randn(copies, n, k, device="cuda", dtype=torch.bfloat16).unbind(0)
+    xs = torch.randn(copies, m, 2 * k if down else k, device="cuda", dtype=torch.bfloat16).unbind(0)
+    xk = [x[:, :k].contiguous() if down else x for x in xs]  # the unfused GEMV's (M, K) input
+
+    def us(cfg: dict | None) -> float:
+        return _replay_us(lambda i: skinny_gemm(xk[i % copies], ws[i % copies], cfg), calls)
+
+    def err(cfg: dict | None) -> float:
+        ref = F.linear(xk[0], ws[0]).float()
+        return round((skinny_gemm(xk[0], ws[0], cfg).float() - ref).abs().max().item(), 4)
+
+    def gb_s(t: float) -> int:
+        return round(n * k * 2 / t / 1e3)
+
+    chosen = skinny_gemm_config(m, n, k)
+    cublas_us = _replay_us(lambda i: F.linear(xk[i % copies], ws[i % copies]), calls)
+    chosen_us = us(chosen)
+    row = dict(bench="gemm", shape=shape, m=m, n=n, k=k, copies=copies, cublas_us=round(cublas_us, 2),
+               cublas_gb_s=gb_s(cublas_us), chosen_us=round(chosen_us, 2), chosen_gb_s=gb_s(chosen_us),
+               chosen=chosen, max_abs_diff=err(chosen))
+    best_us, best = chosen_us, chosen
+    if sweep and shape != "lm-head":
+        failed = []
+        for cfg in sweep_configs(m, n, k):
+            try:
+                t = us(cfg)
+            except Exception as e:  # a tile that fails to compile is reported, not fatal
+                failed.append(f"{_short(cfg)}: {type(e).__name__}")
+                continue
+            if t < best_us:
+                best_us, best = t, cfg
+        row.update(best_us=round(best_us, 2), best_gb_s=gb_s(best_us), best=best,
+                   best_max_abs_diff=err(best), failed=failed)
+    if down:  # silu_and_mul fused into the GEMV vs the separate kernel then the GEMV
+        row.update(
+            silu_then_cublas_us=round(_replay_us(
+                lambda i: F.linear(silu_and_mul(xs[i % copies]), ws[i % copies]), calls), 2),
+            silu_then_chosen_us=round(_replay_us(
+                lambda i: skinny_gemm(silu_and_mul(xs[i % copies]), ws[i % copies]), calls), 2),
+            fused_chosen_us=round(_replay_us(
+                lambda i: skinny_gemm(xs[i % copies], ws[i % copies], silu_and_mul=True), calls), 2),
+            fused_best_us=round(_replay_us(
+                lambda i: skinny_gemm(xs[i % copies], ws[i % copies], best, True), calls), 2),
+        )
+        ref = F.linear(silu_and_mul(xs[0]), ws[0]).float()
+        row["fused_max_abs_diff"] = round(
+            (skinny_gemm(xs[0], ws[0], silu_and_mul=True).float() - ref).abs().max().item(), 4)
+    del ws, xs, xk
+    torch.cuda.empty_cache()
+    return row
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m worker.kernels.bench_gemm", description=__doc__)
-    p.add_argument("--shapes", nargs="*", default=sorted(SHAPES), choices=sorted(SHAPES))
+    p.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--m", type=int, nargs="*", default=[1, 2, 4, 8])
-    p.add_argument("--sweep", action="store_true", help="also time every tile of the sweep")
+    p.add_argument("--sweep", action="store_true", help="also time the candidate tiles (not LM heads)")
     args = p.parse_args(argv)
     torch.manual_seed(0)
+    rows = []
     for shape in args.shapes:
         for (n, k), m in itertools.product(SHAPES[shape], args.m):
-            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            err = (skinny_gemm(x, w).float() - F.linear(x, w).float()).abs().max().item()
-            cublas = graph_us(lambda: F.linear(x, w))
-            ours = graph_us(lambda: skinny_gemm(x, w))
-            row = dict(bench="gemm", shape=shape, m=m, n=n, k=k, cublas_us=round(cublas, 2),
-                       skinny_us=round(ours, 2), skinny_gb_s=round(n * k * 2 / ours / 1e3),
-                       max_abs_diff=round(err, 4), config=skinny_gemm_config(m, n, k))
-            if args.sweep:
-                timed = [(graph_us(lambda c=c: skinny_gemm(x, w, c)), c) for c in sweep_configs(m)]
-                best_us, best = min(timed, key=lambda t: t[0])
-                row.update(best_us=round(best_us, 2), best=best)
-            print(json.dumps(row), flush=True)
+            rows.append(bench_shape(shape, m, n, k, args.sweep))
+            print(json.dumps(rows[-1]), flush=True)
+    print(f"\n{'shape':<13} {'m':>2} {'N x K':>13} {'cuBLAS µs':>10} {'chosen':>8} {'best':>8} "
+          f"{'best/cuBLAS':>11}  best tile  (L2-cold; GB/s of W in the JSON)")
+    for r in rows:
+        best = r.get("best_us", r["chosen_us"])
+        line = (f"{r['shape']:<13} {r['m']:>2} {r['n']:>6}x{r['k']:<6} {r['cublas_us']:>10.2f} "
+                f"{r['chosen_us']:>8.2f} {best:>8.2f} {best / r['cublas_us']:>11.2f}  "
+                f"{_short(r.get('best', r['chosen']))}")
+        if "fused_chosen_us" in r:
+            line += (f"  | silu+cuBLAS {r['silu_then_cublas_us']:.2f}, silu+chosen "
+                     f"{r['silu_then_chosen_us']:.2f}, fused {r['fused_chosen_us']:.2f} "
+                     f"(best tile {r['fused_best_us']:.2f})")
+        print(line)
 
 
 if __name__ == "__main__":
