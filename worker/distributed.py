@@ -44,10 +44,11 @@ class SymmetricAllReduce:
         self.dtype, self.max_numel, self.max_rows = dtype, max_bytes // dtype.itemsize, max_rows
         self.buffer = symm_mem.empty(self.max_numel, dtype=dtype, device=device)
         self.handle = symm_mem.rendezvous(self.buffer, self.group_name)
-        # all_reduce_add_rms_norm's own symmetric memory: two data slots and (max_rows, world)
-        # int32 flags, zeroed here (the caller's all-rank agreement orders it before any use)
+        # all_reduce_add_rms_norm's own symmetric memory: (2 slots, world sources, max_numel) data
+        # and (max_rows, world) int32 flags, zeroed here (the caller's all-rank agreement orders
+        # it before any use)
         self.rank, world = self.handle.rank, self.handle.world_size
-        self.fused_buffer = symm_mem.empty(2 * self.max_numel, dtype=dtype, device=device)
+        self.fused_buffer = symm_mem.empty(2 * world * self.max_numel, dtype=dtype, device=device)
         fused_handle = symm_mem.rendezvous(self.fused_buffer, self.group_name)
         self.flags = symm_mem.empty(max_rows * world, dtype=torch.int32, device=device).zero_()
         flags_handle = symm_mem.rendezvous(self.flags, self.group_name)
@@ -76,7 +77,7 @@ class SymmetricAllReduce:
             return None
         from worker.kernels.allreduce_norm import allreduce_add_rms_norm
         return allreduce_add_rms_norm(x, residual, weight, eps, self.buffer_ptrs, self.flag_ptrs,
-                                      slot * self.max_numel, self.rank)
+                                      slot, self.max_numel, self.rank)
 
     def close(self) -> None:
         del self.handle, self.buffer, self.fused_handles, self.fused_buffer, self.flags

@@ -1,6 +1,7 @@
 """The all-reduce + residual add + RMSNorm kernel (Triton interpreter on CPU): one rank equals
-fused_add_rms_norm; two ranks are simulated from one rank's side (the peer's slot and flag already
-written), which checks the sum in rank order, the flag handshake and the flags left clean."""
+fused_add_rms_norm; two ranks are simulated from one rank's side (the peer's row and flag already
+pushed here), which checks the push to the peer, the sum in rank order, the flag handshake and the
+flags left clean."""
 import pytest
 import torch
 
@@ -26,25 +27,26 @@ def test_one_rank_is_the_fused_norm(slot):
     buffer = torch.zeros(2, M * HIDDEN, dtype=torch.bfloat16)
     flags = torch.zeros(M, dtype=torch.int32)
     out, new_residual = allreduce_add_rms_norm(x, residual, weight, 1e-6, ptrs(buffer), ptrs(flags),
-                                               slot * M * HIDDEN, 0)
+                                               slot, M * HIDDEN, 0)
     ref_out, ref_residual = fused_add_rms_norm(x, residual, weight, 1e-6)
     assert torch.equal(out, ref_out) and torch.equal(new_residual, ref_residual)
-    assert torch.equal(buffer[slot].view(M, HIDDEN), x)  # this rank's partial went to its slot
-    assert not buffer[1 - slot].any()
+    assert not buffer.any() and not flags.any()  # no peer: nothing pushed, no flag raised
 
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_two_ranks_sum_in_rank_order_and_leave_the_flags_clean(rank):
     x_rank0, x_rank1, residual, weight = inputs(1)
     mine, peers = (x_rank0, x_rank1) if rank == 0 else (x_rank1, x_rank0)
-    slot = M * HIDDEN  # the second slot
-    buffers = [torch.zeros(2 * M * HIDDEN, dtype=torch.bfloat16) for _ in range(2)]
+    # each rank's buffer: (2 slots, 2 source ranks, M * HIDDEN); this call uses slot 1
+    buffers = [torch.zeros(2, 2, M * HIDDEN, dtype=torch.bfloat16) for _ in range(2)]
     flags = [torch.zeros(M, 2, dtype=torch.int32) for _ in range(2)]
     peer = 1 - rank
-    buffers[peer][slot:] = peers.flatten()  # the peer has written its partial and flagged it
+    buffers[rank][1, peer] = peers.flatten()  # the peer has pushed its partial here and flagged it
     flags[rank][:, peer] = 1
     out, new_residual = allreduce_add_rms_norm(mine, residual, weight, 1e-6, ptrs(*buffers),
-                                               ptrs(*flags), slot, rank)
+                                               ptrs(*flags), 1, M * HIDDEN, rank)
+    assert torch.equal(buffers[peer][1, rank].view(M, HIDDEN), mine)  # pushed to the peer
+    assert not buffers[peer][0].any() and not buffers[peer][1, peer].any()
     # rank order, rounded once to bf16 (by truncation: Triton's interpreter truncates where the
     # GPU rounds to nearest even)
     summed = ((x_rank0.float() + x_rank1.float()).view(torch.int32) & -65536).view(torch.float32)

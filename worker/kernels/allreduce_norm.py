@@ -1,10 +1,11 @@
 """All-reduce of a row-parallel layer's partial sums fused with the residual add and RMSNorm that
 follow it (worker.distributed.all_reduce_add_rms_norm, tensor parallelism on CUDA).
 
-One program per token row: it copies its row of this rank's partial sum into this rank's slot of a
-symmetric buffer, meets the same program on every peer at a barrier of signal flags, sums the rows of
-all ranks in rank order (every rank gets the same bits), then adds the residual and normalises as
-worker.kernels.norm does. One launch instead of an all-reduce kernel and a norm kernel.
+One program per token row: it writes its row of this rank's partial sum into every peer's symmetric
+buffer (a push over NVLink: no remote read's round trip), raises a flag on each peer, waits for every
+peer's flag on this rank, sums the rows of all ranks in rank order from local memory (every rank gets
+the same bits), then adds the residual and normalises as worker.kernels.norm does. One launch instead
+of an all-reduce kernel and a norm kernel.
 """
 import torch
 import triton
@@ -18,9 +19,10 @@ def _allreduce_add_rms_norm_kernel(
     weight_ptr,
     out_ptr,
     new_residual_ptr,
-    buffer_ptrs,  # (world,) int64: each rank's symmetric data buffer
+    buffer_ptrs,  # (world,) int64: each rank's symmetric buffer, (2 slots, world sources, section)
     signal_ptrs,  # (world,) int64: each rank's symmetric int32 signal flags, (max_rows, world)
-    slot_offset,  # elements: the data slot this call uses (calls alternate slots)
+    slot_offset,  # elements: the slot this call uses (consecutive calls alternate slots)
+    section,  # elements: one source rank's part of a slot
     rank,
     hidden,
     eps,
@@ -31,12 +33,15 @@ def _allreduce_add_rms_norm_kernel(
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
     offs = row.to(tl.int64) * hidden + cols
-    own = tl.load(buffer_ptrs + rank).to(tl.pointer_type(tl.bfloat16))
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    tl.store(own + slot_offset + offs, x, mask=mask)
+    mine = slot_offset + rank * section + offs  # where this rank's row goes on every peer
     if WORLD > 1:
-        # barrier of this row's program on every rank: all threads' stores above are ordered
-        # before the flag by the CTA barrier and the release (system scope: peers read over NVLink)
+        for peer in tl.static_range(WORLD):
+            if peer != rank:
+                buf = tl.load(buffer_ptrs + peer).to(tl.pointer_type(tl.bfloat16))
+                tl.store(buf + mine, x, mask=mask)
+        # all threads' stores are ordered before the flag by the CTA barrier and the release
+        # (system scope: the peers are other GPUs)
         tl.debug_barrier()
         for peer in tl.static_range(WORLD):
             if peer != rank:
@@ -51,10 +56,14 @@ def _allreduce_add_rms_norm_kernel(
                 while tl.atomic_cas(flags + row * WORLD + peer, 1, 0, sem="acquire", scope="sys") != 1:
                     pass
         tl.debug_barrier()
+    own = tl.load(buffer_ptrs + rank).to(tl.pointer_type(tl.bfloat16))
     acc = tl.zeros((BLOCK,), tl.float32)
-    for peer in tl.static_range(WORLD):  # rank order: the same sum on every rank
-        buf = tl.load(buffer_ptrs + peer).to(tl.pointer_type(tl.bfloat16))
-        acc += tl.load(buf + slot_offset + offs, mask=mask, other=0.0, volatile=True).to(tl.float32)
+    for src in tl.static_range(WORLD):  # rank order: the same sum on every rank
+        if src == rank:
+            acc += x.to(tl.float32)
+        else:
+            part = own + slot_offset + src * section + offs
+            acc += tl.load(part, mask=mask, other=0.0, volatile=True).to(tl.float32)
     # the all-reduced partial is rounded to bf16 like an unfused all-reduce's output
     h = acc.to(tl.bfloat16).to(tl.float32) + tl.load(residual_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(new_residual_ptr + offs, h.to(tl.bfloat16), mask=mask)
@@ -66,16 +75,18 @@ def _allreduce_add_rms_norm_kernel(
 
 def allreduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                            eps: float, buffer_ptrs: torch.Tensor, signal_ptrs: torch.Tensor,
-                           slot_offset: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+                           slot: int, section: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x, residual: (M, hidden) bf16, contiguous; x is this rank's partial sum. Returns
-    (rms_norm(sum_ranks(x) + residual) * weight, sum_ranks(x) + residual). The caller checks that
-    M rows fit the buffers and the flags, and alternates slot_offset between consecutive calls."""
+    (rms_norm(sum_ranks(x) + residual) * weight, sum_ranks(x) + residual). Each rank's buffer holds
+    2 slots of world sections of `section` elements. The caller checks that M rows fit the
+    sections and the flags, and alternates the slot (0, 1) between consecutive calls."""
     m, hidden = x.shape
     out, new_residual = torch.empty_like(x), torch.empty_like(x)
     if m:
         block = triton.next_power_of_2(hidden)
         _allreduce_add_rms_norm_kernel[(m,)](
-            x, residual, weight, out, new_residual, buffer_ptrs, signal_ptrs, slot_offset, rank,
-            hidden, eps, WORLD=buffer_ptrs.numel(), BLOCK=block,
+            x, residual, weight, out, new_residual, buffer_ptrs, signal_ptrs,
+            slot * buffer_ptrs.numel() * section, section, rank, hidden, eps,
+            WORLD=buffer_ptrs.numel(), BLOCK=block,
             num_warps=min(max(block // 256, 1), 8))
     return out, new_residual
