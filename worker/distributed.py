@@ -24,10 +24,11 @@ def get_tp_world_size() -> int:
     return dist.get_world_size() if _initialized() else 1
 
 
-# the fused all-reduce + add + RMSNorm runs one program per row, each with its own barrier: on 2 x
-# H200 it beats one-shot + norm kernel up to 8 rows (4 rows: 7.1 vs 8.6 µs), ties at 16 and loses
-# beyond (256 rows: 57 vs 24 µs; worker.bench_allreduce) -> batch-1..8 decode steps only
-FUSED_MAX_ROWS = 8
+# the fused all-reduce + add + RMSNorm runs one program per row, each with its own barrier. On 2 x
+# H200 (worker.bench_allreduce, 7f86aff) it takes 5.1-5.8 µs for 1-16 rows of 4096 against 8.4-9.4
+# for one-shot + norm kernel; beyond 16 rows it was not measured since it pushes rows (the version
+# that pulled them lost from 64 rows on) -> decode steps of up to 16 sequences
+FUSED_MAX_ROWS = 16
 
 
 class SymmetricAllReduce:

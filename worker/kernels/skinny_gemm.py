@@ -103,14 +103,18 @@ def _arrival_counters(device: torch.device, size: int) -> torch.Tensor:
 def skinny_gemm_config(m: int, n: int, k: int) -> dict:
     """Tile sizes from shapes only, never autotuned at run time (results reproduce run to run).
 
-    N <= 2048 at M = 1 keeps the tiles of the first (L2-warm) H200 sweep: two rows of W a program,
-    512-wide K steps. Wider layers and M > 1 are a guess until bench_gemm's L2-cold sweep replaces it:
-    deeper K tiles pipelined 2 deep, and for narrow N a K split that gives >= ~4 programs per SM.
+    M = 1: the best tiles of bench_gemm's L2-cold sweep on the H200 (8d06583+): narrow N (<= 2048)
+    two rows of W a program, K in one 2048-wide step where it fits, else 512-wide steps pipelined
+    3 deep; wider N four rows, 1024-wide steps pipelined 2 deep, no K split (a split never won).
+    M > 1 is a guess (linear() sends only M = 1 here).
     """
     block_m, k_pow2 = triton.next_power_of_2(max(m, 1)), triton.next_power_of_2(max(k, 1))
     if m == 1 and n <= 2048:
-        return dict(BLOCK_M=1, BLOCK_N=2, BLOCK_K=min(512, k_pow2), SPLIT_K=1,
-                    LOOP_STAGES=1, num_warps=2 if k <= 2048 else 4, num_stages=1)
+        if k <= 2048:
+            return dict(BLOCK_M=1, BLOCK_N=2, BLOCK_K=k_pow2, SPLIT_K=1, LOOP_STAGES=1,
+                        num_warps=8, num_stages=1)
+        return dict(BLOCK_M=1, BLOCK_N=2, BLOCK_K=512, SPLIT_K=1, LOOP_STAGES=3, num_warps=4,
+                    num_stages=1)
     block_n = 4 if m == 1 else max(1, 8 // block_m)
     block_k = min(1024 if m == 1 else 512, k_pow2)
     tiles = triton.cdiv(n, block_n)

@@ -10,9 +10,11 @@ from torch import nn
 
 from worker.distributed import all_reduce, get_tp_rank, get_tp_world_size
 
-# widest output that linear() sends to the skinny kernel at M = 1: above it cuBLAS is as fast or
-# faster on the H200 (worker.kernels.bench_gemm, docs/benchmarks.md)
-SKINNY_MAX_N = 2048
+# widest output that linear() sends to the skinny kernel at M = 1. L2-cold on the H200
+# (worker.kernels.bench_gemm, docs/benchmarks.md) it beats cuBLAS up to 6144 x 4096 (qkv, o_proj,
+# down_proj of 0.6B and 8B, at tp 1 and 2: 0.27-0.97x the time); cuBLAS is as fast or faster for
+# gate_up at 12288 or 24576 x 4096 and the LM heads
+SKINNY_MAX_N = 8192
 
 
 def divide(total: int, parts: int, name: str) -> int:
@@ -44,8 +46,8 @@ def load_whole(param: nn.Parameter, loaded, shard_id=None) -> None:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear, except one row times a narrow weight on CUDA (batch-1 decode of o_proj/down_proj
-    at Qwen3-0.6B widths), where cuBLAS's tiles take 2-3x longer than worker.kernels.skinny_gemm."""
+    """F.linear, except one row times a weight of at most SKINNY_MAX_N rows on CUDA (batch-1 decode
+    of qkv/o/down_proj), where worker.kernels.skinny_gemm streams W faster than cuBLAS's tiles."""
     if (x.is_cuda and bias is None and x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1
             and weight.shape[0] <= SKINNY_MAX_N):
         from worker.kernels.skinny_gemm import skinny_gemm
