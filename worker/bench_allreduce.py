@@ -76,7 +76,7 @@ def _time_norm(symm, x: torch.Tensor, rank: int) -> tuple[float, float, bool]:
 def _worker(rank: int, world_size: int, port: int, args) -> None:
     from worker import distributed
     from worker.distributed import SymmetricAllReduce
-    distributed.FUSED_MAX_ROWS = args.max_rows  # time the fused kernel past the model's cut-off too
+    distributed.FUSED_MAX_ROWS = args.max_rows  # time the fused kernel at every size asked for
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     torch.cuda.set_device(rank)

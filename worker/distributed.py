@@ -25,10 +25,10 @@ def get_tp_world_size() -> int:
 
 
 # the fused all-reduce + add + RMSNorm runs one program per row, each with its own barrier. On 2 x
-# H200 (worker.bench_allreduce, 7f86aff) it takes 5.1-5.8 µs for 1-16 rows of 4096 against 8.4-9.4
-# for one-shot + norm kernel; beyond 16 rows it was not measured since it pushes rows (the version
-# that pulled them lost from 64 rows on) -> decode steps of up to 16 sequences
-FUSED_MAX_ROWS = 16
+# H200 (worker.bench_allreduce, b076b35), rows of 4096: 5.1 µs for 1 row, 7.3 for 64, 14.3 for 256
+# against 8.4, 13.0 and 24.1 for one-shot + norm kernel -> every decode step (the largest, 512
+# rows, is the buffers' size; not measured beyond 256)
+FUSED_MAX_ROWS = 512
 
 
 class SymmetricAllReduce:

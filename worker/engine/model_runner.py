@@ -102,8 +102,9 @@ class ModelRunner:
         self.model.eval()
         if self.device.type == "cuda" and world_size > 1 and config.custom_all_reduce:
             # the largest decode step's activations; prefill's bigger messages stay on NCCL
-            max_bytes = min(config.max_num_seqs, 512) * model_config.hidden_size * self.dtype.itemsize
-            init_symmetric_all_reduce(self.device, max_bytes, self.dtype)
+            max_rows = min(config.max_num_seqs, 512)
+            max_bytes = max_rows * model_config.hidden_size * self.dtype.itemsize
+            init_symmetric_all_reduce(self.device, max_bytes, self.dtype, max_rows)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.num_kv_heads = self.attention_layers[0].num_kv_heads
         self.head_dim = model_config.head_dim
