@@ -32,7 +32,6 @@ def _allreduce_add_rms_norm_kernel(
     eps,
     WORLD: tl.constexpr,
     BLOCK: tl.constexpr,
-    FLAG_WORDS: tl.constexpr,  # FLAG_STRIDE
 ):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -52,7 +51,7 @@ def _allreduce_add_rms_norm_kernel(
             if peer != rank:
                 flags = tl.load(signal_ptrs + peer).to(tl.pointer_type(tl.int32))
                 # spins only while the peer has not yet consumed this row's previous flag
-                flag = flags + (row * WORLD + rank) * FLAG_WORDS
+                flag = flags + (row * WORLD + rank) * FLAG_STRIDE
                 while tl.atomic_cas(flag, 0, 1, sem="release", scope="sys") != 0:
                     pass
         flags = tl.load(signal_ptrs + rank).to(tl.pointer_type(tl.int32))
@@ -60,7 +59,7 @@ def _allreduce_add_rms_norm_kernel(
             if peer != rank:
                 # poll the peer's flag with plain loads (an atomic a poll would hammer the line
                 # the peer writes to), then take it with one acquiring exchange that also resets it
-                flag = flags + (row * WORLD + peer) * FLAG_WORDS
+                flag = flags + (row * WORLD + peer) * FLAG_STRIDE
                 while tl.load(flag, volatile=True) != 1:
                     pass
                 tl.atomic_xchg(flag, 0, sem="acquire", scope="sys")
@@ -97,6 +96,6 @@ def allreduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torc
         _allreduce_add_rms_norm_kernel[(m,)](
             x, residual, weight, out, new_residual, buffer_ptrs, signal_ptrs,
             slot * buffer_ptrs.numel() * section, section, rank, hidden, eps,
-            WORLD=buffer_ptrs.numel(), BLOCK=block, FLAG_WORDS=FLAG_STRIDE,
+            WORLD=buffer_ptrs.numel(), BLOCK=block,
             num_warps=min(max(block // 256, 1), 8))
     return out, new_residual
