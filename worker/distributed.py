@@ -30,7 +30,7 @@ def get_tp_world_size() -> int:
 # model, fused at every decode batch cut 8B tp=2 throughput from 12,964 to 11,365 tok/s (0998945,
 # cause not found) -> small batches only (batch-1 latency: 3.674 ms unfused, 3.522 fused with remote
 # reads, 3.457 with pushes, 3.318 with the skinny GEMMs too)
-FUSED_MAX_ROWS = 512
+FUSED_MAX_ROWS = 16
 
 
 class SymmetricAllReduce:
@@ -48,14 +48,12 @@ class SymmetricAllReduce:
         self.buffer = symm_mem.empty(self.max_numel, dtype=dtype, device=device)
         self.handle = symm_mem.rendezvous(self.buffer, self.group_name)
         # all_reduce_add_rms_norm's own symmetric memory: (2 slots, world sources, max_numel) data
-        # and (max_rows, world, FLAG_STRIDE) int32 flags, zeroed here (the caller's all-rank
-        # agreement orders it before any use)
+        # and (max_rows, world) int32 flags, zeroed here (the caller's all-rank agreement orders
+        # it before any use)
         self.rank, world = self.handle.rank, self.handle.world_size
         self.fused_buffer = symm_mem.empty(2 * world * self.max_numel, dtype=dtype, device=device)
         fused_handle = symm_mem.rendezvous(self.fused_buffer, self.group_name)
-        from worker.kernels.allreduce_norm import FLAG_STRIDE
-        self.flags = symm_mem.empty(max_rows * world * FLAG_STRIDE, dtype=torch.int32,
-                                    device=device).zero_()
+        self.flags = symm_mem.empty(max_rows * world, dtype=torch.int32, device=device).zero_()
         flags_handle = symm_mem.rendezvous(self.flags, self.group_name)
         self.buffer_ptrs = torch.tensor(fused_handle.buffer_ptrs, dtype=torch.int64, device=device)
         self.flag_ptrs = torch.tensor(flags_handle.buffer_ptrs, dtype=torch.int64, device=device)

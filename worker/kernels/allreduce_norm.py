@@ -11,10 +11,6 @@ import torch
 import triton
 import triton.language as tl
 
-# int32 words between two flags: one 128-byte line each, so a peer's remote write to one flag does
-# not contend with this rank polling its neighbours
-FLAG_STRIDE = 32
-
 
 @triton.jit
 def _allreduce_add_rms_norm_kernel(
@@ -24,7 +20,7 @@ def _allreduce_add_rms_norm_kernel(
     out_ptr,
     new_residual_ptr,
     buffer_ptrs,  # (world,) int64: each rank's symmetric buffer, (2 slots, world sources, section)
-    signal_ptrs,  # (world,) int64: each rank's symmetric int32 flags, (max_rows, world, FLAG_STRIDE)
+    signal_ptrs,  # (world,) int64: each rank's symmetric int32 signal flags, (max_rows, world)
     slot_offset,  # elements: the slot this call uses (consecutive calls alternate slots)
     section,  # elements: one source rank's part of a slot
     rank,
@@ -51,18 +47,14 @@ def _allreduce_add_rms_norm_kernel(
             if peer != rank:
                 flags = tl.load(signal_ptrs + peer).to(tl.pointer_type(tl.int32))
                 # spins only while the peer has not yet consumed this row's previous flag
-                flag = flags + (row * WORLD + rank) * FLAG_STRIDE
-                while tl.atomic_cas(flag, 0, 1, sem="release", scope="sys") != 0:
+                while tl.atomic_cas(flags + row * WORLD + rank, 0, 1, sem="release", scope="sys") != 0:
                     pass
         flags = tl.load(signal_ptrs + rank).to(tl.pointer_type(tl.int32))
         for peer in tl.static_range(WORLD):
             if peer != rank:
-                # poll the peer's flag with plain loads (an atomic a poll would hammer the line
-                # the peer writes to), then take it with one acquiring exchange that also resets it
-                flag = flags + (row * WORLD + peer) * FLAG_STRIDE
-                while tl.load(flag, volatile=True) != 1:
+                # wait for the peer's flag and reset it: the pad is clean for the next call
+                while tl.atomic_cas(flags + row * WORLD + peer, 1, 0, sem="acquire", scope="sys") != 1:
                     pass
-                tl.atomic_xchg(flag, 0, sem="acquire", scope="sys")
         tl.debug_barrier()
     own = tl.load(buffer_ptrs + rank).to(tl.pointer_type(tl.bfloat16))
     acc = tl.zeros((BLOCK,), tl.float32)
@@ -86,9 +78,8 @@ def allreduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torc
                            slot: int, section: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x, residual: (M, hidden) bf16, contiguous; x is this rank's partial sum. Returns
     (rms_norm(sum_ranks(x) + residual) * weight, sum_ranks(x) + residual). Each rank's buffer holds
-    2 slots of world sections of `section` elements, and its flags (max_rows, world, FLAG_STRIDE)
-    int32. The caller checks that M rows fit the sections and the flags, and alternates the slot
-    (0, 1) between consecutive calls."""
+    2 slots of world sections of `section` elements. The caller checks that M rows fit the
+    sections and the flags, and alternates the slot (0, 1) between consecutive calls."""
     m, hidden = x.shape
     out, new_residual = torch.empty_like(x), torch.empty_like(x)
     if m:
