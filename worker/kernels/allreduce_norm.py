@@ -6,6 +6,8 @@ buffer (a push over NVLink: no remote read's round trip), raises a flag on each 
 peer's flag on this rank, sums the rows of all ranks in rank order from local memory (every rank gets
 the same bits), then adds the residual and normalises as worker.kernels.norm does. One launch instead
 of an all-reduce kernel and a norm kernel.
+Two slots suffice: a rank starts call j+2 only once its call j+1 has met every peer's flags, so every
+peer has started call j+1 and thus finished call j, the last reader of the slot that j+2 overwrites.
 """
 import torch
 import triton
