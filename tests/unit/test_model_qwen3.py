@@ -226,3 +226,27 @@ def test_bfloat16_model_stays_close_and_keeps_float32_rotary(tmp_path):
     ref = hf_logits(hf, seq)
     assert (logits.float() - ref).abs().max() < 0.05 * ref.abs().max()
     assert (logits.float().argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
+
+
+def test_fused_all_reduce_slots_alternate_across_layers_and_steps(tmp_path, monkeypatch):
+    """Every norm after a row-parallel layer all-reduces its partial sums (fused on CUDA under
+    tensor parallelism); two calls in a row on the same slot would let a fast rank overwrite rows a
+    peer is still reading, so the slots must alternate through a forward and into the next one."""
+    from worker.layers import layernorm
+    slots: list[int] = []
+
+    def record(x, residual, weight, eps, slot):
+        slots.append(slot)
+        return None  # then the unfused path runs, as on one rank
+
+    monkeypatch.setattr(layernorm, "all_reduce_add_rms_norm", record)
+    hf = make_hf_model(tmp_path, **CONFIGS["untied-gqa2-headdim"])
+    model = build_model(tmp_path)
+    seqs = random_seqs(hf.config.vocab_size, [5])
+    cache = PagedCache(model, 1)
+    logits = cache.step(model, seqs, is_prefill=True)
+    assert len(slots) == 2 * hf.config.num_hidden_layers  # post-attention, then the next norm
+    cache.step(model, [[1]], is_prefill=False)
+    assert len(slots) == 4 * hf.config.num_hidden_layers
+    assert all(a != b for a, b in zip(slots, slots[1:])), slots
+    torch.testing.assert_close(logits[-1], hf_logits(hf, seqs[0])[-1], atol=ATOL, rtol=ATOL)
