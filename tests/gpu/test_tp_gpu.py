@@ -50,3 +50,17 @@ def test_tp2_matches_tp1(model_dir, capsys):
               f"sequences diverge, gaps (bf16 ulps) {[round(g, 3) for g in gaps]}")
     assert agree / total >= 0.99 and max_err <= 0.05 * scale
     assert len(differ) <= len(ps) // 10 and all(g <= 2 for g in gaps)
+
+
+def test_all_reduce_paths_give_exact_sums():
+    """worker.bench_allreduce on 2 GPUs: NCCL, the one-shot kernel and the fused all-reduce + add +
+    RMSNorm (16 chained calls, slots alternating) give the same bits, at the sizes the model fuses."""
+    import json
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "worker.bench_allreduce", "--rows", "1", "16",
+                          "--max-rows", "16"], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [r["rows"] for r in rows] == [1, 16]
+    assert all(r["exact"] and r["fused_exact"] for r in rows), rows
