@@ -48,29 +48,24 @@ def _time_norm(symm, x: torch.Tensor, rank: int) -> tuple[float, float, bool]:
     residual = torch.randn_like(x)
     slot = [0]
 
-    def fused(t):
-        return fused_step(t, residual)
+    def fused(h, r):  # consecutive calls alternate slots, as the model's norms do
+        slot[0] ^= 1
+        return symm.add_rms_norm(h, r, weight, 1e-6, slot[0])
 
-    def unfused(t):
-        return fused_add_rms_norm(symm(t), residual, weight, 1e-6)
+    def unfused(h, r):
+        return fused_add_rms_norm(symm(h), r, weight, 1e-6)
 
     def chain(step) -> list[torch.Tensor]:
         h, r, outs = x.clone(), residual.clone(), []
         for _ in range(16):
-            h, r = step(h, r)
+            h, r = step(h.clone(), r)
             outs += [h, r]
             h = h * (rank + 1)
         return outs
 
-    def fused_step(h, r):
-        slot[0] ^= 1
-        return symm.add_rms_norm(h, r, weight, 1e-6, slot[0])
-
-    a = chain(fused_step)
-    b = chain(lambda h, r: fused_add_rms_norm(symm(h.clone()), r, weight, 1e-6))
-    torch.cuda.synchronize()
-    exact = all(torch.equal(p, q) for p, q in zip(a, b))
-    return _time_graph(unfused, x.clone()), _time_graph(fused, x.clone()), exact
+    exact = all(torch.equal(p, q) for p, q in zip(chain(fused), chain(unfused)))
+    return (_time_graph(lambda t: unfused(t, residual), x.clone()),
+            _time_graph(lambda t: fused(t, residual), x.clone()), exact)
 
 
 def _worker(rank: int, world_size: int, port: int, args) -> None:

@@ -75,7 +75,8 @@ class SymmetricAllReduce:
         """(rms_norm(sum_ranks(x) + residual), sum_ranks(x) + residual) in one kernel, or None
         when x does not fit. Consecutive calls must use different slots (0 or 1): a rank may
         overwrite a slot only once every peer is past the call that read it."""
-        if not (self.fits(x) and x.dim() == 2 and x.shape[0] <= min(self.max_rows, FUSED_MAX_ROWS)
+        if not (x.dtype == torch.bfloat16 and self.fits(x) and x.dim() == 2  # the kernel is bf16
+                and x.shape[0] <= min(self.max_rows, FUSED_MAX_ROWS)
                 and residual.shape == x.shape and residual.is_contiguous()):
             return None
         from worker.kernels.allreduce_norm import allreduce_add_rms_norm
@@ -129,7 +130,7 @@ def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: tor
                             eps: float, slot: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The all-reduce of a row-parallel layer fused with the residual add + RMSNorm after it, or
     None where only the unfused path runs (one rank, no symmetric memory, too many rows)."""
-    if _symmetric is None or get_tp_world_size() == 1 or x.dtype != torch.bfloat16:
+    if _symmetric is None or get_tp_world_size() == 1:
         return None
     return _symmetric.add_rms_norm(x, residual, weight, eps, slot)
 
