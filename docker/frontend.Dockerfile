@@ -11,6 +11,7 @@ COPY pyproject.toml README.md* ./
 COPY shared ./shared
 COPY frontend ./frontend
 COPY worker ./worker
+COPY benchmarks ./benchmarks
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM ${BASE_IMAGE}
@@ -43,4 +44,4 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
 
 # SIGTERM drains: NOT_SERVING, in-flight calls get --grace-period-s, then exit.
 STOPSIGNAL SIGTERM
-ENTRYPOINT ["python", "-m", "frontend"]
+ENTRYPOINT ["python", "-m", "nanoserve.frontend"]

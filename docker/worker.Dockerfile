@@ -13,6 +13,7 @@ COPY pyproject.toml README.md* ./
 COPY shared ./shared
 COPY frontend ./frontend
 COPY worker ./worker
+COPY benchmarks ./benchmarks
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM ${BASE_IMAGE}
@@ -51,4 +52,4 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=600s --retries=3 \
 
 # SIGTERM drains: NOT_SERVING, in-flight streams get --grace-period-s, then exit 0.
 STOPSIGNAL SIGTERM
-ENTRYPOINT ["python", "-m", "worker"]
+ENTRYPOINT ["python", "-m", "nanoserve.worker"]

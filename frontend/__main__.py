@@ -1,4 +1,4 @@
-"""`python -m frontend --model DIR --worker-address HOST:PORT --port P`: runs the frontend service
+"""`python -m nanoserve.frontend --model DIR --worker-address HOST:PORT --port P`: runs the frontend service
 until SIGTERM or SIGINT, then drains (NOT_SERVING, in-flight calls finish within the grace period).
 """
 
@@ -7,10 +7,10 @@ import logging
 import signal
 import sys
 
-from frontend.config import FrontendConfig
-from frontend.server import FrontendServer
-from shared.config import parse_config
-from shared.log import setup_logging
+from nanoserve.frontend.config import FrontendConfig
+from nanoserve.frontend.server import FrontendServer
+from nanoserve.config import parse_config
+from nanoserve.log import setup_logging
 
 logger = logging.getLogger("frontend")
 
@@ -18,7 +18,7 @@ logger = logging.getLogger("frontend")
 def resolve_model_dir(config: FrontendConfig) -> str:
     if config.model is not None:
         return config.model
-    from shared.tiny_model import default_model_dir  # builds the embedded model on first use
+    from nanoserve.tiny_model import default_model_dir  # builds the embedded model on first use
 
     return str(default_model_dir())
 

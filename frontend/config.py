@@ -1,13 +1,13 @@
 """User-facing configuration of the frontend service (FrontendConfig).
 
-A frozen dataclass that validates itself; shared.config turns its fields into `python -m frontend`
+A frozen dataclass that validates itself; shared.config turns its fields into `python -m nanoserve.frontend`
 flags. Model limits (max_model_len, vocab_size) are not here: the worker reports them.
 """
 
 from dataclasses import dataclass, field
 
-from shared.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
-from shared.log import parse_level
+from nanoserve.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
+from nanoserve.log import parse_level
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,10 +17,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from frontend.config import FrontendConfig
-from frontend.detokenizer import Detokenizer
-from frontend.tokenizer import Tokenizer
-from frontend.validation import (
+from nanoserve.frontend.config import FrontendConfig
+from nanoserve.frontend.detokenizer import Detokenizer
+from nanoserve.frontend.tokenizer import Tokenizer
+from nanoserve.frontend.validation import (
     Limits,
     resolve_max_tokens,
     validate_messages,
@@ -30,8 +30,8 @@ from frontend.validation import (
     validate_text,
     worker_sampling_params,
 )
-from frontend.worker_link import WorkerLink
-from shared.errors import (
+from nanoserve.frontend.worker_link import WorkerLink
+from nanoserve.errors import (
     AlreadyExists,
     FailedPrecondition,
     Internal,
@@ -42,12 +42,12 @@ from shared.errors import (
     error_for_code,
     grpc_errors,
 )
-from shared.grpc_options import server_options
-from shared.model_files import tokenizer_digest
-from shared.proto.nanoserve.v1 import common_pb2
-from shared.proto.nanoserve.v1 import frontend_service_pb2 as frontend_pb2
-from shared.proto.nanoserve.v1 import frontend_service_pb2_grpc as frontend_grpc
-from shared.proto.nanoserve.v1 import worker_service_pb2 as worker_pb2
+from nanoserve.grpc_options import server_options
+from nanoserve.model_files import tokenizer_digest
+from nanoserve.proto.v1 import common_pb2
+from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
+from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
+from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 
 logger = logging.getLogger(__name__)
 

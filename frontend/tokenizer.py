@@ -16,8 +16,8 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
-from shared.errors import InvalidArgument
-from shared.model_files import read_json
+from nanoserve.errors import InvalidArgument
+from nanoserve.model_files import read_json
 
 logger = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ INVALID_ARGUMENT); the servicer calls these before admission and tokenization co
 
 from dataclasses import dataclass
 
-from shared.errors import InvalidArgument
-from shared.proto.nanoserve.v1 import common_pb2
-from shared.sampling_rules import RULES, violations
+from nanoserve.errors import InvalidArgument
+from nanoserve.proto.v1 import common_pb2
+from nanoserve.sampling_rules import RULES, violations
 
 INT64_MAX = 2**63 - 1
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})

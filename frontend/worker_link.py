@@ -9,10 +9,10 @@ from collections.abc import Awaitable, Callable
 import grpc
 import grpc.aio
 
-from shared.errors import FailedPrecondition, Unavailable
-from shared.grpc_options import channel_options
-from shared.proto.nanoserve.v1 import worker_service_pb2 as worker_pb2
-from shared.proto.nanoserve.v1 import worker_service_pb2_grpc as worker_grpc
+from nanoserve.errors import FailedPrecondition, Unavailable
+from nanoserve.grpc_options import channel_options
+from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 
 logger = logging.getLogger(__name__)
 

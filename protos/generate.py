@@ -1,4 +1,4 @@
-"""Regenerates the committed Python stubs in shared/proto/ from protos/nanoserve/v1/*.proto.
+"""Regenerates the committed Python stubs in shared/proto/v1/ (package nanoserve.proto.v1) from protos/nanoserve/v1/*.proto.
 
 Usage: `python protos/generate.py [OUTDIR]` (default: shared/proto). tests/unit/test_protos.py
 runs it into a temporary directory and compares the bytes with the committed stubs.
@@ -31,14 +31,20 @@ def generate(outdir: Path) -> list[Path]:
     if protoc.main(args) != 0:
         raise RuntimeError(f"protoc failed: {' '.join(args)}")
     # protoc writes `from nanoserve.v1 import x_pb2`, which only works with outdir on sys.path
-    # (grpc/grpc#29390); the stubs live inside the `shared.proto` package: import relatively.
+    # (grpc/grpc#29390); the stubs live in the `nanoserve.proto.v1` package: import relatively.
     absolute_import = re.compile(r"^from nanoserve\.v1 import", re.MULTILINE)
+    target = outdir / "v1"
+    target.mkdir(exist_ok=True)
     files = []
     for path in sorted((outdir / PACKAGE_DIR).iterdir()):
         if path.suffix in (".py", ".pyi"):
-            path.write_text(absolute_import.sub("from . import", path.read_text()))
-            files.append(path)
-    for package in (outdir, outdir / "nanoserve", outdir / PACKAGE_DIR):
+            moved = target / path.name
+            moved.write_text(absolute_import.sub("from . import", path.read_text()))
+            path.unlink()
+            files.append(moved)
+    (outdir / PACKAGE_DIR).rmdir()
+    (outdir / "nanoserve").rmdir()
+    for package in (outdir, target):
         init = package / "__init__.py"
         init.write_text("")
         files.append(init)

@@ -17,17 +17,17 @@ from typing import IO
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from shared.client import DEFAULT_ADDRESS, Client
-from shared.errors import ServiceError
+from nanoserve.client import DEFAULT_ADDRESS, Client
+from nanoserve.errors import ServiceError
 
 LISTENING = re.compile(r"(worker|frontend) listening on (\S+):(\d+)")
 WORKER_SERVICE = "nanoserve.v1.WorkerService"
 FRONTEND_SERVICE = "nanoserve.v1.FrontendService"
 STOP_TIMEOUT_S = 40.0  # per child: its own drain grace (30 s by default) plus some slack
 PASS_THROUGH = {
-    "worker": "run the worker service (python -m worker ARGS)",
-    "frontend": "run the frontend service (python -m frontend ARGS)",
-    "bench": "run the benchmarks (worker.bench)",
+    "worker": "run the worker service (python -m nanoserve.worker ARGS)",
+    "frontend": "run the frontend service (python -m nanoserve.frontend ARGS)",
+    "bench": "run the benchmarks (nanoserve.benchmarks.engine)",
     "make-tiny-model": "write a tiny random Qwen3 model directory (shared.tiny_model)",
 }
 
@@ -126,7 +126,7 @@ def serve(argv: Sequence[str]) -> int:
     args, worker_args = parser.parse_known_args(argv)
     model = args.model
     if model is None:
-        from shared.tiny_model import default_model_dir  # builds the tiny model on first use
+        from nanoserve.tiny_model import default_model_dir  # builds the tiny model on first use
 
         model = str(default_model_dir())
 
@@ -138,7 +138,7 @@ def serve(argv: Sequence[str]) -> int:
         "worker",
         [
             *python,
-            "worker",
+            "nanoserve.worker",
             "--model",
             model,
             "--host",
@@ -160,7 +160,7 @@ def serve(argv: Sequence[str]) -> int:
             "frontend",
             [
                 *python,
-                "frontend",
+                "nanoserve.frontend",
                 "--model",
                 model,
                 "--worker-address",
@@ -283,13 +283,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     command, rest = argv[0], argv[1:]
     if command in ("worker", "frontend"):
-        os.execv(sys.executable, [sys.executable, "-m", command, *rest])
+        os.execv(sys.executable, [sys.executable, "-m", f"nanoserve.{command}", *rest])
     elif command == "bench":
-        from worker.bench import main as bench_main  # needs torch: imported only here
+        from nanoserve.benchmarks.engine import main as bench_main  # needs torch: imported only here
 
         bench_main(rest)
     elif command == "make-tiny-model":
-        from shared.tiny_model import main as tiny_model_main
+        from nanoserve.tiny_model import main as tiny_model_main
 
         tiny_model_main(rest)
     elif command == "serve":

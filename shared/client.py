@@ -16,11 +16,11 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from shared.errors import DeadlineExceeded, ServiceError, error_from_rpc
-from shared.grpc_options import DEFAULT_MAX_MESSAGE_BYTES, channel_options
-from shared.proto.nanoserve.v1 import common_pb2
-from shared.proto.nanoserve.v1 import frontend_service_pb2 as frontend_pb2
-from shared.proto.nanoserve.v1 import frontend_service_pb2_grpc as frontend_grpc
+from nanoserve.errors import DeadlineExceeded, ServiceError, error_from_rpc
+from nanoserve.grpc_options import DEFAULT_MAX_MESSAGE_BYTES, channel_options
+from nanoserve.proto.v1 import common_pb2
+from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
+from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 SERVICE_NAME = "nanoserve.v1.FrontendService"

@@ -1,6 +1,6 @@
 """Turns a service's frozen config dataclass into command-line flags and back.
 
-`python -m worker --help` and `python -m frontend --help` are generated from the dataclass fields:
+`python -m nanoserve.worker --help` and `python -m nanoserve.frontend --help` are generated from the dataclass fields:
 field `max_num_seqs` becomes `--max-num-seqs`, with `NANOSERVE_MAX_NUM_SEQS` as an env fallback.
 """
 

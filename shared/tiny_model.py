@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.qwen_tokenizer import (  # noqa: F401 (tokenizer_files_dir is re-exported)
+from nanoserve.qwen_tokenizer import (  # noqa: F401 (tokenizer_files_dir is re-exported)
     ADDED_TOKENS,
     ENDOFTEXT_ID,
     IM_END_ID,
@@ -185,7 +185,7 @@ def default_model_dir() -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m shared.tiny_model",
+    parser = argparse.ArgumentParser(prog="python -m nanoserve.tiny_model",
                                      description="Write a tiny random Qwen3 model directory.")
     parser.add_argument("out_dir", nargs="?", help="target dir (default: build the cached default model)")
     parser.add_argument("--vocab-size", type=int, default=151936)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.tiny_model import make_tiny_model
-from shared.tiny_model import tokenizer_files_dir as _tokenizer_files_dir
+from nanoserve.tiny_model import make_tiny_model
+from nanoserve.tiny_model import tokenizer_files_dir as _tokenizer_files_dir
 
 
 def free_port() -> int:

@@ -1,11 +1,11 @@
 """The GPU worker: engine (scheduler, paged KV blocks, model runner, sampler) and its gRPC service."""
-from worker.sampling_params import SamplingParams
+from nanoserve.worker.sampling_params import SamplingParams
 
 
 def __getattr__(name: str):
-    # LLM pulls in torch; importing it lazily keeps `python -m worker --help` and config use light
+    # LLM pulls in torch; importing it lazily keeps `python -m nanoserve.worker --help` and config use light
     if name == "LLM":
-        from worker.llm import LLM
+        from nanoserve.worker.llm import LLM
         return LLM
     raise AttributeError(name)
 

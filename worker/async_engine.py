@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from worker.engine.llm_engine import LLMEngine
-from worker.engine.sequence import FinishReason, Sequence
-from worker.sampling_params import SamplingParams
+from nanoserve.worker.engine.llm_engine import LLMEngine
+from nanoserve.worker.engine.sequence import FinishReason, Sequence
+from nanoserve.worker.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ def get_tp_world_size() -> int:
 
 
 # the fused all-reduce + add + RMSNorm runs one program per row, each with its own barrier. On 2 x
-# H200 (worker.bench_allreduce, b076b35/0998945), rows of 4096, in a loop of calls: 5.1 µs for 1
+# H200 (nanoserve.benchmarks.allreduce, b076b35/0998945), rows of 4096, in a loop of calls: 5.1 µs for 1
 # row, 7.3 for 64, 14.3 for 256 against 8.4, 13.0 and 24.1 for one-shot + norm kernel. Yet in the
 # model, fused at every decode batch cut 8B tp=2 throughput from 12,964 to 11,365 tok/s (0998945,
 # cause not found) -> small batches only (batch-1 latency: 3.674 ms unfused, 3.522 fused with remote
@@ -37,7 +37,7 @@ class SymmetricAllReduce:
     """One-shot all-reduce over NVLink through torch's symmetric memory: each rank copies its tensor
     into its own buffer of a symmetric allocation, the ranks meet at a barrier on the signal pads,
     and each sums every rank's buffer with peer loads. One kernel and no NCCL protocol: a few µs for
-    the KiB-sized messages of a decode step, against ~10 µs for NCCL (worker.bench_allreduce).
+    the KiB-sized messages of a decode step, against ~10 µs for NCCL (nanoserve.benchmarks.allreduce).
     CUDA-graph safe: the buffer and the signal pads have fixed addresses and reset themselves."""
 
     def __init__(self, device: torch.device, max_bytes: int, dtype: torch.dtype = torch.bfloat16,
@@ -79,7 +79,7 @@ class SymmetricAllReduce:
                 and x.shape[0] <= min(self.max_rows, FUSED_MAX_ROWS)
                 and residual.shape == x.shape and residual.is_contiguous()):
             return None
-        from worker.kernels.allreduce_norm import allreduce_add_rms_norm
+        from nanoserve.worker.kernels.allreduce_norm import allreduce_add_rms_norm
         return allreduce_add_rms_norm(x, residual, weight, eps, self.buffer_ptrs, self.flag_ptrs,
                                       slot, self.max_numel, self.rank)
 

@@ -1,11 +1,11 @@
-"""Offline API: token ids in, token ids out, no gRPC (`from worker import LLM, SamplingParams`)."""
+"""Offline API: token ids in, token ids out, no gRPC (`from nanoserve.worker import LLM, SamplingParams`)."""
 from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
-from worker.config import EngineConfig
-from worker.engine.llm_engine import LLMEngine
-from worker.sampling_params import SamplingParams
+from nanoserve.worker.config import EngineConfig
+from nanoserve.worker.engine.llm_engine import LLMEngine
+from nanoserve.worker.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)

@@ -9,7 +9,7 @@ import os
 from safetensors import safe_open
 from torch import nn
 
-from worker.layers.linear import load_whole
+from nanoserve.worker.layers.linear import load_whole
 
 _INDEX = "model.safetensors.index.json"
 # tensors some checkpoints carry that the model recomputes

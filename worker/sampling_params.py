@@ -4,7 +4,7 @@ The gRPC worker builds one from the proto's SamplingParams; offline users pass i
 """
 from dataclasses import dataclass
 
-from shared.sampling_rules import RULES, violations
+from nanoserve.sampling_rules import RULES, violations
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,16 +13,16 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from shared.errors import Aborted, InvalidArgument, ResourceExhausted, Unavailable, grpc_errors
-from shared.grpc_options import server_options
-from shared.model_files import tokenizer_digest
-from shared.proto.nanoserve.v1 import common_pb2
-from shared.proto.nanoserve.v1 import worker_service_pb2 as worker_pb2
-from shared.proto.nanoserve.v1 import worker_service_pb2_grpc as worker_grpc
-from worker.async_engine import AsyncEngine, EngineDead, RequestAborted
-from worker.config import WorkerConfig
-from worker.engine.sequence import FinishReason
-from worker.sampling_params import SamplingParams
+from nanoserve.errors import Aborted, InvalidArgument, ResourceExhausted, Unavailable, grpc_errors
+from nanoserve.grpc_options import server_options
+from nanoserve.model_files import tokenizer_digest
+from nanoserve.proto.v1 import common_pb2
+from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
+from nanoserve.worker.async_engine import AsyncEngine, EngineDead, RequestAborted
+from nanoserve.worker.config import WorkerConfig
+from nanoserve.worker.engine.sequence import FinishReason
+from nanoserve.worker.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME = "nanoserve.v1.WorkerService"
@@ -164,7 +164,7 @@ async def serve(config: WorkerConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    from worker.engine.llm_engine import (
+    from nanoserve.worker.engine.llm_engine import (
         LLMEngine,  # torch is imported here, after the port is bound
     )
     load = asyncio.ensure_future(asyncio.to_thread(LLMEngine, config))
@@ -201,14 +201,14 @@ async def serve(config: WorkerConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from shared.config import parse_config
-    from shared.log import setup_logging
+    from nanoserve.config import parse_config
+    from nanoserve.log import setup_logging
     config = parse_config(WorkerConfig, argv)
     setup_logging("worker", config.log_level)
     if not config.model:
         import dataclasses
 
-        from shared.tiny_model import default_model_dir
+        from nanoserve.tiny_model import default_model_dir
         config = dataclasses.replace(config, model=str(default_model_dir()))
     code = asyncio.run(serve(config))
     if code:  # an engine failure: exit now, whatever threads or ranks are stuck

@@ -21,8 +21,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from shared.proto.nanoserve.v1 import worker_service_pb2 as worker_pb2
-from shared.proto.nanoserve.v1 import worker_service_pb2_grpc as worker_grpc
+from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER_SERVICE = "nanoserve.v1.WorkerService"
@@ -323,7 +323,7 @@ def tokenizer(tiny_model_dir: Path):
 @pytest.fixture(scope="session")
 def offline_llm(tiny_model_dir: Path):
     """The offline engine on the same model and KV layout as the `services` worker."""
-    from worker import LLM
+    from nanoserve.worker import LLM
 
     llm = LLM(
         str(tiny_model_dir),
@@ -338,7 +338,7 @@ def offline_llm(tiny_model_dir: Path):
 @pytest.fixture(scope="session")
 def reference(offline_llm):
     """reference(prompts_ids, **sampling) -> completion ids of the offline engine, per prompt."""
-    from worker import SamplingParams
+    from nanoserve.worker import SamplingParams
 
     def run(prompts: list[list[int]], **sampling) -> list[list[int]]:
         outputs = offline_llm.generate(prompts, SamplingParams(**sampling), use_tqdm=False)

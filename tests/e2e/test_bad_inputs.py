@@ -11,13 +11,13 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from shared.client import AsyncClient, Client
-from shared.errors import AlreadyExists, ResourceExhausted
-from shared.proto.nanoserve.v1 import common_pb2
-from shared.proto.nanoserve.v1 import frontend_service_pb2 as frontend_pb2
-from shared.proto.nanoserve.v1 import frontend_service_pb2_grpc as frontend_grpc
-from shared.proto.nanoserve.v1 import worker_service_pb2 as worker_pb2
-from shared.proto.nanoserve.v1 import worker_service_pb2_grpc as worker_grpc
+from nanoserve.client import AsyncClient, Client
+from nanoserve.errors import AlreadyExists, ResourceExhausted
+from nanoserve.proto.v1 import common_pb2
+from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
+from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
+from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 from tests.e2e.conftest import Service, assert_idle, start_frontend
 
 pytestmark = pytest.mark.e2e

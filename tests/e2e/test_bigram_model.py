@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shared.client import Client
-from shared.tiny_model import IM_END_ID, make_tiny_model
+from nanoserve.client import Client
+from nanoserve.tiny_model import IM_END_ID, make_tiny_model
 from tests.e2e.conftest import Pair, assert_idle, start_pair
 
 pytestmark = pytest.mark.e2e

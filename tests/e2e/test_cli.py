@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.client import Client
+from nanoserve.client import Client
 from tests.e2e.conftest import BLOCK_SIZE, REPO_ROOT, Service, cmdline, descendant_pids, pid_running
 
 pytestmark = pytest.mark.e2e
@@ -23,7 +23,7 @@ SERVING = re.compile(r"nanoserve serving \S+ on (?P<host>\S+):(?P<port>\d+) \(wo
 def nanoserve() -> list[str]:
     """The installed console script, or the same entry point through the interpreter."""
     script = shutil.which("nanoserve")
-    return [script] if script else [sys.executable, "-m", "shared.cli"]
+    return [script] if script else [sys.executable, "-m", "nanoserve.cli"]
 
 
 def test_serve_generate_and_sigterm(tiny_model_dir: Path, services) -> None:
@@ -84,6 +84,6 @@ def test_serve_generate_and_sigterm(tiny_model_dir: Path, services) -> None:
             serve.kill()
         for pid in children:  # its services run in their own sessions: end any left by pid
             if pid_running(pid) and any(
-                name in cmdline(pid) for name in ("-m worker", "-m frontend", "multiprocessing")
+                name in cmdline(pid) for name in ("-m nanoserve.worker", "-m nanoserve.frontend", "multiprocessing")
             ):
                 os.kill(pid, signal.SIGKILL)

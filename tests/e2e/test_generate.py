@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from shared.client import AsyncClient, Client
-from shared.errors import DeadlineExceeded
+from nanoserve.client import AsyncClient, Client
+from nanoserve.errors import DeadlineExceeded
 from tests.e2e.conftest import assert_idle
-from worker import SamplingParams
+from nanoserve.worker import SamplingParams
 
 pytestmark = pytest.mark.e2e
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.client import Client
-from shared.errors import Unavailable
+from nanoserve.client import Client
+from nanoserve.errors import Unavailable
 from tests.e2e.conftest import (
     FRONTEND_SERVICE,
     WORKER_SERVICE,

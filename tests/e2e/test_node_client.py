@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from shared.client import Client
+from nanoserve.client import Client
 from tests.e2e.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.e2e

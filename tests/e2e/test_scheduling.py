@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.client import AsyncClient, Client
-from shared.errors import InvalidArgument
+from nanoserve.client import AsyncClient, Client
+from nanoserve.errors import InvalidArgument
 from tests.e2e.conftest import Pair, assert_idle, get_load, start_pair
 
 pytestmark = pytest.mark.e2e

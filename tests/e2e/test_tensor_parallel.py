@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.client import Client
-from shared.errors import Internal, ServiceError, Unavailable
+from nanoserve.client import Client
+from nanoserve.errors import Internal, ServiceError, Unavailable
 from tests.e2e.conftest import (
     FRONTEND_SERVICE,
     Pair,

@@ -34,7 +34,7 @@ def hf_model(tmp_path_factory):
 
 
 def make_llm(path, **kw):
-    from worker import LLM
+    from nanoserve.worker import LLM
     args = dict(device="cuda", dtype="bfloat16", max_model_len=2048, max_num_seqs=64,
                 max_num_batched_tokens=8192, num_kvcache_blocks=256)
     args.update(kw)
@@ -50,8 +50,8 @@ def free(llm) -> None:
 
 
 def teacher_forced_logits(llm, prompt: list[int]) -> torch.Tensor:
-    from worker import SamplingParams
-    from worker.engine.sequence import Sequence
+    from nanoserve.worker import SamplingParams
+    from nanoserve.worker.engine.sequence import Sequence
     seq = Sequence(prompt, SamplingParams())
     llm.block_manager.allocate(seq)
     seq.num_scheduled_tokens = len(prompt) - seq.num_computed_tokens
@@ -99,7 +99,7 @@ def test_logits_match_transformers(hf_model, capsys):
 
 @pytest.fixture(scope="module")
 def reference_tokens(hf_model):
-    from worker import SamplingParams
+    from nanoserve.worker import SamplingParams
     path, _ = hf_model
     llm = make_llm(path, enforce_eager=True)
     ps = prompts(40, 10, 300, seed=2)

@@ -8,8 +8,8 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.mark.parametrize("n", [1, 257, 4096])
 def test_qk_norm_rope_matches_torch(n):
-    from worker.kernels import qk_norm_rope
-    from worker.layers.rotary_embedding import RotaryEmbedding, apply_rotary
+    from nanoserve.worker.kernels import qk_norm_rope
+    from nanoserve.worker.layers.rotary_embedding import RotaryEmbedding, apply_rotary
     torch.manual_seed(0)
     hq, hkv, d, dev = 16, 8, 128, torch.device("cuda")
     qkv = torch.randn(n, (hq + 2 * hkv) * d, device=dev, dtype=torch.bfloat16)
@@ -36,8 +36,8 @@ def test_qk_norm_rope_matches_torch(n):
 @pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("n", [1, 257, 4096])
 def test_qk_norm_rope_fused_store_matches_separate_store(n, slot_dtype):
-    from worker.kernels import qk_norm_rope, store_kvcache
-    from worker.layers.rotary_embedding import RotaryEmbedding
+    from nanoserve.worker.kernels import qk_norm_rope, store_kvcache
+    from nanoserve.worker.layers.rotary_embedding import RotaryEmbedding
     gen = torch.Generator(device="cuda").manual_seed(n)
     hq, hkv, d, block_size, dev = 32, 8, 128, 256, torch.device("cuda")
     num_blocks = n // block_size + 8
@@ -68,7 +68,7 @@ def test_qk_norm_rope_fused_store_matches_separate_store(n, slot_dtype):
 
 
 def _attention_layer(backend: str, k_cache: torch.Tensor, v_cache: torch.Tensor):
-    from worker.models.qwen3 import Qwen3Attention
+    from nanoserve.worker.models.qwen3 import Qwen3Attention
     torch.manual_seed(1)
     layer = Qwen3Attention(1024, 16, 8, 128, 1e-6, 1e6, 4096).cuda().bfloat16()
     with torch.no_grad():
@@ -83,7 +83,7 @@ def _attention_layer(backend: str, k_cache: torch.Tensor, v_cache: torch.Tensor)
 def test_qwen3_attention_fused_store_matches_torch_backend(is_prefill):
     """Qwen3Attention on the Triton backend (k/v stored by the q/k-norm kernel, no second store)
     writes the same cache and attends like the torch backend (separate store)."""
-    from worker.context import reset_context, set_context
+    from nanoserve.worker.context import reset_context, set_context
     gen = torch.Generator(device="cuda").manual_seed(2)
     hkv, d, block_size, width = 8, 128, 256, 4
     context = [300, 1, 700, 256] if not is_prefill else [40, 1, 300, 256]
@@ -123,7 +123,7 @@ def test_decode_layer_launches_no_separate_store_or_reduce():
     and the split decode merges in-kernel (no store_kvcache, no reduce kernel)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from worker.context import reset_context, set_context
+    from nanoserve.worker.context import reset_context, set_context
     gen = torch.Generator(device="cuda").manual_seed(3)
     cache = torch.randn(9, 256, 8, 128, generator=gen, device="cuda").bfloat16()
     layer = _attention_layer("triton", cache, cache.clone())

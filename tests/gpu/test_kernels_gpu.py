@@ -1,4 +1,4 @@
-"""worker.kernels on CUDA at Qwen3 shapes against the torch reference, plus CUDA-graph capture/replay
+"""nanoserve.worker.kernels on CUDA at Qwen3 shapes against the torch reference, plus CUDA-graph capture/replay
 of a decode step (fused q/k-norm + rotary + KV store, one-launch decode attention)."""
 
 import pytest
@@ -10,7 +10,7 @@ pytestmark = [
 ]
 
 if torch.cuda.is_available():
-    from worker.kernels import (
+    from nanoserve.worker.kernels import (
         fused_add_rms_norm,
         paged_decode_attention,
         paged_prefill_attention,
@@ -19,8 +19,8 @@ if torch.cuda.is_available():
         silu_and_mul,
         store_kvcache,
     )
-from worker.layers.attention import paged_attention_torch, store_kvcache_torch
-from worker.layers.rotary_embedding import RotaryEmbedding
+from nanoserve.worker.layers.attention import paged_attention_torch, store_kvcache_torch
+from nanoserve.worker.layers.rotary_embedding import RotaryEmbedding
 
 # (num_q_heads, num_kv_heads, head_dim): Qwen3-0.6B, Qwen3-8B
 SHAPES = {"qwen3-0.6b": (16, 8, 128), "qwen3-8b": (32, 8, 128)}
@@ -163,7 +163,7 @@ def test_decode_in_kernel_merge_is_deterministic(num_splits, batch):
     assert rel_err(outs[0][real], ref) < TOL[torch.bfloat16]
     if len(real) < batch:
         assert torch.equal(outs[0][-1], torch.zeros_like(outs[0][-1]))
-    from worker.kernels.decode_attention import _COUNTERS
+    from nanoserve.worker.kernels.decode_attention import _COUNTERS
 
     assert not _COUNTERS[q.device][-1].any()  # every counter reset for the next launch
 

@@ -24,7 +24,7 @@ def model_dir(tmp_path_factory):
 
 
 def run(path, tp: int, ps):
-    from worker import SamplingParams
+    from nanoserve.worker import SamplingParams
     llm = make_llm(path, tensor_parallel_size=tp, enforce_eager=False)
     logits = [teacher_forced_logits(llm, p) for p in ps[:3]]
     sp = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
@@ -53,12 +53,12 @@ def test_tp2_matches_tp1(model_dir, capsys):
 
 
 def test_all_reduce_paths_give_exact_sums():
-    """worker.bench_allreduce on 2 GPUs: NCCL, the one-shot kernel and the fused all-reduce + add +
+    """nanoserve.benchmarks.allreduce on 2 GPUs: NCCL, the one-shot kernel and the fused all-reduce + add +
     RMSNorm (16 chained calls, slots alternating) give the same bits, at the sizes the model fuses."""
     import json
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-m", "worker.bench_allreduce", "--rows", "1", "16",
+    out = subprocess.run([sys.executable, "-m", "nanoserve.benchmarks.allreduce", "--rows", "1", "16",
                           "--max-rows", "16"], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]

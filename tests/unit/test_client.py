@@ -1,4 +1,4 @@
-"""shared.client against an in-process fake FrontendService: chunks, joined completions, typed
+"""nanoserve.client against an in-process fake FrontendService: chunks, joined completions, typed
 errors, early stop cancels the call, wait_ready."""
 
 import asyncio
@@ -11,11 +11,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from shared import errors
-from shared.client import AsyncClient, Chunk, Client, Usage, sampling_params
-from shared.proto.nanoserve.v1 import common_pb2
-from shared.proto.nanoserve.v1 import frontend_service_pb2 as frontend_pb2
-from shared.proto.nanoserve.v1 import frontend_service_pb2_grpc as frontend_grpc
+from nanoserve import errors
+from nanoserve.client import AsyncClient, Chunk, Client, Usage, sampling_params
+from nanoserve.proto.v1 import common_pb2
+from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
+from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 
 SERVICE = "nanoserve.v1.FrontendService"
 

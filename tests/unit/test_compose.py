@@ -20,10 +20,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from frontend.config import FrontendConfig
-from shared.config import env_var, parse_config
-from shared.proto.nanoserve.v1 import frontend_service_pb2, worker_service_pb2
-from worker.config import WorkerConfig
+from nanoserve.frontend.config import FrontendConfig
+from nanoserve.config import env_var, parse_config
+from nanoserve.proto.v1 import frontend_service_pb2, worker_service_pb2
+from nanoserve.worker.config import WorkerConfig
 
 yaml = pytest.importorskip("yaml", reason="PyYAML reads docker-compose.yml (pip install pyyaml)")
 
@@ -249,7 +249,7 @@ def test_dockerfile_house_rules(name: str) -> None:
     assert HEALTHCHECK_IN_IMAGE in check and GRPC_SERVICES[name] in check
     assert f"docker/healthcheck.py {HEALTHCHECK_IN_IMAGE}" in [a for op, a in steps if op == "COPY"]
     assert ("EXPOSE", str(default(CONFIGS[name], "port"))) in steps
-    assert steps[-1] == ("ENTRYPOINT", f'["python", "-m", "{name}"]')
+    assert steps[-1] == ("ENTRYPOINT", f'["python", "-m", "nanoserve.{name}"]')
 
 
 def test_frontend_image_installs_no_torch() -> None:

@@ -1,18 +1,18 @@
-"""worker.distributed over gloo on CPU: the ranks agree whether the symmetric-memory all-reduce is
+"""nanoserve.worker.distributed over gloo on CPU: the ranks agree whether the symmetric-memory all-reduce is
 used (one rank without it means NCCL/gloo for all), and all_reduce / all_gather give the sum and the
 rank-ordered concatenation."""
 import multiprocessing as mp
 
 import pytest
 
-from worker.engine.tp import free_port
+from nanoserve.worker.engine.tp import free_port
 
 
 def _rank_main(rank: int, world_size: int, port: int, fail_rank: int, results) -> None:
     import torch
     import torch.distributed as dist
 
-    from worker import distributed
+    from nanoserve.worker import distributed
 
     class FakeSymmetric:  # stands in for torch's symmetric memory, which needs CUDA peers
         def __init__(self, device, max_bytes, dtype, max_rows):

@@ -4,8 +4,8 @@ import json
 import pytest
 
 from tests.unit.hf_reference import make_hf_model
-from worker import LLM, SamplingParams
-from worker.config import EngineConfig
+from nanoserve.worker import LLM, SamplingParams
+from nanoserve.worker.config import EngineConfig
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from tests.unit.hf_reference import hf_greedy, make_hf_model
-from worker import LLM, SamplingParams
+from nanoserve.worker import LLM, SamplingParams
 
 MAX_NEW = 32
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)

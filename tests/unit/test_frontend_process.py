@@ -1,4 +1,4 @@
-"""`python -m frontend` as a process (port 0, the listening line, NOT_SERVING without a worker,
+"""`python -m nanoserve.frontend` as a process (port 0, the listening line, NOT_SERVING without a worker,
 SIGTERM exits 0), and the boundary rule: shared/ and frontend/ import without torch."""
 
 import re
@@ -15,14 +15,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def test_modules_import_without_torch() -> None:
     modules = [
-        "frontend.server",
-        "frontend.__main__",
-        "shared.client",
-        "shared.cli",
-        "shared.config",
-        "shared.errors",
-        "shared.log",
-        "shared.model_files",
+        "nanoserve.frontend.server",
+        "nanoserve.frontend.__main__",
+        "nanoserve.client",
+        "nanoserve.cli",
+        "nanoserve.config",
+        "nanoserve.errors",
+        "nanoserve.log",
+        "nanoserve.model_files",
     ]
     code = (
         "import sys; sys.modules['torch'] = None\n"  # any `import torch` now raises
@@ -84,7 +84,7 @@ def test_frontend_process_lifecycle(tiny_model_dir: Path) -> None:
 
 def test_bad_flag_is_a_clean_error() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "frontend", "--max-concurrent-requests", "0"],
+        [sys.executable, "-m", "nanoserve.frontend", "--max-concurrent-requests", "0"],
         check=False,
         cwd=REPO_ROOT,
         capture_output=True,

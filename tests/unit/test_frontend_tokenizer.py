@@ -1,4 +1,4 @@
-"""frontend.tokenizer (chat template in the jinja2 sandbox, special tokens, off-loop encode) and
+"""nanoserve.frontend.tokenizer (chat template in the jinja2 sandbox, special tokens, off-loop encode) and
 frontend.config validation."""
 
 import asyncio
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from frontend.config import FrontendConfig
-from frontend.tokenizer import Tokenizer
-from shared.config import parse_config
-from shared.errors import InvalidArgument
+from nanoserve.frontend.config import FrontendConfig
+from nanoserve.frontend.tokenizer import Tokenizer
+from nanoserve.config import parse_config
+from nanoserve.errors import InvalidArgument
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "你好"}]
 

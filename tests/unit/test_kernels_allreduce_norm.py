@@ -5,8 +5,8 @@ flags left clean."""
 import pytest
 import torch
 
-from worker.kernels.allreduce_norm import allreduce_add_rms_norm
-from worker.kernels.norm import fused_add_rms_norm
+from nanoserve.worker.kernels.allreduce_norm import allreduce_add_rms_norm
+from nanoserve.worker.kernels.norm import fused_add_rms_norm
 
 M, HIDDEN = 3, 96
 

@@ -1,4 +1,4 @@
-"""worker.kernels (Triton) against the torch reference in worker.layers.attention, run on CPU by the
+"""nanoserve.worker.kernels (Triton) against the torch reference in worker.layers.attention, run on CPU by the
 interpreter.
 
 TRITON_INTERPRET is read when @triton.jit decorates, so it is set before worker.kernels is imported (and the
@@ -36,29 +36,29 @@ def _numpy2_index_shim() -> None:
 def _import_kernels():
     _numpy2_index_shim()
     names = [
-        "worker.kernels.dtypes",
-        "worker.kernels.store_kvcache",
-        "worker.kernels.prefill_attention",
-        "worker.kernels.decode_attention",
-        "worker.kernels.norm",
-        "worker.kernels",
+        "nanoserve.worker.kernels.dtypes",
+        "nanoserve.worker.kernels.store_kvcache",
+        "nanoserve.worker.kernels.prefill_attention",
+        "nanoserve.worker.kernels.decode_attention",
+        "nanoserve.worker.kernels.norm",
+        "nanoserve.worker.kernels",
     ]
-    if "worker.kernels.decode_attention" in sys.modules:
-        decode = sys.modules["worker.kernels.decode_attention"]
+    if "nanoserve.worker.kernels.decode_attention" in sys.modules:
+        decode = sys.modules["nanoserve.worker.kernels.decode_attention"]
         if not isinstance(decode._decode_split_kernel, interpreter.InterpretedFunction):
             for name in names:
                 if name in sys.modules:
                     importlib.reload(sys.modules[name])
-    return importlib.import_module("worker.kernels")
+    return importlib.import_module("nanoserve.worker.kernels")
 
 
 kernels = _import_kernels()
 
 
 def decode_module():
-    return sys.modules["worker.kernels.decode_attention"]
+    return sys.modules["nanoserve.worker.kernels.decode_attention"]
 
-from worker.layers.attention import paged_attention_torch, store_kvcache_torch
+from nanoserve.worker.layers.attention import paged_attention_torch, store_kvcache_torch
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
 

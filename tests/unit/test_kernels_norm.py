@@ -1,4 +1,4 @@
-"""worker.kernels.norm (fused RMSNorm, add+RMSNorm, SiLU-and-mul) against eager torch, on CPU by the interpreter."""
+"""nanoserve.worker.kernels.norm (fused RMSNorm, add+RMSNorm, SiLU-and-mul) against eager torch, on CPU by the interpreter."""
 
 import importlib
 import os
@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from triton.runtime import interpreter
 
-if "worker.kernels.norm" in sys.modules and not isinstance(
-    sys.modules["worker.kernels.norm"]._rms_norm_kernel, interpreter.InterpretedFunction
+if "nanoserve.worker.kernels.norm" in sys.modules and not isinstance(
+    sys.modules["nanoserve.worker.kernels.norm"]._rms_norm_kernel, interpreter.InterpretedFunction
 ):
-    importlib.reload(sys.modules["worker.kernels.norm"])
-from worker.kernels.norm import fused_add_rms_norm, rms_norm, silu_and_mul
+    importlib.reload(sys.modules["nanoserve.worker.kernels.norm"])
+from nanoserve.worker.kernels.norm import fused_add_rms_norm, rms_norm, silu_and_mul
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 

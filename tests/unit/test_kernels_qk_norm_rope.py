@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from worker.kernels import qk_norm_rope
-from worker.layers.layernorm import RMSNorm
-from worker.layers.rotary_embedding import RotaryEmbedding
+from nanoserve.worker.kernels import qk_norm_rope
+from nanoserve.worker.layers.layernorm import RMSNorm
+from nanoserve.worker.layers.rotary_embedding import RotaryEmbedding
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
@@ -53,7 +53,7 @@ def _views(qkv: torch.Tensor, hq: int, hkv: int, d: int):
 @pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_store_equals_norm_rope_then_store_kvcache(dtype, slot_dtype):
-    from worker.kernels import store_kvcache
+    from nanoserve.worker.kernels import store_kvcache
     n, hq, hkv, d, num_blocks, block_size = 6, 4, 2, 32, 5, 16
     qkv, q_w, k_w, k_cache, v_cache = _qkv_case(dtype, n, hq, hkv, d, num_blocks, block_size)
     cos_sin = RotaryEmbedding(d, 512, 10000.0).cache_on(torch.device("cpu"))

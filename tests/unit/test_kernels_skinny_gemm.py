@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from worker.kernels.norm import silu_and_mul
-from worker.kernels.skinny_gemm import _COUNTERS, MAX_M, skinny_gemm, skinny_gemm_config
+from nanoserve.worker.kernels.norm import silu_and_mul
+from nanoserve.worker.kernels.skinny_gemm import _COUNTERS, MAX_M, skinny_gemm, skinny_gemm_config
 
 
 def _cfg(bm: int, bn: int, bk: int, split_k: int, stages: int = 1) -> dict:

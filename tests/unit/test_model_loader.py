@@ -1,14 +1,14 @@
-"""worker.loader.load_model: sharded checkpoints, dtype casting, clear errors naming the tensor."""
+"""nanoserve.worker.loader.load_model: sharded checkpoints, dtype casting, clear errors naming the tensor."""
 import json
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from shared.tiny_model import make_tiny_model
-from worker.loader import load_model
-from worker.model_config import ModelConfig
-from worker.models.qwen3 import Qwen3ForCausalLM
+from nanoserve.tiny_model import make_tiny_model
+from nanoserve.worker.loader import load_model
+from nanoserve.worker.model_config import ModelConfig
+from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM
 
 SMALL = {"vocab_size": 200, "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
              "num_key_value_heads": 2, "head_dim": 8, "with_tokenizer": False}

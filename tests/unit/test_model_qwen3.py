@@ -8,11 +8,11 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.conftest import free_port
-from worker.context import reset_context, set_context
-from worker.layers.attention import Attention
-from worker.loader import load_model
-from worker.model_config import ModelConfig
-from worker.models.qwen3 import Qwen3ForCausalLM
+from nanoserve.worker.context import reset_context, set_context
+from nanoserve.worker.layers.attention import Attention
+from nanoserve.worker.loader import load_model
+from nanoserve.worker.model_config import ModelConfig
+from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 32
@@ -159,7 +159,7 @@ def test_model_structure_and_cache_shapes(tmp_path):
 def test_tiny_model_from_shared_matches_transformers(tmp_path):
     from transformers import Qwen3ForCausalLM as HFQwen3ForCausalLM
 
-    from shared.tiny_model import make_tiny_model
+    from nanoserve.tiny_model import make_tiny_model
     model_dir = make_tiny_model(tmp_path, vocab_size=256, with_tokenizer=False, shards=3)
     hf = HFQwen3ForCausalLM.from_pretrained(model_dir).eval()
     model = build_model(model_dir)
@@ -232,7 +232,7 @@ def test_fused_all_reduce_slots_alternate_across_layers_and_steps(tmp_path, monk
     """Every norm after a row-parallel layer all-reduces its partial sums (fused on CUDA under
     tensor parallelism); two calls in a row on the same slot would let a fast rank overwrite rows a
     peer is still reading, so the slots must alternate through a forward and into the next one."""
-    from worker.layers import layernorm
+    from nanoserve.worker.layers import layernorm
     slots: list[int] = []
 
     def record(x, residual, weight, eps, slot):

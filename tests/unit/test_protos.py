@@ -36,11 +36,11 @@ def test_committed_stubs_match_regenerated(tmp_path: Path) -> None:
 
 
 def test_stubs_import_with_relative_imports() -> None:
-    from shared.proto.nanoserve.v1 import common_pb2
-    from shared.proto.nanoserve.v1 import frontend_service_pb2 as frontend_pb2
-    from shared.proto.nanoserve.v1 import frontend_service_pb2_grpc as frontend_grpc
-    from shared.proto.nanoserve.v1 import worker_service_pb2 as worker_pb2
-    from shared.proto.nanoserve.v1 import worker_service_pb2_grpc as worker_grpc
+    from nanoserve.proto.v1 import common_pb2
+    from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
+    from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
+    from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+    from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 
     params = common_pb2.SamplingParams(temperature=0.0, stop=["\n"])
     assert params.HasField("temperature") and not params.HasField("top_p")

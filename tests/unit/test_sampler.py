@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from tests.unit.hf_reference import make_hf_model
-from worker import LLM, SamplingParams
-from worker.sampler import SamplingTensors, sample
+from nanoserve.worker import LLM, SamplingParams
+from nanoserve.worker.sampler import SamplingTensors, sample
 
 
 def tensors(b: int, temperature: float = 1.0, top_k=None, top_p=None, min_p=None) -> SamplingTensors:
@@ -67,7 +67,7 @@ def test_penalties_shift_logits():
     t.frequency_penalties = torch.tensor([0.25])
     t.prompt_mask = torch.tensor([[False, True, True, False]])
     t.output_counts = torch.tensor([[0.0, 0.0, 0.0, 2.0]])
-    from worker.sampler import apply_penalties
+    from nanoserve.worker.sampler import apply_penalties
     out = apply_penalties(logits, t)
     # token1 (prompt, >0): 2/2=1; token2 (prompt, <0): -1*2=-2; token3 (output x2): 0.5/2-0.5-0.5
     assert torch.allclose(out, torch.tensor([[1.0, 1.0, -2.0, 0.25 - 0.5 - 0.5]]))
@@ -116,7 +116,7 @@ def test_repetition_penalty_changes_greedy_output(llm):
 
 
 def test_penalty_tensors_count_prompt_and_output_per_sequence(llm):
-    from worker.engine.sequence import Sequence
+    from nanoserve.worker.engine.sequence import Sequence
     seqs = []
     for prompt, output in [([5, 5, 9], [9, 9, 3]), ([7], []), ([1, 2], [2, 8, 8, 8])]:
         seq = Sequence(prompt, SamplingParams(repetition_penalty=1.3, frequency_penalty=0.5))

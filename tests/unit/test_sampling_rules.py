@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from shared.sampling_rules import RULES, violations
-from worker.sampling_params import SamplingParams
+from nanoserve.sampling_rules import RULES, violations
+from nanoserve.worker.sampling_params import SamplingParams
 
 BAD = [("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2), ("min_p", 1.1),
        ("max_tokens", 0), ("min_tokens", -1), ("repetition_penalty", 0.0),

@@ -1,4 +1,4 @@
-"""shared.cli: subcommand dispatch, `generate` against a fake frontend, child process handling."""
+"""nanoserve.cli: subcommand dispatch, `generate` against a fake frontend, child process handling."""
 
 import sys
 from collections.abc import Iterator
@@ -7,10 +7,10 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from shared import cli
-from shared.proto.nanoserve.v1 import common_pb2
-from shared.proto.nanoserve.v1 import frontend_service_pb2 as frontend_pb2
-from shared.proto.nanoserve.v1 import frontend_service_pb2_grpc as frontend_grpc
+from nanoserve import cli
+from nanoserve.proto.v1 import common_pb2
+from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
+from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 
 
 class EchoFrontend(frontend_grpc.FrontendServiceServicer):
@@ -95,12 +95,12 @@ def test_pass_through_commands(monkeypatch: pytest.MonkeyPatch) -> None:
     cli.main(["worker", "--port", "0", "--device", "cpu"])
     cli.main(["frontend", "--help"])
     assert calls == [
-        [sys.executable, "-m", "worker", "--port", "0", "--device", "cpu"],
-        [sys.executable, "-m", "frontend", "--help"],
+        [sys.executable, "-m", "nanoserve.worker", "--port", "0", "--device", "cpu"],
+        [sys.executable, "-m", "nanoserve.frontend", "--help"],
     ]
-    import shared.tiny_model
+    import nanoserve.tiny_model
 
-    monkeypatch.setattr(shared.tiny_model, "main", lambda argv: calls.append(("tiny", argv)))
+    monkeypatch.setattr(nanoserve.tiny_model, "main", lambda argv: calls.append(("tiny", argv)))
     cli.main(["make-tiny-model", "/tmp/x", "--shards", "2"])
     assert calls[-1] == ("tiny", ["/tmp/x", "--shards", "2"])
     with pytest.raises(SystemExit):

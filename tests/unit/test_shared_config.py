@@ -1,11 +1,11 @@
-"""shared.config: dataclass fields -> flags, env fallback, validation errors as argparse errors."""
+"""nanoserve.config: dataclass fields -> flags, env fallback, validation errors as argparse errors."""
 
 import argparse
 from dataclasses import dataclass, field
 
 import pytest
 
-from shared.config import add_config_args, config_from_args, parse_config
+from nanoserve.config import add_config_args, config_from_args, parse_config
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""shared.errors: status codes <-> exception classes, and the servicer decorator."""
+"""nanoserve.errors: status codes <-> exception classes, and the servicer decorator."""
 
 import asyncio
 
@@ -6,7 +6,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from shared import errors
+from nanoserve import errors
 
 
 @pytest.mark.parametrize(

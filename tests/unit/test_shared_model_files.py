@@ -1,4 +1,4 @@
-"""shared.model_files and shared.log: pure-python helpers."""
+"""nanoserve.model_files and shared.log: pure-python helpers."""
 
 import hashlib
 import logging
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.log import setup_logging
-from shared.model_files import read_json, tokenizer_digest
+from nanoserve.log import setup_logging
+from nanoserve.model_files import read_json, tokenizer_digest
 
 
 def test_tokenizer_digest(tmp_path: Path) -> None:
@@ -38,9 +38,9 @@ def test_setup_logging(capsys) -> None:
     saved = (root.handlers[:], root.level)
     try:
         setup_logging("worker", "debug", rank=0)
-        logging.getLogger("worker.server").info("worker listening on 127.0.0.1:5")
+        logging.getLogger("nanoserve.worker.server").info("worker listening on 127.0.0.1:5")
         assert (
-            "INFO [worker:r0] worker.server: worker listening on 127.0.0.1:5"
+            "INFO [worker:r0] nanoserve.worker.server: worker listening on 127.0.0.1:5"
             in capsys.readouterr().out
         )
         setup_logging("worker", "DEBUG", rank=1)

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from worker.engine.step_inputs import (HEADER_LEN, StepInputs, exit_message, max_message_words,
+from nanoserve.worker.engine.step_inputs import (HEADER_LEN, StepInputs, exit_message, max_message_words,
                                        message_len)
 
 

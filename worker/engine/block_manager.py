@@ -7,7 +7,7 @@ block keeps its hash until it is reused, so a later identical prefix still hits 
 import hashlib
 from array import array
 
-from worker.engine.sequence import Sequence
+from nanoserve.worker.engine.sequence import Sequence
 
 
 class Block:

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from worker.context import reset_context, set_context
-from worker.engine.step_inputs import StepInputs
+from nanoserve.worker.context import reset_context, set_context
+from nanoserve.worker.engine.step_inputs import StepInputs
 
 if TYPE_CHECKING:
-    from worker.engine.model_runner import ModelRunner
+    from nanoserve.worker.engine.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 

@@ -6,12 +6,12 @@ Token ids only: the worker never sees text.
 import logging
 from dataclasses import dataclass
 
-from worker.config import EngineConfig
-from worker.engine.block_manager import BlockManager
-from worker.engine.scheduler import Scheduler
-from worker.engine.sequence import Sequence
-from worker.model_config import ModelConfig
-from worker.sampling_params import SamplingParams
+from nanoserve.worker.config import EngineConfig
+from nanoserve.worker.engine.block_manager import BlockManager
+from nanoserve.worker.engine.scheduler import Scheduler
+from nanoserve.worker.engine.sequence import Sequence
+from nanoserve.worker.model_config import ModelConfig
+from nanoserve.worker.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -32,10 +32,10 @@ class LLMEngine:
         self.config = config
         self.model_config = ModelConfig.from_model_dir(config.model)
         if config.tensor_parallel_size > 1:
-            from worker.engine.tp import TensorParallelRunner
+            from nanoserve.worker.engine.tp import TensorParallelRunner
             self.model_runner = TensorParallelRunner(config, self.model_config)
         else:
-            from worker.engine.model_runner import ModelRunner
+            from nanoserve.worker.engine.model_runner import ModelRunner
             self.model_runner = ModelRunner(config, self.model_config)
         runner = self.model_runner
         self.block_size = config.kvcache_block_size

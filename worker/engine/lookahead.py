@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from worker.engine.sequence import Sequence
-from worker.engine.step_inputs import StepInputs
+from nanoserve.worker.engine.sequence import Sequence
+from nanoserve.worker.engine.step_inputs import StepInputs
 
 
 @dataclass(slots=True)

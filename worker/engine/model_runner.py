@@ -11,23 +11,23 @@ import math
 import numpy as np
 import torch
 
-from worker.config import EngineConfig
-from worker.context import reset_context, set_context
-from worker.distributed import init_symmetric_all_reduce
-from worker.engine.lookahead import Foreseen, foreseen_rows, next_decode_inputs
-from worker.engine.sampling_inputs import SamplingInputs
-from worker.engine.sequence import Sequence
-from worker.engine.step_inputs import (
+from nanoserve.worker.config import EngineConfig
+from nanoserve.worker.context import reset_context, set_context
+from nanoserve.worker.distributed import init_symmetric_all_reduce
+from nanoserve.worker.engine.lookahead import Foreseen, foreseen_rows, next_decode_inputs
+from nanoserve.worker.engine.sampling_inputs import SamplingInputs
+from nanoserve.worker.engine.sequence import Sequence
+from nanoserve.worker.engine.step_inputs import (
     CMD_STEP_AHEAD,
     StepInputs,
     max_message_words,
     split_message,
 )
-from worker.layers.attention import Attention
-from worker.loader import load_model
-from worker.model_config import ModelConfig
-from worker.models.qwen3 import Qwen3ForCausalLM
-from worker.sampler import SamplingTensors, sample
+from nanoserve.worker.layers.attention import Attention
+from nanoserve.worker.loader import load_model
+from nanoserve.worker.model_config import ModelConfig
+from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM
+from nanoserve.worker.sampler import SamplingTensors, sample
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class ModelRunner:
         self.num_kvcache_blocks = self.allocate_kv_cache()
         self.graphs = None
         if self.device.type == "cuda" and not config.enforce_eager:
-            from worker.engine.cuda_graph import CudaGraphRunner
+            from nanoserve.worker.engine.cuda_graph import CudaGraphRunner
             self.graphs = CudaGraphRunner(self)
         self.sample_generator = torch.Generator(self.device).manual_seed(config.seed)
         self.sampling = SamplingInputs(self.device, model_config.vocab_size)

@@ -5,8 +5,8 @@ with the logits, to worker.sampler.sample.
 import numpy as np
 import torch
 
-from worker.engine.sequence import Sequence
-from worker.sampler import SamplingTensors
+from nanoserve.worker.engine.sequence import Sequence
+from nanoserve.worker.sampler import SamplingTensors
 
 
 class SamplingInputs:

@@ -5,8 +5,8 @@ LLMEngine.step calls schedule() -> ModelRunner.run -> postprocess(). A step is e
 """
 from collections import deque
 
-from worker.engine.block_manager import BlockManager
-from worker.engine.sequence import FinishReason, Sequence, SequenceStatus
+from nanoserve.worker.engine.block_manager import BlockManager
+from nanoserve.worker.engine.sequence import FinishReason, Sequence, SequenceStatus
 
 
 class Scheduler:

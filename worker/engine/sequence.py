@@ -5,7 +5,7 @@ Created by LLMEngine.add_request, moved between queues by the Scheduler, read by
 from enum import Enum, auto
 from itertools import count
 
-from worker.sampling_params import SamplingParams
+from nanoserve.worker.sampling_params import SamplingParams
 
 
 class SequenceStatus(Enum):

@@ -23,10 +23,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from worker.config import EngineConfig
-from worker.distributed import close_symmetric_all_reduce
-from worker.engine.model_runner import ModelRunner, resolve_device
-from worker.engine.step_inputs import (
+from nanoserve.worker.config import EngineConfig
+from nanoserve.worker.distributed import close_symmetric_all_reduce
+from nanoserve.worker.engine.model_runner import ModelRunner, resolve_device
+from nanoserve.worker.engine.step_inputs import (
     CMD_EXIT,
     CMD_STEP_AHEAD,
     HEADER_LEN,
@@ -35,7 +35,7 @@ from worker.engine.step_inputs import (
     max_message_words,
     message_len,
 )
-from worker.model_config import ModelConfig
+from nanoserve.worker.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
 SPIN_S = 0.005  # how long an idle rank polls shared memory before it sleeps
@@ -85,7 +85,7 @@ def rank_main(config: EngineConfig, model_config: ModelConfig, rank: int, port: 
     die_with_parent()
     if os.getppid() != parent_pid:
         os._exit(1)
-    from shared.log import setup_logging
+    from nanoserve.log import setup_logging
     setup_logging("worker", "WARNING", rank)
     world_size = config.tensor_parallel_size
     init_distributed(resolve_device(config.device), rank, world_size, port)

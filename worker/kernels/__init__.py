@@ -4,11 +4,11 @@ norms.
 Imported lazily by worker.layers (CUDA only; on CPU they run under TRITON_INTERPRET=1 for tests).
 """
 
-from worker.kernels.decode_attention import choose_num_splits, paged_decode_attention
-from worker.kernels.norm import fused_add_rms_norm, rms_norm, silu_and_mul
-from worker.kernels.prefill_attention import paged_prefill_attention
-from worker.kernels.qk_norm_rope import qk_norm_rope
-from worker.kernels.store_kvcache import store_kvcache
+from nanoserve.worker.kernels.decode_attention import choose_num_splits, paged_decode_attention
+from nanoserve.worker.kernels.norm import fused_add_rms_norm, rms_norm, silu_and_mul
+from nanoserve.worker.kernels.prefill_attention import paged_prefill_attention
+from nanoserve.worker.kernels.qk_norm_rope import qk_norm_rope
+from nanoserve.worker.kernels.store_kvcache import store_kvcache
 
 __all__ = [
     "choose_num_splits",

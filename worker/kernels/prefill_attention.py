@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from worker.kernels.dtypes import dot_dtype
+from nanoserve.worker.kernels.dtypes import dot_dtype
 
 LOG2E = 1.4426950408889634
 

@@ -4,7 +4,7 @@ At M = 1 the GEMM is a matrix-vector product bound by reading W once from HBM. E
 BLOCK_N whole rows of W (or a K chunk of them, SPLIT_K > 1) through registers and reduces on the CUDA
 cores; the loop is software-pipelined LOOP_STAGES deep so several W tiles are in flight per program.
 fp32 accumulation; the order differs from cuBLAS (ulps, not bugs). Tiles come from shapes only
-(skinny_gemm_config), chosen by worker.kernels.bench_gemm's L2-cold sweep.
+(skinny_gemm_config), chosen by nanoserve.benchmarks.gemm's L2-cold sweep.
 """
 import torch
 import triton

@@ -9,7 +9,7 @@ class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (N, 2 * intermediate) = [gate | up] -> (N, intermediate)
         if x.is_cuda:
-            from worker.kernels import silu_and_mul
+            from nanoserve.worker.kernels import silu_and_mul
             return silu_and_mul(x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up

@@ -4,14 +4,14 @@ On the Triton and flash-attn backends Qwen3Attention's q/k-norm + rotary kernel 
 (fuses_kv_store), and forward is told so (kv_stored) and skips its own store.
 
 Backends: torch (gather the blocks, SDPA; the CPU path and the reference), Triton kernels on CUDA
-(worker.kernels), flash-attn when asked for (attention_backend=flash_attn). All read the batch layout from worker.context.
+(worker.kernels), flash-attn when asked for (attention_backend=flash_attn). All read the batch layout from nanoserve.worker.context.
 KV cache layout: (num_blocks, block_size, num_kv_heads, head_dim), the flash-attn paged layout.
 """
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker.context import get_context
+from nanoserve.worker.context import get_context
 
 
 def store_kvcache_torch(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
@@ -108,7 +108,7 @@ class Attention(nn.Module):
 
     def _triton(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx,
                 kv_stored: bool) -> torch.Tensor:
-        from worker.kernels import paged_decode_attention, paged_prefill_attention, store_kvcache
+        from nanoserve.worker.kernels import paged_decode_attention, paged_prefill_attention, store_kvcache
         if not kv_stored:
             store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
         if ctx.is_prefill:
@@ -124,7 +124,7 @@ class Attention(nn.Module):
         # need block_size % 256 == 0 (checked by ModelRunner)
         from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 
-        from worker.kernels import store_kvcache
+        from nanoserve.worker.kernels import store_kvcache
         if not kv_stored:
             store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
         if ctx.is_prefill:

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker.distributed import all_gather, all_reduce, get_tp_rank, get_tp_world_size
-from worker.layers.linear import check_shape, narrow
+from nanoserve.worker.distributed import all_gather, all_reduce, get_tp_rank, get_tp_world_size
+from nanoserve.worker.layers.linear import check_shape, narrow
 
 
 class VocabParallelEmbedding(nn.Module):

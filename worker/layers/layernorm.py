@@ -3,8 +3,8 @@ under tensor parallelism, with the all-reduce of the row-parallel layer before t
 import torch
 from torch import nn
 
-from worker.distributed import all_reduce, all_reduce_add_rms_norm
-from worker.layers.linear import load_whole
+from nanoserve.worker.distributed import all_reduce, all_reduce_add_rms_norm
+from nanoserve.worker.layers.linear import load_whole
 
 
 class RMSNorm(nn.Module):
@@ -28,7 +28,7 @@ class RMSNorm(nn.Module):
                 return fused
             x = all_reduce(x)
         if x.is_cuda:  # one Triton kernel instead of ~8 small torch ones
-            from worker.kernels import fused_add_rms_norm, rms_norm
+            from nanoserve.worker.kernels import fused_add_rms_norm, rms_norm
             if residual is None:
                 return rms_norm(x, self.weight, self.eps)
             return fused_add_rms_norm(x, residual, self.weight, self.eps)

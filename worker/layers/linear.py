@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker.distributed import all_reduce, get_tp_rank, get_tp_world_size
+from nanoserve.worker.distributed import all_reduce, get_tp_rank, get_tp_world_size
 
 # widest output that linear() sends to the skinny kernel at M = 1. L2-cold on the H200
-# (worker.kernels.bench_gemm, docs/benchmarks.md) it beats cuBLAS up to 6144 x 4096 (qkv, o_proj,
+# (nanoserve.benchmarks.gemm, docs/benchmarks.md) it beats cuBLAS up to 6144 x 4096 (qkv, o_proj,
 # down_proj of 0.6B and 8B, at tp 1 and 2: 0.27-0.97x the time); cuBLAS is as fast or faster for
 # gate_up at 12288 or 24576 x 4096 and the LM heads
 SKINNY_MAX_N = 8192
@@ -50,7 +50,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     of qkv/o/down_proj), where worker.kernels.skinny_gemm streams W faster than cuBLAS's tiles."""
     if (x.is_cuda and bias is None and x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1
             and weight.shape[0] <= SKINNY_MAX_N):
-        from worker.kernels.skinny_gemm import skinny_gemm
+        from nanoserve.worker.kernels.skinny_gemm import skinny_gemm
         return skinny_gemm(x, weight)
     return F.linear(x, weight, bias)
 

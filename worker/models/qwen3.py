@@ -6,14 +6,14 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from worker.context import get_context
-from worker.layers.activation import SiluAndMul
-from worker.layers.attention import Attention
-from worker.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
-from worker.layers.layernorm import RMSNorm
-from worker.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from worker.layers.rotary_embedding import RotaryEmbedding
-from worker.model_config import ModelConfig
+from nanoserve.worker.context import get_context
+from nanoserve.worker.layers.activation import SiluAndMul
+from nanoserve.worker.layers.attention import Attention
+from nanoserve.worker.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
+from nanoserve.worker.layers.layernorm import RMSNorm
+from nanoserve.worker.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from nanoserve.worker.layers.rotary_embedding import RotaryEmbedding
+from nanoserve.worker.model_config import ModelConfig
 
 
 class Qwen3Attention(nn.Module):
@@ -42,7 +42,7 @@ class Qwen3Attention(nn.Module):
         k = k.view(-1, self.num_kv_heads, self.head_dim)  # (N, Hkv, D)
         kv_stored = False
         if qkv.is_cuda:  # norms + rotary in one kernel, in place
-            from worker.kernels import qk_norm_rope
+            from nanoserve.worker.kernels import qk_norm_rope
             cache_on = self.rotary_emb.cache_on(qkv.device)
             if self.attn.fuses_kv_store:  # the same kernel writes k/v into the paged cache
                 qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, cache_on, positions,

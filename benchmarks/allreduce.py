@@ -1,4 +1,4 @@
-"""`python -m worker.bench_allreduce`: per-call latency of the tensor-parallel all-reduce inside CUDA
+"""`python -m nanoserve.benchmarks.allreduce`: per-call latency of the tensor-parallel all-reduce inside CUDA
 graphs, NCCL against the symmetric-memory one-shot kernel (worker.distributed), by message size; and
 the all-reduce + residual add + RMSNorm of a decoder layer, unfused (one-shot, then the norm kernel)
 against fused (worker.kernels.allreduce_norm).
@@ -43,7 +43,7 @@ def _time_graph(fn, x: torch.Tensor) -> float:
 def _time_norm(symm, x: torch.Tensor, rank: int) -> tuple[float, float, bool]:
     """µs per all-reduce + add + RMSNorm, unfused and fused; and whether 16 chained layers' worth of
     fused calls (each one's output, scaled per rank, is the next one's partial) match unfused."""
-    from worker.kernels import fused_add_rms_norm
+    from nanoserve.worker.kernels import fused_add_rms_norm
     weight = torch.rand(x.shape[1], dtype=x.dtype, device=x.device) + 0.5
     residual = torch.randn_like(x)
     slot = [0]
@@ -69,8 +69,8 @@ def _time_norm(symm, x: torch.Tensor, rank: int) -> tuple[float, float, bool]:
 
 
 def _worker(rank: int, world_size: int, port: int, args) -> None:
-    from worker import distributed
-    from worker.distributed import SymmetricAllReduce
+    from nanoserve.worker import distributed
+    from nanoserve.worker.distributed import SymmetricAllReduce
     distributed.FUSED_MAX_ROWS = args.max_rows  # time the fused kernel at every size asked for
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
@@ -104,13 +104,13 @@ def _worker(rank: int, world_size: int, port: int, args) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m worker.bench_allreduce", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m nanoserve.benchmarks.allreduce", description=__doc__)
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--rows", type=int, nargs="*", default=[1, 4, 16, 64, 256])
     p.add_argument("--max-rows", type=int, default=256)
     args = p.parse_args(argv)
-    from worker.engine.tp import free_port
+    from nanoserve.worker.engine.tp import free_port
     mp.spawn(_worker, args=(args.world_size, free_port(), args), nprocs=args.world_size)
 
 

@@ -1,5 +1,5 @@
 """Kernel timings for worker.kernels attention on the GPU machine: `python -m
-worker.kernels.bench_attention`.
+nanoserve.benchmarks.attention`.
 
 Decode is bound by K/V bytes, so it reports achieved GB/s (K/V bytes read / median time); prefill reports TFLOP/s.
 """
@@ -7,7 +7,7 @@ Decode is bound by K/V bytes, so it reports achieved GB/s (K/V bytes read / medi
 import torch
 import triton
 
-from worker.kernels import choose_num_splits, paged_decode_attention, paged_prefill_attention
+from nanoserve.worker.kernels import choose_num_splits, paged_decode_attention, paged_prefill_attention
 
 
 def _paged_case(
@@ -107,7 +107,7 @@ def bench_prefill(
 def sweep_small_batch_splits() -> None:
     """Batch-1..4 decode is latency-bound: µs per call from a CUDA graph (as a decode step runs it)
     for each split count, at the rule's choice marked *."""
-    from worker.kernels.bench_gemm import graph_us
+    from nanoserve.benchmarks.gemm import graph_us
     for hq, hkv in ((16, 8), (16, 4)):  # Qwen3-0.6B; Qwen3-8B per rank at tensor-parallel 2
         for batch, context in ((1, 1024), (1, 4096), (4, 1024)):
             k_cache, v_cache, tables, lens = _paged_case(

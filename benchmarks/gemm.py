@@ -1,4 +1,4 @@
-"""`python -m worker.kernels.bench_gemm`: small-M linear layers on the GPU machine, cuBLAS (F.linear)
+"""`python -m nanoserve.benchmarks.gemm`: small-M linear layers on the GPU machine, cuBLAS (F.linear)
 against worker.kernels.skinny_gemm at its chosen tiles and, with --sweep, at a curated candidate list.
 
 Times are L2-cold, as in the model where every weight streams from HBM once per step: a CUDA graph
@@ -15,8 +15,8 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from worker.kernels.norm import silu_and_mul
-from worker.kernels.skinny_gemm import skinny_gemm, skinny_gemm_config
+from nanoserve.worker.kernels.norm import silu_and_mul
+from nanoserve.worker.kernels.skinny_gemm import skinny_gemm, skinny_gemm_config
 
 REPS = 20
 COLD_BYTES = 256 << 20
@@ -134,7 +134,7 @@ def bench_shape(shape: str, m: int, n: int, k: int, sweep: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m worker.kernels.bench_gemm", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m nanoserve.benchmarks.gemm", description=__doc__)
     p.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--m", type=int, nargs="*", default=[1, 2, 4, 8])
     p.add_argument("--sweep", action="store_true", help="also time the candidate tiles (not LM heads)")

@@ -24,7 +24,7 @@ def workload(args, vocab: int) -> tuple[list[list[int]], list[int]]:
 
 
 def run_offline(args, model: str) -> tuple[float, int]:
-    from worker import LLM, SamplingParams
+    from nanoserve.worker import LLM, SamplingParams
     llm = LLM(model, device=args.device, kvcache_block_size=args.kvcache_block_size)
     prompts, outputs = workload(args, llm.model_config.vocab_size)
     params = [SamplingParams(temperature=0, ignore_eos=True, max_tokens=n) for n in outputs]
@@ -38,7 +38,7 @@ def run_offline(args, model: str) -> tuple[float, int]:
 
 
 async def run_served(args, frontend: str, worker: str, vocab: int) -> dict:
-    from shared.client import AsyncClient
+    from nanoserve.client import AsyncClient
     prompts, outputs = workload(args, vocab)
     rtts: list[float] = []
     done = asyncio.Event()
@@ -82,11 +82,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--min-out", type=int, default=32)
     p.add_argument("--max-out", type=int, default=128)
     args = p.parse_args(argv)
-    from shared.cli import FRONTEND_SERVICE, WORKER_SERVICE, Child, _serving
-    from shared.model_files import read_json
+    from nanoserve.cli import FRONTEND_SERVICE, WORKER_SERVICE, Child, _serving
+    from nanoserve.model_files import read_json
     model = args.model
     if not model:
-        from shared.tiny_model import default_model_dir
+        from nanoserve.tiny_model import default_model_dir
         model = str(default_model_dir())
     vocab = read_json(f"{model}/config.json")["vocab_size"]
 

@@ -1,6 +1,6 @@
 """`nanoserve bench`: figures, never pass/fail. Offline throughput on nano-vllm's workload, batch-1
 decode latency, prefill throughput, and the CPU cost of one scheduler + block-manager step
-(`nanoserve bench serving`: the same work through the gRPC services, worker.bench_serving).
+(`nanoserve bench serving`: the same work through the gRPC services, nanoserve.benchmarks.serving).
 
 Without --model the engine runs random weights (load_format=dummy) of a named Qwen3 shape.
 """
@@ -37,7 +37,7 @@ def write_shape_dir(shape: str, out: Path) -> Path:
 
 
 def make_llm(args):
-    from worker import LLM
+    from nanoserve.worker import LLM
     kw = dict(tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager,
               max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, device=args.device,
@@ -58,7 +58,7 @@ def sync(llm) -> None:
 
 def bench_throughput(llm, args) -> dict:
     """nano-vllm's bench.py workload: 256 seqs, prompt/output lengths uniform in [100, 1024]."""
-    from worker import SamplingParams
+    from nanoserve.worker import SamplingParams
     rng = random.Random(0)
     vocab = llm.model_config.vocab_size
     n, lo, hi = args.num_seqs, args.min_len, args.max_len
@@ -116,7 +116,7 @@ def report_breakdown(b: dict) -> dict:
 
 def bench_latency(llm, args) -> dict:
     """Batch-1 decode ms/token after a prompt of `context` tokens."""
-    from worker import SamplingParams
+    from nanoserve.worker import SamplingParams
     prompt = [random.Random(1).randrange(1000) for _ in range(args.context)]
     steps = args.decode_tokens
     # warm-up on the same prompt: both timed runs then find it in the prefix cache alike, and the
@@ -139,7 +139,7 @@ def bench_profile(llm, args) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from worker import SamplingParams
+    from nanoserve.worker import SamplingParams
     rng = random.Random(3)
     b, steps = args.profile_batch, 32
     prompts = [[rng.randrange(1000) for _ in range(args.context)] for _ in range(b)]
@@ -171,7 +171,7 @@ def bench_profile(llm, args) -> dict:
 
 
 def bench_prefill(llm, args) -> dict:
-    from worker import SamplingParams
+    from nanoserve.worker import SamplingParams
     rng = random.Random(2)
     n = max(1, args.prefill_tokens // args.context)
     prompts = [[rng.randrange(1000) for _ in range(args.context)] for _ in range(n)]
@@ -187,10 +187,10 @@ def bench_prefill(llm, args) -> dict:
 
 def bench_scheduler(args) -> dict:
     """CPU time of one schedule() + postprocess() with `num_seqs` running sequences (no model)."""
-    from worker.engine.block_manager import BlockManager
-    from worker.engine.scheduler import Scheduler
-    from worker.engine.sequence import Sequence
-    from worker.sampling_params import SamplingParams
+    from nanoserve.worker.engine.block_manager import BlockManager
+    from nanoserve.worker.engine.scheduler import Scheduler
+    from nanoserve.worker.engine.sequence import Sequence
+    from nanoserve.worker.sampling_params import SamplingParams
     rng = random.Random(0)
     n = args.num_seqs
     bm = BlockManager(num_blocks=n * 8, block_size=256)
@@ -212,7 +212,7 @@ def bench_scheduler(args) -> dict:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "serving":  # the gRPC path against offline: its own flags
-        from worker.bench_serving import main as serving_main
+        from nanoserve.benchmarks.serving import main as serving_main
         return serving_main(argv[1:])
     p = argparse.ArgumentParser(prog="nanoserve bench", description=__doc__)
     p.add_argument("what", nargs="*", default=["throughput", "latency", "prefill"],
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--breakdown", action="store_true",
                    help="throughput: rerun with timers around each stage of a step")
     args = p.parse_args(argv)
-    from shared.log import setup_logging
+    from nanoserve.log import setup_logging
     setup_logging("bench", "INFO")
     llm = None
     for what in args.what:

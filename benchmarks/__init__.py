@@ -1,0 +1,1 @@
+"""Benchmarks: figures, never pass/fail (`nanoserve bench`, `python -m nanoserve.benchmarks.X`)."""
