@@ -82,11 +82,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--min-out", type=int, default=32)
     p.add_argument("--max-out", type=int, default=128)
     args = p.parse_args(argv)
-    from nanoserve.cli import FRONTEND_SERVICE, WORKER_SERVICE, Child, _serving
+    from nanoserve.process import FRONTEND_SERVICE, WORKER_SERVICE, Child, is_serving as _serving
     from nanoserve.model_files import read_json
     model = args.model
     if not model:
-        from nanoserve.tiny_model import default_model_dir
+        from nanoserve.tiny.model import default_model_dir
         model = str(default_model_dir())
     vocab = read_json(f"{model}/config.json")["vocab_size"]
 

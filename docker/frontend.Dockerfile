@@ -12,6 +12,7 @@ COPY shared ./shared
 COPY frontend ./frontend
 COPY worker ./worker
 COPY benchmarks ./benchmarks
+COPY protos/nanoserve ./protos/nanoserve
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM ${BASE_IMAGE}
@@ -29,11 +30,11 @@ RUN useradd --create-home --uid 10001 --user-group --shell /usr/sbin/nologin nan
 USER 10001:10001
 WORKDIR /home/nanoserve
 
-# Every FrontendConfig field is also a NANOSERVE_* variable. Unlike the loopback defaults of a
-# local run, the image binds all interfaces and reads the tokenizer from /model.
-ENV NANOSERVE_HOST=0.0.0.0 \
-    NANOSERVE_PORT=50051 \
-    NANOSERVE_MODEL=/model \
+# Every FrontendConfig field is also a NANOSERVE_FRONTEND_<FIELD> variable. Unlike the loopback defaults
+# of a local run, the image binds all interfaces and reads the tokenizer from /model.
+ENV NANOSERVE_FRONTEND_HOST=0.0.0.0 \
+    NANOSERVE_FRONTEND_PORT=50051 \
+    NANOSERVE_FRONTEND_MODEL=/model \
     PYTHONUNBUFFERED=1
 EXPOSE 50051
 

@@ -1,7 +1,8 @@
 """Container healthcheck of both images: asks the service's own grpc.health.v1.Health whether SERVICE
 is SERVING. Docker runs it inside the container, so it dials loopback on the port the service binds.
 
-usage: healthcheck.py SERVICE DEFAULT_PORT   (the port is $NANOSERVE_PORT when set, as for the service)
+usage: healthcheck.py SERVICE DEFAULT_PORT   (the port is the service's own port variable when set:
+$NANOSERVE_WORKER_PORT for the worker, $NANOSERVE_FRONTEND_PORT for the frontend)
 exit 0: SERVING; exit 1: anything else (NOT_SERVING while loading or draining, refused, timeout).
 """
 
@@ -12,6 +13,10 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 TIMEOUT_S = 3.0  # below the compose/Dockerfile `timeout`, so we report instead of being killed
+PORT_VARIABLES = {
+    "nanoserve.v1.WorkerService": "NANOSERVE_WORKER_PORT",
+    "nanoserve.v1.FrontendService": "NANOSERVE_FRONTEND_PORT",
+}
 
 
 def check(service: str, port: int, host: str = "127.0.0.1") -> bool:
@@ -30,13 +35,11 @@ def main(argv: list[str]) -> int:
         print("usage: healthcheck.py SERVICE DEFAULT_PORT", file=sys.stderr)
         return 1  # docker reserves exit codes other than 0 and 1
     service, default_port = argv
+    variable = PORT_VARIABLES.get(service, "")
     try:
-        port = int(os.environ.get("NANOSERVE_PORT") or default_port)
+        port = int(os.environ.get(variable) or default_port)
     except ValueError:
-        print(
-            f"healthcheck: NANOSERVE_PORT is not a port: {os.environ['NANOSERVE_PORT']!r}",
-            file=sys.stderr,
-        )
+        print(f"healthcheck: {variable} is not a port: {os.environ[variable]!r}", file=sys.stderr)
         return 1
     serving = check(service, port)
     if not serving:

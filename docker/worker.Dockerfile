@@ -14,6 +14,7 @@ COPY shared ./shared
 COPY frontend ./frontend
 COPY worker ./worker
 COPY benchmarks ./benchmarks
+COPY protos/nanoserve ./protos/nanoserve
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM ${BASE_IMAGE}
@@ -37,11 +38,11 @@ RUN useradd --create-home --uid 10001 --user-group --shell /usr/sbin/nologin nan
 USER 10001:10001
 WORKDIR /home/nanoserve
 
-# Every WorkerConfig field is also a NANOSERVE_* variable. Unlike the loopback defaults of a
-# local run, the image binds all interfaces (other containers dial it) and reads /model.
-ENV NANOSERVE_HOST=0.0.0.0 \
-    NANOSERVE_PORT=50061 \
-    NANOSERVE_MODEL=/model \
+# Every WorkerConfig field is also a NANOSERVE_WORKER_<FIELD> variable. Unlike the loopback defaults
+# of a local run, the image binds all interfaces (other containers dial it) and reads /model.
+ENV NANOSERVE_WORKER_HOST=0.0.0.0 \
+    NANOSERVE_WORKER_PORT=50061 \
+    NANOSERVE_WORKER_MODEL=/model \
     PYTHONUNBUFFERED=1
 EXPOSE 50061
 

@@ -1,31 +1,36 @@
-"""`python -m nanoserve.frontend --model DIR --worker-address HOST:PORT --port P`: runs the frontend service
-until SIGTERM or SIGINT, then drains (NOT_SERVING, in-flight calls finish within the grace period).
+"""`python -m nanoserve.frontend --model DIR --worker-address HOST:PORT --port P`: runs the frontend
+service until SIGTERM or SIGINT, then drains (NOT_SERVING, in-flight calls finish within the grace
+period). A frontend that cannot start (no tokenizer.json, a busy port) says why in one line, exit 1.
 """
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
 
-from nanoserve.frontend.config import FrontendConfig
-from nanoserve.frontend.server import FrontendServer
 from nanoserve.config import parse_config
-from nanoserve.log import setup_logging
+from nanoserve.frontend.config import FrontendConfig
+from nanoserve.log import log_startup_error, setup_logging
+from nanoserve.model_files import check_tokenizer_files, resolve_model_dir
+from nanoserve.process import check_port_free
 
-logger = logging.getLogger("frontend")
+logger = logging.getLogger("nanoserve.frontend")
 
 
-def resolve_model_dir(config: FrontendConfig) -> str:
-    if config.model is not None:
-        return config.model
-    from nanoserve.tiny_model import default_model_dir  # builds the embedded model on first use
-
-    return str(default_model_dir())
+def preflight(config: FrontendConfig) -> FrontendConfig:
+    """What can be checked before serving, fast: the model's tokenizer files and the port. Returns
+    the config with `--model tiny` resolved to its directory; raises ValueError naming the fix."""
+    config = dataclasses.replace(config, model=resolve_model_dir(config.model))
+    check_tokenizer_files(config.model)
+    check_port_free(config.host, config.port)
+    return config
 
 
 async def serve(config: FrontendConfig) -> None:
-    model_dir = resolve_model_dir(config)
-    server = FrontendServer(config, model_dir)
+    from nanoserve.frontend.server import FrontendServer  # tokenizers: the `frontend` extra
+
+    server = FrontendServer(config, config.model)
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -41,13 +46,16 @@ async def serve(config: FrontendConfig) -> None:
     logger.info("frontend stopped")
 
 
-def main(argv: list[str] | None = None) -> None:
-    config = parse_config(FrontendConfig, argv)
+def main(argv: list[str] | None = None, prog: str = "python -m nanoserve.frontend") -> None:
+    config = parse_config(FrontendConfig, argv, prog=prog)
     setup_logging("frontend", config.log_level)
     try:
-        asyncio.run(serve(config))
-    except ValueError as e:  # unusable model directory and the like: no traceback
-        logger.error("%s", e)
+        asyncio.run(serve(preflight(config)))
+    except (ValueError, OSError) as e:  # an unusable model directory, a busy port and the like
+        log_startup_error(logger, e)
+        sys.exit(1)
+    except ImportError as e:
+        log_startup_error(logger, ImportError(f"{e}: pip install 'nanoserve[frontend]'"))
         sys.exit(1)
 
 

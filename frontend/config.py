@@ -1,24 +1,29 @@
 """User-facing configuration of the frontend service (FrontendConfig).
 
-A frozen dataclass that validates itself; shared.config turns its fields into `python -m nanoserve.frontend`
-flags. Model limits (max_model_len, vocab_size) are not here: the worker reports them.
+A frozen dataclass that validates itself; nanoserve.config turns its fields into
+`python -m nanoserve.frontend` flags (env NANOSERVE_FRONTEND_<FIELD>). Model limits (max_model_len,
+vocab_size) are not here: the worker reports them.
 """
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
 
 from nanoserve.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
 from nanoserve.log import parse_level
+from nanoserve.model_files import TINY
 
 
 @dataclass(frozen=True, slots=True)
 class FrontendConfig:
     """nanoserve frontend: validates, admits, tokenizes requests; streams text from the worker."""
 
-    model: str | None = field(
-        default=None,
+    env_prefix: ClassVar[str] = "NANOSERVE_FRONTEND_"
+
+    model: str = field(
         metadata={
             "help": "model directory holding tokenizer.json and tokenizer_config.json, the "
-            "same files as the worker's (default: the embedded tiny model)"
+            "same files as the worker's, or `tiny` (the embedded test model)"
         },
     )
     host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
@@ -62,6 +67,8 @@ class FrontendConfig:
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
 
     def __post_init__(self) -> None:
+        if self.model != TINY and not Path(self.model).is_dir():
+            raise ValueError(f"model: {self.model!r} is not a directory")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         host, sep, port = self.worker_address.rpartition(":")

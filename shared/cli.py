@@ -4,112 +4,56 @@ frontend; `bench` and `make-tiny-model` hand over to their modules.
 """
 
 import argparse
+import importlib.util
+import logging
 import os
-import re
 import shlex
 import signal
-import subprocess
 import sys
 import threading
 from collections.abc import Sequence
-from typing import IO
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
+import nanoserve
 from nanoserve.client import DEFAULT_ADDRESS, Client
+from nanoserve.config import add_config_args, config_argv, parse_config
 from nanoserve.errors import ServiceError
+from nanoserve.frontend.config import FrontendConfig
+from nanoserve.model_files import TINY, check_model_dir, check_tokenizer_files, resolve_model_dir
+from nanoserve.process import FRONTEND_SERVICE, WORKER_SERVICE, Child, check_port_free, is_serving
+from nanoserve.process import wait_until as _wait_until
+from nanoserve.worker.config import WorkerConfig
 
-LISTENING = re.compile(r"(worker|frontend) listening on (\S+):(\d+)")
-WORKER_SERVICE = "nanoserve.v1.WorkerService"
-FRONTEND_SERVICE = "nanoserve.v1.FrontendService"
-STOP_TIMEOUT_S = 40.0  # per child: its own drain grace (30 s by default) plus some slack
+# `nanoserve.cli.Child` and friends moved to nanoserve.process; these names keep old imports working.
+_serving = is_serving
+
 PASS_THROUGH = {
     "worker": "run the worker service (python -m nanoserve.worker ARGS)",
     "frontend": "run the frontend service (python -m nanoserve.frontend ARGS)",
     "bench": "run the benchmarks (nanoserve.benchmarks.engine)",
-    "make-tiny-model": "write a tiny random Qwen3 model directory (shared.tiny_model)",
+    "make-tiny-model": "write a tiny random Qwen3 model directory (nanoserve.tiny.model)",
 }
+SERVE_OWNS = ("model", "host", "port", "worker_address")  # set by `serve` itself, per service
+SERVE_NEEDS = {"torch": "worker", "safetensors": "worker", "tokenizers": "frontend"}
 
 
-class Child:
-    """A service process whose stdout is copied to ours, watching for its "listening on" line."""
-
-    def __init__(self, name: str, argv: list[str]) -> None:
-        self.name = name
-        self.address: str | None = None
-        self.listening = threading.Event()
-        self.process = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True
-        )  # signals come from us, in order
-        threading.Thread(target=self._relay, args=(self.process.stdout,), daemon=True).start()
-
-    def _relay(self, stream: IO[str]) -> None:
-        for line in stream:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            match = LISTENING.search(line)
-            if match and match.group(1) == self.name and not self.listening.is_set():
-                self.address = f"{match.group(2)}:{match.group(3)}"
-                self.listening.set()
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def stop(self, timeout: float = STOP_TIMEOUT_S) -> int:
-        """SIGTERM (the service drains), then SIGKILL after `timeout`; returns the exit code."""
-        if self.alive():
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                print(
-                    f"nanoserve: {self.name} did not stop in {timeout:.0f} s; killing it",
-                    file=sys.stderr,
-                )
-                self.process.kill()
-        return self.process.wait()
-
-
-def _wait_until(predicate, children: list[Child], stop: threading.Event, what: str) -> bool:
-    """Polls predicate() until true; False when a child exited or a stop signal arrived."""
-    while not predicate():
-        for child in children:
-            if not child.alive():
-                print(
-                    f"nanoserve: {child.name} exited with code {child.process.returncode} "
-                    f"while {what}",
-                    file=sys.stderr,
-                )
-                return False
-        if stop.wait(0.1):
-            return False
-    return True
-
-
-def _serving(address: str, service: str) -> bool:
-    with grpc.insecure_channel(address) as channel:
-        try:
-            response = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=1.0
-            )
-        except grpc.RpcError:
-            return False
-    return response.status == health_pb2.HealthCheckResponse.SERVING
-
-
-def serve(argv: Sequence[str]) -> int:
+def _serve_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nanoserve serve",
-        description="Run a worker and a frontend on this machine. Flags not listed here go to the "
-        "worker (e.g. --device cpu --max-num-seqs 64; see `nanoserve worker --help`).",
+        description="Run a worker and a frontend on this machine; Ctrl-C stops both. Worker and "
+        "frontend flags are listed below; --log-level, --grace-period-s and --max-message-bytes "
+        "go to both.",
     )
     parser.add_argument(
         "--model",
-        help="Hugging Face Qwen3 model directory (default: the embedded tiny random model)",
+        default=TINY,
+        help="Hugging Face Qwen3 model directory, or `tiny`: the embedded random-weight test "
+        "model, whose replies are gibberish (default: tiny)",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="frontend address to bind")
-    parser.add_argument("--port", type=int, default=50051, help="frontend port (0 = any free)")
+    parser.add_argument("--host", default="127.0.0.1", help="frontend address to bind (default: "
+                        "127.0.0.1)")
+    parser.add_argument(
+        "--port", type=int, default=50051, help="frontend port, 0 = any free (default: 50051)"
+    )
     parser.add_argument(
         "--worker-port", type=int, default=0, help="worker port on 127.0.0.1 (default: any free)"
     )
@@ -121,77 +65,136 @@ def serve(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--frontend-args",
         default="",
-        help='extra frontend flags as one string, e.g. "--max-concurrent-requests 64"',
+        help='more frontend flags as one string, e.g. "--max-concurrent-requests 64"',
     )
-    args, worker_args = parser.parse_known_args(argv)
-    model = args.model
-    if model is None:
-        from nanoserve.tiny_model import default_model_dir  # builds the tiny model on first use
+    add_config_args(parser, WorkerConfig, title="worker", skip=SERVE_OWNS, only_given=True)
+    shared = {"log_level", "grace_period_s", "max_message_bytes"}  # in the worker section
+    add_config_args(
+        parser, FrontendConfig, title="frontend", skip={*SERVE_OWNS, *shared}, only_given=True
+    )
+    return parser
 
-        model = str(default_model_dir())
 
+def _fields(cls: type) -> set[str]:
+    return set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
+
+
+def serve_argvs(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """Parses `nanoserve serve` flags into (serve's own, worker argv, frontend argv), and checks
+    every input it can before anything starts: flags, model directory, tokenizer files, installed
+    extras, ports. A problem ends the command in one line (exit 2 for flags, 1 otherwise)."""
+    args = _serve_parser().parse_args(argv)
+    given = {k: v for k, v in vars(args).items()}
+    worker_values = {k: v for k, v in given.items() if k in _fields(WorkerConfig)}
+    frontend_values = {k: v for k, v in given.items() if k in _fields(FrontendConfig)}
+    for name in SERVE_OWNS:
+        worker_values.pop(name, None)
+        frontend_values.pop(name, None)
+    worker_argv = [
+        *("--model", args.model, "--host", "127.0.0.1", "--port", str(args.worker_port)),
+        *config_argv(WorkerConfig, worker_values),
+    ]
+    frontend_argv = [
+        *("--model", args.model, "--host", args.host, "--port", str(args.port)),
+        *config_argv(FrontendConfig, frontend_values),
+        *shlex.split(args.frontend_args),
+    ]
+    # Parse both now, as the services will: a bad value fails here, before minutes of loading.
+    worker = parse_config(WorkerConfig, worker_argv, prog="nanoserve serve (worker flags)")
+    parse_config(
+        FrontendConfig,
+        [*frontend_argv, "--worker-address", "127.0.0.1:1"],
+        prog="nanoserve serve --frontend-args",
+    )
+    missing = sorted({extra for module, extra in SERVE_NEEDS.items() if not _installed(module)})
+    try:
+        if missing:
+            raise ValueError(
+                f"this install has no {' and no '.join(missing)} dependencies (a client-only "
+                f"install?): pip install 'nanoserve[all]' to serve"
+            )
+        model_dir = resolve_model_dir(args.model)
+        check_model_dir(model_dir, worker.tensor_parallel_size)
+        check_tokenizer_files(model_dir)
+        check_port_free(args.host, args.port)
+        check_port_free("127.0.0.1", args.worker_port, flag="--worker-port")
+    except ValueError as e:
+        _fail(str(e), args)
+    return args, worker_argv, frontend_argv
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _fail(message: str, args: argparse.Namespace) -> None:
+    if getattr(args, "log_level", "INFO").upper() == "DEBUG":
+        logging.getLogger("nanoserve.cli").exception("cannot start")
+    print(f"nanoserve serve: error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def serve(argv: Sequence[str]) -> int:
+    args, worker_argv, frontend_argv = serve_argvs(argv)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     python = [sys.executable, "-m"]
-    worker = Child(
-        "worker",
-        [
-            *python,
-            "nanoserve.worker",
-            "--model",
-            model,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(args.worker_port),
-            *worker_args,
-        ],
-    )
+    worker = Child("worker", [*python, "nanoserve.worker", *worker_argv])
     children = [worker]
     try:
         if not _wait_until(worker.listening.is_set, children, stop, "starting"):
             return 0 if stop.is_set() else 1
         if not _wait_until(
-            lambda: _serving(worker.address, WORKER_SERVICE), children, stop, "loading the model"
+            lambda: is_serving(worker.address, WORKER_SERVICE), children, stop, "loading the model"
         ):
             return 0 if stop.is_set() else 1
+        assert worker.address is not None
         frontend = Child(
             "frontend",
             [
                 *python,
                 "nanoserve.frontend",
-                "--model",
-                model,
+                *frontend_argv,
                 "--worker-address",
                 worker.address,
-                "--host",
-                args.host,
-                "--port",
-                str(args.port),
-                *shlex.split(args.frontend_args),
             ],
         )
         children.insert(0, frontend)  # stopped first, so in-flight streams drain through it
         if not _wait_until(frontend.listening.is_set, children, stop, "starting"):
             return 0 if stop.is_set() else 1
         if not _wait_until(
-            lambda: _serving(frontend.address, FRONTEND_SERVICE),
+            lambda: is_serving(frontend.address, FRONTEND_SERVICE),
             children,
             stop,
             "connecting to the worker",
         ):
             return 0 if stop.is_set() else 1
+        assert frontend.address is not None
+        host, port = frontend.address.rsplit(":", 1)
+        connect = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
         print(
-            f"nanoserve serving {model} on {frontend.address} (worker on {worker.address})",
+            f"nanoserve serving {args.model} on {frontend.address} (worker on {worker.address})\n"
+            f"  stop: Ctrl-C (or SIGTERM to pid {os.getpid()}); in-flight requests finish first\n"
+            f"  try:  nanoserve generate --address {connect}:{port} \"Hello\"\n"
+            f"  or:   python -c \"from nanoserve import Client; "
+            f"print(Client('{connect}:{port}').generate('Hello').text)\"",
             flush=True,
         )
         if args.demo:
-            host, port = frontend.address.rsplit(":", 1)
-            connect = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
             print(f"> {args.demo}", flush=True)
-            generate([args.demo, "--chat", "--no-thinking", "--max-tokens", "48", "--usage",
-                      "--address", f"{connect}:{port}"])
+            generate(
+                [
+                    args.demo,
+                    "--chat",
+                    "--no-thinking",
+                    "--max-tokens",
+                    "48",
+                    "--usage",
+                    "--address",
+                    f"{connect}:{port}",
+                ]
+            )
         _wait_until(lambda: False, children, stop, "serving")
         return 0 if stop.is_set() else 1
     finally:
@@ -207,14 +210,22 @@ def generate(argv: Sequence[str]) -> int:
     parser.add_argument("--address", default=DEFAULT_ADDRESS, help="frontend host:port")
     parser.add_argument(
         "--chat",
-        action="store_true",
-        help="send the prompt as one user message through the chat template",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="send the prompt as one user message through the chat template (default: off)",
     )
     parser.add_argument(
-        "--no-thinking", action="store_true", help="with --chat: enable_thinking=false (Qwen3)"
+        "--thinking",
+        action=argparse.BooleanOptionalAction,
+        help="with --chat: Qwen3's enable_thinking (default: the chat template's)",
     )
     parser.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
-    parser.add_argument("--usage", action="store_true", help="print token usage to stderr")
+    parser.add_argument(
+        "--usage",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="print token usage to stderr (default: off)",
+    )
     for name, kind in (
         ("max_tokens", int),
         ("min_tokens", int),
@@ -229,20 +240,24 @@ def generate(argv: Sequence[str]) -> int:
     ):
         parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind)
     parser.add_argument("--stop", action="append", help="stop string (repeatable)")
-    parser.add_argument("--ignore-eos", action="store_true", default=None)
+    parser.add_argument(
+        "--ignore-eos",
+        action=argparse.BooleanOptionalAction,
+        help="keep generating past end-of-sequence tokens (default: the server's, off)",
+    )
     args = parser.parse_args(argv)
     sampling = {
         k: v
         for k, v in vars(args).items()
         if v is not None
-        and k not in ("prompt", "address", "chat", "no_thinking", "timeout", "usage")
+        and k not in ("prompt", "address", "chat", "thinking", "timeout", "usage")
     }
     with Client(args.address, timeout=args.timeout) as client:
         try:
             if args.chat:
                 stream = client.chat_stream(
                     [("user", args.prompt)],
-                    enable_thinking=False if args.no_thinking else None,
+                    enable_thinking=args.thinking,
                     **sampling,
                 )
             else:
@@ -268,6 +283,7 @@ def generate(argv: Sequence[str]) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nanoserve", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"nanoserve {nanoserve.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     commands.add_parser("serve", help="run a worker and a frontend on loopback", add_help=False)
     commands.add_parser("generate", help="stream a completion from a frontend", add_help=False)
@@ -282,14 +298,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         _parser().parse_args(argv)  # prints help or the usage error, and exits
         return
     command, rest = argv[0], argv[1:]
-    if command in ("worker", "frontend"):
-        os.execv(sys.executable, [sys.executable, "-m", f"nanoserve.{command}", *rest])
+    if command == "worker":
+        from nanoserve.worker.__main__ import main as worker_main
+
+        worker_main(rest, prog="nanoserve worker")
+    elif command == "frontend":
+        from nanoserve.frontend.__main__ import main as frontend_main
+
+        frontend_main(rest, prog="nanoserve frontend")
     elif command == "bench":
         from nanoserve.benchmarks.engine import main as bench_main  # needs torch: imported only here
 
         bench_main(rest)
     elif command == "make-tiny-model":
-        from nanoserve.tiny_model import main as tiny_model_main
+        from nanoserve.tiny.model import main as tiny_model_main  # the `tiny` extra
 
         tiny_model_main(rest)
     elif command == "serve":

@@ -1,6 +1,6 @@
 """Logging setup called once by each service's __main__: plain text lines, no colours.
 
-Format: `2025-01-01 12:00:00,000 INFO [worker:r0] worker.server: message`.
+Format: `2025-01-01 12:00:00,000 INFO [worker:r0] nanoserve.worker.server: message`.
 """
 
 import logging
@@ -37,3 +37,8 @@ def setup_logging(service: str, level: str | int = "INFO", rank: int | None = No
     root.setLevel(numeric)
     # grpc's own Python loggers are chatty at DEBUG about connectivity; keep them at WARNING.
     logging.getLogger("grpc").setLevel(max(numeric, logging.WARNING))
+
+
+def log_startup_error(logger: logging.Logger, error: BaseException) -> None:
+    """A service that cannot start says why in one line; the traceback only at --log-level DEBUG."""
+    logger.error("cannot start: %s", error, exc_info=logger.isEnabledFor(logging.DEBUG))

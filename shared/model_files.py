@@ -1,7 +1,6 @@
-"""Reads a Hugging Face model directory without torch or tokenizers.
-
-Both services call tokenizer_digest: the worker reports it in GetModelInfo, and the frontend refuses
-to serve when its local tokenizer files hash differently.
+"""Reads a Hugging Face model directory without torch or tokenizers: what `--model` names
+(resolve_model_dir), whether a service can use it (check_model_dir, check_tokenizer_files), and
+the tokenizer digest the worker reports in GetModelInfo and the frontend compares with its own.
 """
 
 import hashlib
@@ -35,3 +34,67 @@ def tokenizer_digest(model_dir: str | Path) -> str:
         if path.is_file():
             digest.update(path.read_bytes())
     return digest.hexdigest()
+
+
+TINY = "tiny"  # `--model tiny`: the embedded random-weight model (nanoserve.tiny), built on first use
+MODEL_HELP = (
+    "Hugging Face Qwen3 model directory, or `tiny` for the embedded random-weight test model "
+    "(its replies are gibberish)"
+)
+
+
+def resolve_model_dir(model: str) -> str:
+    """The directory to load for `--model`: `tiny` builds (once per machine) and names the embedded
+    model; anything else must be a directory. Raises ValueError with the fix in the message."""
+    if model == TINY:
+        try:
+            from nanoserve.tiny.model import default_model_dir  # only a `tiny` run imports it
+        except ImportError as e:
+            raise ValueError(
+                f"--model tiny needs the `tiny` extra ({e}): pip install 'nanoserve[tiny]'"
+            ) from None
+        return str(default_model_dir())
+    if not Path(model).is_dir():
+        raise ValueError(f"--model {model}: not a directory")
+    return model
+
+
+def check_model_dir(model_dir: str | Path, tensor_parallel_size: int = 1) -> None:
+    """Refuses, in one line, a directory the worker could not serve: no config.json, not Qwen3, no
+    safetensors weights, or attention heads that `tensor_parallel_size` ranks cannot split.
+    Reads only JSON and file names (no torch), so it runs before anything slow."""
+    path = Path(model_dir)
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"--model {path}: no config.json (expected a Hugging Face Qwen3 model directory)"
+        )
+    config = read_json(path / "config.json")
+    architectures = config.get("architectures") or []
+    if "Qwen3ForCausalLM" not in architectures and not (
+        not architectures and config.get("model_type") == "qwen3"
+    ):
+        found = ", ".join(map(str, architectures)) or config.get("model_type") or "unknown"
+        raise ValueError(f"--model {path}: not a Qwen3 model ({found}); nanoserve serves Qwen3 only")
+    if not any(path.glob("*.safetensors")):
+        raise ValueError(f"--model {path}: no *.safetensors weights in the directory")
+    heads = config.get("num_attention_heads")
+    kv_heads = config.get("num_key_value_heads") or heads
+    tp = tensor_parallel_size
+    if isinstance(heads, int) and heads % tp:
+        raise ValueError(
+            f"--tensor-parallel-size {tp} does not divide the model's {heads} attention heads"
+        )
+    if isinstance(kv_heads, int) and kv_heads % tp and tp % kv_heads:
+        raise ValueError(
+            f"--tensor-parallel-size {tp} and the model's {kv_heads} KV heads must divide one "
+            "another"
+        )
+
+
+def check_tokenizer_files(model_dir: str | Path) -> None:
+    """The frontend needs the model's tokenizer.json; refuse in one line when it is missing."""
+    if not (Path(model_dir) / "tokenizer.json").is_file():
+        raise ValueError(
+            f"--model {model_dir}: no tokenizer.json (the frontend tokenizes with the model's "
+            "Hugging Face tokenizer files)"
+        )

@@ -1,7 +1,7 @@
 """Shared pytest fixtures: the tiny random Qwen3 model directory and its tokenizer files.
 
 Must import without torch (frontend tests run where torch is absent). Model and tokenizer are built
-by shared.tiny_model; the tokenizer is cached under $NANOSERVE_CACHE (default ~/.cache/nanoserve).
+by nanoserve.tiny.model; the tokenizer is cached under $NANOSERVE_CACHE (default ~/.cache/nanoserve).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from nanoserve.tiny_model import make_tiny_model
-from nanoserve.tiny_model import tokenizer_files_dir as _tokenizer_files_dir
+from nanoserve.tiny.model import make_tiny_model
+from nanoserve.tiny.model import tokenizer_files_dir as _tokenizer_files_dir
 
 
 def free_port() -> int:

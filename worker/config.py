@@ -1,10 +1,14 @@
 """User-facing configuration of the engine (EngineConfig) and of the worker service (WorkerConfig).
 
-Frozen dataclasses that validate themselves; shared.config turns their fields into CLI flags. Values
-derived at run time (KV block count, eos ids, the model's own config) live on the objects that compute them.
+Frozen dataclasses that validate themselves; nanoserve.config turns their fields into CLI flags
+(env NANOSERVE_WORKER_<FIELD>). Values derived at run time (KV block count, eos ids, the model's own
+config) live on the objects that compute them.
 """
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
+
+from nanoserve.model_files import MODEL_HELP, TINY
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -40,7 +44,7 @@ class EngineConfig:
         "help": "auto (read the safetensors) or dummy (random weights: benchmarks)"})
 
     def __post_init__(self):
-        if self.model and not Path(self.model).is_dir():
+        if self.model and self.model != TINY and not Path(self.model).is_dir():
             raise ValueError(f"model: {self.model!r} is not a directory")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
@@ -69,6 +73,11 @@ class EngineConfig:
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig(EngineConfig):
+    """nanoserve worker: scheduler, paged KV cache and Qwen3 model behind WorkerService (gRPC)."""
+
+    env_prefix: ClassVar[str] = "NANOSERVE_WORKER_"
+
+    model: str = field(metadata={"help": MODEL_HELP})  # required here: no silent random weights
     host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
     port: int = field(default=50061, metadata={"help": "port to bind (0 = any free port)"})
     max_queued_requests: int = field(default=4096, metadata={

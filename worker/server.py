@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     if not config.model:
         import dataclasses
 
-        from nanoserve.tiny_model import default_model_dir
+        from nanoserve.tiny.model import default_model_dir
         config = dataclasses.replace(config, model=str(default_model_dir()))
     code = asyncio.run(serve(config))
     if code:  # an engine failure: exit now, whatever threads or ranks are stuck

@@ -193,7 +193,7 @@ def worker_argv(model_dir: Path, *args: str, port: int = 0) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "worker",
+        "nanoserve.worker",
         "--model",
         str(model_dir),
         "--device",
@@ -212,7 +212,7 @@ def frontend_argv(model_dir: Path, worker_address: str, *args: str, port: int = 
     return [
         sys.executable,
         "-m",
-        "frontend",
+        "nanoserve.frontend",
         "--model",
         str(model_dir),
         "--worker-address",

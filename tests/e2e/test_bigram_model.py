@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from nanoserve.client import Client
-from nanoserve.tiny_model import IM_END_ID, make_tiny_model
+from nanoserve.tiny.model import IM_END_ID, make_tiny_model
 from tests.e2e.conftest import Pair, assert_idle, start_pair
 
 pytestmark = pytest.mark.e2e

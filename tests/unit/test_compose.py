@@ -21,7 +21,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from nanoserve.frontend.config import FrontendConfig
-from nanoserve.config import env_var, parse_config
+from nanoserve.config import env_prefix, env_var, parse_config
 from nanoserve.proto.v1 import frontend_service_pb2, worker_service_pb2
 from nanoserve.worker.config import WorkerConfig
 
@@ -112,7 +112,7 @@ def test_docker_compose_interpolates_tp_into_gpus_and_ranks(tmp_path) -> None:
     worker, frontend = resolved["worker"], resolved["frontend"]
     (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
     assert int(device["count"]) == 2
-    assert int(worker["environment"]["NANOSERVE_TENSOR_PARALLEL_SIZE"]) == 2
+    assert int(worker["environment"]["NANOSERVE_WORKER_TENSOR_PARALLEL_SIZE"]) == 2
     assert worker["volumes"] == frontend["volumes"] == [f"{tmp_path}:/model:ro"]
     assert frontend["ports"] == [{"published": 6000, "target": 50051}]
 
@@ -149,7 +149,7 @@ def test_worker_reserves_gpus_and_shared_memory(services) -> None:
 def test_model_directory_is_mounted_read_only_on_both(services, tmp_path) -> None:
     for name in ("worker", "frontend"):
         assert services[name]["volumes"] == ["./models/Qwen3-0.6B:/model:ro"]
-        assert services[name]["environment"]["NANOSERVE_MODEL"] == "/model"
+        assert services[name]["environment"][env_var("model", env_prefix(CONFIGS[name]))] == "/model"
     moved = load_compose({"NANOSERVE_MODEL_DIR": str(tmp_path)})["services"]
     assert moved["worker"]["volumes"] == [f"{tmp_path}:/model:ro"]
 
@@ -165,10 +165,11 @@ def test_frontend_is_published_and_waits_for_a_healthy_worker(services) -> None:
 
 @pytest.mark.parametrize("name", ["worker", "frontend"])
 def test_environment_names_are_config_fields(services, name: str) -> None:
-    fields = {env_var(f.name) for f in dataclasses.fields(CONFIGS[name])}
+    cls = CONFIGS[name]
+    fields = {env_var(f.name, env_prefix(cls)) for f in dataclasses.fields(cls)}
     used = set(services[name]["environment"])
     image = set(re.findall(r"\b(NANOSERVE_\w+)=", DOCKERFILES[name].read_text()))
-    assert used | image <= fields, f"not {CONFIGS[name].__name__} fields: {(used | image) - fields}"
+    assert used | image <= fields, f"not {cls.__name__} fields: {(used | image) - fields}"
 
 
 @pytest.mark.parametrize("name", ["worker", "frontend"])
@@ -179,7 +180,8 @@ def test_environment_builds_a_valid_config(services, name: str, tmp_path, monkey
         monkeypatch.delenv(key)
     for key, value in service["environment"].items():
         monkeypatch.setenv(key, str(value))
-    monkeypatch.setenv("NANOSERVE_MODEL", str(tmp_path))  # /model exists only in the container
+    # /model exists only in the container
+    monkeypatch.setenv(env_var("model", env_prefix(CONFIGS[name])), str(tmp_path))
     config = parse_config(CONFIGS[name], [])
     assert config.host == "0.0.0.0"
     assert config.grace_period_s < seconds(service["stop_grace_period"]), (
@@ -297,16 +299,17 @@ def test_healthcheck_exits_0_only_when_serving(health_server, monkeypatch) -> No
     port, servicer = health_server
     check = load_healthcheck()
     service = GRPC_SERVICES["worker"]
-    monkeypatch.setenv("NANOSERVE_PORT", str(port))
+    monkeypatch.setenv("NANOSERVE_WORKER_PORT", str(port))
+    monkeypatch.setenv("NANOSERVE_FRONTEND_PORT", "1")  # the other service's variable is not read
     assert check.main([service, "1"]) == 1  # unknown to the server yet: NOT_FOUND
     servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
     assert check.main([service, "1"]) == 1
     servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     assert check.main([service, "1"]) == 0
     assert check.main([GRPC_SERVICES["frontend"], "1"]) == 1  # another service's health
-    monkeypatch.delenv("NANOSERVE_PORT")
+    monkeypatch.delenv("NANOSERVE_WORKER_PORT")
     assert check.main([service, str(port)]) == 0  # the default port when the env var is unset
-    monkeypatch.setenv("NANOSERVE_PORT", "http")
+    monkeypatch.setenv("NANOSERVE_WORKER_PORT", "http")
     assert check.main([service, str(port)]) == 1
     assert check.main([service]) == 1
 
@@ -317,5 +320,5 @@ def test_healthcheck_script_reports_through_its_exit_code(health_server) -> None
     servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     script = [sys.executable, str(ROOT / "docker/healthcheck.py")]
     assert run([*script, service, str(port)]).returncode == 0
-    server_gone = run([*script, service, str(port)], NANOSERVE_PORT="1")
+    server_gone = run([*script, service, str(port)], NANOSERVE_FRONTEND_PORT="1")
     assert server_gone.returncode == 1 and "not SERVING" in server_gone.stderr

@@ -163,4 +163,4 @@ def test_frontend_config_flags_and_validation(tiny_model_dir: Path) -> None:
         {"max_message_bytes": 10},
     ):
         with pytest.raises(ValueError, match=next(iter(bad))):
-            FrontendConfig(**bad)
+            FrontendConfig(model="tiny", **bad)

@@ -53,7 +53,7 @@ def test_generation_config_eos_list_wins(tmp_path):
 
 
 def test_shared_tiny_model_reads(tmp_path):
-    from nanoserve.tiny_model import make_tiny_model
+    from nanoserve.tiny.model import make_tiny_model
     config = ModelConfig.from_model_dir(str(make_tiny_model(tmp_path, vocab_size=256,
                                                             with_tokenizer=False)))
     assert (config.vocab_size, config.head_dim, config.rope_theta) == (256, 32, 1e6)

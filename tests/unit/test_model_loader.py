@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from nanoserve.tiny_model import make_tiny_model
+from nanoserve.tiny.model import make_tiny_model
 from nanoserve.worker.loader import load_model
 from nanoserve.worker.model_config import ModelConfig
 from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM

@@ -159,7 +159,7 @@ def test_model_structure_and_cache_shapes(tmp_path):
 def test_tiny_model_from_shared_matches_transformers(tmp_path):
     from transformers import Qwen3ForCausalLM as HFQwen3ForCausalLM
 
-    from nanoserve.tiny_model import make_tiny_model
+    from nanoserve.tiny.model import make_tiny_model
     model_dir = make_tiny_model(tmp_path, vocab_size=256, with_tokenizer=False, shards=3)
     hf = HFQwen3ForCausalLM.from_pretrained(model_dir).eval()
     model = build_model(model_dir)

@@ -8,6 +8,7 @@ import grpc
 import pytest
 
 from nanoserve import cli
+from nanoserve.process import Child
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
@@ -90,17 +91,22 @@ def test_generate_chat_and_error(frontend, capsys) -> None:
 
 
 def test_pass_through_commands(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = []
-    monkeypatch.setattr(cli.os, "execv", lambda path, argv: calls.append(argv))
+    """`nanoserve worker/frontend` run the service's main in this process, named for the usage."""
+    import nanoserve.frontend.__main__ as frontend_main
+    import nanoserve.worker.__main__ as worker_main
+
+    calls: list = []
+    monkeypatch.setattr(worker_main, "main", lambda argv, prog: calls.append((prog, argv)))
+    monkeypatch.setattr(frontend_main, "main", lambda argv, prog: calls.append((prog, argv)))
     cli.main(["worker", "--port", "0", "--device", "cpu"])
     cli.main(["frontend", "--help"])
     assert calls == [
-        [sys.executable, "-m", "nanoserve.worker", "--port", "0", "--device", "cpu"],
-        [sys.executable, "-m", "nanoserve.frontend", "--help"],
+        ("nanoserve worker", ["--port", "0", "--device", "cpu"]),
+        ("nanoserve frontend", ["--help"]),
     ]
-    import nanoserve.tiny_model
+    import nanoserve.tiny.model
 
-    monkeypatch.setattr(nanoserve.tiny_model, "main", lambda argv: calls.append(("tiny", argv)))
+    monkeypatch.setattr(nanoserve.tiny.model, "main", lambda argv: calls.append(("tiny", argv)))
     cli.main(["make-tiny-model", "/tmp/x", "--shards", "2"])
     assert calls[-1] == ("tiny", ["/tmp/x", "--shards", "2"])
     with pytest.raises(SystemExit):
@@ -115,7 +121,7 @@ def test_child_relays_output_and_stops(capsys) -> None:
         "print('frontend listening on 127.0.0.1:4242', flush=True)\n"
         "time.sleep(30)\n"
     )
-    child = cli.Child("frontend", [sys.executable, "-c", script])
+    child = Child("frontend", [sys.executable, "-c", script])
     assert child.listening.wait(10)
     assert child.address == "127.0.0.1:4242" and child.alive()
     assert child.stop(timeout=10) == 0
@@ -127,6 +133,6 @@ def test_child_killed_when_it_ignores_sigterm() -> None:
         "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         "print('worker listening on 127.0.0.1:1', flush=True)\ntime.sleep(30)\n"
     )
-    child = cli.Child("worker", [sys.executable, "-c", script])
+    child = Child("worker", [sys.executable, "-c", script])
     assert child.listening.wait(10)
     assert child.stop(timeout=0.5) == -9

