@@ -36,7 +36,13 @@ LISTENING = re.compile(r"(worker|frontend) listening on (?P<host>\S+):(?P<port>\
 class Service:
     """A service process started by a test; keeps its output for failure messages."""
 
-    def __init__(self, name: str, argv: list[str], listening: re.Pattern[str] = LISTENING) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        listening: re.Pattern[str] = LISTENING,
+        cwd: Path = REPO_ROOT,
+    ) -> None:
         """`listening` finds the address in the output: named groups `host` and `port`."""
         self.name = name
         self.argv = argv
@@ -47,7 +53,7 @@ class Service:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.process = subprocess.Popen(
             argv,
-            cwd=REPO_ROOT,
+            cwd=cwd,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
