@@ -19,6 +19,13 @@ if ! command -v docker-compose >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command 
   (apt-get update -qq && apt-get install -y -qq --no-install-recommends docker-compose) >/dev/null 2>&1 \
     || echo "note: docker-compose could not be installed; the compose validation test will skip" >&2
 fi
+# One formatter and a type checker (pyproject.toml [tool.ruff], [tool.mypy]); a finding fails the
+# command after the tests ran. NANOSERVE_LINT=0 skips both.
+lint_rc=0
+if [ "${NANOSERVE_LINT:-1}" != 0 ]; then
+  ruff format --check . || { echo "ruff format: run \`ruff format .\`" >&2; lint_rc=1; }
+  bash scripts/typecheck.sh --no-error-summary || { echo "mypy: type errors above" >&2; lint_rc=1; }
+fi
 set +e
 python -m pytest -q -p no:cacheprovider "$@"
 rc=$?
@@ -26,5 +33,8 @@ set -e
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests: that is a failure" >&2
   exit 1
+fi
+if [ "$rc" -eq 0 ] && [ "$lint_rc" -ne 0 ]; then
+  exit "$lint_rc"
 fi
 exit "$rc"

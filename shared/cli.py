@@ -49,8 +49,9 @@ def _serve_parser() -> argparse.ArgumentParser:
         help="Hugging Face Qwen3 model directory, or `tiny`: the embedded random-weight test "
         "model, whose replies are gibberish (default: tiny)",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="frontend address to bind (default: "
-                        "127.0.0.1)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="frontend address to bind (default: 127.0.0.1)"
+    )
     parser.add_argument(
         "--port", type=int, default=50051, help="frontend port, 0 = any free (default: 50051)"
     )
@@ -176,8 +177,8 @@ def serve(argv: Sequence[str]) -> int:
         print(
             f"nanoserve serving {args.model} on {frontend.address} (worker on {worker.address})\n"
             f"  stop: Ctrl-C (or SIGTERM to pid {os.getpid()}); in-flight requests finish first\n"
-            f"  try:  nanoserve generate --address {connect}:{port} \"Hello\"\n"
-            f"  or:   python -c \"from nanoserve import Client; "
+            f'  try:  nanoserve generate --address {connect}:{port} "Hello"\n'
+            f'  or:   python -c "from nanoserve import Client; '
             f"print(Client('{connect}:{port}').generate('Hello').text)\"",
             flush=True,
         )
@@ -249,8 +250,7 @@ def generate(argv: Sequence[str]) -> int:
     sampling = {
         k: v
         for k, v in vars(args).items()
-        if v is not None
-        and k not in ("prompt", "address", "chat", "thinking", "timeout", "usage")
+        if v is not None and k not in ("prompt", "address", "chat", "thinking", "timeout", "usage")
     }
     with Client(args.address, timeout=args.timeout) as client:
         try:
@@ -307,7 +307,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         frontend_main(rest, prog="nanoserve frontend")
     elif command == "bench":
-        from nanoserve.benchmarks.engine import main as bench_main  # needs torch: imported only here
+        from nanoserve.benchmarks.engine import (
+            main as bench_main,
+        )  # needs torch: imported only here
 
         bench_main(rest)
     elif command == "make-tiny-model":

@@ -137,9 +137,12 @@ def add_config_args(
         }
         # A missing required flag is reported by config_from_args in one line, not by argparse
         # (whose message comes after the whole usage synopsis).
-        kwargs["default"] = argparse.SUPPRESS if only_given or default is dataclasses.MISSING \
-            else default
-        if base is bool:  # one style for every boolean: --x / --no-x (unset: the default, maybe None)
+        kwargs["default"] = (
+            argparse.SUPPRESS if only_given or default is dataclasses.MISSING else default
+        )
+        if (
+            base is bool
+        ):  # one style for every boolean: --x / --no-x (unset: the default, maybe None)
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["type"] = convert
@@ -172,7 +175,8 @@ def config_from_args(cls: type[T], namespace: argparse.Namespace) -> T:
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             what = f.metadata.get("help", "")
             raise ValueError(
-                f"{flag(f.name)} is required" + (f": {what}" if what else "")
+                f"{flag(f.name)} is required"
+                + (f": {what}" if what else "")
                 + f" (or set {env_var(f.name, prefix)})"
             )
     return cls(**values)

@@ -36,7 +36,9 @@ def tokenizer_digest(model_dir: str | Path) -> str:
     return digest.hexdigest()
 
 
-TINY = "tiny"  # `--model tiny`: the embedded random-weight model (nanoserve.tiny), built on first use
+TINY = (
+    "tiny"  # `--model tiny`: the embedded random-weight model (nanoserve.tiny), built on first use
+)
 MODEL_HELP = (
     "Hugging Face Qwen3 model directory, or `tiny` for the embedded random-weight test model "
     "(its replies are gibberish)"
@@ -74,7 +76,9 @@ def check_model_dir(model_dir: str | Path, tensor_parallel_size: int = 1) -> Non
         not architectures and config.get("model_type") == "qwen3"
     ):
         found = ", ".join(map(str, architectures)) or config.get("model_type") or "unknown"
-        raise ValueError(f"--model {path}: not a Qwen3 model ({found}); nanoserve serves Qwen3 only")
+        raise ValueError(
+            f"--model {path}: not a Qwen3 model ({found}); nanoserve serves Qwen3 only"
+        )
     if not any(path.glob("*.safetensors")):
         raise ValueError(f"--model {path}: no *.safetensors weights in the directory")
     heads = config.get("num_attention_heads")

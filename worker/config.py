@@ -4,6 +4,7 @@ Frozen dataclasses that validate themselves; nanoserve.config turns their fields
 (env NANOSERVE_WORKER_<FIELD>). Values derived at run time (KV block count, eos ids, the model's own
 config) live on the objects that compute them.
 """
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -16,32 +17,56 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: str = field(default="", metadata={"help": "Hugging Face Qwen3 model directory"})
-    device: str = field(default="auto", metadata={"help": "cpu, cuda or auto (cuda when available)"})
-    dtype: str = field(default="auto", metadata={
-        "help": "auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 or float16"})
+    device: str = field(
+        default="auto", metadata={"help": "cpu, cuda or auto (cuda when available)"}
+    )
+    dtype: str = field(
+        default="auto",
+        metadata={"help": "auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 or float16"},
+    )
     tensor_parallel_size: int = field(default=1, metadata={"help": "ranks the model is split over"})
     enforce_eager: bool = field(default=False, metadata={"help": "never use CUDA graphs"})
-    decode_lookahead: bool | None = field(default=None, metadata={
-        "help": "forward decode step N+1 before step N's tokens reach the host (default: on "
-                "cuda, off on cpu)"})
-    custom_all_reduce: bool = field(default=True, metadata={
-        "help": "tensor parallelism on CUDA: small all-reduces through symmetric memory, not NCCL"})
+    decode_lookahead: bool | None = field(
+        default=None,
+        metadata={
+            "help": "forward decode step N+1 before step N's tokens reach the host (default: on "
+            "cuda, off on cpu)"
+        },
+    )
+    custom_all_reduce: bool = field(
+        default=True,
+        metadata={
+            "help": "tensor parallelism on CUDA: small all-reduces through symmetric memory, not NCCL"
+        },
+    )
     max_num_seqs: int = field(default=256, metadata={"help": "max sequences in one batch"})
-    max_num_batched_tokens: int = field(default=16384, metadata={
-        "help": "max tokens in one prefill step (longer prompts are chunked)"})
-    max_model_len: int = field(default=4096, metadata={
-        "help": "max prompt + completion tokens (capped by the model's max_position_embeddings)"})
+    max_num_batched_tokens: int = field(
+        default=16384,
+        metadata={"help": "max tokens in one prefill step (longer prompts are chunked)"},
+    )
+    max_model_len: int = field(
+        default=4096,
+        metadata={
+            "help": "max prompt + completion tokens (capped by the model's max_position_embeddings)"
+        },
+    )
     kvcache_block_size: int = field(default=256, metadata={"help": "tokens per KV-cache block"})
-    num_kvcache_blocks: int | None = field(default=None, metadata={
-        "help": "KV blocks to allocate (default: sized from memory)"})
-    gpu_memory_utilization: float = field(default=0.9, metadata={
-        "help": "fraction of GPU memory the worker may use"})
+    num_kvcache_blocks: int | None = field(
+        default=None, metadata={"help": "KV blocks to allocate (default: sized from memory)"}
+    )
+    gpu_memory_utilization: float = field(
+        default=0.9, metadata={"help": "fraction of GPU memory the worker may use"}
+    )
     cpu_kvcache_gib: float = field(default=1.0, metadata={"help": "KV-cache size on cpu, in GiB"})
-    attention_backend: str = field(default="auto", metadata={
-        "help": "auto (triton on cuda, torch on cpu), torch, triton or flash_attn"})
+    attention_backend: str = field(
+        default="auto",
+        metadata={"help": "auto (triton on cuda, torch on cpu), torch, triton or flash_attn"},
+    )
     seed: int = field(default=0, metadata={"help": "seed of the sampler for unseeded requests"})
-    load_format: str = field(default="auto", metadata={
-        "help": "auto (read the safetensors) or dummy (random weights: benchmarks)"})
+    load_format: str = field(
+        default="auto",
+        metadata={"help": "auto (read the safetensors) or dummy (random weights: benchmarks)"},
+    )
 
     def __post_init__(self):
         if self.model and self.model != TINY and not Path(self.model).is_dir():
@@ -50,8 +75,12 @@ class EngineConfig:
             raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        for name in ("tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens",
-                     "max_model_len"):
+        for name in (
+            "tensor_parallel_size",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         bs = self.kvcache_block_size
@@ -60,15 +89,18 @@ class EngineConfig:
         if self.num_kvcache_blocks is not None and self.num_kvcache_blocks < 1:
             raise ValueError(f"num_kvcache_blocks must be >= 1, got {self.num_kvcache_blocks}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError("gpu_memory_utilization must be in (0, 1], "
-                             f"got {self.gpu_memory_utilization}")
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.cpu_kvcache_gib <= 0:
             raise ValueError(f"cpu_kvcache_gib must be > 0, got {self.cpu_kvcache_gib}")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be auto or dummy, got {self.load_format!r}")
         if self.attention_backend not in ("auto", "torch", "triton", "flash_attn"):
-            raise ValueError("attention_backend must be auto, torch, triton or flash_attn, "
-                             f"got {self.attention_backend!r}")
+            raise ValueError(
+                "attention_backend must be auto, torch, triton or flash_attn, "
+                f"got {self.attention_backend!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,12 +112,19 @@ class WorkerConfig(EngineConfig):
     model: str = field(metadata={"help": MODEL_HELP})  # required here: no silent random weights
     host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
     port: int = field(default=50061, metadata={"help": "port to bind (0 = any free port)"})
-    max_queued_requests: int = field(default=4096, metadata={
-        "help": "requests running + waiting before the worker answers RESOURCE_EXHAUSTED"})
-    grace_period_s: float = field(default=30.0, metadata={
-        "help": "on SIGTERM, how long in-flight streams may run before they are cut"})
-    max_message_bytes: int = field(default=16 * 1024 * 1024, metadata={
-        "help": "max gRPC message size"})
+    max_queued_requests: int = field(
+        default=4096,
+        metadata={
+            "help": "requests running + waiting before the worker answers RESOURCE_EXHAUSTED"
+        },
+    )
+    grace_period_s: float = field(
+        default=30.0,
+        metadata={"help": "on SIGTERM, how long in-flight streams may run before they are cut"},
+    )
+    max_message_bytes: int = field(
+        default=16 * 1024 * 1024, metadata={"help": "max gRPC message size"}
+    )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
 
     def __post_init__(self):

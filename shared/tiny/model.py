@@ -14,8 +14,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
-
-from nanoserve.tiny.tokenizer import (  # noqa: F401 (tokenizer_files_dir is re-exported)
+from nanoserve.tiny.tokenizer import (
     ADDED_TOKENS,
     ENDOFTEXT_ID,
     IM_END_ID,
@@ -29,6 +28,7 @@ DEFAULT_MODEL_NAME = "tiny-qwen3-v1"
 DEFAULT_SEED = 0
 
 # ---------------------------------------------------------------- weights and config
+
 
 def _to_bf16_bits(x: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bit patterns (uint16), round to nearest even."""
@@ -46,8 +46,11 @@ def _write_safetensors(path: Path, tensors: dict[str, np.ndarray], dtype: str) -
     offset = 0
     for name, array in tensors.items():
         data = (_to_bf16_bits(array) if dtype == "bfloat16" else array.astype("<f4")).tobytes()
-        header[name] = {"dtype": st_dtype, "shape": list(array.shape),
-                        "data_offsets": [offset, offset + len(data)]}
+        header[name] = {
+            "dtype": st_dtype,
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
         blobs.append(data)
         offset += len(data)
     head = json.dumps(header, separators=(",", ":")).encode()
@@ -104,8 +107,11 @@ def _write_weights(out: Path, weights: dict[str, np.ndarray], dtype: str, shards
     for j, (name, array) in enumerate(weights.items()):
         # Fill shards in order, moving on once a shard holds its share of the bytes or when every
         # later shard needs one of the remaining tensors (no shard is left empty).
-        if groups[s] and s < shards - 1 and (
-                done * shards >= (s + 1) * total or len(weights) - j <= shards - 1 - s):
+        if (
+            groups[s]
+            and s < shards - 1
+            and (done * shards >= (s + 1) * total or len(weights) - j <= shards - 1 - s)
+        ):
             s += 1
         groups[s][name] = array
         done += array.size * itemsize
@@ -118,25 +124,40 @@ def _write_weights(out: Path, weights: dict[str, np.ndarray], dtype: str, shards
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
-def make_tiny_model(out_dir: str | os.PathLike, *, vocab_size: int = 151936, hidden_size: int = 64,
-                    intermediate_size: int = 128, num_hidden_layers: int = 2,
-                    num_attention_heads: int = 4, num_key_value_heads: int = 2, head_dim: int = 32,
-                    max_position_embeddings: int = 4096, rope_theta: float = 1e6,
-                    rms_norm_eps: float = 1e-6, tie_word_embeddings: bool = True,
-                    dtype: str = "float32", seed: int = DEFAULT_SEED, shards: int = 1,
-                    with_tokenizer: bool = True) -> Path:
+def make_tiny_model(
+    out_dir: str | os.PathLike,
+    *,
+    vocab_size: int = 151936,
+    hidden_size: int = 64,
+    intermediate_size: int = 128,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    head_dim: int = 32,
+    max_position_embeddings: int = 4096,
+    rope_theta: float = 1e6,
+    rms_norm_eps: float = 1e-6,
+    tie_word_embeddings: bool = True,
+    dtype: str = "float32",
+    seed: int = DEFAULT_SEED,
+    shards: int = 1,
+    with_tokenizer: bool = True,
+) -> Path:
     """Write a loadable Qwen3ForCausalLM directory with random weights; returns its path."""
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
     num_tensors = 2 + 11 * num_hidden_layers + (0 if tie_word_embeddings else 1)
     if not 1 <= shards <= num_tensors:
-        raise ValueError(f"shards must be in [1, {num_tensors}] (one tensor per shard at least), "
-                         f"got {shards}")
+        raise ValueError(
+            f"shards must be in [1, {num_tensors}] (one tensor per shard at least), got {shards}"
+        )
     if num_attention_heads % num_key_value_heads:
         raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
     if with_tokenizer and vocab_size < ENDOFTEXT_ID + len(ADDED_TOKENS):
-        raise ValueError(f"vocab_size must be >= {ENDOFTEXT_ID + len(ADDED_TOKENS)} "
-                         "to hold the Qwen tokenizer, or pass with_tokenizer=False")
+        raise ValueError(
+            f"vocab_size must be >= {ENDOFTEXT_ID + len(ADDED_TOKENS)} "
+            "to hold the Qwen tokenizer, or pass with_tokenizer=False"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = {
@@ -168,8 +189,11 @@ def make_tiny_model(out_dir: str | os.PathLike, *, vocab_size: int = 151936, hid
         "dtype": dtype,
     }
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    generation_config = {"bos_token_id": ENDOFTEXT_ID, "eos_token_id": [IM_END_ID, ENDOFTEXT_ID],
-                         "pad_token_id": ENDOFTEXT_ID}
+    generation_config = {
+        "bos_token_id": ENDOFTEXT_ID,
+        "eos_token_id": [IM_END_ID, ENDOFTEXT_ID],
+        "pad_token_id": ENDOFTEXT_ID,
+    }
     (out / "generation_config.json").write_text(json.dumps(generation_config, indent=2) + "\n")
     _write_weights(out, _random_weights(config, seed), dtype, shards)
     if with_tokenizer:
@@ -185,9 +209,12 @@ def default_model_dir() -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="nanoserve make-tiny-model",
-                                     description="Write a tiny random Qwen3 model directory.")
-    parser.add_argument("out_dir", nargs="?", help="target dir (default: build the cached default model)")
+    parser = argparse.ArgumentParser(
+        prog="nanoserve make-tiny-model", description="Write a tiny random Qwen3 model directory."
+    )
+    parser.add_argument(
+        "out_dir", nargs="?", help="target dir (default: build the cached default model)"
+    )
     parser.add_argument("--vocab-size", type=int, default=151936)
     parser.add_argument("--hidden-size", type=int, default=64)
     parser.add_argument("--intermediate-size", type=int, default=128)
@@ -207,12 +234,22 @@ def main(argv: list[str] | None = None) -> None:
         print(default_model_dir())
         return
     path = make_tiny_model(
-        args.out_dir, vocab_size=args.vocab_size, hidden_size=args.hidden_size,
-        intermediate_size=args.intermediate_size, num_hidden_layers=args.num_hidden_layers,
-        num_attention_heads=args.num_attention_heads, num_key_value_heads=args.num_key_value_heads,
-        head_dim=args.head_dim, max_position_embeddings=args.max_position_embeddings,
-        rope_theta=args.rope_theta, tie_word_embeddings=not args.untied, dtype=args.dtype,
-        seed=args.seed, shards=args.shards, with_tokenizer=not args.no_tokenizer)
+        args.out_dir,
+        vocab_size=args.vocab_size,
+        hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size,
+        num_hidden_layers=args.num_hidden_layers,
+        num_attention_heads=args.num_attention_heads,
+        num_key_value_heads=args.num_key_value_heads,
+        head_dim=args.head_dim,
+        max_position_embeddings=args.max_position_embeddings,
+        rope_theta=args.rope_theta,
+        tie_word_embeddings=not args.untied,
+        dtype=args.dtype,
+        seed=args.seed,
+        shards=args.shards,
+        with_tokenizer=not args.no_tokenizer,
+    )
     print(path)
 
 

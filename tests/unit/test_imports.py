@@ -97,8 +97,14 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_walk_sees_every_package_and_lazy_imports() -> None:
     graph = import_graph()
-    assert {"nanoserve", "nanoserve.cli", "nanoserve.worker.server", "nanoserve.frontend.server",
-            "nanoserve.benchmarks.engine", "nanoserve.tiny.model"} <= set(graph)
+    assert {
+        "nanoserve",
+        "nanoserve.cli",
+        "nanoserve.worker.server",
+        "nanoserve.frontend.server",
+        "nanoserve.benchmarks.engine",
+        "nanoserve.tiny.model",
+    } <= set(graph)
     assert "nanoserve.worker.llm" in graph["nanoserve"]  # lazy: inside __getattr__
     assert "nanoserve.tiny.model" in graph["nanoserve.model_files"]  # lazy: only for --model tiny
 
@@ -122,7 +128,9 @@ def test_runtime_packages_do_not_import_tiny_or_benchmarks() -> None:
     for name, targets in graph.items():
         if name.startswith(("nanoserve.worker", "nanoserve.frontend")):
             assert not {t for t in targets if t.startswith("nanoserve.benchmarks")}, name
-    users = {n for n, targets in graph.items() if any(t.startswith("nanoserve.tiny") for t in targets)}
+    users = {
+        n for n, targets in graph.items() if any(t.startswith("nanoserve.tiny") for t in targets)
+    }
     allowed = {"nanoserve.model_files", "nanoserve.cli", "nanoserve.benchmarks.serving"}
     assert users - {"nanoserve.tiny.model"} <= allowed | KNOWN_TINY_USERS, users
 

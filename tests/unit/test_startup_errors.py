@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from nanoserve import cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,8 +21,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run(*argv: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("NANOSERVE_")}
-    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120,
-                          check=False, cwd=cwd, env=clean | env)
+    return subprocess.run(
+        [sys.executable, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=cwd,
+        env=clean | env,
+    )
 
 
 def error_lines(done: subprocess.CompletedProcess) -> list[str]:
@@ -145,8 +151,9 @@ def test_serve_missing_tokenizer(qwen_dir: Path) -> None:
 
 
 def test_serve_bad_frontend_args(qwen_dir: Path) -> None:
-    done = serve("--model", str(qwen_dir), "--port", "0",
-                 "--frontend-args", "--max-concurrent-requests 0")
+    done = serve(
+        "--model", str(qwen_dir), "--port", "0", "--frontend-args", "--max-concurrent-requests 0"
+    )
     assert_one_line(done, "max_concurrent_requests must be >= 1", code=2)
 
 
@@ -165,16 +172,52 @@ def test_serve_tp_size_must_divide_heads(qwen_dir: Path) -> None:
 
 def test_serve_splits_flags_between_the_services(qwen_dir: Path, monkeypatch) -> None:
     monkeypatch.setattr(cli, "check_port_free", lambda *a, **k: None)
-    args, worker_argv, frontend_argv = cli.serve_argvs([
-        "--model", str(qwen_dir), "--port", "0", "--max-num-seqs", "8", "--no-enforce-eager",
-        "--max-concurrent-requests", "3", "--no-enable-reflection", "--log-level", "DEBUG",
-        "--frontend-args", "--tokenizer-threads 2",
-    ])
-    assert worker_argv == ["--model", str(qwen_dir), "--host", "127.0.0.1", "--port", "0",
-                           "--max-num-seqs", "8", "--no-enforce-eager", "--log-level", "DEBUG"]
-    assert frontend_argv == ["--model", str(qwen_dir), "--host", "127.0.0.1", "--port", "0",
-                             "--max-concurrent-requests", "3", "--no-enable-reflection",
-                             "--log-level", "DEBUG", "--tokenizer-threads", "2"]
+    args, worker_argv, frontend_argv = cli.serve_argvs(
+        [
+            "--model",
+            str(qwen_dir),
+            "--port",
+            "0",
+            "--max-num-seqs",
+            "8",
+            "--no-enforce-eager",
+            "--max-concurrent-requests",
+            "3",
+            "--no-enable-reflection",
+            "--log-level",
+            "DEBUG",
+            "--frontend-args",
+            "--tokenizer-threads 2",
+        ]
+    )
+    assert worker_argv == [
+        "--model",
+        str(qwen_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--max-num-seqs",
+        "8",
+        "--no-enforce-eager",
+        "--log-level",
+        "DEBUG",
+    ]
+    assert frontend_argv == [
+        "--model",
+        str(qwen_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--max-concurrent-requests",
+        "3",
+        "--no-enable-reflection",
+        "--log-level",
+        "DEBUG",
+        "--tokenizer-threads",
+        "2",
+    ]
     assert args.model == str(qwen_dir)
 
 
@@ -189,10 +232,16 @@ def test_serve_help_lists_both_services_flags() -> None:
     assert done.returncode == 0
     out = done.stdout
     assert out.startswith("usage: nanoserve serve")
-    for flag in ("--max-num-seqs", "--tensor-parallel-size", "--max-concurrent-requests",
-                 "--request-timeout-s", "--enable-reflection", "--frontend-args"):
+    for flag in (
+        "--max-num-seqs",
+        "--tensor-parallel-size",
+        "--max-concurrent-requests",
+        "--request-timeout-s",
+        "--enable-reflection",
+        "--frontend-args",
+    ):
         assert flag in out, flag
-    assert re.search(r"^worker:$", out, re.M) and re.search(r"^frontend:$", out, re.M)
+    assert re.search(r"^worker:$", out, re.MULTILINE) and re.search(r"^frontend:$", out, re.MULTILINE)
     assert "==SUPPRESS==" not in out and "default: default" not in out
 
 
@@ -218,6 +267,11 @@ def test_env_variables_are_per_service(tmp_path: Path) -> None:
         "f = parse_config(FrontendConfig, ['--model', 'tiny'])\n"
         "print(w.port, f.port)\n"
     )
-    done = run("-c", code, NANOSERVE_WORKER_PORT="7001", NANOSERVE_FRONTEND_PORT="7002",
-               NANOSERVE_PORT="7003")
+    done = run(
+        "-c",
+        code,
+        NANOSERVE_WORKER_PORT="7001",
+        NANOSERVE_FRONTEND_PORT="7002",
+        NANOSERVE_PORT="7003",
+    )
     assert done.stdout.split() == ["7001", "7002"], done.stderr

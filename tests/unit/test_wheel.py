@@ -15,11 +15,25 @@ import pytest
 pytestmark = pytest.mark.slow  # builds a wheel and a venv: ~15 s on a busy machine
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("pyproject.toml", "README.md", "shared", "frontend", "worker", "benchmarks",
-           "protos/nanoserve")
+SOURCES = (
+    "pyproject.toml",
+    "README.md",
+    "shared",
+    "frontend",
+    "worker",
+    "benchmarks",
+    "protos/nanoserve",
+)
 # What a client-only install needs, linked from this interpreter (no network, no torch).
-CLIENT_DEPS = ("grpc", "grpc_health", "grpc_reflection", "google", "numpy", "numpy.libs",
-               "typing_extensions.py")
+CLIENT_DEPS = (
+    "grpc",
+    "grpc_health",
+    "grpc_reflection",
+    "google",
+    "numpy",
+    "numpy.libs",
+    "typing_extensions.py",
+)
 
 
 def run(argv: list, **kwargs) -> subprocess.CompletedProcess:
@@ -34,13 +48,26 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp_path_factory.mktemp("src")
     for name in SOURCES:
         if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+            shutil.copytree(
+                ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+            )
         else:
             shutil.copy(ROOT / name, src / name)
     dist = tmp_path_factory.mktemp("dist")
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(dist), str(src)])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(dist),
+            str(src),
+        ]
+    )
     (found,) = dist.glob("nanoserve-*.whl")
     return found
 
@@ -52,8 +79,20 @@ def client_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("venv")
     venv.create(home, with_pip=False, symlinks=True)
     python = home / "bin" / "python"
-    run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
-         "--no-index", str(wheel)])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+        ]
+    )
     deps = home / "client-deps"
     deps.mkdir()
     site = Path(next(p for p in sys.path if p.endswith("site-packages")))
@@ -72,12 +111,16 @@ def site_of(python: Path) -> Path:
 def test_wheel_holds_only_the_nanoserve_namespace(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names}
-    assert tops == {"nanoserve", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1]
-                    + ".dist-info"}, tops
+    assert tops == {
+        "nanoserve",
+        wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info",
+    }, tops
     assert "nanoserve/py.typed" in names
     protos = {n for n in names if n.endswith(".proto")}
-    assert protos == {f"nanoserve/proto/nanoserve/v1/{p}.proto"
-                      for p in ("common", "frontend_service", "worker_service")}
+    assert protos == {
+        f"nanoserve/proto/nanoserve/v1/{p}.proto"
+        for p in ("common", "frontend_service", "worker_service")
+    }
     assert "nanoserve/proto/v1/frontend_service_pb2.py" in names
     assert "nanoserve/tiny/model.py" in names and "nanoserve/worker/__main__.py" in names
     assert not [n for n in names if "__pycache__" in n or n.startswith("nanoserve/tests")]
@@ -97,8 +140,9 @@ def test_client_imports_without_torch(client_venv: Path) -> None:
     assert run([str(python), "-c", code]).stdout.strip() == "nanoserve.client"
 
 
-def test_cli_runs_from_a_directory_with_its_own_worker_and_shared(client_venv: Path,
-                                                                  tmp_path: Path) -> None:
+def test_cli_runs_from_a_directory_with_its_own_worker_and_shared(
+    client_venv: Path, tmp_path: Path
+) -> None:
     """`worker`, `shared`, `frontend` in the working directory are the user's, never ours."""
     for package in ("worker", "shared", "frontend"):
         (tmp_path / package).mkdir()
@@ -109,14 +153,23 @@ def test_cli_runs_from_a_directory_with_its_own_worker_and_shared(client_venv: P
     assert help_text.startswith("usage: python -m nanoserve.worker") and "--model" in help_text
     script = client_venv / "bin" / "nanoserve"
     assert run([str(script), "worker", "--help"], cwd=tmp_path).stdout.startswith(
-        "usage: nanoserve worker")
+        "usage: nanoserve worker"
+    )
     assert run([str(script), "--version"], cwd=tmp_path).stdout.startswith("nanoserve ")
 
 
 def test_client_only_install_refuses_serve_in_one_line(client_venv: Path, tmp_path: Path) -> None:
     script = client_venv / "bin" / "nanoserve"
-    done = subprocess.run([str(script), "serve", "--port", "0"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [str(script), "serve", "--port", "0"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 1
-    assert done.stderr.count("\n") == 1 and "pip install 'nanoserve[all]'" in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and "pip install 'nanoserve[all]'" in done.stderr, (
+        done.stderr
+    )
     assert "Traceback" not in done.stderr
