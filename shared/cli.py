@@ -5,12 +5,12 @@ frontend; `bench` and `make-tiny-model` hand over to their modules.
 
 import argparse
 import importlib.util
-import logging
 import os
 import shlex
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Sequence
 
 import nanoserve
@@ -19,11 +19,18 @@ from nanoserve.config import add_config_args, config_argv, parse_config
 from nanoserve.errors import ServiceError
 from nanoserve.frontend.config import FrontendConfig
 from nanoserve.model_files import TINY, check_model_dir, check_tokenizer_files, resolve_model_dir
-from nanoserve.process import FRONTEND_SERVICE, WORKER_SERVICE, Child, check_port_free, is_serving
-from nanoserve.process import wait_until as _wait_until
+from nanoserve.process import (
+    FRONTEND_SERVICE,
+    WORKER_SERVICE,
+    Child,
+    check_port_free,
+    is_serving,
+    wait_until,
+)
 from nanoserve.worker.config import WorkerConfig
 
-# `nanoserve.cli.Child` and friends moved to nanoserve.process; these names keep old imports working.
+# Child, the service names and the health probe moved to nanoserve.process; this keeps
+# `from nanoserve.cli import Child, _serving` working until every caller imports nanoserve.process.
 _serving = is_serving
 
 PASS_THROUGH = {
@@ -33,7 +40,12 @@ PASS_THROUGH = {
     "make-tiny-model": "write a tiny random Qwen3 model directory (nanoserve.tiny.model)",
 }
 SERVE_OWNS = ("model", "host", "port", "worker_address")  # set by `serve` itself, per service
-SERVE_NEEDS = {"torch": "worker", "safetensors": "worker", "tokenizers": "frontend"}
+SERVE_NEEDS = {
+    "torch": "worker",
+    "safetensors": "worker",
+    "tokenizers": "frontend",
+    "jinja2": "frontend",
+}  # module -> the extra that installs it
 
 
 def _serve_parser() -> argparse.ArgumentParser:
@@ -85,7 +97,7 @@ def serve_argvs(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], lis
     every input it can before anything starts: flags, model directory, tokenizer files, installed
     extras, ports. A problem ends the command in one line (exit 2 for flags, 1 otherwise)."""
     args = _serve_parser().parse_args(argv)
-    given = {k: v for k, v in vars(args).items()}
+    given = vars(args)  # serve's own flags, and only the service flags given on the command line
     worker_values = {k: v for k, v in given.items() if k in _fields(WorkerConfig)}
     frontend_values = {k: v for k, v in given.items() if k in _fields(FrontendConfig)}
     for name in SERVE_OWNS:
@@ -105,7 +117,7 @@ def serve_argvs(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], lis
     parse_config(
         FrontendConfig,
         [*frontend_argv, "--worker-address", "127.0.0.1:1"],
-        prog="nanoserve serve --frontend-args",
+        prog="nanoserve serve (frontend flags)",
     )
     missing = sorted({extra for module, extra in SERVE_NEEDS.items() if not _installed(module)})
     try:
@@ -120,19 +132,15 @@ def serve_argvs(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], lis
         check_port_free(args.host, args.port)
         check_port_free("127.0.0.1", args.worker_port, flag="--worker-port")
     except ValueError as e:
-        _fail(str(e), args)
+        if worker.log_level.upper() == "DEBUG":
+            traceback.print_exc()
+        print(f"nanoserve serve: error: {e}", file=sys.stderr)
+        sys.exit(1)
     return args, worker_argv, frontend_argv
 
 
 def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
-
-
-def _fail(message: str, args: argparse.Namespace) -> None:
-    if getattr(args, "log_level", "INFO").upper() == "DEBUG":
-        logging.getLogger("nanoserve.cli").exception("cannot start")
-    print(f"nanoserve serve: error: {message}", file=sys.stderr)
-    sys.exit(1)
 
 
 def serve(argv: Sequence[str]) -> int:
@@ -144,9 +152,9 @@ def serve(argv: Sequence[str]) -> int:
     worker = Child("worker", [*python, "nanoserve.worker", *worker_argv])
     children = [worker]
     try:
-        if not _wait_until(worker.listening.is_set, children, stop, "starting"):
+        if not wait_until(worker.listening.is_set, children, stop, "starting"):
             return 0 if stop.is_set() else 1
-        if not _wait_until(
+        if not wait_until(
             lambda: is_serving(worker.address, WORKER_SERVICE), children, stop, "loading the model"
         ):
             return 0 if stop.is_set() else 1
@@ -162,9 +170,9 @@ def serve(argv: Sequence[str]) -> int:
             ],
         )
         children.insert(0, frontend)  # stopped first, so in-flight streams drain through it
-        if not _wait_until(frontend.listening.is_set, children, stop, "starting"):
+        if not wait_until(frontend.listening.is_set, children, stop, "starting"):
             return 0 if stop.is_set() else 1
-        if not _wait_until(
+        if not wait_until(
             lambda: is_serving(frontend.address, FRONTEND_SERVICE),
             children,
             stop,
@@ -196,7 +204,7 @@ def serve(argv: Sequence[str]) -> int:
                     f"{connect}:{port}",
                 ]
             )
-        _wait_until(lambda: False, children, stop, "serving")
+        wait_until(lambda: False, children, stop, "serving")
         return 0 if stop.is_set() else 1
     finally:
         for child in children:
@@ -208,7 +216,11 @@ def generate(argv: Sequence[str]) -> int:
         prog="nanoserve generate", description="Stream a completion from a running frontend."
     )
     parser.add_argument("prompt")
-    parser.add_argument("--address", default=DEFAULT_ADDRESS, help="frontend host:port")
+    parser.add_argument(
+        "--address",
+        default=DEFAULT_ADDRESS,
+        help=f"frontend host:port (default: {DEFAULT_ADDRESS})",
+    )
     parser.add_argument(
         "--chat",
         action=argparse.BooleanOptionalAction,
@@ -220,26 +232,32 @@ def generate(argv: Sequence[str]) -> int:
         action=argparse.BooleanOptionalAction,
         help="with --chat: Qwen3's enable_thinking (default: the chat template's)",
     )
-    parser.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="deadline in seconds (default: none)"
+    )
     parser.add_argument(
         "--usage",
         action=argparse.BooleanOptionalAction,
         default=False,
         help="print token usage to stderr (default: off)",
     )
-    for name, kind in (
-        ("max_tokens", int),
-        ("min_tokens", int),
-        ("temperature", float),
-        ("top_p", float),
-        ("top_k", int),
-        ("min_p", float),
-        ("seed", int),
-        ("repetition_penalty", float),
-        ("presence_penalty", float),
-        ("frequency_penalty", float),
+    sampling = parser.add_argument_group("sampling (unset: the server's default)")
+    for name, kind, what in (
+        ("max_tokens", int, "most tokens to generate"),
+        ("min_tokens", int, "fewest tokens before a stop may end the reply"),
+        ("temperature", float, "0 = greedy"),
+        ("top_p", float, "nucleus: smallest set of tokens with this probability"),
+        ("top_k", int, "sample among the k likeliest tokens"),
+        ("min_p", float, "drop tokens below min_p x the likeliest token's probability"),
+        ("seed", int, "seed of this request's sampling"),
+        ("repetition_penalty", float, "> 1 discourages tokens already in prompt or reply"),
+        ("presence_penalty", float, "subtracted from the logits of tokens already generated"),
+        ("frequency_penalty", float, "subtracted per occurrence in the reply so far"),
     ):
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind)
+        metavar = kind.__name__.upper()
+        sampling.add_argument(
+            "--" + name.replace("_", "-"), dest=name, type=kind, metavar=metavar, help=what
+        )
     parser.add_argument("--stop", action="append", help="stop string (repeatable)")
     parser.add_argument(
         "--ignore-eos",

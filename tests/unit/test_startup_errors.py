@@ -275,3 +275,9 @@ def test_env_variables_are_per_service(tmp_path: Path) -> None:
         NANOSERVE_PORT="7003",
     )
     assert done.stdout.split() == ["7001", "7002"], done.stderr
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a GPU")
+def test_worker_cuda_without_a_gpu(tiny_model_dir: Path) -> None:
+    done = worker("--model", str(tiny_model_dir), "--device", "cuda")  # fails while loading
+    assert_one_line(done, "no CUDA device")
