@@ -62,8 +62,9 @@ def resolve_model_dir(model: str) -> str:
 
 
 def check_model_dir(model_dir: str | Path, tensor_parallel_size: int = 1) -> None:
-    """Refuses, in one line, a directory the worker could not serve: no config.json, not Qwen3, no
-    safetensors weights, or attention heads that `tensor_parallel_size` ranks cannot split.
+    """Refuses, in one line, a directory the worker could not serve: no config.json, not Qwen3, a
+    quantized checkpoint, no safetensors weights, or attention heads that `tensor_parallel_size`
+    ranks cannot split.
     Reads only JSON and file names (no torch), so it runs before anything slow."""
     path = Path(model_dir)
     if not (path / "config.json").is_file():
@@ -78,6 +79,13 @@ def check_model_dir(model_dir: str | Path, tensor_parallel_size: int = 1) -> Non
         found = ", ".join(map(str, architectures)) or config.get("model_type") or "unknown"
         raise ValueError(
             f"--model {path}: not a Qwen3 model ({found}); nanoserve serves Qwen3 only"
+        )
+    quantization = config.get("quantization_config")
+    if quantization:
+        method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else "?"
+        raise ValueError(
+            f"--model {path}: a quantized checkpoint ({method}); nanoserve runs unquantized "
+            "float32/bfloat16/float16 weights only"
         )
     if not any(path.glob("*.safetensors")):
         raise ValueError(f"--model {path}: no *.safetensors weights in the directory")

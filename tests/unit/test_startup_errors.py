@@ -109,6 +109,11 @@ def test_worker_non_qwen3_model(qwen_dir: Path) -> None:
     assert_one_line(worker("--model", str(qwen_dir)), "not a Qwen3 model", "LlamaForCausalLM")
 
 
+def test_worker_quantized_checkpoint(qwen_dir: Path) -> None:
+    edit_config(qwen_dir, quantization_config={"quant_method": "awq", "bits": 4})
+    assert_one_line(worker("--model", str(qwen_dir)), "quantized checkpoint (awq)")
+
+
 def test_worker_without_weights(qwen_dir: Path) -> None:
     (qwen_dir / "model.safetensors").unlink()
     assert_one_line(worker("--model", str(qwen_dir)), "no *.safetensors")
@@ -241,7 +246,9 @@ def test_serve_help_lists_both_services_flags() -> None:
         "--frontend-args",
     ):
         assert flag in out, flag
-    assert re.search(r"^worker:$", out, re.MULTILINE) and re.search(r"^frontend:$", out, re.MULTILINE)
+    assert re.search(r"^worker:$", out, re.MULTILINE) and re.search(
+        r"^frontend:$", out, re.MULTILINE
+    )
     assert "==SUPPRESS==" not in out and "default: default" not in out
 
 
