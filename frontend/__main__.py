@@ -21,7 +21,7 @@ logger = logging.getLogger("nanoserve.frontend")
 def preflight(config: FrontendConfig) -> FrontendConfig:
     """What can be checked before serving, fast: the model's tokenizer files and the port. Returns
     the config with `--model tiny` resolved to its directory; raises ValueError naming the fix."""
-    config = dataclasses.replace(config, model=resolve_model_dir(config.model))
+    config = dataclasses.replace(config, model=resolve_model_dir(config.model, config.revision))
     check_tokenizer_files(config.model)
     check_port_free(config.host, config.port)
     return config

@@ -6,12 +6,11 @@ vocab_size) are not here: the worker reports them.
 """
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import ClassVar
 
 from nanoserve.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
 from nanoserve.log import parse_level
-from nanoserve.model_files import TINY
+from nanoserve.model_files import REVISION_HELP, check_model_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,9 +22,11 @@ class FrontendConfig:
     model: str = field(
         metadata={
             "help": "model directory holding tokenizer.json and tokenizer_config.json, the "
-            "same files as the worker's, or `tiny` (the embedded test model)"
+            "same files as the worker's (a directory or a hub id, as for the worker), or `tiny` "
+            "(the embedded test model)"
         },
     )
+    revision: str | None = field(default=None, metadata={"help": REVISION_HELP})
     host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
     port: int = field(default=50051, metadata={"help": "port to bind (0 = any free port)"})
     worker_address: str = field(
@@ -67,8 +68,7 @@ class FrontendConfig:
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
 
     def __post_init__(self) -> None:
-        if self.model != TINY and not Path(self.model).is_dir():
-            raise ValueError(f"model: {self.model!r} is not a directory")
+        check_model_name(self.model)
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         host, sep, port = self.worker_address.rpartition(":")

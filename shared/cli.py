@@ -52,14 +52,14 @@ def _serve_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nanoserve serve",
         description="Run a worker and a frontend on this machine; Ctrl-C stops both. Worker and "
-        "frontend flags are listed below; --log-level, --grace-period-s and --max-message-bytes "
-        "go to both.",
+        "frontend flags are listed below; --log-level, --grace-period-s, --max-message-bytes and "
+        "--revision go to both.",
     )
     parser.add_argument(
         "--model",
         default=TINY,
-        help="Hugging Face Qwen3 model directory, or `tiny`: the embedded random-weight test "
-        "model, whose replies are gibberish (default: tiny)",
+        help="Hugging Face Qwen3 model directory or hub id (Qwen/Qwen3-0.6B), or `tiny`: the "
+        "embedded random-weight test model, whose replies are gibberish (default: tiny)",
     )
     parser.add_argument(
         "--host", default="127.0.0.1", help="frontend address to bind (default: 127.0.0.1)"
@@ -81,7 +81,7 @@ def _serve_parser() -> argparse.ArgumentParser:
         help='more frontend flags as one string, e.g. "--max-concurrent-requests 64"',
     )
     add_config_args(parser, WorkerConfig, title="worker", skip=SERVE_OWNS, only_given=True)
-    shared = {"log_level", "grace_period_s", "max_message_bytes"}  # in the worker section
+    shared = {"log_level", "grace_period_s", "max_message_bytes", "revision"}  # worker section
     add_config_args(
         parser, FrontendConfig, title="frontend", skip={*SERVE_OWNS, *shared}, only_given=True
     )
@@ -126,7 +126,7 @@ def serve_argvs(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], lis
                 f"this install has no {' and no '.join(missing)} dependencies (a client-only "
                 f"install?): pip install 'nanoserve[all]' to serve"
             )
-        model_dir = resolve_model_dir(args.model)
+        model_dir = resolve_model_dir(args.model, worker.revision)  # a hub id: downloads it
         check_model_dir(model_dir, worker.tensor_parallel_size)
         check_tokenizer_files(model_dir)
         check_port_free(args.host, args.port)
@@ -241,7 +241,7 @@ def generate(argv: Sequence[str]) -> int:
         default=False,
         help="print token usage to stderr (default: off)",
     )
-    sampling = parser.add_argument_group("sampling (unset: the server's default)")
+    sampling_flags = parser.add_argument_group("sampling (unset: the server's default)")
     for name, kind, what in (
         ("max_tokens", int, "most tokens to generate"),
         ("min_tokens", int, "fewest tokens before a stop may end the reply"),
@@ -255,7 +255,7 @@ def generate(argv: Sequence[str]) -> int:
         ("frequency_penalty", float, "subtracted per occurrence in the reply so far"),
     ):
         metavar = kind.__name__.upper()
-        sampling.add_argument(
+        sampling_flags.add_argument(
             "--" + name.replace("_", "-"), dest=name, type=kind, metavar=metavar, help=what
         )
     parser.add_argument("--stop", action="append", help="stop string (repeatable)")

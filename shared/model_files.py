@@ -5,6 +5,7 @@ the tokenizer digest the worker reports in GetModelInfo and the frontend compare
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -36,18 +37,36 @@ def tokenizer_digest(model_dir: str | Path) -> str:
     return digest.hexdigest()
 
 
-TINY = (
-    "tiny"  # `--model tiny`: the embedded random-weight model (nanoserve.tiny), built on first use
-)
+# `--model tiny`: the embedded random-weight model (nanoserve.tiny), built on first use.
+TINY = "tiny"
 MODEL_HELP = (
-    "Hugging Face Qwen3 model directory, or `tiny` for the embedded random-weight test model "
-    "(its replies are gibberish)"
+    "Hugging Face Qwen3 model directory or hub id (Qwen/Qwen3-0.6B: read from the Hugging Face "
+    "cache, downloaded when missing unless HF_HUB_OFFLINE=1), or `tiny` for the embedded "
+    "random-weight test model (its replies are gibberish)"
 )
+REVISION_HELP = "branch, tag or commit of a hub id --model (default: main)"
+# The files a service reads from a hub snapshot: configs, weights, tokenizer.
+HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt"]
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
-def resolve_model_dir(model: str) -> str:
+def is_hub_id(model: str) -> bool:
+    """`Qwen/Qwen3-0.6B`: an organisation and a name, not a path that exists."""
+    return bool(_HUB_ID.fullmatch(model)) and not Path(model).exists()
+
+
+def check_model_name(model: str) -> None:
+    """What a config accepts as `--model` before anything is read: `tiny`, a directory, a hub id."""
+    if model != TINY and not Path(model).is_dir() and not is_hub_id(model):
+        raise ValueError(
+            f"model: {model!r} is not a directory (nor a Hugging Face id like Qwen/Qwen3-0.6B)"
+        )
+
+
+def resolve_model_dir(model: str, revision: str | None = None) -> str:
     """The directory to load for `--model`: `tiny` builds (once per machine) and names the embedded
-    model; anything else must be a directory. Raises ValueError with the fix in the message."""
+    model; a hub id names its snapshot in the Hugging Face cache (downloaded when missing, unless
+    HF_HUB_OFFLINE=1); a directory is itself. Raises ValueError with the fix in the message."""
     if model == TINY:
         try:
             from nanoserve.tiny.model import default_model_dir  # only a `tiny` run imports it
@@ -56,9 +75,35 @@ def resolve_model_dir(model: str) -> str:
                 f"--model tiny needs the `tiny` extra ({e}): pip install 'nanoserve[tiny]'"
             ) from None
         return str(default_model_dir())
-    if not Path(model).is_dir():
-        raise ValueError(f"--model {model}: not a directory")
-    return model
+    if Path(model).is_dir():
+        return model
+    if is_hub_id(model):
+        return _hub_snapshot(model, revision)
+    raise ValueError(f"--model {model}: not a directory (nor a Hugging Face id)")
+
+
+def _hub_snapshot(repo_id: str, revision: str | None) -> str:
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise ValueError(
+            f"--model {repo_id}: a Hugging Face id needs huggingface_hub: "
+            "pip install 'nanoserve[worker]' (or pass a model directory)"
+        ) from None
+    at = f"@{revision}" if revision else ""
+    try:
+        return snapshot_download(repo_id, revision=revision, allow_patterns=HUB_FILES)
+    except FileNotFoundError:  # huggingface_hub's LocalEntryNotFoundError: offline, not cached
+        raise ValueError(
+            f"--model {repo_id}{at}: not in the Hugging Face cache and offline (HF_HUB_OFFLINE or "
+            f"no network); download it where there is network (hf download {repo_id}) and copy "
+            "the cache, or pass a model directory"
+        ) from None
+    except Exception as e:  # unknown repository or revision, gated model, network error
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(
+            f"--model {repo_id}{at}: cannot fetch it from the hub ({reason})"
+        ) from None
 
 
 def check_model_dir(model_dir: str | Path, tensor_parallel_size: int = 1) -> None:

@@ -25,7 +25,7 @@ def preflight(config: WorkerConfig) -> WorkerConfig:
             "--model tiny: random weights, its replies are gibberish (a test model); "
             "pass --model DIR with a Qwen3 checkpoint to serve a real one"
         )
-    config = dataclasses.replace(config, model=resolve_model_dir(config.model))
+    config = dataclasses.replace(config, model=resolve_model_dir(config.model, config.revision))
     check_model_dir(config.model, config.tensor_parallel_size)
     check_port_free(config.host, config.port)
     return config

@@ -6,10 +6,9 @@ config) live on the objects that compute them.
 """
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import ClassVar
 
-from nanoserve.model_files import MODEL_HELP, TINY
+from nanoserve.model_files import MODEL_HELP, REVISION_HELP, check_model_name
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -69,8 +68,8 @@ class EngineConfig:
     )
 
     def __post_init__(self):
-        if self.model and self.model != TINY and not Path(self.model).is_dir():
-            raise ValueError(f"model: {self.model!r} is not a directory")
+        if self.model:
+            check_model_name(self.model)
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
         if self.dtype not in DTYPES:
@@ -110,6 +109,7 @@ class WorkerConfig(EngineConfig):
     env_prefix: ClassVar[str] = "NANOSERVE_WORKER_"
 
     model: str = field(metadata={"help": MODEL_HELP})  # required here: no silent random weights
+    revision: str | None = field(default=None, metadata={"help": REVISION_HELP})
     host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
     port: int = field(default=50061, metadata={"help": "port to bind (0 = any free port)"})
     max_queued_requests: int = field(
