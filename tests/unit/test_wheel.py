@@ -77,22 +77,16 @@ def client_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A venv (no system site-packages) with the wheel installed --no-deps, grpc and protobuf
     reachable through a .pth file, and no torch, tokenizers or safetensors."""
     home = tmp_path_factory.mktemp("venv")
-    venv.create(home, with_pip=False, symlinks=True)
+    # pip >= 22.3 installs into another interpreter (--python): no pip inside the venv needed.
+    outer_pip_ok = tuple(int(x) for x in pip_version().split(".")[:2]) >= (22, 3)
+    venv.create(home, with_pip=not outer_pip_ok, symlinks=True)
     python = home / "bin" / "python"
-    run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(python),
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-index",
-            str(wheel),
-        ]
+    pip = (
+        [sys.executable, "-m", "pip", "--python", str(python)]
+        if outer_pip_ok
+        else [str(python), "-m", "pip"]
     )
+    run([*pip, "install", "-q", "--no-deps", "--no-index", str(wheel)])
     deps = home / "client-deps"
     deps.mkdir()
     site = Path(next(p for p in sys.path if p.endswith("site-packages")))
@@ -101,6 +95,12 @@ def client_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
             (deps / name).symlink_to(site / name)
     (site_of(python) / "client_deps.pth").write_text(f"{deps}\n")
     return home
+
+
+def pip_version() -> str:
+    from pip import __version__
+
+    return __version__
 
 
 def site_of(python: Path) -> Path:
