@@ -48,8 +48,10 @@ class FrontendConfig:
         default=DEFAULT_MAX_MESSAGE_BYTES,
         metadata={"help": "largest gRPC message, either direction"},
     )
+    # No deadline of our own by default (as vLLM): a long generation the client waits for is not cut.
     request_timeout_s: float = field(
-        default=600.0, metadata={"help": "deadline for calls whose client set none (0 = none)"}
+        default=0.0,
+        metadata={"help": "deadline in seconds for calls whose client set none (0 = none)"},
     )
     worker_connect_timeout_s: float = field(
         default=1.0,

@@ -288,3 +288,13 @@ def test_env_variables_are_per_service(tmp_path: Path) -> None:
 def test_worker_cuda_without_a_gpu(tiny_model_dir: Path) -> None:
     done = worker("--model", str(tiny_model_dir), "--device", "cuda")  # fails while loading
     assert_one_line(done, "no CUDA device")
+
+
+def test_frontend_sets_no_deadline_of_its_own_by_default() -> None:
+    """Calls whose client set no deadline run unbounded unless the operator sets one."""
+    from nanoserve.config import parse_config
+    from nanoserve.frontend.config import FrontendConfig
+
+    assert parse_config(FrontendConfig, ["--model", "tiny"]).request_timeout_s == 0
+    flags = ["--model", "tiny", "--request-timeout-s", "30"]
+    assert parse_config(FrontendConfig, flags).request_timeout_s == 30
