@@ -11,7 +11,7 @@ source .venv/bin/activate
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 if ! python -c "import torch" >/dev/null 2>&1; then
   if command -v nvidia-smi >/dev/null 2>&1; then
-    pip install -q torch
+    pip install -q "torch>=2.11,<2.14"  # the tested range (pyproject.toml's worker extra)
   else
     pip install -q torch==2.13.0
   fi
