@@ -84,7 +84,7 @@ def test_a_stalled_reader_reads_every_step_in_order_and_whole():
 def test_one_process_round_trip_and_overrun_detection():
     """Reader and writer in one process: steps come back in order; a reader whose slot holds a
     newer step (an overrun, which the acknowledgements exclude) raises instead of running it."""
-    box = StepMailbox(1, 64, mp.get_context("spawn"), slots=2)
+    box = StepMailbox(1, 512, mp.get_context("spawn"), slots=2)
     reader = StepMailbox.attach(*box.handle(0))
     try:
         for step in (1, 2, 3):
@@ -102,7 +102,7 @@ def test_one_process_round_trip_and_overrun_detection():
 
 
 def test_publish_to_a_reader_that_never_reads_ends_when_it_is_found_dead():
-    box = StepMailbox(1, 64, mp.get_context("spawn"), slots=2)
+    box = StepMailbox(1, 512, mp.get_context("spawn"), slots=2)
     calls = []
 
     def alive():
