@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from nanoserve.worker.config import EngineConfig
-from nanoserve.worker.distributed import close_symmetric_all_reduce
+from nanoserve.worker.distributed import close_symmetric_all_reduce, fused_all_reduce_error
 from nanoserve.worker.engine.model_runner import ModelRunner, resolve_device
 from nanoserve.worker.engine.step_inputs import (
     CMD_EXIT,
@@ -132,6 +132,7 @@ def rank_main(config: EngineConfig, model_config: ModelConfig, rank: int, port: 
     def alive() -> None:  # while idle: rank 0 is gone, nobody will ever publish
         if os.getppid() != parent_pid:
             os._exit(1)
+
     from nanoserve.log import setup_logging
     setup_logging("worker", "WARNING", rank)
     world_size = config.tensor_parallel_size
@@ -147,7 +148,13 @@ def rank_main(config: EngineConfig, model_config: ModelConfig, rank: int, port: 
             if message[1] == CMD_STEP_AHEAD:  # lookahead: the ids rank 0 sampled, from its GPU
                 ids = torch.empty(len(x.input_ids), dtype=torch.long, device=runner.device)
                 dist.broadcast(ids, src=0)
-            runner.execute(x, message, input_ids=ids)
+            try:
+                runner.execute(x, message, input_ids=ids)
+            except Exception:
+                reason = fused_all_reduce_error()
+                if reason is not None:
+                    logging.getLogger(__name__).error("rank %d: %s", rank, reason)
+                raise  # the rank exits non-zero; rank 0 reports it dead
         runner.close()
         del runner
         gc.collect()
@@ -223,7 +230,12 @@ class TensorParallelRunner:
             return exc
         ready = mp.connection.wait([p.sentinel for p in self.procs], timeout=2.0)
         if not ready:
-            return exc
+            reason = fused_all_reduce_error()  # the kernel trapped: this GPU context is gone
+            if reason is None:
+                return exc
+            error = RankDied(f"tensor-parallel rank 0: {reason}")
+            error.__cause__ = exc
+            return error
         error = RankDied(self._dead_ranks([p for p in self.procs if p.sentinel in ready]))
         error.__cause__ = exc
         return error
