@@ -11,21 +11,25 @@ Memory ordering. Step numbers and acknowledgements are aligned 8-byte words, whi
 aarch64 load and store whole; but the plain loads and stores of numpy carry no ordering, and on
 aarch64 (Grace) nothing else orders the message's words against the step number. The order comes
 from one process-shared lock (a POSIX semaphore, whose sem_wait/sem_post are acquire/release),
-taken and released with nothing inside it as a synchronisation point:
-  publish:  write message ; sync ; store step number ; sync ; load the readers' "asleep" flags
-  read:     load step number == i (a hint) ; sync ; copy message ; sync ; store acknowledgement
-  reuse:    load every acknowledgement >= i - SLOTS (a hint) ; sync ; write message
-Why a hint followed by a sync is enough: the syncs of all processes are totally ordered by the lock.
-If a reader saw the step number, its sync cannot precede the writer's sync before that store (then
-the store would happen after the load that read it), so the writer's message stores happen before
-the reader's copy. The same argument orders a reader's copy before rank 0 overwrites the slot, and
-(with "asleep" in place of the step number) makes a lost wake-up impossible. A library of portable
-atomics for Python (`atomics`) would do the same with fewer syscalls on contention, but it is not on
-the GPU hosts; the standard library's semaphore is, and costs ~0.1 µs uncontended.
+taken as a synchronisation point with at most one store inside ("[...]" below):
+  publish:  write message ; [store step number] ; load the readers' "asleep" flags
+  read:     load step number == i (a hint) ; [] ; copy message ; [check step number ; store ack]
+  reuse:    load every acknowledgement >= i - SLOTS (a hint) ; [] ; write message
+  sleep:    store "asleep" ; [] ; load step number
+Why a hint followed by a critical section is enough: the critical sections of all processes are
+totally ordered by the lock. If a reader's load saw the step number, the writer's section that
+stored it must precede the reader's next section (else the store would happen after the load that
+read it), so the writer's message stores happen before the reader's copy. The same argument orders a
+reader's copy before rank 0 overwrites the slot, and whichever of "asleep" and the step number is
+stored in the earlier section is seen by the other side's load (no lost wake-up). A library of
+portable atomics for Python (`atomics`) would give release/acquire stores and loads without the
+lock, but it is not on the GPU hosts; the standard library's semaphore is (uncontended it is one
+atomic instruction each way, no syscall).
 
 A process killed inside its (empty) critical section would leave the lock held: every acquire is
 bounded and checks, between attempts, that the other side still lives.
 """
+import logging
 import os
 import select
 import time
@@ -34,6 +38,7 @@ from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
 
+logger = logging.getLogger(__name__)
 SLOTS = 4  # how many steps rank 0 may run ahead of the slowest rank
 LINE = 8  # words per reader's control line (64 bytes: no false sharing between readers)
 SLOT_HEADER = 2  # step number, length
@@ -64,6 +69,7 @@ class StepMailbox:
         self._map()
         self.words[:] = 0
         self.step = 0  # rank 0: steps published; a reader: steps read
+        self.acked = 0  # rank 0: every reader had read this many steps when last looked at
 
     def handle(self, reader: int) -> tuple:
         """What reader `reader` needs to attach (picklable for a spawned process)."""
@@ -87,11 +93,16 @@ class StepMailbox:
         self.slot_views = [self.words[base + k * self.stride:base + (k + 1) * self.stride]
                            for k in range(self.slots)]
 
-    def _sync(self, alive: Callable[[], None]) -> None:
-        """The synchronisation point of the module docstring; bounded by `alive`, which raises
-        when the other side is gone."""
+    def _acquire(self, alive: Callable[[], None]) -> None:
+        """Bounded by `alive`, which raises when the other side is gone."""
+        if self.lock.acquire(False):  # the usual case: free
+            return
         while not self.lock.acquire(timeout=POLL_S):
             alive()
+
+    def _sync(self, alive: Callable[[], None]) -> None:
+        """An empty critical section: the synchronisation point of the module docstring."""
+        self._acquire(alive)
         self.lock.release()
 
     # ---- rank 0 ---------------------------------------------------------------------------------
@@ -103,29 +114,30 @@ class StepMailbox:
         i = self.step + 1
         slot = self.slot_views[(i - 1) % self.slots]
         if len(msg) > len(slot) - SLOT_HEADER:
-            raise ValueError(f"step message of {len(msg)} words; the mailbox holds {len(slot) - 2}")
-        if i > self.slots:
+            raise ValueError(f"step message of {len(msg)} words; the mailbox holds "
+                             f"{len(slot) - SLOT_HEADER}")
+        if i > self.slots and self.acked < i - self.slots:
+            # (an older sufficient observation was followed by a publish's section already)
             self._wait_acks(i - self.slots, alive)
             self._sync(alive)  # the readers' copies of that step before this overwrite
         slot[SLOT_HEADER:SLOT_HEADER + len(msg)] = msg
         slot[1] = len(msg)
-        self._sync(alive)  # the message before its step number
-        slot[0] = i
+        self._acquire(alive)
+        slot[0] = i  # after the message, before the "asleep" loads
+        self.lock.release()
         self.step = i
-        self._sync(alive)  # the step number before the "asleep" flags (no lost wake-up)
-        for r in np.flatnonzero(self.asleep):
-            try:
-                os.write(self.wake[r][1].fileno(), b"\1")
-            except (BlockingIOError, BrokenPipeError):
-                pass  # a wake-up is already pending, or the reader is gone (alive() reports it)
+        for r in range(self.num_readers):
+            if self.asleep[r]:
+                try:
+                    os.write(self.wake[r][1].fileno(), b"\1")
+                except (BlockingIOError, BrokenPipeError):
+                    pass  # a wake-up is already pending, or the reader is gone (alive() says so)
 
     def _wait_acks(self, step: int, alive: Callable[[], None]) -> None:
-        if self.acks.min() >= step:
-            return
-        start = time.monotonic()
-        last_check = warned = start
+        self.acked = min(self.acks.tolist())
+        start = last_check = warned = time.monotonic()
         pause = 0.0
-        while self.acks.min() < step:
+        while self.acked < step:
             if pause:
                 time.sleep(pause)
             else:
@@ -138,10 +150,10 @@ class StepMailbox:
                 alive()
                 if now - warned > STALL_WARN_S:
                     warned = now
-                    import logging
-                    logging.getLogger(__name__).warning(
-                        "tensor-parallel ranks %s have not read step %d for %.0f s",
-                        [int(r) + 1 for r in np.flatnonzero(self.acks < step)], step, now - start)
+                    logger.warning("tensor-parallel ranks %s have not read step %d for %.0f s",
+                                   [r + 1 for r, a in enumerate(self.acks.tolist()) if a < step],
+                                   step, now - start)
+            self.acked = min(self.acks.tolist())
 
     # ---- ranks 1..N-1 -----------------------------------------------------------------------------
 
@@ -160,10 +172,12 @@ class StepMailbox:
                     self._sleep(slot, i, alive)
         self._sync(alive)  # rank 0's message stores before this copy
         msg = slot[SLOT_HEADER:SLOT_HEADER + int(slot[1])].copy()
-        self._sync(alive)  # the copy before the acknowledgement; and before re-reading the number
-        if slot[0] != i:  # excluded by the acknowledgements: a torn copy would be a protocol bug
-            raise RuntimeError(f"step mailbox: step {i} was overwritten while it was read")
+        self._acquire(alive)  # the copy before the acknowledgement
+        overwritten = slot[0] != i  # excluded by the acknowledgements: a protocol bug
         self.acks[self.reader] = i
+        self.lock.release()
+        if overwritten:
+            raise RuntimeError(f"step mailbox: step {i} was overwritten while it was read")
         self.step = i
         return msg
 
