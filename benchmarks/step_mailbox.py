@@ -41,6 +41,7 @@ def run_case(readers: int, words: int, steps: int, interval_us: float, max_words
         msg[0] = start
         box.publish(msg)
         publish_ns[i] = time.perf_counter_ns() - start
+        time.sleep(max(0.0, due - time.perf_counter() - 2e-4))  # leave the cores to the readers
         while time.perf_counter() < due:
             pass
     latencies = np.concatenate([results.get(timeout=120)[steps // 10:] for _ in procs])
