@@ -86,3 +86,5 @@ def test_engine_built_in_a_thread_that_ends_survives_it_and_a_dead_rank_raises(t
         start = time.monotonic()
         llm.shutdown()
         assert time.monotonic() - start < 15.0
+    import torch.distributed as dist
+    assert not dist.is_initialized()  # the next engine of this process is not taken for a rank

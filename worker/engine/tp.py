@@ -312,10 +312,11 @@ class TensorParallelRunner:
             deadline.cancel()
         self.runner.close()
         gc.collect()
-        if clean:
-            # every rank tears its communicator down now, while the others still live: NCCL's
-            # teardown can wait on peers, so it is bounded and never blocks the exit
-            shutdown_process_group()
+        # every rank tears its communicator down now, while the others still live: NCCL's
+        # teardown can wait on peers, so it is bounded and never blocks the exit. After a rank
+        # died too: a process group left initialised would make this process's next engine (a
+        # new LLM, tensor-parallel or not) think it is a rank
+        shutdown_process_group(10.0 if clean else 2.0)
         for p in self.procs:
             p.join(timeout=CLOSE_TIMEOUT_S if clean else 0.1)
             if p.is_alive():  # SIGKILL: the ranks ignore SIGTERM
@@ -332,8 +333,9 @@ def shutdown_process_group(timeout_s: float = 10.0) -> None:
         return
     close_symmetric_all_reduce()
     if dist.get_backend() == "nccl":
-        torch.cuda.synchronize()
-        teardown = dist.distributed_c10d._abort_process_group
+        def teardown() -> None:  # the synchronize too: a dead peer can leave a kernel waiting
+            torch.cuda.synchronize()
+            dist.distributed_c10d._abort_process_group()
     else:
         teardown = dist.destroy_process_group
     t = threading.Thread(target=teardown, name="tp-teardown", daemon=True)
