@@ -39,7 +39,8 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 
 logger = logging.getLogger(__name__)
-SLOTS = 4  # how many steps rank 0 may run ahead of the slowest rank
+SLOTS = 4  # how many steps rank 0 may run ahead of the slowest rank (at least 2)
+MAX_BYTES = 32 << 20  # fewer slots when they are this big (containers' /dev/shm is often 64 MiB)
 LINE = 8  # words per reader's control line (64 bytes: no false sharing between readers)
 SLOT_HEADER = 2  # step number, length
 SPIN_S = 0.005  # an idle reader polls this long (a busy engine publishes within ms), then sleeps
@@ -56,9 +57,11 @@ class StepMailbox:
     reader `reader` (0-based) when it spawns it, and calls `publish`; that reader calls
     `StepMailbox.attach(*handle)` and `read`."""
 
-    def __init__(self, num_readers: int, max_words: int, ctx, slots: int = SLOTS):
-        self.num_readers, self.slots = num_readers, slots
+    def __init__(self, num_readers: int, max_words: int, ctx, slots: int | None = None):
         self.stride = -(-(SLOT_HEADER + max_words) // LINE) * LINE
+        if slots is None:  # the largest step message is far larger than a usual one
+            slots = max(2, min(SLOTS, MAX_BYTES // (8 * self.stride)))
+        self.num_readers, self.slots = num_readers, slots
         self.shm = SharedMemory(create=True, size=8 * (LINE * num_readers + slots * self.stride))
         self.lock = ctx.Lock()
         # wake-up pipes, rank 0 -> a sleeping reader: non-blocking, so a full pipe or a dead reader
@@ -170,6 +173,8 @@ class StepMailbox:
                                        "was due (the ring was overrun)")
                 if time.perf_counter() > spin_until:
                     self._sleep(slot, i, alive)
+                else:
+                    os.sched_yield()  # an oversubscribed host runs its other threads meanwhile
         self._sync(alive)  # rank 0's message stores before this copy
         msg = slot[SLOT_HEADER:SLOT_HEADER + int(slot[1])].copy()
         self._acquire(alive)  # the copy before the acknowledgement
