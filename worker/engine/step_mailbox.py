@@ -26,8 +26,8 @@ portable atomics for Python (`atomics`) would give release/acquire stores and lo
 lock, but it is not on the GPU hosts; the standard library's semaphore is (uncontended it is one
 atomic instruction each way, no syscall).
 
-A process killed inside its (empty) critical section would leave the lock held: every acquire is
-bounded and checks, between attempts, that the other side still lives.
+A process killed inside a critical section would leave the lock held: every acquire is bounded
+and checks, between attempts, that the other side still lives.
 """
 import logging
 import os

@@ -199,7 +199,9 @@ class TensorParallelRunner:
         except BaseException as e:
             error = self.explain(e)
             self.kill()
-            raise error from (e if error is not e else None)
+            if error is e:
+                raise
+            raise error from e
         self.runner.publish = self.publish
         atexit.register(self.close)
 
