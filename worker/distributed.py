@@ -30,6 +30,11 @@ def get_tp_world_size() -> int:
 # model, fused at every decode batch cut 8B tp=2 throughput from 12,964 to 11,365 tok/s (0998945,
 # cause not found) -> small batches only (batch-1 latency: 3.674 ms unfused, 3.522 fused with remote
 # reads, 3.457 with pushes, 3.318 with the skinny GEMMs too)
+# The fused kernel's two slots are safe only while a rank's kernels run strictly in order (one
+# stream, no programmatic dependent launch, no collective on a second stream): see
+# worker.kernels.allreduce_norm, whose generation-numbered flags trap when this is broken. Its
+# programs of one call wait on each other across GPUs, so they must all be resident at once:
+# do not raise FUSED_MAX_ROWS far without a grid-stride (persistent) design.
 FUSED_MAX_ROWS = 16
 
 
@@ -58,6 +63,10 @@ class SymmetricAllReduce:
         self.buffer_ptrs = torch.tensor(fused_handle.buffer_ptrs, dtype=torch.int64, device=device)
         self.flag_ptrs = torch.tensor(flags_handle.buffer_ptrs, dtype=torch.int64, device=device)
         self.fused_handles = (fused_handle, flags_handle)
+        # per row, the generation of the last fused call (the flags carry it); the kernel's error
+        # word lives in pinned host memory, readable after it trapped (error_message)
+        self.generations = torch.zeros(max_rows, dtype=torch.int32, device=device)
+        self.error = torch.zeros(1, dtype=torch.int32, pin_memory=True)
 
     def fits(self, x: torch.Tensor) -> bool:
         # 16-byte vectors: the kernel's alignment of the element count and of the data pointer
@@ -81,7 +90,16 @@ class SymmetricAllReduce:
             return None
         from nanoserve.worker.kernels.allreduce_norm import allreduce_add_rms_norm
         return allreduce_add_rms_norm(x, residual, weight, eps, self.buffer_ptrs, self.flag_ptrs,
-                                      slot, self.max_numel, self.rank)
+                                      slot, self.max_numel, self.rank, self.generations, self.error)
+
+    def error_message(self) -> str | None:
+        from nanoserve.worker.kernels.allreduce_norm import ERR_ARRIVED, ERR_GENERATION, ERR_TAKEN
+        code = int(self.error[0])
+        return {0: None,
+                ERR_TAKEN.value: "a peer never took this rank's flag (it stopped or died)",
+                ERR_ARRIVED.value: "a peer never arrived (it stopped, died or ran another batch size)",
+                ERR_GENERATION.value: "a peer's flag was of another call (kernels ran out of order)",
+                }.get(code, f"error {code}")
 
     def close(self) -> None:
         del self.handle, self.buffer, self.fused_handles, self.fused_buffer, self.flags
@@ -108,6 +126,14 @@ def init_symmetric_all_reduce(device: torch.device, max_bytes: int, dtype: torch
     else:
         logger.warning("symmetric-memory all-reduce unavailable (%s): NCCL for all sizes",
                        error or "another rank failed")
+
+
+def fused_all_reduce_error() -> str | None:
+    """Why the fused all-reduce trapped on this rank, or None (the GPU context is unusable then)."""
+    if _symmetric is None:
+        return None
+    reason = _symmetric.error_message()
+    return None if reason is None else f"fused all-reduce timed out or failed: {reason}"
 
 
 def close_symmetric_all_reduce() -> None:

@@ -18,7 +18,10 @@ class RequestOutput:
 
 
 class LLM(LLMEngine):
-    """`LLM(model_dir, device="cpu", ...)`: keyword arguments are EngineConfig's fields."""
+    """`LLM(model_dir, device="cpu", ...)`: keyword arguments are EngineConfig's fields.
+
+    Any thread may build it. Under tensor parallelism a rank that dies makes generate raise
+    nanoserve.worker.engine.tp.RankDied (call shutdown() then); the caller's process goes on."""
 
     def __init__(self, model: str, **kwargs):
         super().__init__(EngineConfig(model=str(model), **kwargs))

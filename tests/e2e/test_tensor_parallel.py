@@ -1,12 +1,14 @@
 """Tensor parallelism through gRPC: a worker with --tensor-parallel-size 2 (CPU, gloo) gives the
 size-1 worker's greedy tokens, and a rank killed mid-generation ends the stream with an error, the
-worker with a non-zero exit, and the frontend's service with UNAVAILABLE.
+worker with a non-zero exit, and the frontend's service with UNAVAILABLE; a SIGTERM to the worker's
+whole process group (systemd stop, `timeout`, kill -- -PGID) drains it and exits 0.
 """
 
 import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,13 +20,16 @@ from nanoserve.client import Client
 from nanoserve.errors import Internal, ServiceError, Unavailable
 from tests.e2e.conftest import (
     FRONTEND_SERVICE,
+    WORKER_SERVICE,
     Pair,
+    Service,
     check_health,
     child_pids,
     cmdline,
     descendant_pids,
     pid_running,
     start_pair,
+    worker_argv,
 )
 
 pytestmark = pytest.mark.e2e
@@ -131,3 +136,27 @@ def test_killed_rank_makes_the_frontend_unavailable(rank_kill) -> None:
 def test_killed_rank_is_named_in_the_stream_error(rank_kill) -> None:
     """The worker ends its streams with the cause, not just a dropped connection."""
     assert "tensor-parallel" in str(rank_kill.error)
+
+
+def test_sigterm_to_the_process_group_drains_and_exits_0(tiny_model_dir: Path) -> None:
+    """The ranks get the group's SIGTERM too: they ignore it, rank 0 drains, tells them to leave,
+    and the worker exits 0 with no process left behind."""
+    setsid = [sys.executable, "-c",  # the worker leads its own process group: killpg spares pytest
+              "import os, sys; os.setsid(); os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"]
+    argv = worker_argv(tiny_model_dir, "--tensor-parallel-size", "2")
+    worker = Service("worker", setsid + argv[1:])
+    try:
+        worker.wait_serving(WORKER_SERVICE)
+        descendants = descendant_pids(worker.pid)
+        assert any(is_rank(p) for p in descendants), [cmdline(p) for p in descendants]
+        os.killpg(worker.pid, signal.SIGTERM)
+        code = worker.wait(timeout=30)
+        assert code == 0, worker.output()
+        assert "died" not in worker.output(), worker.output()
+        deadline = time.monotonic() + 5.0
+        while any(pid_running(p) for p in descendants) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [cmdline(p) for p in descendants if pid_running(p)] == []
+    finally:
+        if worker.alive():
+            worker.kill()

@@ -51,3 +51,40 @@ def test_tp_4_and_8_equal_transformers(tmp_path, tp, kv_heads):
         assert [o.token_ids for o in out] == ref
     finally:
         llm.shutdown()
+
+
+def test_engine_built_in_a_thread_that_ends_survives_it_and_a_dead_rank_raises(tmp_path):
+    """Ranks belong to the process, not to the thread that built the LLM (PR_SET_PDEATHSIG fires
+    when the spawning thread ends); a rank that dies later makes generate raise RankDied into the
+    caller, whose process goes on, and shutdown returns."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from nanoserve.worker.engine.tp import RankDied
+
+    hf = make_hf_model(tmp_path, num_key_value_heads=2, vocab_size=501)
+    ref = hf_greedy(hf, PROMPTS[:1], 24)
+    built = {}
+    t = threading.Thread(target=lambda: built.setdefault("llm", LLM(
+        tmp_path, device="cpu", tensor_parallel_size=2, kvcache_block_size=16,
+        num_kvcache_blocks=32)))
+    t.start()
+    t.join()
+    llm = built["llm"]
+    try:
+        time.sleep(1.0)  # a rank killed with the thread would be gone by now
+        assert all(p.is_alive() for p in llm.model_runner.procs)
+        assert [o.token_ids for o in llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)] == ref
+        rank = llm.model_runner.procs[0]
+        os.kill(rank.pid, signal.SIGKILL)
+        rank.join(5)
+        with pytest.raises(RankDied, match="rank 1"):
+            llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
+    finally:
+        start = time.monotonic()
+        llm.shutdown()
+        assert time.monotonic() - start < 15.0
+    import torch.distributed as dist
+    assert not dist.is_initialized()  # the next engine of this process is not taken for a rank
