@@ -105,3 +105,17 @@ def test_random_workload_keeps_invariants(seed, num_blocks, block_size, budget):
         s.abort(seq)
     assert s.is_finished() and s.block_manager.num_free_blocks == num_blocks
     check_invariants(s)
+
+
+def test_admission_fills_max_num_seqs_in_one_step():
+    """An admitted prompt is counted once: 8 waiting with max_num_seqs=8 prefill in one step of 8
+    (not 4, 2, 1, 1)."""
+    s = make(num_blocks=64, max_num_seqs=8)
+    for i in range(8):
+        s.add(Sequence([i + 1, 2, 3], SamplingParams(max_tokens=4)))
+    seqs, prefill = s.schedule()
+    assert prefill and len(seqs) == 8 and not s.waiting and len(s.running) == 8
+    s.postprocess(seqs, [5] * 8)
+    s.add(Sequence([9, 9, 9], SamplingParams(max_tokens=4)))
+    seqs, prefill = s.schedule()  # the batch is full: the ninth waits, the eight decode
+    assert not prefill and len(seqs) == 8 and len(s.waiting) == 1

@@ -32,7 +32,9 @@ class Scheduler:
         # prefill: the head of `waiting` may be a prompt whose earlier chunks already ran
         scheduled: list[Sequence] = []
         budget = self.max_num_batched_tokens
-        while self.waiting and budget > 0 and len(self.running) + len(scheduled) < self.max_num_seqs:
+        # an admitted prompt joins `running` at once, so `running` alone counts the batch's sequences
+        # (a partial chunk ends the loop; it is not counted and never admitted past the limit)
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if not seq.block_table and not self.block_manager.allocate(seq):
                 break
