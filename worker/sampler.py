@@ -1,6 +1,6 @@
 """Turns the last-token logits of a batch into next token ids, one row per sequence.
 
-Called by ModelRunner after compute_logits. Penalties, then greedy rows by argmax and the rest by
+Called by ModelRunner after compute_logits. Penalties, the min_tokens mask, then greedy rows by argmax and the rest by
 temperature -> top-k -> top-p -> min-p -> an exponential race (Gumbel-max without a host sync).
 Seeded rows draw their noise from their own generator, so a seed gives the same tokens whatever
 else is in the batch.
@@ -23,6 +23,9 @@ class SamplingTensors:
     prompt_mask: torch.Tensor | None = None  # (B, V) bool, token occurs in the prompt
     output_counts: torch.Tensor | None = None  # (B, V) float32, occurrences in the output
     generators: dict[int, torch.Generator] | None = None  # row -> generator of a seeded request
+    # min_tokens: (rows, token ids) of the eos / stop ids that rows still under min_tokens may not
+    # sample (vLLM); None when no row is under its min_tokens
+    banned: tuple[torch.Tensor, torch.Tensor] | None = None
     all_greedy: bool = False
 
 
@@ -63,6 +66,8 @@ def sample(logits: torch.Tensor, t: SamplingTensors,
     logits = logits.float()
     if t.repetition_penalties is not None:
         logits = apply_penalties(logits, t)
+    if t.banned is not None:  # out of place: the logits may be a view of a CUDA graph's output
+        logits = logits.index_put(t.banned, torch.tensor(float("-inf"), device=logits.device))
     greedy = logits.argmax(dim=-1)
     if t.all_greedy:
         return greedy

@@ -130,3 +130,33 @@ def test_penalty_tensors_count_prompt_and_output_per_sequence(llm):
         got = {int(k): int(t.output_counts[i, k]) for k in t.output_counts[i].nonzero().flatten()}
         assert got == counts
     assert torch.allclose(t.repetition_penalties, torch.tensor([1.3] * 3))
+
+
+def test_min_tokens_masks_eos_and_stop_ids_until_reached(llm):
+    """vLLM semantics: a row under min_tokens never samples eos or a stop id (before: the stop id
+    was sampled and only the finish was refused, so it repeated inside the output)."""
+    from nanoserve.worker.engine.sequence import Sequence
+    eos = llm.model_config.eos_token_ids[0]
+    under = Sequence([5, 6], SamplingParams(temperature=0, min_tokens=3, stop_token_ids=(7, 9)))
+    done = Sequence([5, 6], SamplingParams(temperature=0, min_tokens=1, stop_token_ids=(7,)))
+    done.token_ids.append(4)  # one completion token: min_tokens reached
+    free_eos = Sequence([5, 6], SamplingParams(temperature=0, min_tokens=3, ignore_eos=True))
+    t = llm.model_runner.prepare_sample([under, done, free_eos])
+    banned = sorted(zip(*(x.tolist() for x in t.banned)))
+    assert banned == sorted([(0, 7), (0, 9), (0, eos)])
+    logits = torch.zeros(3, llm.model_config.vocab_size)
+    logits[:, 7] = 5.0
+    logits[:, eos] = 4.0
+    logits[:, 9] = 3.0
+    assert sample(logits, t).tolist() == [0, 7, 7]  # row 0 falls to the best allowed token
+
+
+def test_min_tokens_with_a_stop_id_the_model_emits(llm):
+    prompt = [9, 11, 13, 0, 5, 77]
+    plain = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+                         use_tqdm=False)[0].token_ids
+    stop = plain[1]
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, min_tokens=6,
+                                                stop_token_ids=[stop]), use_tqdm=False)[0]
+    assert stop not in out.token_ids[:6]
+    assert out.token_ids[0] == plain[0] or plain[0] == stop

@@ -117,7 +117,8 @@ class ModelRunner:
             from nanoserve.worker.engine.cuda_graph import CudaGraphRunner
             self.graphs = CudaGraphRunner(self)
         self.sample_generator = torch.Generator(self.device).manual_seed(config.seed)
-        self.sampling = SamplingInputs(self.device, model_config.vocab_size)
+        self.sampling = SamplingInputs(self.device, model_config.vocab_size,
+                                       model_config.eos_token_ids)
         self.publish = None  # set by TensorParallelRunner on rank 0: sends each StepInputs out
         # decode lookahead (worker.engine.lookahead): on by default on CUDA, with any number of
         # ranks (8B at tp=2 on two H200s: 3.93 -> 3.67 ms a token at batch 1)

@@ -11,8 +11,9 @@ from nanoserve.worker.sampler import SamplingTensors
 
 class SamplingInputs:
 
-    def __init__(self, device: torch.device, vocab_size: int):
+    def __init__(self, device: torch.device, vocab_size: int, eos_token_ids: tuple[int, ...] = ()):
         self.device, self.vocab_size = device, vocab_size
+        self.eos_token_ids = tuple(t for t in eos_token_ids if t < vocab_size)  # others never sampled
         self.request_generators: dict[int, torch.Generator] = {}  # seq_id -> generator
 
     def prepare(self, seqs: list[Sequence]) -> SamplingTensors:
@@ -21,6 +22,8 @@ class SamplingInputs:
                             all_greedy=all(p.greedy for p in params))
         if any(p.has_penalties for p in params):
             self._penalty_tensors(seqs, t)
+        if any(p.min_tokens for p in params):
+            self._banned_tokens(seqs, t)
         if t.all_greedy:  # argmax only: no per-row tensors to copy
             return t
         vocab = self.vocab_size
@@ -62,6 +65,22 @@ class SamplingInputs:
         out = ~prompt_d
         t.output_counts.index_put_((rows_d[out], ids_d[out]),
                                    torch.ones(sum(out_lens), device=dev), accumulate=True)
+
+    def _banned_tokens(self, seqs: list[Sequence], t: SamplingTensors) -> None:
+        """Rows that have not yet produced min_tokens may not sample eos (unless ignore_eos) or a
+        stop id: the token sampled now is completion token number num_completion_tokens + 1."""
+        rows, ids = [], []
+        for i, seq in enumerate(seqs):
+            sp = seq.sampling_params
+            if seq.num_completion_tokens >= sp.min_tokens:
+                continue
+            banned = set(sp.stop_token_ids)
+            if not sp.ignore_eos:
+                banned.update(self.eos_token_ids)
+            rows += [i] * len(banned)
+            ids += banned
+        if rows:
+            t.banned = (torch.tensor(rows).to(self.device), torch.tensor(ids).to(self.device))
 
     def _generator(self, seq: Sequence) -> torch.Generator:
         gen = self.request_generators.get(seq.seq_id)
