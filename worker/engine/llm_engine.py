@@ -93,10 +93,10 @@ class LLMEngine:
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
             return []
-        # nothing waiting: the next step most likely decodes the same sequences again, so the runner
-        # may forward it ahead (worker.engine.lookahead) into slots reserved now
-        lookahead = (not is_prefill and not self.scheduler.waiting
-                     and self.model_runner.uses_lookahead)
+        # the next step predictably decodes the same sequences again (no admission is possible):
+        # the runner may forward it ahead (worker.engine.lookahead) into slots reserved now
+        lookahead = (not is_prefill and self.model_runner.uses_lookahead
+                     and self.scheduler.decode_follows(seqs))
         if lookahead:
             for seq in seqs:
                 if seq.num_tokens + 1 < self.max_model_len:
