@@ -129,7 +129,7 @@ def test_next_step_needs_an_allocated_slot_and_no_certain_stop():
 def test_foreseen_rows_accepts_an_ordered_subset_only():
     seqs = seqs_of([5, 6, 7])
     _, fx = next_decode_inputs(decode_step([5, 6, 7], [[1], [2], [3]], 16), seqs, 16, 1000)
-    f = Foreseen([s.seq_id for s in seqs], fx, logits=None)
+    f = Foreseen([s.seq_id for s in seqs], fx, logits=None, forward_index=0)
     for s in seqs:
         s.append_token(0)
     same = decode_step([6, 7, 8], [[1], [2], [3]], 16)
@@ -208,3 +208,21 @@ def test_decode_follows_predicts_admission():
     assert not s.decode_follows(seqs)
     s.max_num_seqs, b.token_ids = 2, list(range(40))  # room, but b needs 10 blocks of 8
     assert s.decode_follows(seqs)
+
+
+def test_foreseen_logits_refused_after_another_forward(model):
+    """The foreseen logits may view a CUDA graph's output buffer: a forward between the step
+    forwarded ahead and its use (a draft model, a second forward per step) is caught, not sampled."""
+    path, _ = model
+    llm = make_llm(path, True)
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    seq = llm.add_request([5, 6, 7], sp)
+    llm.step()  # prefill
+    llm.step()  # decode, and the next decode forwarded ahead
+    runner = llm.model_runner
+    assert runner.foreseen is not None
+    llm.step()  # the foreseen logits are taken: fine
+    assert runner.num_foreseen_steps == 1 and runner.foreseen is not None
+    runner.execute(runner.prepare_decode([seq]))  # an intervening forward
+    with pytest.raises(RuntimeError, match="forward"):
+        llm.step()
