@@ -36,12 +36,14 @@ class Detokenizer:
         decode: Callable[[list[int]], str],
         stop: Sequence[str] = (),
         include_stop_str_in_output: bool = False,
+        min_tokens: int = 0,
     ) -> None:
         if any(not s for s in stop):
             raise ValueError("stop strings must not be empty")
         self._decode = decode
         self._stop = tuple(stop)
         self._include_stop = include_stop_str_in_output
+        self._min_tokens = min_tokens  # no stop string ends the output before this many ids (vLLM)
         self._max_stop_len = max((len(s) for s in self._stop), default=0)
         # For each stop string and last character c: the lengths k (longest first) whose prefix
         # stop[:k] is proper and ends with c, the only candidates for a partial match ending in c.
@@ -116,7 +118,7 @@ class Detokenizer:
             self._emitted = self._text_len
             self._tail, self._tail_start = "", self._text_len
             return None
-        match = self._find_stop(old_len)
+        match = self._find_stop(old_len) if len(self.token_ids) >= self._min_tokens else None
         if match is not None:
             start, stop = match
             end = start + len(stop) if self._include_stop else start

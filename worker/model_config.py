@@ -1,12 +1,16 @@
 """The model's shape and ids, read with json only from a Hugging Face Qwen3 directory (config.json,
 generation_config.json). ModelRunner builds Qwen3ForCausalLM from it; the worker reports
-eos_token_ids and max_position_embeddings to the frontend.
+eos_token_ids and max_position_embeddings to the frontend; LLMEngine fills the unset sampling fields
+of each request from sampling_defaults (vLLM).
 """
 import json
 import os
 from dataclasses import dataclass
 
 import torch
+
+from nanoserve.sampling_rules import violations
+from nanoserve.worker.sampling_params import FALLBACKS
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _ARCHITECTURE = "Qwen3ForCausalLM"
@@ -28,6 +32,8 @@ class ModelConfig:
     dtype: str = "float32"  # the checkpoint's dtype; the engine may run in another
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    # generation_config.json's sampling fields (Qwen3: temperature 0.6, top_p 0.95, top_k 20)
+    sampling_defaults: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -100,7 +106,20 @@ class ModelConfig:
             dtype=hf.get("dtype") or hf.get("torch_dtype") or "float32",
             eos_token_ids=_id_tuple(eos),
             bos_token_id=generation.get("bos_token_id", hf.get("bos_token_id")),
+            sampling_defaults=sampling_defaults(generation),
         )
+
+
+def sampling_defaults(generation: dict) -> tuple[tuple[str, float], ...]:
+    """The sampling fields of a generation_config.json (those SamplingParams may leave unset),
+    checked by the same rules as a request's."""
+    found = {name: generation[name] for name in FALLBACKS if generation.get(name) is not None}
+    for name, value in found.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"generation_config.json: {name} must be a number, got {value!r}")
+    for name, rule in violations(found):
+        raise ValueError(f"generation_config.json: {name} must be {rule}, got {found[name]!r}")
+    return tuple(sorted(found.items()))
 
 
 def _rope_theta(hf: dict) -> float:

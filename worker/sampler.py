@@ -1,6 +1,6 @@
 """Turns the last-token logits of a batch into next token ids, one row per sequence.
 
-Called by ModelRunner after compute_logits. Penalties, then greedy rows by argmax and the rest by
+Called by ModelRunner after compute_logits. Penalties, the min_tokens mask, then greedy rows by argmax and the rest by
 temperature -> top-k -> top-p -> min-p -> an exponential race (Gumbel-max without a host sync).
 Seeded rows draw their noise from their own generator, so a seed gives the same tokens whatever
 else is in the batch.
@@ -20,21 +20,28 @@ class SamplingTensors:
     repetition_penalties: torch.Tensor | None = None  # (B,)
     presence_penalties: torch.Tensor | None = None  # (B,)
     frequency_penalties: torch.Tensor | None = None  # (B,)
-    prompt_mask: torch.Tensor | None = None  # (B, V) bool, token occurs in the prompt
-    output_counts: torch.Tensor | None = None  # (B, V) float32, occurrences in the output
+    prompt_mask: torch.Tensor | None = None  # (S, V) bool, token occurs in the prompt
+    output_counts: torch.Tensor | None = None  # (S, V) float32, occurrences in the output
+    penalty_rows: torch.Tensor | None = None  # (B,) int64 row of each sequence; None: S = B
     generators: dict[int, torch.Generator] | None = None  # row -> generator of a seeded request
+    # min_tokens: (rows, token ids) of the eos / stop ids that rows still under min_tokens may not
+    # sample (vLLM); None when no row is under its min_tokens
+    banned: tuple[torch.Tensor, torch.Tensor] | None = None
     all_greedy: bool = False
 
 
 def apply_penalties(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    prompt_mask, counts = t.prompt_mask, t.output_counts
+    if t.penalty_rows is not None:  # rows of the persistent statistics -> (B, V)
+        prompt_mask, counts = prompt_mask[t.penalty_rows], counts[t.penalty_rows]
     # repetition penalty (CTRL / vLLM): shrink the logits of tokens seen in prompt or output
-    seen = t.prompt_mask | (t.output_counts > 0)
+    seen = prompt_mask | (counts > 0)
     rep = t.repetition_penalties[:, None].expand_as(logits)
     penalized = torch.where(logits > 0, logits / rep, logits * rep)
     logits = torch.where(seen, penalized, logits)
     # presence / frequency penalties (OpenAI): output tokens only
-    logits = logits - t.frequency_penalties[:, None] * t.output_counts
-    return logits - t.presence_penalties[:, None] * (t.output_counts > 0).to(logits.dtype)
+    logits = logits - t.frequency_penalties[:, None] * counts
+    return logits - t.presence_penalties[:, None] * (counts > 0).to(logits.dtype)
 
 
 def filter_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
@@ -63,6 +70,8 @@ def sample(logits: torch.Tensor, t: SamplingTensors,
     logits = logits.float()
     if t.repetition_penalties is not None:
         logits = apply_penalties(logits, t)
+    if t.banned is not None:  # out of place: the logits may be a view of a CUDA graph's output
+        logits = logits.index_put(t.banned, torch.tensor(float("-inf"), device=logits.device))
     greedy = logits.argmax(dim=-1)
     if t.all_greedy:
         return greedy

@@ -1,26 +1,35 @@
 """Per-request sampling and stopping parameters (vLLM names), as the engine consumes them.
 
 The gRPC worker builds one from the proto's SamplingParams; offline users pass it to LLM.generate.
+A field a model's generation_config.json may set is None when not given: it reads as vLLM's default
+and is listed in `unset`, and LLMEngine.add_request fills it from the model's defaults (with_defaults).
 """
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 from nanoserve.sampling_rules import RULES, violations
+
+# vLLM's defaults of the fields that a model's generation_config.json may override
+FALLBACKS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
+             "repetition_penalty": 1.0}
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = -1  # -1 or 0 = disabled
-    min_p: float = 0.0
+    temperature: float | None = None  # 0 = greedy; None: the model's default, else 1.0
+    top_p: float | None = None  # None: the model's default, else 1.0
+    top_k: int | None = None  # -1 or 0 = disabled; None: the model's default, else -1
+    min_p: float | None = None  # None: the model's default, else 0.0
     seed: int | None = None
     max_tokens: int | None = 16  # None = until the context is full
     min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
-    repetition_penalty: float = 1.0
+    repetition_penalty: float | None = None  # None: the model's default, else 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # the fields of FALLBACKS that were not given (they hold the fallback value)
+    unset: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
 
     def __post_init__(self):
         given = {name: getattr(self, name) for name in RULES if getattr(self, name) is not None}
@@ -29,6 +38,16 @@ class SamplingParams:
         if any(t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative, got {self.stop_token_ids!r}")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        unset = frozenset(name for name in FALLBACKS if getattr(self, name) is None)
+        for name in unset:
+            object.__setattr__(self, name, FALLBACKS[name])
+        object.__setattr__(self, "unset", unset)
+
+    def with_defaults(self, defaults: Mapping[str, float]) -> "SamplingParams":
+        """These params with their unset fields taken from `defaults` (a model's
+        generation_config.json sampling fields: ModelConfig.sampling_defaults)."""
+        changes = {name: defaults[name] for name in self.unset if name in defaults}
+        return replace(self, **changes) if changes else self
 
     @property
     def greedy(self) -> bool:

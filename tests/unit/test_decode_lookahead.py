@@ -129,7 +129,7 @@ def test_next_step_needs_an_allocated_slot_and_no_certain_stop():
 def test_foreseen_rows_accepts_an_ordered_subset_only():
     seqs = seqs_of([5, 6, 7])
     _, fx = next_decode_inputs(decode_step([5, 6, 7], [[1], [2], [3]], 16), seqs, 16, 1000)
-    f = Foreseen([s.seq_id for s in seqs], fx, logits=None)
+    f = Foreseen([s.seq_id for s in seqs], fx, logits=None, forward_index=0)
     for s in seqs:
         s.append_token(0)
     same = decode_step([6, 7, 8], [[1], [2], [3]], 16)
@@ -162,3 +162,67 @@ def test_tensor_parallel_ranks_follow_the_step_forwarded_ahead(model):
     finally:
         llm.shutdown()
     assert got == want
+
+
+def test_lookahead_under_a_queue(model):
+    """With more requests than max_num_seqs the queue is never empty; every decode step that
+    follows a decode step is still served from the forward ahead (before: only once the queue had
+    drained; 38 of 117 decode steps in the review's demo), and the tokens are those of the engine without lookahead."""
+    path, _ = model
+    lens = [6, 12, 20, 5, 15, 9, 20, 4]
+    prompts = prompts_of([3 + i % 5 for i in range(8)], seed=4)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lens]
+    outs = []
+    for lookahead in (True, False):
+        llm = make_llm(path, lookahead, max_num_seqs=3, num_kvcache_blocks=64)
+        seqs = [llm.add_request(p, sp) for p, sp in zip(prompts, params)]
+        after_decode, prev_decode = 0, False
+        while not llm.is_finished():
+            before = llm.num_prompt_tokens_done
+            llm.step()
+            decode = llm.num_prompt_tokens_done == before
+            after_decode += decode and prev_decode
+            prev_decode = decode
+        outs.append([s.completion_token_ids for s in seqs])
+        assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
+        if lookahead:
+            assert after_decode > 25 and llm.model_runner.num_foreseen_steps == after_decode
+    assert outs[0] == outs[1]
+
+
+def test_decode_follows_predicts_admission():
+    from nanoserve.worker.engine.block_manager import BlockManager
+    from nanoserve.worker.engine.scheduler import Scheduler
+    s = Scheduler(2, 64, 1000, (0,), BlockManager(8, 4))
+    a, b = (Sequence([1, 2, 3], SamplingParams(max_tokens=5)) for _ in range(2))
+    s.add(a)
+    s.postprocess(*s.schedule()[:1], [4])
+    seqs, prefill = s.schedule()
+    assert not prefill and s.decode_follows(seqs)  # nothing waits
+    s.add(b)
+    assert not s.decode_follows(seqs)  # room in the batch and b fits: b is prefilled next
+    s.add(Sequence([1, 2, 3], SamplingParams(max_tokens=5)))
+    s.max_num_seqs = 1
+    assert s.decode_follows(seqs)  # the batch is full
+    a.token_ids += [5, 6, 7]  # a's next token is its fifth: it ends by length, which frees a slot
+    assert not s.decode_follows(seqs)
+    s.max_num_seqs, b.token_ids = 2, list(range(40))  # room, but b needs 10 blocks of 8
+    assert s.decode_follows(seqs)
+
+
+def test_foreseen_logits_refused_after_another_forward(model):
+    """The foreseen logits may view a CUDA graph's output buffer: a forward between the step
+    forwarded ahead and its use (a draft model, a second forward per step) is caught, not sampled."""
+    path, _ = model
+    llm = make_llm(path, True)
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    seq = llm.add_request([5, 6, 7], sp)
+    llm.step()  # prefill
+    llm.step()  # decode, and the next decode forwarded ahead
+    runner = llm.model_runner
+    assert runner.foreseen is not None
+    llm.step()  # the foreseen logits are taken: fine
+    assert runner.num_foreseen_steps == 1 and runner.foreseen is not None
+    runner.execute(runner.prepare_decode([seq]))  # an intervening forward
+    with pytest.raises(RuntimeError, match="forward"):
+        llm.step()

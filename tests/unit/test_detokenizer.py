@@ -183,3 +183,14 @@ def test_skip_last_and_errors(tok: Tokenizer) -> None:
         detok.add([1])
     with pytest.raises(ValueError):
         Detokenizer(_decode(tok), stop=[""])
+
+
+def test_stop_string_does_not_end_the_output_before_min_tokens(tok: Tokenizer) -> None:
+    """vLLM: stop strings are not checked until min_tokens ids are out (before: a stop string in
+    the first token ended a min_tokens=30 request after one token)."""
+    ids = tok.encode("one two one two one two").ids
+    deltas, matched = _run(Detokenizer(_decode(tok), stop=["one"], min_tokens=3), [[i] for i in ids])
+    assert matched == "one" and "".join(deltas) == "one two "  # the third id is the 2nd "one"
+    deltas, matched = _run(Detokenizer(_decode(tok), stop=["one"], min_tokens=len(ids) + 1),
+                           [[i] for i in ids])
+    assert matched is None and "".join(deltas) == "one two one two one two"

@@ -3,8 +3,9 @@ prefix-cache hits, preemption, chunked prefill and aborts; every run returns all
 import random
 
 import pytest
+import torch
 
-from tests.unit.hf_reference import hf_greedy, make_hf_model
+from tests.unit.hf_reference import EOS, hf_greedy, make_hf_model
 from nanoserve.worker import LLM, SamplingParams
 
 MAX_NEW = 32
@@ -150,10 +151,16 @@ def test_stop_token_and_eos_and_min_tokens(untied):
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=MAX_NEW,
                                                 stop_token_ids=[stop_at]), use_tqdm=False)[0]
     assert out.token_ids == ref[:first + 1] and out.finish_reason == "stop"
-    later = [i for i, t in enumerate(ref) if t == stop_at and i >= 8]
+    # min_tokens masks eos and the stop ids until 8 tokens are out (vLLM; transformers'
+    # min_new_tokens does the same with its eos ids), so the output runs past the first stop_at
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=MAX_NEW, min_tokens=8,
                                                 stop_token_ids=[stop_at]), use_tqdm=False)[0]
-    assert out.token_ids == (ref[:later[0] + 1] if later else ref)
+    with torch.no_grad():
+        want = hf.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW, min_new_tokens=8,
+                           do_sample=False, eos_token_id=[stop_at, EOS], pad_token_id=0)
+    want = want[0, len(prompt):].tolist()
+    assert out.token_ids == want and stop_at not in out.token_ids[:8] and EOS not in want[:8]
+    assert out.token_ids[:first] == ref[:first] and out.token_ids != ref[:first + 1]
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)[0]
     assert out.token_ids == ref[:3] and out.finish_reason == "length"
     assert_clean(llm)

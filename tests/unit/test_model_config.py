@@ -86,3 +86,13 @@ def test_missing_field_and_files(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no config.json"):
         ModelConfig.from_model_dir(str(tmp_path / "empty"))
+
+
+def test_generation_config_sampling_defaults(tmp_path):
+    qwen3 = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "do_sample": True, "eos_token_id": 7}
+    config = ModelConfig.from_model_dir(write_dir(tmp_path, BASE, qwen3))
+    assert dict(config.sampling_defaults) == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    with pytest.raises(ValueError, match="generation_config.json: top_p must be in"):
+        ModelConfig.from_model_dir(write_dir(tmp_path, BASE, {"top_p": 0}))
+    with pytest.raises(ValueError, match="generation_config.json: temperature must be a number"):
+        ModelConfig.from_model_dir(write_dir(tmp_path, BASE, {"temperature": "hot"}))

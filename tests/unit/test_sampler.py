@@ -125,8 +125,76 @@ def test_penalty_tensors_count_prompt_and_output_per_sequence(llm):
     t = llm.model_runner.prepare_sample(seqs)
     for i, seq in enumerate(seqs):
         prompt, output = seq.token_ids[:seq.num_prompt_tokens], seq.completion_token_ids
-        assert set(t.prompt_mask[i].nonzero().flatten().tolist()) == set(prompt)
+        row = t.penalty_rows[i]  # the statistics persist between steps, one row per sequence
+        assert set(t.prompt_mask[row].nonzero().flatten().tolist()) == set(prompt)
         counts = {tok: output.count(tok) for tok in output}
-        got = {int(k): int(t.output_counts[i, k]) for k in t.output_counts[i].nonzero().flatten()}
+        got = {int(k): int(t.output_counts[row, k]) for k in t.output_counts[row].nonzero().flatten()}
         assert got == counts
     assert torch.allclose(t.repetition_penalties, torch.tensor([1.3] * 3))
+
+
+def test_min_tokens_masks_eos_and_stop_ids_until_reached(llm):
+    """vLLM semantics: a row under min_tokens never samples eos or a stop id (before: the stop id
+    was sampled and only the finish was refused, so it repeated inside the output)."""
+    from nanoserve.worker.engine.sequence import Sequence
+    eos = llm.model_config.eos_token_ids[0]
+    under = Sequence([5, 6], SamplingParams(temperature=0, min_tokens=3, stop_token_ids=(7, 9)))
+    done = Sequence([5, 6], SamplingParams(temperature=0, min_tokens=1, stop_token_ids=(7,)))
+    done.token_ids.append(4)  # one completion token: min_tokens reached
+    free_eos = Sequence([5, 6], SamplingParams(temperature=0, min_tokens=3, ignore_eos=True))
+    t = llm.model_runner.prepare_sample([under, done, free_eos])
+    banned = sorted(zip(*(x.tolist() for x in t.banned)))
+    assert banned == sorted([(0, 7), (0, 9), (0, eos)])
+    logits = torch.zeros(3, llm.model_config.vocab_size)
+    logits[:, 7] = 5.0
+    logits[:, eos] = 4.0
+    logits[:, 9] = 3.0
+    assert sample(logits, t).tolist() == [0, 7, 7]  # row 0 falls to the best allowed token
+
+
+def test_min_tokens_with_a_stop_id_the_model_emits(llm):
+    prompt = [9, 11, 13, 0, 5, 77]
+    plain = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+                         use_tqdm=False)[0].token_ids
+    stop = plain[1]
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, min_tokens=6,
+                                                stop_token_ids=[stop]), use_tqdm=False)[0]
+    assert stop not in out.token_ids[:6]
+    assert out.token_ids[0] == plain[0] or plain[0] == stop
+
+
+def test_penalty_counts_persist_and_follow_each_step():
+    """The penalties' statistics are kept between steps and updated with the new tokens only;
+    over steps with finished sequences (slots reused), new ones and rows without penalties, each
+    row equals a count from scratch."""
+    import random
+    from collections import Counter
+
+    from nanoserve.worker.engine.sampling_inputs import SamplingInputs
+    from nanoserve.worker.engine.sequence import Sequence
+    rng, vocab = random.Random(3), 40
+    inputs = SamplingInputs(torch.device("cpu"), vocab)
+    penalized = SamplingParams(repetition_penalty=1.2, presence_penalty=0.3)
+    live: list[Sequence] = []
+    for step in range(30):
+        if len(live) < 6 or rng.random() < 0.2:
+            sp = penalized if rng.random() < 0.7 else SamplingParams()
+            live.append(Sequence([rng.randrange(vocab) for _ in range(rng.randrange(1, 9))], sp))
+        if rng.random() < 0.2:
+            inputs.release(live.pop(rng.randrange(len(live))))
+        batch = [s for s in live if rng.random() < 0.8]  # some sit a step out (a prefill step)
+        if not any(s.sampling_params.has_penalties for s in batch):
+            continue
+        t = inputs.prepare(batch)
+        for i, seq in enumerate(batch):
+            row = int(t.penalty_rows[i])
+            mask = set(t.prompt_mask[row].nonzero().flatten().tolist())
+            counts = {k: int(t.output_counts[row, k]) for k in range(vocab) if t.output_counts[row, k]}
+            if seq.sampling_params.has_penalties:
+                assert mask == set(seq.token_ids[:seq.num_prompt_tokens])
+                assert counts == dict(Counter(seq.completion_token_ids))
+            else:
+                assert row == 0 and not mask and not counts
+        for seq in batch:
+            seq.append_token(rng.randrange(vocab))
+    assert len(inputs.penalty_counts.slot_of) <= len(live)

@@ -27,6 +27,9 @@ def check_invariants(s: Scheduler) -> None:
     for h, block_id in bm.hash_to_block_id.items():
         block = bm.blocks[block_id]
         assert block.hash == h and len(block.token_ids) == bm.block_size
+    for h, block_ids in bm.duplicate_block_ids.items():  # findable once the first is evicted
+        assert block_ids and bm.hash_to_block_id[h] not in block_ids
+        assert all(bm.blocks[b].hash == h for b in block_ids)
     # a running sequence has blocks for every token but the newest (its KV comes next step)
     for seq in s.running:
         assert len(seq.block_table) * bm.block_size >= seq.num_tokens - 1
@@ -105,3 +108,53 @@ def test_random_workload_keeps_invariants(seed, num_blocks, block_size, budget):
         s.abort(seq)
     assert s.is_finished() and s.block_manager.num_free_blocks == num_blocks
     check_invariants(s)
+
+
+def test_admission_fills_max_num_seqs_in_one_step():
+    """An admitted prompt is counted once: 8 waiting with max_num_seqs=8 prefill in one step of 8
+    (not 4, 2, 1, 1)."""
+    s = make(num_blocks=64, max_num_seqs=8)
+    for i in range(8):
+        s.add(Sequence([i + 1, 2, 3], SamplingParams(max_tokens=4)))
+    seqs, prefill = s.schedule()
+    assert prefill and len(seqs) == 8 and not s.waiting and len(s.running) == 8
+    s.postprocess(seqs, [5] * 8)
+    s.add(Sequence([9, 9, 9], SamplingParams(max_tokens=4)))
+    seqs, prefill = s.schedule()  # the batch is full: the ninth waits, the eight decode
+    assert not prefill and len(seqs) == 8 and len(s.waiting) == 1
+
+
+def test_identical_block_takes_over_when_the_first_is_evicted():
+    """Two identical prompts prefilled in one step compute the same blocks; the second copy is
+    registered too, so once the first copy is evicted a third identical prompt still hits."""
+    s = make(num_blocks=8)
+    prompt = list(range(9))
+    a = Sequence(prompt, SamplingParams(max_tokens=1))
+    b = Sequence(prompt, SamplingParams(max_tokens=8))
+    s.add(a)
+    s.add(b)
+    seqs, _ = s.schedule()
+    assert seqs == [a, b] and b.num_cached_tokens == 0
+    s.postprocess(seqs, [1, 1])  # a finishes; its blocks are free but still cached
+    check_invariants(s)
+    filler = Sequence([100 + i for i in range(20)], SamplingParams(max_tokens=1))
+    s.add(filler)  # takes the free blocks, a's first (LRU): a's cached content is evicted
+    s.postprocess(s.schedule()[0], [1])
+    check_invariants(s)
+    c = Sequence(prompt, SamplingParams(max_tokens=1))
+    s.add(c)
+    s.schedule()
+    assert c.num_cached_tokens == 8 and c.block_table[:2] == b.block_table[:2]
+    check_invariants(s)
+
+
+def test_free_blocks_are_reused_least_recently_freed_first():
+    bm = BlockManager(6, 4)
+    seqs = [Sequence([i] * 4, SamplingParams()) for i in range(3)]
+    for seq in seqs:
+        bm.allocate(seq)
+    taken = [seq.block_table[0] for seq in seqs]
+    for seq in (seqs[2], seqs[0]):
+        bm.deallocate(seq)
+    # the never-used blocks first, then in the order freed
+    assert [bm._take_free_block() for _ in range(5)] == [3, 4, 5, taken[2], taken[0]]

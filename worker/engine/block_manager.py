@@ -6,6 +6,7 @@ block keeps its hash until it is reused, so a later identical prefix still hits 
 """
 import hashlib
 from array import array
+from collections import OrderedDict
 
 from nanoserve.worker.engine.sequence import Sequence
 
@@ -35,9 +36,13 @@ class BlockManager:
     def __init__(self, num_blocks: int, block_size: int):
         self.block_size = block_size
         self.blocks = [Block(i) for i in range(num_blocks)]
-        self.hash_to_block_id: dict[bytes, int] = {}
-        # insertion-ordered set: blocks freed longest ago are reused first (LRU eviction)
-        self.free_block_ids: dict[int, None] = dict.fromkeys(range(num_blocks))
+        self.hash_to_block_id: dict[bytes, int] = {}  # the block a prefix lookup finds
+        # other blocks computed with the same content (two identical prompts in one batch): one
+        # takes over the lookup when the first is evicted
+        self.duplicate_block_ids: dict[bytes, set[int]] = {}
+        # insertion-ordered set: blocks freed longest ago are reused first (LRU eviction);
+        # OrderedDict pops its front in O(1), where a dict scans the keys deleted before
+        self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.num_hit_tokens = 0  # prefix-cache statistics
         self.num_queried_tokens = 0
 
@@ -87,15 +92,25 @@ class BlockManager:
         return True
 
     def _take_free_block(self) -> int:
-        block_id = next(iter(self.free_block_ids))
-        del self.free_block_ids[block_id]
+        block_id, _ = self.free_block_ids.popitem(last=False)
         block = self.blocks[block_id]
         if block.hash is not None:  # evict its cached content
-            if self.hash_to_block_id.get(block.hash) == block_id:
-                del self.hash_to_block_id[block.hash]
-            block.hash, block.token_ids = None, ()
+            self._unregister(block)
         block.ref_count = 1
         return block_id
+
+    def _unregister(self, block: Block) -> None:
+        h, spares = block.hash, self.duplicate_block_ids.get(block.hash)
+        if self.hash_to_block_id.get(h) == block.block_id:
+            if spares:
+                self.hash_to_block_id[h] = spares.pop()
+            else:
+                del self.hash_to_block_id[h]
+        elif spares:
+            spares.discard(block.block_id)
+        if spares is not None and not spares:
+            del self.duplicate_block_ids[h]
+        block.hash, block.token_ids = None, ()
 
     def deallocate(self, seq: Sequence) -> None:
         # the tail is freed first so that it is evicted before the (more shareable) prefix
@@ -144,8 +159,10 @@ class BlockManager:
             h = chain_hash(tokens, prefix)
             seq.block_hashes.append(h)
             block = self.blocks[seq.block_table[i]]
-            if h not in self.hash_to_block_id:  # else an identical block is cached already
-                block.hash, block.token_ids = h, tuple(tokens)
+            block.hash, block.token_ids = h, tuple(tokens)
+            if h in self.hash_to_block_id:  # an identical block is cached already
+                self.duplicate_block_ids.setdefault(h, set()).add(block.block_id)
+            else:
                 self.hash_to_block_id[h] = block.block_id
 
     @property

@@ -46,6 +46,7 @@ class LLMEngine:
             logger.warning("max_model_len lowered from %d to %d: the KV cache holds %d tokens",
                            runner.max_model_len, self.max_model_len, capacity)
         self.eos_token_ids = tuple(self.model_config.eos_token_ids)
+        self.sampling_defaults = dict(self.model_config.sampling_defaults)
         self.block_manager = BlockManager(self.num_kvcache_blocks, self.block_size)
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len, self.eos_token_ids, self.block_manager)
@@ -74,7 +75,8 @@ class LLMEngine:
     def add_request(self, token_ids: list[int], sampling_params: SamplingParams,
                     request_id: str | None = None) -> Sequence:
         self.validate(token_ids, sampling_params)
-        seq = Sequence(token_ids, sampling_params, request_id)
+        # fields the caller left unset take the model's generation_config.json defaults (vLLM)
+        seq = Sequence(token_ids, sampling_params.with_defaults(self.sampling_defaults), request_id)
         if seq.request_id in self.requests:
             raise ValueError(f"request_id: {seq.request_id!r} is already running")
         self.requests[seq.request_id] = seq
@@ -93,10 +95,10 @@ class LLMEngine:
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
             return []
-        # nothing waiting: the next step most likely decodes the same sequences again, so the runner
-        # may forward it ahead (worker.engine.lookahead) into slots reserved now
-        lookahead = (not is_prefill and not self.scheduler.waiting
-                     and self.model_runner.uses_lookahead)
+        # the next step predictably decodes the same sequences again (no admission is possible):
+        # the runner may forward it ahead (worker.engine.lookahead) into slots reserved now
+        lookahead = (not is_prefill and self.model_runner.uses_lookahead
+                     and self.scheduler.decode_follows(seqs))
         if lookahead:
             for seq in seqs:
                 if seq.num_tokens + 1 < self.max_model_len:

@@ -20,10 +20,15 @@ from nanoserve.worker.engine.step_inputs import StepInputs
 @dataclass(slots=True)
 class Foreseen:
     """A decode step forwarded ahead of the scheduler: its inputs (input_ids are the device ids
-    of the step before, unknown on the host) and its (B, vocab) logits."""
+    of the step before, unknown on the host) and its (B, vocab) logits.
+
+    The logits may be a view of a CUDA graph's output buffer, valid until the next replay: they
+    must be consumed before any other forward. `forward_index` is the runner's forward count right
+    after this one; the runner refuses the logits when another forward came in between."""
     seq_ids: list[int]
     x: StepInputs
     logits: torch.Tensor
+    forward_index: int
 
 
 def next_decode_inputs(x: StepInputs, seqs: list[Sequence], block_size: int,

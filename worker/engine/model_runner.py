@@ -117,7 +117,8 @@ class ModelRunner:
             from nanoserve.worker.engine.cuda_graph import CudaGraphRunner
             self.graphs = CudaGraphRunner(self)
         self.sample_generator = torch.Generator(self.device).manual_seed(config.seed)
-        self.sampling = SamplingInputs(self.device, model_config.vocab_size)
+        self.sampling = SamplingInputs(self.device, model_config.vocab_size,
+                                       model_config.eos_token_ids)
         self.publish = None  # set by TensorParallelRunner on rank 0: sends each StepInputs out
         # decode lookahead (worker.engine.lookahead): on by default on CUDA, with any number of
         # ranks (8B at tp=2 on two H200s: 3.93 -> 3.67 ms a token at batch 1)
@@ -125,6 +126,7 @@ class ModelRunner:
                           else self.device.type == "cuda")
         self.foreseen: Foreseen | None = None
         self.num_foreseen_steps = 0  # decode steps whose logits came from a foreseen forward
+        self.num_forwards = 0  # every execute(): the foreseen logits must be taken before the next
         self.on_rank_death = None  # tensor parallelism only (TensorParallelRunner)
         if self.device.type == "cuda":
             words = max_message_words(config.max_num_batched_tokens, config.max_num_seqs,
@@ -266,6 +268,7 @@ class ModelRunner:
                 input_ids: torch.Tensor | None = None) -> torch.Tensor | None:
         """Forward one step on this rank; returns the (R, vocab) logits (None when R = 0).
         input_ids: the step's token ids as a device tensor, overriding x.input_ids (lookahead)."""
+        self.num_forwards += 1
         if not x.is_prefill and self.graphs is not None and self.graphs.can_run(len(x.input_ids)):
             return self.graphs.run(x, input_ids)  # decode: one copy in, one replay (+ LM head)
         ids, positions, rows = self.load_inputs(x, msg)
@@ -336,6 +339,10 @@ class ModelRunner:
     def _take_foreseen(self, seqs: list[Sequence], x: StepInputs) -> torch.Tensor | None:
         """The logits of x from the step forwarded ahead, when it foresaw x."""
         f, self.foreseen = self.foreseen, None
+        if f is not None and f.forward_index != self.num_forwards:
+            # another forward may have replayed the graph whose output buffer f.logits views
+            raise RuntimeError(f"decode lookahead: {self.num_forwards - f.forward_index} forward(s) "
+                               "ran between the step forwarded ahead and its use")
         rows = foreseen_rows(f, seqs, x, self.block_size) if f is not None else None
         if rows is None:
             return None
@@ -359,8 +366,8 @@ class ModelRunner:
             msg = nxt.encode(CMD_STEP_AHEAD)
             self.publish(msg)
             torch.distributed.broadcast(next_ids, src=0)
-        self.foreseen = Foreseen([seqs[i].seq_id for i in rows], nxt,
-                                 self.execute(nxt, msg, input_ids=next_ids))
+        logits = self.execute(nxt, msg, input_ids=next_ids)
+        self.foreseen = Foreseen([seqs[i].seq_id for i in rows], nxt, logits, self.num_forwards)
         if self.device.type == "cuda":
             copied.synchronize()
             return host.tolist()

@@ -1,6 +1,6 @@
-"""Per-step sampling inputs: SamplingTensors built from the scheduled Sequences' parameters and
-history (one copy per field), and the generators of seeded requests. ModelRunner.run hands them,
-with the logits, to worker.sampler.sample.
+"""Per-step sampling inputs: SamplingTensors built from the scheduled Sequences' parameters (one copy
+per field), the penalties' token statistics kept between steps, and the generators of seeded
+requests. ModelRunner.run hands them, with the logits, to worker.sampler.sample.
 """
 import numpy as np
 import torch
@@ -11,9 +11,11 @@ from nanoserve.worker.sampler import SamplingTensors
 
 class SamplingInputs:
 
-    def __init__(self, device: torch.device, vocab_size: int):
+    def __init__(self, device: torch.device, vocab_size: int, eos_token_ids: tuple[int, ...] = ()):
         self.device, self.vocab_size = device, vocab_size
+        self.eos_token_ids = tuple(t for t in eos_token_ids if t < vocab_size)  # others never sampled
         self.request_generators: dict[int, torch.Generator] = {}  # seq_id -> generator
+        self.penalty_counts = PenaltyCounts(device, vocab_size)
 
     def prepare(self, seqs: list[Sequence]) -> SamplingTensors:
         params = [seq.sampling_params for seq in seqs]
@@ -21,6 +23,8 @@ class SamplingInputs:
                             all_greedy=all(p.greedy for p in params))
         if any(p.has_penalties for p in params):
             self._penalty_tensors(seqs, t)
+        if any(p.min_tokens for p in params):
+            self._banned_tokens(seqs, t)
         if t.all_greedy:  # argmax only: no per-row tensors to copy
             return t
         vocab = self.vocab_size
@@ -41,27 +45,32 @@ class SamplingInputs:
         return t
 
     def _penalty_tensors(self, seqs: list[Sequence], t: SamplingTensors) -> None:
-        """Penalty factors, and which tokens each sequence has seen: built with a few copies for
-        the whole batch, not per sequence."""
-        dev, vocab, b = self.device, self.vocab_size, len(seqs)
+        """Penalty factors (one copy for the batch) and the rows of the persistent token
+        statistics (PenaltyCounts), which only count each step's new tokens."""
         params = [seq.sampling_params for seq in seqs]
         factors = torch.tensor([[p.repetition_penalty for p in params],
                                 [p.presence_penalty for p in params],
-                                [p.frequency_penalty for p in params]]).to(dev)
+                                [p.frequency_penalty for p in params]]).to(self.device)
         t.repetition_penalties, t.presence_penalties, t.frequency_penalties = factors
-        prompt_lens = [seq.num_prompt_tokens for seq in seqs]
-        out_lens = [len(seq.token_ids) - n for seq, n in zip(seqs, prompt_lens)]
-        ids = np.fromiter((tok for seq in seqs for tok in seq.token_ids), dtype=np.int64)
-        row_of = np.repeat(np.arange(b), [len(seq.token_ids) for seq in seqs])
-        is_prompt = np.concatenate([np.arange(n + m) < n for n, m in zip(prompt_lens, out_lens)])
-        ids_d, rows_d = torch.from_numpy(ids).to(dev), torch.from_numpy(row_of).to(dev)
-        prompt_d = torch.from_numpy(is_prompt).to(dev)
-        t.prompt_mask = torch.zeros(b, vocab, dtype=torch.bool, device=dev)
-        t.prompt_mask[rows_d[prompt_d], ids_d[prompt_d]] = True
-        t.output_counts = torch.zeros(b, vocab, dtype=torch.float32, device=dev)
-        out = ~prompt_d
-        t.output_counts.index_put_((rows_d[out], ids_d[out]),
-                                   torch.ones(sum(out_lens), device=dev), accumulate=True)
+        t.penalty_rows = self.penalty_counts.rows(seqs)
+        t.prompt_mask = self.penalty_counts.prompt_mask
+        t.output_counts = self.penalty_counts.output_counts
+
+    def _banned_tokens(self, seqs: list[Sequence], t: SamplingTensors) -> None:
+        """Rows that have not yet produced min_tokens may not sample eos (unless ignore_eos) or a
+        stop id: the token sampled now is completion token number num_completion_tokens + 1."""
+        rows, ids = [], []
+        for i, seq in enumerate(seqs):
+            sp = seq.sampling_params
+            if seq.num_completion_tokens >= sp.min_tokens:
+                continue
+            banned = set(sp.stop_token_ids)
+            if not sp.ignore_eos:
+                banned.update(self.eos_token_ids)
+            rows += [i] * len(banned)
+            ids += banned
+        if rows:
+            t.banned = (torch.tensor(rows).to(self.device), torch.tensor(ids).to(self.device))
 
     def _generator(self, seq: Sequence) -> torch.Generator:
         gen = self.request_generators.get(seq.seq_id)
@@ -73,3 +82,80 @@ class SamplingInputs:
     def release(self, seq: Sequence) -> None:
         """Forget per-request state of a finished or aborted sequence."""
         self.request_generators.pop(seq.seq_id, None)
+        self.penalty_counts.release(seq)
+
+
+class PenaltyCounts:
+    """Which tokens each sequence with penalties has seen, kept on the device between steps (vLLM
+    v1 keeps them in its persistent batch): slot s holds one sequence's prompt mask and output
+    counts, filled once from its tokens and then updated with each step's new ones. Slot 0 stays
+    empty: rows without penalties read it (their factors make it a no-op anyway)."""
+
+    def __init__(self, device: torch.device, vocab_size: int):
+        self.device, self.vocab_size = device, vocab_size
+        self.prompt_mask = torch.zeros(1, vocab_size, dtype=torch.bool, device=device)  # (S, V)
+        self.output_counts = torch.zeros(1, vocab_size, dtype=torch.float32, device=device)
+        self.slot_of: dict[int, int] = {}  # seq_id -> slot
+        self.num_counted: dict[int, int] = {}  # seq_id -> its tokens already in the statistics
+        self.free_slots: list[int] = []  # released slots, emptied when reused
+
+    @torch.inference_mode()  # the statistics are inference tensors (made under ModelRunner.run)
+    def rows(self, seqs: list[Sequence]) -> torch.Tensor:
+        """(B,) slot of each sequence, after counting the tokens each gained since the last call
+        (all of them for a sequence seen the first time): a few copies for the whole batch."""
+        slots, new = [], []
+        out_slots, out_ids = [], []  # output tokens to add, one entry per occurrence
+        for seq in seqs:
+            if not seq.sampling_params.has_penalties:
+                slots.append(0)
+                continue
+            slot = self.slot_of.get(seq.seq_id)
+            if slot is None:
+                slot = self.free_slots.pop() if self.free_slots else len(self.slot_of) + 1
+                self.slot_of[seq.seq_id] = slot
+                self.num_counted[seq.seq_id] = seq.num_prompt_tokens
+                new.append((slot, seq))
+            counted = self.num_counted[seq.seq_id]
+            if counted < seq.num_tokens:
+                fresh = seq.token_ids[counted:]
+                out_slots += [slot] * len(fresh)
+                out_ids += fresh
+                self.num_counted[seq.seq_id] = seq.num_tokens
+            slots.append(slot)
+        if new:
+            self._grow(max(slot for slot, _ in new) + 1)
+            self._fill_prompts(new)
+        if out_ids:
+            index = (torch.tensor(out_slots).to(self.device), torch.tensor(out_ids).to(self.device))
+            self.output_counts.index_put_(index, torch.ones(len(out_ids), device=self.device),
+                                          accumulate=True)
+        return torch.tensor(slots).to(self.device)
+
+    def _grow(self, num_slots: int) -> None:
+        have = self.prompt_mask.shape[0]
+        if num_slots <= have:
+            return
+        num_slots = max(num_slots, have + have // 2, 16)  # few regrowths as the batch fills
+        extra = num_slots - have
+        self.prompt_mask = torch.cat([self.prompt_mask, self.prompt_mask.new_zeros(extra,
+                                                                                   self.vocab_size)])
+        self.output_counts = torch.cat([self.output_counts,
+                                        self.output_counts.new_zeros(extra, self.vocab_size)])
+
+    def _fill_prompts(self, new: list[tuple[int, Sequence]]) -> None:
+        """Empty the new sequences' slots (a reused slot holds its last owner's) and mark their
+        prompt tokens."""
+        slots = torch.tensor([slot for slot, _ in new]).to(self.device)
+        self.prompt_mask[slots] = False
+        self.output_counts[slots] = 0
+        rows = np.repeat([slot for slot, _ in new], [seq.num_prompt_tokens for _, seq in new])
+        ids = np.fromiter((tok for _, seq in new for tok in seq.token_ids[:seq.num_prompt_tokens]),
+                          dtype=np.int64, count=len(rows))
+        self.prompt_mask[torch.from_numpy(rows).to(self.device),
+                         torch.from_numpy(ids).to(self.device)] = True
+
+    def release(self, seq: Sequence) -> None:
+        slot = self.slot_of.pop(seq.seq_id, None)
+        if slot is not None:
+            del self.num_counted[seq.seq_id]
+            self.free_slots.append(slot)

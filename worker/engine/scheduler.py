@@ -5,7 +5,7 @@ LLMEngine.step calls schedule() -> ModelRunner.run -> postprocess(). A step is e
 """
 from collections import deque
 
-from nanoserve.worker.engine.block_manager import BlockManager
+from nanoserve.worker.engine.block_manager import BlockManager, blocks_for
 from nanoserve.worker.engine.sequence import FinishReason, Sequence, SequenceStatus
 
 
@@ -32,7 +32,9 @@ class Scheduler:
         # prefill: the head of `waiting` may be a prompt whose earlier chunks already ran
         scheduled: list[Sequence] = []
         budget = self.max_num_batched_tokens
-        while self.waiting and budget > 0 and len(self.running) + len(scheduled) < self.max_num_seqs:
+        # an admitted prompt joins `running` at once, so `running` alone counts the batch's sequences
+        # (a partial chunk ends the loop; it is not counted and never admitted past the limit)
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if not seq.block_table and not self.block_manager.allocate(seq):
                 break
@@ -62,6 +64,31 @@ class Scheduler:
                 scheduled.append(seq)
         self.running.extend(scheduled)
         return scheduled, False
+
+    def decode_follows(self, seqs: list[Sequence]) -> bool:
+        """After scheduling decode step `seqs`: whether the next step is predictably a decode of
+        (a subset of) them, so that the runner may forward it ahead (worker.engine.lookahead). A
+        prefill comes next only if a sequence can be admitted: the batch has room once those that
+        surely end by length this step are gone, and the head of `waiting` fits in the free blocks
+        (its own prefix hits are not counted). An end by eos or a stop id is not foreseeable: then
+        a prefill may win after all and the forward ahead is discarded."""
+        if not self.waiting:
+            return True
+        ending = [seq for seq in seqs if self._ends_by_length(seq)]
+        if len(self.running) - len(ending) >= self.max_num_seqs:
+            return True
+        head = self.waiting[0]
+        if head.block_table:
+            return False  # a chunked prefill goes on
+        # an upper bound of the blocks free next step: shared blocks of an ending seq may stay held
+        free = self.block_manager.num_free_blocks + sum(len(seq.block_table) for seq in ending)
+        return blocks_for(head.num_tokens, self.block_manager.block_size) > free
+
+    def _ends_by_length(self, seq: Sequence) -> bool:
+        """The token sampled this step surely ends seq (max_tokens or max_model_len)."""
+        max_tokens = seq.sampling_params.max_tokens
+        return ((max_tokens is not None and seq.num_completion_tokens + 1 >= max_tokens)
+                or seq.num_tokens + 1 >= self.max_model_len)
 
     def preempt(self, seq: Sequence) -> None:
         """Free seq's blocks; it is recomputed (prompt + output so far) when blocks are available."""

@@ -1,0 +1,62 @@
+"""Host cost of one decode step's sampling inputs (SamplingInputs.prepare) when every sequence uses
+penalties and/or a seed: figures, never pass/fail. The review's case is 256 sequences of 1,500 tokens
+over Qwen3's 151,936-token vocabulary.
+
+    python -m nanoserve.benchmarks.sampling_step_cost [--seqs 256] [--prompt 1000] [--output 500] [--sample]
+"""
+import argparse
+import random
+import time
+
+import torch
+
+from nanoserve.worker.engine.sampling_inputs import SamplingInputs
+from nanoserve.worker.engine.sequence import Sequence
+from nanoserve.worker.sampler import sample
+from nanoserve.worker.sampling_params import SamplingParams
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seqs", type=int, default=256)
+    ap.add_argument("--prompt", type=int, default=1000)
+    ap.add_argument("--output", type=int, default=500)
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--sample", action="store_true", help="also time sample() on random logits")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    rng = random.Random(0)
+    cases = {"penalties": SamplingParams(temperature=1.0, repetition_penalty=1.1,
+                                         frequency_penalty=0.2, max_tokens=None),
+             "seeded": SamplingParams(temperature=1.0, seed=7, max_tokens=None)}
+    for name, sp in cases.items():
+        inputs = SamplingInputs(device, args.vocab)
+        seqs = []
+        for _ in range(args.seqs):
+            seq = Sequence([rng.randrange(args.vocab) for _ in range(args.prompt)], sp)
+            seq.token_ids += [rng.randrange(args.vocab) for _ in range(args.output)]
+            seqs.append(seq)
+        logits = torch.randn(args.seqs, args.vocab, device=device) if args.sample else None
+        prepare = sample_time = 0.0
+        for step in range(args.steps + 1):
+            for seq in seqs:
+                seq.append_token(rng.randrange(args.vocab))
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            t = inputs.prepare(seqs)
+            t1 = time.perf_counter()
+            if args.sample:
+                sample(logits, t).tolist()
+            t2 = time.perf_counter()
+            if step:  # the first step builds per-sequence state
+                prepare, sample_time = prepare + t1 - t0, sample_time + t2 - t1
+        print(f"{name:>9}: {args.seqs} seqs x {args.prompt + args.output} tokens, vocab "
+              f"{args.vocab} on {device.type}: prepare {prepare / args.steps * 1e3:.2f} ms/step, "
+              f"sample {sample_time / args.steps * 1e3:.2f} ms/step")
+
+
+if __name__ == "__main__":
+    main()
