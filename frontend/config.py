@@ -53,6 +53,13 @@ class FrontendConfig:
         default=30.0,
         metadata={"help": "on SIGTERM, how long in-flight streams may run before they are cut"},
     )
+    stream_interval: int = field(
+        default=1,
+        metadata={
+            "help": "after the first token, send a client a message once this many new tokens "
+            "wait (1 = every engine step; larger = fewer, bigger messages)"
+        },
+    )
     tokenizer_threads: int = field(
         default=4, metadata={"help": "threads that run tokenizer encode/decode off the event loop"}
     )
@@ -72,6 +79,7 @@ class FrontendConfig:
             "max_stop_string_length",
             "max_prompt_bytes",
             "tokenizer_threads",
+            "stream_interval",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -13,48 +13,18 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from nanoserve.errors import Aborted, InvalidArgument, ResourceExhausted, Unavailable, grpc_errors
+from nanoserve.errors import InvalidArgument, ResourceExhausted, Unavailable, grpc_errors
 from nanoserve.grpc_options import server_options
 from nanoserve.model_files import tokenizer_digest
-from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
-from nanoserve.worker.async_engine import AsyncEngine, Finish, RequestAborted
+from nanoserve.worker.async_engine import AsyncEngine
 from nanoserve.worker.config import WorkerConfig
-from nanoserve.worker.engine.sequence import FinishReason
-from nanoserve.worker.sampling_params import SamplingParams
+from nanoserve.worker.request_proto import sampling_params_from_proto, set_finish, stream_error
+from nanoserve.worker.session import WorkerSession, run_session
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME = "nanoserve.v1.WorkerService"
-_FINISH = {FinishReason.STOP.value: common_pb2.FINISH_REASON_STOP,
-           FinishReason.LENGTH.value: common_pb2.FINISH_REASON_LENGTH}
-
-
-def set_finish(response, finish: Finish) -> None:
-    """The last message of a request: finish reason, usage and the stop token that ended it."""
-    response.finish_reason = _FINISH[finish.reason]
-    response.usage.prompt_tokens = finish.prompt_tokens
-    response.usage.completion_tokens = finish.completion_tokens
-    response.usage.cached_tokens = finish.cached_tokens
-    if finish.stop_token_id is not None:
-        response.stop_token_id = finish.stop_token_id
-
-
-def _stream_error(error: Exception) -> Exception:
-    if isinstance(error, RequestAborted):
-        return Aborted(str(error))
-    return Unavailable(f"the engine failed: {error}")
-
-
-def sampling_params_from_proto(p: common_pb2.SamplingParams, prompt_len: int,
-                               max_model_len: int) -> SamplingParams:
-    """Proto -> engine params; unset fields take vLLM's defaults, bad values raise ValueError."""
-    kw = {name: getattr(p, name) for name in (
-        "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens", "ignore_eos",
-        "repetition_penalty", "presence_penalty", "frequency_penalty") if p.HasField(name)}
-    kw.setdefault("max_tokens", max(1, max_model_len - prompt_len))  # unset: fill the context
-    return SamplingParams(stop_token_ids=tuple(p.stop_token_ids), **kw)
-
 
 class WorkerServicer(worker_grpc.WorkerServiceServicer):
 
@@ -94,7 +64,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                     await stream.event.wait()
                 stream.event.clear()
                 if stream.error is not None:
-                    raise _stream_error(stream.error)
+                    raise stream_error(stream.error)
                 response = worker_pb2.GenerateTokensResponse(token_ids=stream.ids)
                 stream.ids = []  # everything that arrived while the client was slow, in one message
                 if stream.finish is not None:
@@ -105,6 +75,13 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         finally:
             if stream.finish is None:  # cancelled, deadline, error, abort: free the blocks now
                 engine.release(stream)
+
+    @grpc_errors
+    async def Session(self, request_iterator, context):
+        """Many requests of one frontend on one stream; its end aborts them all (worker.session)."""
+        session = WorkerSession(self._ready(), self.config.max_queued_requests, self._ready)
+        async for response in run_session(session, request_iterator):
+            yield response
 
     @grpc_errors
     async def Abort(self, request, context):

@@ -87,8 +87,55 @@ class FakeWorker(worker_grpc.WorkerServiceServicer):
             self.cancelled.set()
             raise
 
+    async def Session(self, request_iterator, context) -> AsyncIterator:
+        """Runs GenerateTokens for each add on its own task (an abort cancels it and counts as
+        `cancelled`); one response per chunk. The add's timeout_s is what GenerateTokens sees as its time remaining."""
+        outputs: asyncio.Queue = asyncio.Queue()
+        tasks: dict[str, asyncio.Task] = {}
+
+        async def run(add: worker_pb2.SessionAdd) -> None:
+            timeout = _Remaining(add.timeout_s or None)
+            async for chunk in self.GenerateTokens(add.request, timeout):
+                out = worker_pb2.SessionOutput(
+                    request_id=add.request.request_id,
+                    token_ids=chunk.token_ids,
+                    finish_reason=chunk.finish_reason,
+                )
+                if chunk.HasField("usage"):
+                    out.usage.CopyFrom(chunk.usage)
+                if chunk.HasField("stop_token_id"):
+                    out.stop_token_id = chunk.stop_token_id
+                outputs.put_nowait(out)
+
+        async def read() -> None:
+            async for message in request_iterator:
+                for request_id in message.aborts:  # the frontend ends a request it still runs
+                    tasks.pop(request_id).cancel()
+                    self.cancelled.set()
+                for add in message.adds:
+                    tasks[add.request.request_id] = asyncio.create_task(run(add))
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                yield worker_pb2.SessionResponse(outputs=[await outputs.get()])
+        finally:
+            reader.cancel()
+            for task in tasks.values():
+                task.cancel()
+
     async def GetModelInfo(self, request, context):
         return self.info
+
+
+@dataclass
+class _Remaining:
+    """The part of a servicer context that FakeWorker.GenerateTokens reads."""
+
+    seconds: float | None
+
+    def time_remaining(self) -> float | None:
+        return self.seconds
 
 
 @dataclass
