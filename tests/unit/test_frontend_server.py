@@ -532,3 +532,47 @@ def test_reflection_lists_the_services(tokenizer: Tokenizer, tiny_model_dir: Pat
         assert {"nanoserve.v1.FrontendService", "grpc.health.v1.Health"} <= names
 
     run(test, tokenizer, tiny_model_dir)
+
+
+def test_broken_session_ends_every_stream_unavailable(
+    tokenizer: Tokenizer, tiny_model_dir: Path
+) -> None:
+    """All requests share one Session stream to the worker; when it breaks, each ends UNAVAILABLE
+    and the next request opens a new session."""
+
+    async def test(h: Harness) -> None:
+        h.fake.hang_after = 1
+        calls = [h.stub.Generate(_generate(prompt="x", request_id=f"c{i}")) for i in range(3)]
+        for call in calls:
+            assert (await call.read()).token_ids
+        # the worker sees the client's id (for its logs) made unique by the frontend
+        assert sorted(r.request_id.partition("#")[0] for r in h.fake.requests) == ["c0", "c1", "c2"]
+        assert all(r.request_id.partition("#")[2].isdigit() for r in h.fake.requests)
+        await h.worker_server.stop(0)
+        for call in calls:
+            with pytest.raises(grpc.aio.AioRpcError) as exc:
+                while await call.read() is not grpc.aio.EOF:
+                    pass
+            assert exc.value.code() == grpc.StatusCode.UNAVAILABLE
+        port = int(h.frontend.config.worker_address.rsplit(":", 1)[1])
+        h.fake.hang_after = None
+        h.worker_server, _ = await _start_worker(h.fake, port)
+        await _wait_health(h, health_pb2.HealthCheckResponse.SERVING)
+        responses = await _collect(h.stub.Generate(_generate(prompt="again")))
+        assert "".join(r.text for r in responses) == OUTPUT
+
+    run(test, tokenizer, tiny_model_dir)
+
+
+def test_stream_interval_coalesces_after_the_first_token(
+    tokenizer: Tokenizer, tiny_model_dir: Path
+) -> None:
+    async def test(h: Harness) -> None:
+        responses = await _collect(h.stub.Generate(_generate(prompt="x")))
+        sizes = [len(r.token_ids) for r in responses]
+        assert sizes[0] == 2  # the first message goes out at once (the fake sends 2 ids a time)
+        assert all(size >= 6 for size in sizes[1:-1]), sizes
+        assert sum(sizes) == len(h.fake.output_ids)
+        assert "".join(r.text for r in responses) == OUTPUT
+
+    run(test, tokenizer, tiny_model_dir, stream_interval=6)
