@@ -60,6 +60,13 @@ class FrontendConfig:
             "wait (1 = every engine step; larger = fewer, bigger messages)"
         },
     )
+    reuse_port: bool = field(
+        default=False,
+        metadata={
+            "help": "bind with SO_REUSEPORT, so that several frontend processes share the port "
+            "(the kernel spreads connections; each process holds its own session to the worker)"
+        },
+    )
     tokenizer_threads: int = field(
         default=4, metadata={"help": "threads that run tokenizer encode/decode off the event loop"}
     )

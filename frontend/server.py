@@ -314,7 +314,10 @@ class FrontendServer:
             max_message_bytes=config.max_message_bytes,
         )
         self.servicer = FrontendServicer(config, self.tokenizer, self.link)
-        self.server = grpc.aio.server(options=server_options(config.max_message_bytes))
+        options = server_options(config.max_message_bytes)
+        if config.reuse_port:  # several frontend processes on one port
+            options = [o for o in options if o[0] != "grpc.so_reuseport"] + [("grpc.so_reuseport", 1)]
+        self.server = grpc.aio.server(options=options)
         frontend_grpc.add_FrontendServiceServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if config.enable_reflection:
