@@ -68,14 +68,14 @@ class EngineCore:
     def apply(self, data: bytes) -> None:
         from nanoserve.worker.sampling_params import SamplingParams
         adds, aborts, exit_ = decode(data)
-        for engine_id in aborts:
-            self.engine.abort(engine_id)
         for engine_id, token_ids, sp in adds:
             try:
                 self.engine.add_request(token_ids, SamplingParams(**sp), engine_id)
             except ValueError as e:  # validated by the server already; ends the stream all the same
                 logger.warning("request %s refused by the engine: %s", engine_id, e)
                 self.send([REFUSED, engine_id, str(e)])
+        for engine_id in aborts:  # after the adds: a frame may add a request and abort it
+            self.engine.abort(engine_id)
         self.exiting = self.exiting or exit_
         self.load_dirty = True
 
