@@ -61,6 +61,20 @@ class FrontendConfig:
         default=30.0,
         metadata={"help": "on SIGTERM, how long in-flight streams may run before they are cut"},
     )
+    stream_interval: int = field(
+        default=1,
+        metadata={
+            "help": "after the first token, send a client a message once this many new tokens "
+            "wait (1 = every engine step; larger = fewer, bigger messages)"
+        },
+    )
+    reuse_port: bool = field(
+        default=False,
+        metadata={
+            "help": "bind with SO_REUSEPORT, so that several frontend processes share the port "
+            "(the kernel spreads connections; each process holds its own session to the worker)"
+        },
+    )
     tokenizer_threads: int = field(
         default=4, metadata={"help": "threads that run tokenizer encode/decode off the event loop"}
     )
@@ -81,6 +95,7 @@ class FrontendConfig:
             "max_stop_string_length",
             "max_prompt_bytes",
             "tokenizer_threads",
+            "stream_interval",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

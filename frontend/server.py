@@ -1,11 +1,12 @@
 """FrontendServicer: the public FrontendService. Validates, admits, tokenizes, calls
-WorkerService.GenerateTokens and streams detokenized text deltas; FrontendServer wires it up with
+the worker over this process's WorkerService.Session and streams detokenized text deltas; FrontendServer wires it up with
 health, reflection and graceful shutdown.
 """
 
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import time
 import uuid
@@ -69,13 +70,15 @@ _PASS_THROUGH = frozenset(
 )
 
 
-def _worker_error(error: grpc.aio.AioRpcError) -> ServiceError:
-    code = error.code()
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def _session_error(out: worker_pb2.SessionOutput) -> ServiceError:
+    """The error of a request the worker ended with a status (SessionOutput.error_code)."""
+    code = _CODES.get(out.error_code, grpc.StatusCode.UNKNOWN)
     if code in _PASS_THROUGH:
-        return error_for_code(code, f"worker: {error.details()}")
-    if code == grpc.StatusCode.CANCELLED:  # the worker ended the call itself (shutting down)
-        return Unavailable("worker cancelled the request")
-    return Internal(f"worker failed the request ({code.name})")
+        return error_for_code(code, f"worker: {out.error_message}")
+    return Internal(f"worker failed the request ({code.name}: {out.error_message})")
 
 
 class FrontendServicer(frontend_grpc.FrontendServiceServicer):
@@ -86,6 +89,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         self.num_in_flight = 0
         self.draining = False
         self._live_request_ids: set[str] = set()
+        self._worker_ids = itertools.count()
 
     def _limits(self) -> tuple[Limits, worker_pb2.WorkerServiceGetModelInfoResponse]:
         if self.draining:
@@ -227,22 +231,28 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         if timeout is None and self.config.request_timeout_s > 0:
             timeout = self.config.request_timeout_s
         await self.link.check_connected()
-        call = self.link.stub.GenerateTokens(worker_request, timeout=timeout, wait_for_ready=False)
+        # the worker sees an id unique in this process; the client's id stays in both logs
+        worker_request.request_id = f"{request_id}#{next(self._worker_ids)}"
+        session = self.link.session
+        pending = session.start(worker_request, timeout)
         completion_tokens = 0
         ttft = None
         try:
-            async for chunk in call:
+            while True:
+                ids, last = await pending.take()
+                pending.min_ids = self.config.stream_interval
                 ttft = ttft if ttft is not None else time.perf_counter() - start
-                finished = chunk.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
+                if last is not None and last.error_code:
+                    raise _session_error(last)
+                finished = last is not None
                 # A stop token's text stays out of the output, like a stop string's (vLLM).
                 skip_last = (
                     finished
-                    and chunk.HasField("stop_token_id")
+                    and last.HasField("stop_token_id")
                     and not include_stop
-                    and len(chunk.token_ids) > 0
-                    and chunk.token_ids[-1] == chunk.stop_token_id
+                    and len(ids) > 0
+                    and ids[-1] == last.stop_token_id
                 )
-                ids = list(chunk.token_ids)
                 if len(ids) > DETOKENIZE_INLINE_MAX_IDS:
                     out = await self.tokenizer.run(detokenizer.add, ids, skip_last)
                 else:
@@ -254,11 +264,11 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                     fields["text"] += tail.text
                     out.matched_stop = tail.matched_stop
                     if tail.matched_stop is None:
-                        fields.update(finish_reason=chunk.finish_reason, usage=chunk.usage)
-                        if chunk.HasField("stop_token_id"):
-                            fields["matched_stop_token_id"] = chunk.stop_token_id
+                        fields.update(finish_reason=last.finish_reason, usage=last.usage)
+                        if last.HasField("stop_token_id"):
+                            fields["matched_stop_token_id"] = last.stop_token_id
                 if out.matched_stop is not None:
-                    call.cancel()  # the worker aborts the sequence and frees its KV blocks
+                    session.abort(worker_request.request_id)  # the worker frees its KV blocks
                     # cached_tokens is unknown here: the worker reports usage on its last message.
                     fields.update(
                         finish_reason=common_pb2.FINISH_REASON_STOP,
@@ -269,9 +279,10 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                     )
                 if "finish_reason" in fields:
                     logger.info(
-                        "request %s finished (%s): %d prompt + %d completion tokens, "
-                        "ttft %.3f s, total %.3f s",
+                        "request %s (worker id %s) finished (%s): %d prompt + %d completion "
+                        "tokens, ttft %.3f s, total %.3f s",
                         request_id,
+                        worker_request.request_id,
                         common_pb2.FinishReason.Name(fields["finish_reason"]),
                         len(prompt_ids),
                         fields["usage"].completion_tokens,
@@ -282,11 +293,9 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                     return
                 if fields["text"] or fields["token_ids"]:
                     yield fields
-        except grpc.aio.AioRpcError as e:
-            raise _worker_error(e) from None
         finally:
-            call.cancel()  # a no-op once finished; on client cancel it cancels the worker call
-        raise Internal("the worker's stream ended without a finish reason")
+            # a no-op once ended; on client cancel or deadline the worker frees the KV blocks
+            session.abort(worker_request.request_id)
 
 
 class FrontendServer:
@@ -305,7 +314,10 @@ class FrontendServer:
             max_message_bytes=config.max_message_bytes,
         )
         self.servicer = FrontendServicer(config, self.tokenizer, self.link)
-        self.server = grpc.aio.server(options=server_options(config.max_message_bytes))
+        options = server_options(config.max_message_bytes)
+        if config.reuse_port:  # several frontend processes on one port
+            options = [o for o in options if o[0] != "grpc.so_reuseport"] + [("grpc.so_reuseport", 1)]
+        self.server = grpc.aio.server(options=options)
         frontend_grpc.add_FrontendServiceServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if config.enable_reflection:

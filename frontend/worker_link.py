@@ -1,5 +1,6 @@
 """The frontend's connection to the worker: one gRPC channel, the model info the worker reported,
-and a watcher that re-fetches it whenever the connection drops, driving the frontend's health.
+a watcher that re-fetches it whenever the connection drops (driving the frontend's health), and the
+Session stream that carries every request.
 """
 
 import asyncio
@@ -10,6 +11,7 @@ import grpc
 import grpc.aio
 
 from nanoserve.errors import FailedPrecondition, Unavailable
+from nanoserve.frontend.worker_session import WorkerSession
 from nanoserve.grpc_options import channel_options
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
@@ -42,6 +44,7 @@ class WorkerLink:
             address, options=channel_options(max_message_bytes)
         )
         self.stub = worker_grpc.WorkerServiceStub(self.channel)
+        self.session = WorkerSession(self.stub)
         self.info: worker_pb2.WorkerServiceGetModelInfoResponse | None = None
         self._mismatch: str | None = None
         self._ready = False
@@ -54,6 +57,7 @@ class WorkerLink:
         if self._watcher is not None:
             self._watcher.cancel()
             await asyncio.gather(self._watcher, return_exceptions=True)
+        await self.session.close()
         await self.channel.close()
 
     def ready_info(self) -> worker_pb2.WorkerServiceGetModelInfoResponse:

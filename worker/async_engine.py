@@ -1,83 +1,134 @@
-"""Bridge between the gRPC event loop and the engine: the engine steps on its own thread.
+"""The gRPC process's handle on the engine core process (worker.engine_core): spawns it, sends it
+adds and aborts in batches, and fans each step's frame out to the requests' streams.
 
-Adds and aborts are queued by the event loop and applied by the engine thread between steps, so the
-scheduler needs no locks; each step's outputs go back to the loop in one call_soon_threadsafe.
+Every stream keeps at most one pending delta: ids that arrive before its consumer runs are merged
+into it (vLLM's RequestOutputCollector). Streams owned by a Session are flushed once per frame.
 """
 import asyncio
 import collections
 import itertools
 import logging
-import queue
-import threading
+import multiprocessing as mp
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 
-from nanoserve.worker.engine.llm_engine import LLMEngine
-from nanoserve.worker.engine.sequence import FinishReason, Sequence
+from nanoserve.worker import engine_core
+from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class TokenDelta:
-    """New ids of one request; `seq` is set on the last delta (finish reason and usage)."""
-    token_ids: list[int]
-    seq: Sequence | None = None
-
-
 class EngineDead(RuntimeError):
-    """The engine thread failed; every stream ends with this error."""
+    """The engine core process failed or died; every stream ends with this error."""
 
 
 class RequestAborted(RuntimeError):
-    """The request was ended by WorkerService.Abort or refused by the engine thread."""
+    """The request was ended by WorkerService.Abort or refused by the engine."""
 
 
 @dataclass(slots=True)
+class Finish:
+    reason: str  # FinishReason value: "stop" or "length"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    stop_token_id: int | None
+
+
+@dataclass(eq=False, slots=True)
 class Stream:
-    """One request's handle: its engine-side id (unique for the process: a reused request_id never
-    receives an ended request's tokens) and the queue its deltas arrive on."""
+    """One request: its caller's id (for logs and Abort), the engine's id (unique for the process:
+    a reused request_id never receives an ended request's tokens) and its pending output."""
     request_id: str
-    engine_id: str
-    queue: asyncio.Queue
+    engine_id: int
+    owner: "Collector | None" = None  # a Session flushes its streams together
+    ids: list[int] = field(default_factory=list)  # new ids not yet taken by the consumer
+    finish: Finish | None = None
+    error: Exception | None = None
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self.ids) or self.finish is not None or self.error is not None
+
+
+class Collector:
+    """A set of streams delivered together (one Session): `ready` holds those with output."""
+
+    def __init__(self) -> None:
+        self.ready: dict[int, Stream] = {}  # engine id -> stream, in order of first output
+        self.event = asyncio.Event()
+
+    def notify(self, stream: Stream) -> None:
+        self.ready[stream.engine_id] = stream
+        self.event.set()
+
+    def take(self) -> list[Stream]:
+        streams = list(self.ready.values())
+        self.ready.clear()
+        self.event.clear()
+        return streams
 
 
 class AsyncEngine:
 
-    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop,
+    def __init__(self, config: WorkerConfig, loop: asyncio.AbstractEventLoop,
                  on_fatal: Callable[[BaseException], None]):
-        self.engine, self.loop, self.on_fatal = engine, loop, on_fatal
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.wakeup = threading.Event()
-        # owned by the event loop
-        self.streams: dict[str, Stream] = {}  # engine id -> stream
-        self.by_request_id: dict[str, Stream] = {}  # the caller's id -> stream
+        self.config, self.loop, self.on_fatal = config, loop, on_fatal
+        ctx = mp.get_context("spawn")  # CUDA; called from the main thread (PDEATHSIG is per thread)
+        core_in, self.to_core = ctx.Pipe(duplex=False)
+        self.from_core, core_out = ctx.Pipe(duplex=False)
+        self.process = ctx.Process(target=engine_core.run_engine_core, name="nanoserve-engine-core",
+                                   args=(config, core_in, core_out))
+        self.process.start()
+        core_in.close()  # our copies: the core's death must read as EOF here
+        core_out.close()
+        self.ready: asyncio.Future = loop.create_future()  # the model info, once loaded
+        self.info: dict = {}
+        self.limits = SimpleNamespace(max_model_len=0, model_config=SimpleNamespace(vocab_size=0))
+        self.streams: dict[int, Stream] = {}  # engine id -> stream
+        self.by_request_id: dict[str, Stream] = {}  # the caller's id -> stream (GenerateTokens)
         self.next_id = itertools.count()
+        self.adds: list[list] = []
+        self.aborts: list[int] = []
+        self.flush_scheduled = False
         self.error: BaseException | None = None
-        self.stopped = False
+        self.stopping = False  # the core was told to exit: its EOF is no failure
         self.num_finished = 0
+        self.load: list = [time.monotonic(), 0, 0, 0, 0, 0, 0, 0.0, 0]
         # (time, prompt tokens done, generated tokens) samples for the rates in GetLoad
         self.history: collections.deque = collections.deque(maxlen=64)
-        self.thread = threading.Thread(target=self._run, name="engine", daemon=True)
-        self.thread.start()
+        loop.add_reader(self.from_core.fileno(), self._on_readable)
 
     @property
     def num_requests(self) -> int:
         return len(self.streams)
 
-    def add(self, request_id: str, token_ids: list[int], sp: SamplingParams) -> Stream:
-        """Validates (ValueError) and queues a request; its deltas arrive on the stream's queue."""
+    def validate(self, token_ids: list[int], sp: SamplingParams) -> None:
+        """LLMEngine.validate against the limits the core reported (ValueError naming the field)."""
+        from nanoserve.worker.engine.llm_engine import LLMEngine
+        LLMEngine.validate(self.limits, token_ids, sp)
+
+    def add(self, request_id: str, token_ids: list[int], sp: SamplingParams,
+            owner: Collector | None = None) -> Stream:
+        """Validates (ValueError) and queues a request. Without an owner, request ids are unique
+        among live requests (WorkerService.Abort names them)."""
         if self.error is not None:
             raise EngineDead(str(self.error))
-        if request_id in self.by_request_id:
+        if owner is None and request_id in self.by_request_id:
             raise ValueError(f"request_id: {request_id!r} is already running")
-        self.engine.validate(token_ids, sp)
-        stream = Stream(request_id, str(next(self.next_id)), asyncio.Queue())
-        self.streams[stream.engine_id] = self.by_request_id[request_id] = stream
-        self.inbox.put(("add", stream.engine_id, token_ids, sp))
-        self.wakeup.set()
+        self.validate(token_ids, sp)
+        stream = Stream(request_id, next(self.next_id), owner)
+        self.streams[stream.engine_id] = stream
+        if owner is None:
+            self.by_request_id[request_id] = stream
+        fields = {name: getattr(sp, name) for name in SamplingParams.__dataclass_fields__}
+        fields["stop_token_ids"] = list(sp.stop_token_ids)
+        self.adds.append([stream.engine_id, token_ids, fields])
+        self._schedule_flush()
         return stream
 
     def abort(self, request_id: str) -> bool:
@@ -86,101 +137,139 @@ class AsyncEngine:
         if stream is None:
             return False
         self.release(stream)
-        stream.queue.put_nowait(RequestAborted(f"request {request_id!r} was aborted"))
+        self._end(stream, RequestAborted(f"request {request_id!r} was aborted"))
         return True
 
     def release(self, stream: Stream) -> None:
         """Forget a stream that ends early (cancelled, deadline, error, abort); the engine frees its
-        blocks before the next step. Idempotent."""
+        blocks before its next step. Idempotent."""
         if self.streams.pop(stream.engine_id, None) is None:
             return
-        self.by_request_id.pop(stream.request_id, None)
-        self.inbox.put(("abort", stream.engine_id))
-        self.wakeup.set()
+        if self.by_request_id.get(stream.request_id) is stream:
+            del self.by_request_id[stream.request_id]
+        self.aborts.append(stream.engine_id)
+        self._schedule_flush()
 
-    def stop(self) -> None:
-        self.stopped = True
-        self.wakeup.set()
-        self.thread.join(timeout=10)
+    def _schedule_flush(self) -> None:
+        # everything queued in this pass of the event loop goes to the core in one frame
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self._flush)
 
-    # ---- engine thread --------------------------------------------------------------------------
-
-    def _apply_inbox(self) -> None:
-        while True:
-            try:
-                msg = self.inbox.get_nowait()
-            except queue.Empty:
-                return
-            if msg[0] == "add":
-                _, engine_id, token_ids, sp = msg
-                try:
-                    self.engine.add_request(token_ids, sp, engine_id)
-                except ValueError as e:  # validated already; ends the stream all the same
-                    logger.warning("request %s refused by the engine: %s", engine_id, e)
-                    self.loop.call_soon_threadsafe(self._refuse, engine_id, str(e))
-            else:
-                self.engine.abort(msg[1])
-
-    def _run(self) -> None:
+    def _flush(self, exit_: bool = False) -> None:
+        self.flush_scheduled = False
+        if not (self.adds or self.aborts or exit_) or self.error is not None:
+            return
+        frame = engine_core.add_frame(self.adds, self.aborts, exit_)
+        self.adds, self.aborts = [], []
         try:
-            while not self.stopped:
-                self._apply_inbox()
-                if self.engine.is_finished():
-                    self.wakeup.wait(timeout=1.0)
-                    self.wakeup.clear()
-                    continue
-                outputs = self.engine.step()
-                e = self.engine
-                self.history.append((time.monotonic(), e.num_prompt_tokens_done,
-                                     e.num_generated_tokens))
-                if outputs:
-                    deltas = [(o.seq.request_id, TokenDelta(o.new_token_ids,
-                                                           o.seq if o.finished else None))
-                              for o in outputs]
-                    self.loop.call_soon_threadsafe(self._dispatch, deltas)
-        except BaseException as exc:  # noqa: BLE001 - a dead engine must end every stream
-            logger.exception("engine thread failed")
-            exc = self.engine.model_runner.explain(exc)
-            self.error = exc
-            self.loop.call_soon_threadsafe(self.fail, exc)
+            self.to_core.send_bytes(frame)
+        except OSError as e:  # the core is gone; the reader sees EOF and fails the streams
+            logger.warning("engine core unreachable: %s", e)
 
-    # ---- event loop -----------------------------------------------------------------------------
+    # ---- frames from the core --------------------------------------------------------------------
 
-    def _dispatch(self, deltas: list[tuple[str, TokenDelta]]) -> None:
-        for engine_id, delta in deltas:
-            stream = self.streams.get(engine_id)
+    def _on_readable(self) -> None:
+        try:
+            while self.from_core.poll(0):
+                frame = engine_core.decode(self.from_core.recv_bytes())
+                getattr(self, f"_on_{frame[0]}")(*frame[1:])
+        except (EOFError, OSError):
+            self.loop.remove_reader(self.from_core.fileno())
+            if self.stopping:
+                return
+            self.process.join(timeout=1.0)
+            self.fail(EngineDead(f"the engine core process died (exit code {self.process.exitcode})"))
+
+    def _on_ready(self, info: dict) -> None:
+        self.info = info
+        self.limits.max_model_len = info["max_model_len"]
+        self.limits.model_config.vocab_size = info["vocab_size"]
+        self.ready.set_result(info)
+
+    def _on_load(self, load: list) -> None:
+        self.load = load
+        self.history.append(load[:3])
+
+    def _on_step(self, load: list, outputs: list) -> None:
+        self._on_load(load)
+        streams, touched = self.streams, set()
+        for engine_id, ids, finish in outputs:
+            stream = streams.get(engine_id)
             if stream is None:
                 continue  # ended meanwhile
-            stream.queue.put_nowait(delta)
-            if delta.seq is not None:
-                del self.streams[engine_id]
-                self.by_request_id.pop(stream.request_id, None)
+            stream.ids += ids
+            if finish is not None:
+                stream.finish = Finish(*finish)
+                self._forget(stream)
                 self.num_finished += 1
+            if stream.owner is None:
+                stream.event.set()
+            else:
+                stream.owner.ready[engine_id] = stream
+                touched.add(stream.owner)
+        for owner in touched:
+            owner.event.set()
 
-    def _refuse(self, engine_id: str, reason: str) -> None:
-        stream = self.streams.pop(engine_id, None)
+    def _on_refused(self, engine_id: int, reason: str) -> None:
+        stream = self.streams.get(engine_id)
         if stream is not None:
-            self.by_request_id.pop(stream.request_id, None)
-            stream.queue.put_nowait(RequestAborted(f"refused by the engine: {reason}"))
+            self._forget(stream)
+            self._end(stream, RequestAborted(f"refused by the engine: {reason}"))
+
+    def _on_error(self, message: str) -> None:
+        self.fail(EngineDead(message))
+
+    def _forget(self, stream: Stream) -> None:
+        del self.streams[stream.engine_id]
+        if self.by_request_id.get(stream.request_id) is stream:
+            del self.by_request_id[stream.request_id]
+
+    def _end(self, stream: Stream, error: Exception) -> None:
+        stream.error = error
+        if stream.owner is None:
+            stream.event.set()
+        else:
+            stream.owner.notify(stream)
 
     def fail(self, exc: BaseException) -> None:
-        """The engine is dead (its thread raised, or a tensor-parallel rank died)."""
-        if self.error is None:
-            self.error = exc
-        for stream in self.streams.values():
-            stream.queue.put_nowait(EngineDead(str(exc)))
+        """The engine is dead (a step raised, a rank or the core process died)."""
+        if self.error is not None:
+            return
+        self.error = exc
+        logger.error("engine failed: %s", exc)
+        if not self.ready.done():
+            self.ready.set_exception(exc)
+        for stream in list(self.streams.values()):
+            self._end(stream, exc if isinstance(exc, Exception) else EngineDead(str(exc)))
         self.streams.clear()
         self.by_request_id.clear()
         self.on_fatal(exc)
 
     def rates(self) -> tuple[float, float]:
         """(prompt tokens/s, generated tokens/s) over the recent steps."""
-        # tuple() copies in one C call: the engine thread appends meanwhile
-        samples = [s for s in tuple(self.history) if s[0] > time.monotonic() - 10.0]
+        samples = [s for s in self.history if s[0] > time.monotonic() - 10.0]
         if len(samples) < 2 or samples[-1][0] <= samples[0][0]:
             return 0.0, 0.0
         dt = samples[-1][0] - samples[0][0]
         return (samples[-1][1] - samples[0][1]) / dt, (samples[-1][2] - samples[0][2]) / dt
 
+    # ---- shutdown --------------------------------------------------------------------------------
 
-__all__ = ["AsyncEngine", "EngineDead", "FinishReason", "RequestAborted", "Stream", "TokenDelta"]
+    async def stop(self) -> int:
+        """Between steps the core shuts the engine (and its ranks) down and exits; its exit code."""
+        self.stopping = True
+        if self.error is None:
+            self._flush(exit_=True)
+        else:
+            self.process.kill()
+        await asyncio.to_thread(self.process.join)
+        self.loop.remove_reader(self.from_core.fileno())
+        return self.process.exitcode
+
+    def kill(self) -> None:
+        """Before a fatal exit: the core (and, by PDEATHSIG, its ranks) go without teardown."""
+        self.process.kill()
+
+
+__all__ = ["AsyncEngine", "Collector", "EngineDead", "Finish", "RequestAborted", "Stream"]

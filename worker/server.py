@@ -13,32 +13,18 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from nanoserve.errors import Aborted, InvalidArgument, ResourceExhausted, Unavailable, grpc_errors
+from nanoserve.errors import InvalidArgument, ResourceExhausted, Unavailable, grpc_errors
 from nanoserve.grpc_options import server_options
 from nanoserve.model_files import tokenizer_digest
-from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
-from nanoserve.worker.async_engine import AsyncEngine, EngineDead, RequestAborted
+from nanoserve.worker.async_engine import AsyncEngine
 from nanoserve.worker.config import WorkerConfig
-from nanoserve.worker.engine.sequence import FinishReason
-from nanoserve.worker.sampling_params import SamplingParams
+from nanoserve.worker.request_proto import sampling_params_from_proto, set_finish, stream_error
+from nanoserve.worker.session import WorkerSession, run_session
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME = "nanoserve.v1.WorkerService"
-_FINISH = {FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
-           FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH}
-
-
-def sampling_params_from_proto(p: common_pb2.SamplingParams, prompt_len: int,
-                               max_model_len: int) -> SamplingParams:
-    """Proto -> engine params; unset fields take vLLM's defaults, bad values raise ValueError."""
-    kw = {name: getattr(p, name) for name in (
-        "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens", "ignore_eos",
-        "repetition_penalty", "presence_penalty", "frequency_penalty") if p.HasField(name)}
-    kw.setdefault("max_tokens", max(1, max_model_len - prompt_len))  # unset: fill the context
-    return SamplingParams(stop_token_ids=tuple(p.stop_token_ids), **kw)
-
 
 class WorkerServicer(worker_grpc.WorkerServiceServicer):
 
@@ -68,40 +54,34 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         request_id = request.request_id or uuid.uuid4().hex
         try:
             sp = sampling_params_from_proto(request.sampling_params, len(token_ids),
-                                            engine.engine.max_model_len)
+                                            engine.limits.max_model_len)
             stream = engine.add(request_id, token_ids, sp)
         except ValueError as e:
             raise InvalidArgument(str(e)) from None
-        done = False
         try:
-            while not done:
-                delta = await stream.queue.get()
-                ids = []
-                while True:  # coalesce what arrived while the client was slow
-                    if isinstance(delta, EngineDead):
-                        raise Unavailable(f"the engine failed: {delta}")
-                    if isinstance(delta, RequestAborted):
-                        raise Aborted(str(delta))
-                    ids.extend(delta.token_ids)
-                    if delta.seq is not None:
-                        done = True
-                        break
-                    if stream.queue.empty():
-                        break
-                    delta = stream.queue.get_nowait()
-                response = worker_pb2.GenerateTokensResponse(token_ids=ids)
-                if done:
-                    seq = delta.seq
-                    response.finish_reason = _FINISH[seq.finish_reason]
-                    response.usage.prompt_tokens = seq.num_prompt_tokens
-                    response.usage.completion_tokens = seq.num_completion_tokens
-                    response.usage.cached_tokens = seq.num_cached_tokens
-                    if seq.stop_token_id is not None:
-                        response.stop_token_id = seq.stop_token_id
+            while True:
+                if not stream.has_output:
+                    await stream.event.wait()
+                stream.event.clear()
+                if stream.error is not None:
+                    raise stream_error(stream.error)
+                response = worker_pb2.GenerateTokensResponse(token_ids=stream.ids)
+                stream.ids = []  # everything that arrived while the client was slow, in one message
+                if stream.finish is not None:
+                    set_finish(response, stream.finish)
+                    yield response
+                    return
                 yield response
         finally:
-            if not done:  # cancelled, deadline, error, abort: free the blocks now
+            if stream.finish is None:  # cancelled, deadline, error, abort: free the blocks now
                 engine.release(stream)
+
+    @grpc_errors
+    async def Session(self, request_iterator, context):
+        """Many requests of one frontend on one stream; its end aborts them all (worker.session)."""
+        session = WorkerSession(self._ready(), self.config.max_queued_requests, self._ready)
+        async for response in run_session(session, request_iterator):
+            yield response
 
     @grpc_errors
     async def Abort(self, request, context):
@@ -112,28 +92,27 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
     @grpc_errors
     async def GetModelInfo(self, request, context):
         """The limits a frontend validates against."""
-        e = self._ready().engine
+        info = self._ready().info
         return worker_pb2.WorkerServiceGetModelInfoResponse(
-            model_name=Path(self.config.model).name, max_model_len=e.max_model_len,
-            vocab_size=e.model_config.vocab_size, eos_token_ids=list(e.eos_token_ids),
-            kvcache_block_size=e.block_size, num_kvcache_blocks=e.num_kvcache_blocks,
+            model_name=Path(self.config.model).name, max_model_len=info["max_model_len"],
+            vocab_size=info["vocab_size"], eos_token_ids=info["eos_token_ids"],
+            kvcache_block_size=info["block_size"], num_kvcache_blocks=info["num_kvcache_blocks"],
             tensor_parallel_size=self.config.tensor_parallel_size, tokenizer_digest=self.digest,
             max_num_seqs=self.config.max_num_seqs,
             max_num_batched_tokens=self.config.max_num_batched_tokens,
-            dtype=str(e.model_runner.dtype).removeprefix("torch."),
-            device=str(e.model_runner.device))
+            dtype=info["dtype"], device=info["device"])
 
     @grpc_errors
     async def GetLoad(self, request, context):
-        """Queue lengths, KV blocks, prefix-cache hit rate and recent throughput."""
+        """Queue lengths, KV blocks, prefix-cache hit rate and recent throughput, as of the engine
+        core's latest frame (sent every step, and when it goes idle)."""
         a = self._ready()
-        s, bm = a.engine.scheduler, a.engine.block_manager
+        _, _, _, running, waiting, free, total, hit_rate, preemptions = a.load
         prompt_rate, gen_rate = a.rates()
         return worker_pb2.GetLoadResponse(
-            num_running=len(s.running), num_waiting=len(s.waiting),
-            num_free_blocks=bm.num_free_blocks, num_total_blocks=bm.num_blocks,
-            prefix_cache_hit_rate=bm.prefix_cache_hit_rate, generation_tokens_per_s=gen_rate,
-            prompt_tokens_per_s=prompt_rate, num_preemptions=s.num_preemptions,
+            num_running=running, num_waiting=waiting, num_free_blocks=free, num_total_blocks=total,
+            prefix_cache_hit_rate=hit_rate, generation_tokens_per_s=gen_rate,
+            prompt_tokens_per_s=prompt_rate, num_preemptions=preemptions,
             num_finished=a.num_finished)
 
 
@@ -164,23 +143,25 @@ async def serve(config: WorkerConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    from nanoserve.worker.engine.llm_engine import (
-        LLMEngine,  # torch is imported here, after the port is bound
-    )
-    load = asyncio.ensure_future(asyncio.to_thread(LLMEngine, config))
-    await asyncio.wait([load, asyncio.ensure_future(stop.wait())],
-                       return_when=asyncio.FIRST_COMPLETED)
-    if not load.done():
+    # the engine core process loads the model; spawned from this (the main) thread
+    engine = AsyncEngine(config, loop, on_fatal)
+    waiting = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([engine.ready, waiting], return_when=asyncio.FIRST_COMPLETED)
+    if not engine.ready.done():
         logger.info("stopped while loading")
+        engine.kill()
+        await engine.stop()
         await server.stop(0)
         return 0
-    engine = load.result()  # a load error propagates: the process exits non-zero
-    servicer.engine = async_engine = AsyncEngine(engine, loop, on_fatal)
-    engine.model_runner.on_rank_death = lambda message: loop.call_soon_threadsafe(
-        async_engine.fail, RuntimeError(message))  # tensor parallel: a dead rank ends the worker
+    waiting.cancel()
+    if engine.ready.exception() is not None:  # a load error: the process exits non-zero
+        await server.stop(0)
+        await engine.stop()
+        return 1
+    servicer.engine = engine
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    logger.info("serving %s (%d KV blocks)", config.model, engine.num_kvcache_blocks)
+    logger.info("serving %s (%d KV blocks)", config.model, engine.info["num_kvcache_blocks"])
 
     await stop.wait()
     servicer.draining = True
@@ -188,16 +169,14 @@ async def serve(config: WorkerConfig) -> int:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     if exit_code == 0:
         deadline = loop.time() + config.grace_period_s
-        while servicer.engine.num_requests and loop.time() < deadline:
+        while engine.num_requests and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        logger.info("draining done (%d streams cut)", servicer.engine.num_requests)
+        logger.info("draining done (%d streams cut)", engine.num_requests)
     await server.stop(0.5)
-    if exit_code:  # the engine thread may be stuck in a collective: do not wait for it
-        engine.model_runner.kill()  # tensor-parallel ranks go too
+    if exit_code:  # the core may be stuck in a collective: do not wait for it
+        engine.kill()
         return exit_code
-    servicer.engine.stop()
-    engine.shutdown()
-    return exit_code
+    return 1 if await engine.stop() else 0  # the core shuts the engine down between steps
 
 
 def main(argv: list[str] | None = None) -> None:

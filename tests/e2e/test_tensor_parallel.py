@@ -37,9 +37,16 @@ pytestmark = pytest.mark.e2e
 PROMPTS = ["The capital of France is", "你好世界🙂", "def fibonacci(n):"]
 
 
-def is_rank(pid: int) -> bool:
+def is_spawned(pid: int) -> bool:
     line = cmdline(pid)
     return "multiprocessing" in line and "spawn_main" in line
+
+
+def engine_core_pid(worker_pid: int) -> int:
+    """The worker's one spawned child: the engine core process (it spawns the ranks)."""
+    cores = [pid for pid in child_pids(worker_pid) if is_spawned(pid)]
+    assert len(cores) == 1, [cmdline(p) for p in child_pids(worker_pid)]
+    return cores[0]
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +84,12 @@ class RankKill:
 
 @pytest.fixture(scope="module")
 def rank_kill(tp_services) -> RankKill:
-    """Kills rank 1 (a spawned child of the worker, found in /proc) with a stream in flight."""
+    """Kills rank 1 (a spawned child of the engine core process, found in /proc) with a stream in
+    flight."""
     worker = tp_services.worker
-    ranks = [pid for pid in child_pids(worker.pid) if is_rank(pid)]
-    assert len(ranks) == 1, [cmdline(p) for p in child_pids(worker.pid)]
+    core = engine_core_pid(worker.pid)
+    ranks = [pid for pid in child_pids(core) if is_spawned(pid)]
+    assert len(ranks) == 1, [cmdline(p) for p in child_pids(core)]
     descendants = descendant_pids(worker.pid)  # the rank and multiprocessing's resource tracker
     error = later = exit_code = None
     try:

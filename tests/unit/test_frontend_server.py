@@ -87,8 +87,55 @@ class FakeWorker(worker_grpc.WorkerServiceServicer):
             self.cancelled.set()
             raise
 
+    async def Session(self, request_iterator, context) -> AsyncIterator:
+        """Runs GenerateTokens for each add on its own task (an abort cancels it and counts as
+        `cancelled`); one response per chunk. The add's timeout_s is what GenerateTokens sees as its time remaining."""
+        outputs: asyncio.Queue = asyncio.Queue()
+        tasks: dict[str, asyncio.Task] = {}
+
+        async def run(add: worker_pb2.SessionAdd) -> None:
+            timeout = _Remaining(add.timeout_s or None)
+            async for chunk in self.GenerateTokens(add.request, timeout):
+                out = worker_pb2.SessionOutput(
+                    request_id=add.request.request_id,
+                    token_ids=chunk.token_ids,
+                    finish_reason=chunk.finish_reason,
+                )
+                if chunk.HasField("usage"):
+                    out.usage.CopyFrom(chunk.usage)
+                if chunk.HasField("stop_token_id"):
+                    out.stop_token_id = chunk.stop_token_id
+                outputs.put_nowait(out)
+
+        async def read() -> None:
+            async for message in request_iterator:
+                for request_id in message.aborts:  # the frontend ends a request it still runs
+                    tasks.pop(request_id).cancel()
+                    self.cancelled.set()
+                for add in message.adds:
+                    tasks[add.request.request_id] = asyncio.create_task(run(add))
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                yield worker_pb2.SessionResponse(outputs=[await outputs.get()])
+        finally:
+            reader.cancel()
+            for task in tasks.values():
+                task.cancel()
+
     async def GetModelInfo(self, request, context):
         return self.info
+
+
+@dataclass
+class _Remaining:
+    """The part of a servicer context that FakeWorker.GenerateTokens reads."""
+
+    seconds: float | None
+
+    def time_remaining(self) -> float | None:
+        return self.seconds
 
 
 @dataclass
@@ -485,3 +532,47 @@ def test_reflection_lists_the_services(tokenizer: Tokenizer, tiny_model_dir: Pat
         assert {"nanoserve.v1.FrontendService", "grpc.health.v1.Health"} <= names
 
     run(test, tokenizer, tiny_model_dir)
+
+
+def test_broken_session_ends_every_stream_unavailable(
+    tokenizer: Tokenizer, tiny_model_dir: Path
+) -> None:
+    """All requests share one Session stream to the worker; when it breaks, each ends UNAVAILABLE
+    and the next request opens a new session."""
+
+    async def test(h: Harness) -> None:
+        h.fake.hang_after = 1
+        calls = [h.stub.Generate(_generate(prompt="x", request_id=f"c{i}")) for i in range(3)]
+        for call in calls:
+            assert (await call.read()).token_ids
+        # the worker sees the client's id (for its logs) made unique by the frontend
+        assert sorted(r.request_id.partition("#")[0] for r in h.fake.requests) == ["c0", "c1", "c2"]
+        assert all(r.request_id.partition("#")[2].isdigit() for r in h.fake.requests)
+        await h.worker_server.stop(0)
+        for call in calls:
+            with pytest.raises(grpc.aio.AioRpcError) as exc:
+                while await call.read() is not grpc.aio.EOF:
+                    pass
+            assert exc.value.code() == grpc.StatusCode.UNAVAILABLE
+        port = int(h.frontend.config.worker_address.rsplit(":", 1)[1])
+        h.fake.hang_after = None
+        h.worker_server, _ = await _start_worker(h.fake, port)
+        await _wait_health(h, health_pb2.HealthCheckResponse.SERVING)
+        responses = await _collect(h.stub.Generate(_generate(prompt="again")))
+        assert "".join(r.text for r in responses) == OUTPUT
+
+    run(test, tokenizer, tiny_model_dir)
+
+
+def test_stream_interval_coalesces_after_the_first_token(
+    tokenizer: Tokenizer, tiny_model_dir: Path
+) -> None:
+    async def test(h: Harness) -> None:
+        responses = await _collect(h.stub.Generate(_generate(prompt="x")))
+        sizes = [len(r.token_ids) for r in responses]
+        assert sizes[0] == 2  # the first message goes out at once (the fake sends 2 ids a time)
+        assert all(size >= 6 for size in sizes[1:-1]), sizes
+        assert sum(sizes) == len(h.fake.output_ids)
+        assert "".join(r.text for r in responses) == OUTPUT
+
+    run(test, tokenizer, tiny_model_dir, stream_interval=6)

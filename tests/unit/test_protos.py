@@ -1,6 +1,8 @@
 """The committed stubs in shared/proto/ match what protos/generate.py makes from the protos."""
 
 import importlib.util
+import re
+import tomllib
 import subprocess
 from pathlib import Path
 
@@ -67,3 +69,24 @@ def test_buf_lint_standard():
     result = subprocess.run([str(BUF), "lint"], cwd=repo, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _lower_bound(requirement: str) -> tuple[int, ...]:
+    match = re.search(r">=\s*([\d.]+)", requirement)
+    assert match, f"{requirement!r} has no lower bound"
+    return tuple(int(part) for part in match.group(1).split("."))
+
+
+def test_stub_versions_fit_the_pinned_lower_bounds() -> None:
+    """The stubs refuse to import under a grpcio/protobuf older than their generator's: the
+    pyproject's lower bounds must admit them (the GPU image has grpcio 1.84.0, protobuf 7.36)."""
+    deps = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pins = {re.match(r"[\w-]+", d).group(0): d for d in deps}
+    grpc_floor, protobuf_floor = _lower_bound(pins["grpcio"]), _lower_bound(pins["protobuf"])
+    for path in sorted((COMMITTED / "v1").glob("*_pb2_grpc.py")):
+        generated = re.search(r"GRPC_GENERATED_VERSION = '([\d.]+)'", path.read_text()).group(1)
+        assert tuple(map(int, generated.split("."))) <= grpc_floor, (path.name, generated)
+    runtime_check = re.compile(r"ValidateProtobufRuntimeVersion\(\s*\S+,\s*(\d+),\s*(\d+),\s*(\d+),")
+    for path in sorted((COMMITTED / "v1").glob("*_pb2.py")):
+        required = tuple(int(v) for v in runtime_check.search(path.read_text()).groups())
+        assert required <= protobuf_floor, (path.name, required)

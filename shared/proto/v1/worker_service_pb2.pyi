@@ -29,6 +29,46 @@ class GenerateTokensResponse(_message.Message):
     stop_token_id: int
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., stop_token_id: _Optional[int] = ...) -> None: ...
 
+class SessionRequest(_message.Message):
+    __slots__ = ("adds", "aborts")
+    ADDS_FIELD_NUMBER: _ClassVar[int]
+    ABORTS_FIELD_NUMBER: _ClassVar[int]
+    adds: _containers.RepeatedCompositeFieldContainer[SessionAdd]
+    aborts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, adds: _Optional[_Iterable[_Union[SessionAdd, _Mapping]]] = ..., aborts: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SessionAdd(_message.Message):
+    __slots__ = ("request", "timeout_s")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    request: GenerateTokensRequest
+    timeout_s: float
+    def __init__(self, request: _Optional[_Union[GenerateTokensRequest, _Mapping]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class SessionResponse(_message.Message):
+    __slots__ = ("outputs",)
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    outputs: _containers.RepeatedCompositeFieldContainer[SessionOutput]
+    def __init__(self, outputs: _Optional[_Iterable[_Union[SessionOutput, _Mapping]]] = ...) -> None: ...
+
+class SessionOutput(_message.Message):
+    __slots__ = ("request_id", "token_ids", "finish_reason", "usage", "stop_token_id", "error_code", "error_message")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    finish_reason: _common_pb2.FinishReason
+    usage: _common_pb2.Usage
+    stop_token_id: int
+    error_code: int
+    error_message: str
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., stop_token_id: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+
 class AbortRequest(_message.Message):
     __slots__ = ("request_ids",)
     REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]

@@ -5,7 +5,7 @@ import warnings
 
 from . import worker_service_pb2 as nanoserve_dot_v1_dot_worker__service__pb2
 
-GRPC_GENERATED_VERSION = '1.84.2'
+GRPC_GENERATED_VERSION = '1.84.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -40,6 +40,11 @@ class WorkerServiceStub:
                 request_serializer=nanoserve_dot_v1_dot_worker__service__pb2.GenerateTokensRequest.SerializeToString,
                 response_deserializer=nanoserve_dot_v1_dot_worker__service__pb2.GenerateTokensResponse.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/nanoserve.v1.WorkerService/Session',
+                request_serializer=nanoserve_dot_v1_dot_worker__service__pb2.SessionRequest.SerializeToString,
+                response_deserializer=nanoserve_dot_v1_dot_worker__service__pb2.SessionResponse.FromString,
+                _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/nanoserve.v1.WorkerService/Abort',
                 request_serializer=nanoserve_dot_v1_dot_worker__service__pb2.AbortRequest.SerializeToString,
@@ -64,6 +69,16 @@ class WorkerServiceServicer:
     def GenerateTokens(self, request, context):
         """GenerateTokens streams the token ids generated for one request until it finishes.
         Cancelling the call aborts the request and frees its KV cache blocks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Session(self, request_iterator, context):
+        """Session multiplexes many requests of one frontend on one long-lived stream: the frontend sends
+        batches of adds and aborts, the worker answers with one message per engine step carrying the
+        new ids of every request of the session that made progress. When the stream ends (the frontend
+        disconnects or cancels it), the worker aborts all of its requests and frees their KV blocks.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -97,6 +112,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.GenerateTokens,
                     request_deserializer=nanoserve_dot_v1_dot_worker__service__pb2.GenerateTokensRequest.FromString,
                     response_serializer=nanoserve_dot_v1_dot_worker__service__pb2.GenerateTokensResponse.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=nanoserve_dot_v1_dot_worker__service__pb2.SessionRequest.FromString,
+                    response_serializer=nanoserve_dot_v1_dot_worker__service__pb2.SessionResponse.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
@@ -142,6 +162,33 @@ class WorkerService:
             '/nanoserve.v1.WorkerService/GenerateTokens',
             nanoserve_dot_v1_dot_worker__service__pb2.GenerateTokensRequest.SerializeToString,
             nanoserve_dot_v1_dot_worker__service__pb2.GenerateTokensResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/nanoserve.v1.WorkerService/Session',
+            nanoserve_dot_v1_dot_worker__service__pb2.SessionRequest.SerializeToString,
+            nanoserve_dot_v1_dot_worker__service__pb2.SessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,151 @@
+"""The frontend's end of WorkerService.Session: every request of this frontend process travels on one
+bidirectional stream to the worker. Adds and aborts made in one pass of the event loop go out as one
+message; each worker message (one engine step) is fanned out to the requests' Pending outputs.
+"""
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+import grpc
+import grpc.aio
+
+from nanoserve.errors import Unavailable
+from nanoserve.proto.v1 import common_pb2
+from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False, slots=True)
+class Pending:
+    """One request's output not yet taken by its handler: new ids merged into one list (at most one
+    pending delta per request), and the worker's last output once the request ended."""
+
+    ids: list[int] = field(default_factory=list)
+    last: worker_pb2.SessionOutput | None = None  # finish reason, usage, stop id, or error
+    error: Exception | None = None  # the session itself broke
+    min_ids: int = 1  # stream_interval: wake the handler only once this many ids wait
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def ended(self) -> bool:
+        return self.last is not None or self.error is not None
+
+    async def take(self) -> tuple[list[int], worker_pb2.SessionOutput | None]:
+        """Waits for new ids or the end; returns (ids, the last output or None). Raises when the
+        session broke."""
+        if not (self.ended or len(self.ids) >= self.min_ids):
+            await self.event.wait()
+        self.event.clear()
+        if self.error is not None:
+            raise self.error
+        ids, self.ids = self.ids, []
+        return ids, self.last
+
+
+class WorkerSession:
+    """Opened on first use and again after it breaks; closing it (or losing it) makes the worker
+    abort every request on it."""
+
+    def __init__(self, stub: worker_grpc.WorkerServiceStub) -> None:
+        self.stub = stub
+        self.call: grpc.aio.StreamStreamCall | None = None
+        self.pending: dict[str, Pending] = {}  # request id -> its output
+        self.adds: list[worker_pb2.SessionAdd] = []
+        self.aborts: list[str] = []
+        self.flush_scheduled = False
+        self.outbox: asyncio.Queue[worker_pb2.SessionRequest] = asyncio.Queue()
+        self.tasks: list[asyncio.Task] = []
+
+    def start(
+        self, request: worker_pb2.GenerateTokensRequest, timeout_s: float | None
+    ) -> Pending:
+        """Queues a request (its id unique within this process); its outputs arrive on Pending."""
+        if self.call is None:
+            self._open()
+        pending = self.pending[request.request_id] = Pending()
+        self.adds.append(worker_pb2.SessionAdd(request=request, timeout_s=timeout_s or 0.0))
+        self._schedule_flush()
+        return pending
+
+    def abort(self, request_id: str) -> None:
+        """Ends a request that has not ended (cancelled, stop string); frees its KV blocks."""
+        if self.pending.pop(request_id, None) is not None and self.call is not None:
+            self.aborts.append(request_id)
+            self._schedule_flush()
+
+    def _open(self) -> None:
+        self.call = call = self.stub.Session(wait_for_ready=False)
+        self.outbox = asyncio.Queue()
+        self.tasks = [
+            asyncio.create_task(self._write(call, self.outbox), name="session-writer"),
+            asyncio.create_task(self._read(call), name="session-reader"),
+        ]
+
+    def _schedule_flush(self) -> None:
+        # everything added or aborted in this pass of the event loop goes out in one message
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self.flush_scheduled = False
+        if self.adds or self.aborts:
+            self.outbox.put_nowait(worker_pb2.SessionRequest(adds=self.adds, aborts=self.aborts))
+            self.adds, self.aborts = [], []
+
+    async def _write(self, call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+            while True:
+                message = await outbox.get()
+                while not outbox.empty():  # the previous write was slow: merge what queued up
+                    more = outbox.get_nowait()
+                    message.adds.extend(more.adds)
+                    message.aborts.extend(more.aborts)
+                await call.write(message)
+
+    async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
+        reason = "the worker ended the session"
+        try:
+            async for response in call:
+                pending = self.pending
+                for out in response.outputs:
+                    p = pending.get(out.request_id)
+                    if p is None:
+                        continue  # aborted meanwhile
+                    p.ids += out.token_ids
+                    if out.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED or out.error_code:
+                        p.last = out
+                        del pending[out.request_id]
+                        p.event.set()
+                    elif len(p.ids) >= p.min_ids:
+                        p.event.set()
+        except grpc.aio.AioRpcError as e:
+            reason = f"the session with the worker broke ({e.code().name}: {e.details()})"
+        finally:
+            self._broken(call, reason)
+
+    def _broken(self, call: grpc.aio.StreamStreamCall, reason: str) -> None:
+        """Every request on the session ends UNAVAILABLE; the next request opens a new one."""
+        if self.call is not call:
+            return
+        self.call = None
+        for task in self.tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        if self.pending:
+            logger.warning("%s: %d requests end UNAVAILABLE", reason, len(self.pending))
+        for p in self.pending.values():
+            p.error = Unavailable(reason)
+            p.event.set()
+        self.pending.clear()
+        self.adds, self.aborts = [], []
+        call.cancel()
+
+    async def close(self) -> None:
+        if self.call is not None:
+            self._broken(self.call, "the frontend is stopping")
+        await asyncio.gather(*self.tasks, return_exceptions=True)

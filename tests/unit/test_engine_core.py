@@ -1,0 +1,96 @@
+"""EngineCore in-process over real pipes: msgpack frames in and out, one STEP frame per engine step
+carrying every request, adds and aborts applied between steps (an abort frees the blocks), a
+refused add named, the exit frame ends the loop."""
+import threading
+from multiprocessing import Pipe
+
+import pytest
+
+from nanoserve.worker import engine_core
+from nanoserve.worker.config import WorkerConfig
+from tests.unit.hf_reference import make_hf_model
+
+NUM_BLOCKS = 32
+
+
+@pytest.fixture(scope="module")
+def core(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("engine_core_model")
+    make_hf_model(tmp_path)
+    config = WorkerConfig(model=str(tmp_path), device="cpu", kvcache_block_size=16,
+                          num_kvcache_blocks=NUM_BLOCKS, max_model_len=512)
+    core_in, to_core = Pipe(duplex=False)
+    from_core, core_out = Pipe(duplex=False)
+    core = engine_core.EngineCore(config, core_in, core_out)
+    thread = threading.Thread(target=core.run, daemon=True)
+    thread.start()
+    yield to_core, from_core, core
+    to_core.send_bytes(engine_core.add_frame([], [], exit_=True))
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    core.engine.shutdown()
+
+
+def params(**kw) -> dict:
+    sp = {"temperature": 0.0, "max_tokens": 4, "stop_token_ids": []}
+    return sp | kw
+
+
+def read_until(from_core, done) -> list[list]:
+    frames = []
+    while not frames or not done(frames):
+        assert from_core.poll(30), "the engine core sent nothing for 30 s"
+        frames.append(engine_core.decode(from_core.recv_bytes()))
+    return frames
+
+
+def idle(frames: list) -> bool:
+    """The latest load report (LOAD and STEP frames carry one) shows nothing running or waiting
+    and every block free."""
+    frame = frames[-1]
+    if frame[0] not in (engine_core.LOAD, engine_core.STEP):
+        return False
+    load = frame[1]
+    return (load[3], load[4], load[5]) == (0, 0, NUM_BLOCKS)
+
+
+def test_one_frame_per_step_carries_every_request(core) -> None:
+    to_core, from_core, _ = core
+    adds = [[i, [5 + i, 6, 7], params()] for i in range(3)]
+    to_core.send_bytes(engine_core.add_frame(adds, []))
+    finished: set[int] = set()
+
+    def done(frames: list) -> bool:
+        frame = frames[-1]
+        if frame[0] == engine_core.STEP:
+            finished.update(out[0] for out in frame[2] if out[2] is not None)
+        return finished == {0, 1, 2}
+
+    frames = read_until(from_core, done)
+    steps = [f for f in frames if f[0] == engine_core.STEP]
+    ids = {i: [t for f in steps for out in f[2] if out[0] == i for t in out[1]] for i in range(3)}
+    assert all(len(v) == 4 for v in ids.values()), ids
+    assert max(len(f[2]) for f in steps) == 3  # one decode step, all three requests
+    last = {out[0]: out[2] for f in steps for out in f[2] if out[2] is not None}
+    assert all(fin[:3] == ["length", 3, 4] for fin in last.values()), last
+    assert idle(frames)  # the last step's frame reports every block free
+
+
+def test_abort_frees_blocks_and_a_bad_add_is_refused(core) -> None:
+    to_core, from_core, _ = core
+    to_core.send_bytes(engine_core.add_frame(
+        [[7, [1, 2, 3], params(max_tokens=400)], [8, [10**6], params()]], []))
+    frames = read_until(from_core, lambda fs: any(f[0] == engine_core.STEP for f in fs))
+    refused = [f for f in frames if f[0] == engine_core.REFUSED]
+    assert refused and refused[0][1] == 8 and "prompt_token_ids" in refused[0][2]
+    to_core.send_bytes(engine_core.add_frame([], [7]))
+    frames = read_until(from_core, idle)
+    assert frames[-1][0] == engine_core.LOAD  # sent on going idle: GetLoad sees the blocks back
+
+
+def test_an_add_and_its_abort_in_one_frame_leave_nothing_running(core) -> None:
+    to_core, from_core, c = core
+    to_core.send_bytes(engine_core.add_frame([[3, [1, 2], params(max_tokens=400)]], [3]))
+    frames = read_until(from_core, idle)
+    assert [f[0] for f in frames] == [engine_core.LOAD]  # never stepped
+    assert c.engine.requests == {}

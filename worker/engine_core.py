@@ -1,0 +1,147 @@
+"""The engine core process: owns LLMEngine (and its tensor-parallel ranks) and busy-loops over steps.
+
+worker.server (gRPC, asyncio) <-- msgpack frames over a pipe --> run_engine_core (this process).
+In: batches of adds and aborts. Out: one frame per engine step with every request's new ids, so the
+engine never waits for an event loop, protobuf or gRPC; nothing crosses the pipe as pickle.
+"""
+import logging
+import os
+import signal
+import threading
+import time
+from multiprocessing.connection import Connection
+
+import msgpack
+
+from nanoserve.worker.config import WorkerConfig
+
+logger = logging.getLogger(__name__)
+
+# frames engine core -> server: [kind, ...]
+READY, STEP, LOAD, REFUSED, ERROR = "ready", "step", "load", "refused", "error"
+
+
+def encode(frame: list) -> bytes:
+    return msgpack.packb(frame)
+
+
+def decode(data: bytes) -> list:
+    return msgpack.unpackb(data)
+
+
+def add_frame(adds: list[list], aborts: list[int], exit_: bool = False) -> bytes:
+    """Server -> engine core: adds are [engine_id, prompt ids, sampling params as a dict]."""
+    return encode([adds, aborts, exit_])
+
+
+class EngineCore:
+    """The engine's side of the pipe: applies adds/aborts between steps, sends one frame per step."""
+
+    def __init__(self, config: WorkerConfig, inbox: Connection, outbox: Connection):
+        from nanoserve.worker.engine.llm_engine import LLMEngine
+        self.inbox, self.outbox = inbox, outbox
+        self.send_lock = threading.Lock()  # the tensor-parallel watcher thread may send ERROR
+        self.engine = LLMEngine(config)
+        self.engine.model_runner.on_rank_death = self.die  # tensor parallel: a dead rank
+        self.exiting = False
+        self.load_dirty = True
+
+    def send(self, frame: list) -> None:
+        data = encode(frame)
+        with self.send_lock:
+            self.outbox.send_bytes(data)
+
+    def info(self) -> dict:
+        e = self.engine
+        return {"max_model_len": e.max_model_len, "vocab_size": e.model_config.vocab_size,
+                "eos_token_ids": list(e.eos_token_ids), "block_size": e.block_size,
+                "num_kvcache_blocks": e.num_kvcache_blocks,
+                "dtype": str(e.model_runner.dtype).removeprefix("torch."),
+                "device": str(e.model_runner.device)}
+
+    def load(self) -> list:
+        e, s, bm = self.engine, self.engine.scheduler, self.engine.block_manager
+        return [time.monotonic(), e.num_prompt_tokens_done, e.num_generated_tokens, len(s.running),
+                len(s.waiting), bm.num_free_blocks, bm.num_blocks, bm.prefix_cache_hit_rate,
+                s.num_preemptions]
+
+    def apply(self, data: bytes) -> None:
+        from nanoserve.worker.sampling_params import SamplingParams
+        adds, aborts, exit_ = decode(data)
+        for engine_id, token_ids, sp in adds:
+            try:
+                self.engine.add_request(token_ids, SamplingParams(**sp), engine_id)
+            except ValueError as e:  # validated by the server already; ends the stream all the same
+                logger.warning("request %s refused by the engine: %s", engine_id, e)
+                self.send([REFUSED, engine_id, str(e)])
+        for engine_id in aborts:  # after the adds: a frame may add a request and abort it
+            self.engine.abort(engine_id)
+        self.exiting = self.exiting or exit_
+        self.load_dirty = True
+
+    def run(self) -> None:
+        """Until the server says exit (or closes the pipe): drain the inbox, step, send outputs."""
+        engine = self.engine
+        while not self.exiting:
+            idle = engine.is_finished()
+            if idle and self.load_dirty:  # GetLoad sees blocks freed by aborts while idle
+                self.send([LOAD, self.load()])
+                self.load_dirty = False
+            # idle: block until the server sends something; busy: only take what is there
+            while self.inbox.poll(None if idle else 0):
+                try:
+                    self.apply(self.inbox.recv_bytes())
+                except EOFError:  # the server is gone
+                    return
+                idle = False
+            if engine.is_finished():
+                continue
+            outputs = engine.step()
+            out = [[o.seq.request_id, o.new_token_ids, _finish(o.seq) if o.finished else None]
+                   for o in outputs]
+            self.send([STEP, self.load(), out])
+            self.load_dirty = False
+
+    def die(self, message: str) -> None:
+        """Fatal: tell the server why, stop the ranks, exit non-zero without teardown."""
+        try:
+            self.send([ERROR, message])
+        except OSError:
+            pass
+        logging.shutdown()
+        self.engine.model_runner.kill()
+        os._exit(1)
+
+
+def _finish(seq) -> list:
+    """[finish reason, prompt tokens, completion tokens, cached tokens, stop token id or None]"""
+    return [seq.finish_reason.value, seq.num_prompt_tokens, seq.num_completion_tokens,
+            seq.num_cached_tokens, seq.stop_token_id]
+
+
+def run_engine_core(config: WorkerConfig, inbox: Connection, outbox: Connection) -> None:
+    """Entry point of the engine core process (spawned by worker.server from its main thread)."""
+    # SIGTERM/SIGINT go to the server, which drains and then says exit; the ranks this process
+    # spawns inherit the ignored dispositions
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from nanoserve.worker.engine.tp import die_with_parent
+    die_with_parent()  # a SIGKILLed server leaves no engine behind
+    from nanoserve.log import setup_logging
+    setup_logging("worker", config.log_level)
+    try:
+        core = EngineCore(config, inbox, outbox)
+    except BaseException as exc:  # noqa: BLE001 - the server reports it and exits non-zero
+        logger.exception("loading the engine failed")
+        outbox.send_bytes(encode([ERROR, f"loading the engine failed: {exc}"]))
+        logging.shutdown()
+        os._exit(1)
+    core.send([READY, core.info()])
+    try:
+        core.run()
+    except BaseException as exc:  # noqa: BLE001 - a dead engine must end every stream
+        logger.exception("engine step failed")
+        core.die(str(core.engine.model_runner.explain(exc)))
+    core.engine.shutdown()  # between steps: no step is running now
+    logging.shutdown()
+    os._exit(0)

@@ -1,0 +1,155 @@
+"""WorkerService.Session: one frontend's requests multiplexed on one bidirectional stream.
+
+Adds and aborts arrive in batches (SessionRequest); every frame of the engine core that touches the
+session's requests becomes one SessionResponse. When the stream ends, every live request is aborted.
+"""
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from nanoserve.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    ResourceExhausted,
+    ServiceError,
+)
+from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+from nanoserve.worker.async_engine import AsyncEngine, Collector, Stream
+from nanoserve.worker.request_proto import sampling_params_from_proto, set_finish, stream_error
+
+logger = logging.getLogger(__name__)
+
+MAX_REQUEST_ID_CHARS = 256
+
+
+class WorkerSession:
+    """The worker's side of one Session stream: its live requests, their deadlines, and the
+    outputs not yet written."""
+
+    def __init__(self, engine: AsyncEngine, max_queued_requests: int,
+                 check_ready: Callable[[], AsyncEngine]):
+        self.engine, self.max_queued_requests = engine, max_queued_requests
+        self.check_ready = check_ready  # raises UNAVAILABLE while draining or once the engine died
+        self.loop = asyncio.get_running_loop()
+        self.collector = Collector()
+        self.live: dict[str, Stream] = {}  # request id -> stream
+        self.timers: dict[str, asyncio.TimerHandle] = {}
+        self.refused: list[worker_pb2.SessionOutput] = []  # requests ended outside the engine
+        self.reading = True
+
+    async def read(self, requests: AsyncIterator[worker_pb2.SessionRequest]) -> None:
+        """Applies the frontend's batches until it closes its side of the stream."""
+        try:
+            async for message in requests:
+                for request_id in message.aborts:
+                    self.abort(request_id)
+                for add in message.adds:
+                    self.add(add)
+        finally:
+            self.reading = False
+            self.collector.event.set()
+
+    def add(self, add: worker_pb2.SessionAdd) -> None:
+        request = add.request
+        request_id = request.request_id
+        try:
+            if not request_id or len(request_id) > MAX_REQUEST_ID_CHARS:
+                raise InvalidArgument(f"must have 1 to {MAX_REQUEST_ID_CHARS} characters",
+                                      field="request_id")
+            if request_id in self.live:
+                raise InvalidArgument(f"{request_id!r} is already running in this session",
+                                      field="request_id")
+            if not add.timeout_s >= 0:
+                raise InvalidArgument(f"must be >= 0, got {add.timeout_s}", field="timeout_s")
+            engine = self.check_ready()
+            if engine.num_requests >= self.max_queued_requests:
+                raise ResourceExhausted(f"{engine.num_requests} requests are in flight "
+                                        f"(max_queued_requests={self.max_queued_requests})")
+            token_ids = list(request.prompt_token_ids)
+            try:
+                sp = sampling_params_from_proto(request.sampling_params, len(token_ids),
+                                                engine.limits.max_model_len)
+                stream = engine.add(request_id, token_ids, sp, owner=self.collector)
+            except ValueError as e:
+                raise InvalidArgument(str(e)) from None
+        except ServiceError as e:
+            self.refuse(request_id[:MAX_REQUEST_ID_CHARS], e)
+            return
+        self.live[request_id] = stream
+        if add.timeout_s > 0:
+            self.timers[request_id] = self.loop.call_later(add.timeout_s, self.expire, request_id)
+
+    def refuse(self, request_id: str, error: ServiceError) -> None:
+        self.refused.append(worker_pb2.SessionOutput(
+            request_id=request_id, error_code=error.code.value[0], error_message=str(error)))
+        self.collector.event.set()
+
+    def abort(self, request_id: str) -> bool:
+        """Ends a live request without output; the engine frees its blocks before its next step."""
+        stream = self.live.pop(request_id, None)
+        if stream is None:
+            return False
+        self.engine.release(stream)
+        self.collector.ready.pop(stream.engine_id, None)
+        timer = self.timers.pop(request_id, None)
+        if timer is not None:
+            timer.cancel()
+        return True
+
+    def expire(self, request_id: str) -> None:
+        self.timers.pop(request_id, None)
+        if self.abort(request_id):
+            self.refuse(request_id, DeadlineExceeded("the request's timeout_s passed"))
+
+    def close(self) -> None:
+        """The stream ended: abort whatever still runs."""
+        for request_id in list(self.live):
+            self.abort(request_id)
+        if self.live or self.timers:  # pragma: no cover - abort() empties both
+            raise AssertionError("session requests left behind")
+
+    def take_outputs(self) -> worker_pb2.SessionResponse:
+        """Everything produced since the last call: each request's merged new ids, ends, errors."""
+        response = worker_pb2.SessionResponse()
+        outputs = response.outputs
+        for stream in self.collector.take():
+            if self.live.get(stream.request_id) is not stream:
+                continue  # aborted meanwhile
+            out = outputs.add(request_id=stream.request_id, token_ids=stream.ids)
+            stream.ids = []
+            if stream.error is not None:
+                error = stream_error(stream.error)
+                out.error_code, out.error_message = error.code.value[0], str(error)
+            elif stream.finish is not None:
+                set_finish(out, stream.finish)
+            else:
+                continue
+            del self.live[stream.request_id]
+            timer = self.timers.pop(stream.request_id, None)
+            if timer is not None:
+                timer.cancel()
+        outputs.extend(self.refused)
+        self.refused.clear()
+        return response
+
+    async def responses(self) -> AsyncIterator[worker_pb2.SessionResponse]:
+        """Until the frontend has closed its side and no request of the session is live."""
+        while self.reading or self.live or self.refused:
+            await self.collector.event.wait()
+            response = self.take_outputs()
+            if response.outputs:
+                yield response
+
+
+async def run_session(session: WorkerSession, requests: AsyncIterator
+                      ) -> AsyncIterator[worker_pb2.SessionResponse]:
+    reader = asyncio.create_task(session.read(requests), name="session-reader")
+    try:
+        async for response in session.responses():
+            yield response
+    finally:
+        reader.cancel()
+        session.close()
+        if not reader.done():
+            await asyncio.gather(reader, return_exceptions=True)
+
