@@ -23,7 +23,9 @@ MAX_SPLITS = 16
 _COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
 
 
-@triton.jit
+# stride_bt: the block-table width, per step on the eager path (the graphs fix it); not specialised
+# so that a new width compiles nothing
+@triton.jit(do_not_specialize=["stride_bt"])
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,

@@ -9,7 +9,10 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# positions and slot_mapping are views into a step's flat input message at offsets set by its token
+# count: their 16-byte alignment varies per step. Each program loads one scalar of each, so
+# alignment buys nothing and is not specialised on (an odd token count compiled a new kernel).
+@triton.jit(do_not_specialize_on_alignment=["pos_ptr", "slot_mapping_ptr"])
 def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_sin_ptr, pos_ptr,
                          k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
                          stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,

@@ -9,7 +9,9 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# slot_mapping may be a view at a per-step offset; one scalar load a program: no alignment
+# specialisation (a new alignment would compile a new kernel while serving)
+@triton.jit(do_not_specialize_on_alignment=["slot_mapping_ptr"])
 def _store_kvcache_kernel(
     key_ptr,
     value_ptr,
