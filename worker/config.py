@@ -38,6 +38,12 @@ class EngineConfig:
     seed: int = field(default=0, metadata={"help": "seed of the sampler for unseeded requests"})
     load_format: str = field(default="auto", metadata={
         "help": "auto (read the safetensors) or dummy (random weights: benchmarks)"})
+    prefill_graph_max_tokens: int = field(default=8192, metadata={
+        "help": "cuda + triton attention: prefill steps of up to this many tokens are padded to a "
+                "bucket and run through piecewise CUDA graphs (0: eager prefill, unpadded)"})
+    compile_cache_dir: str = field(default="", metadata={
+        "help": "directory of the Triton kernel cache (TRITON_CACHE_DIR), kept across restarts "
+                "(default: Triton's own, ~/.triton/cache)"})
 
     def __post_init__(self):
         if self.model and not Path(self.model).is_dir():
@@ -60,6 +66,9 @@ class EngineConfig:
                              f"got {self.gpu_memory_utilization}")
         if self.cpu_kvcache_gib <= 0:
             raise ValueError(f"cpu_kvcache_gib must be > 0, got {self.cpu_kvcache_gib}")
+        if self.prefill_graph_max_tokens < 0:
+            raise ValueError("prefill_graph_max_tokens must be >= 0, "
+                             f"got {self.prefill_graph_max_tokens}")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be auto or dummy, got {self.load_format!r}")
         if self.attention_backend not in ("auto", "torch", "triton", "flash_attn"):

@@ -106,6 +106,16 @@ class Attention(nn.Module):
                                       ctx.cu_seqlens_q, ctx.context_lens, self.scale)
         return o.flatten(1, 2)
 
+    def attend_stored(self, q: torch.Tensor, out: torch.Tensor) -> None:
+        """Prefill attention of q (N, Hq * D) into out (N, Hq * D), this step's k/v already in the
+        cache (Triton backend): the eager part between the piecewise prefill graphs."""
+        ctx = get_context()
+        from nanoserve.worker.kernels import paged_prefill_attention
+        paged_prefill_attention(q.view(-1, self.num_heads, self.head_dim), self.k_cache,
+                                self.v_cache, ctx.block_tables, ctx.cu_seqlens_q,
+                                ctx.context_lens, ctx.max_seqlen_q, self.scale,
+                                out=out.view(-1, self.num_heads, self.head_dim))
+
     def _triton(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx,
                 kv_stored: bool) -> torch.Tensor:
         from nanoserve.worker.kernels import paged_decode_attention, paged_prefill_attention, store_kvcache
