@@ -334,7 +334,7 @@ class ModelRunner:
     def close(self) -> None:
         """Drop the CUDA graphs: their captured collectives pin the communicators, which a
         tensor-parallel teardown then cannot free (TensorParallelRunner stops the ranks)."""
-        self.graphs = None
+        self.graphs = self.prefill_graphs = None
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
