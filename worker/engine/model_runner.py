@@ -32,7 +32,7 @@ from nanoserve.worker.engine.step_inputs import (
     max_message_words,
     split_message,
 )
-from nanoserve.worker.layers.attention import Attention
+from nanoserve.worker.layers.attention import FP8_KV_DTYPE, Attention
 from nanoserve.worker.loader import load_model
 from nanoserve.worker.model_config import ModelConfig
 from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM
@@ -98,6 +98,10 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         backend = resolve_attention_backend(config.attention_backend, self.device, self.block_size)
+        # fp8: e4m3 with per-tensor scales (Attention.k_scale / v_scale), half the bytes of bf16
+        self.kv_dtype = FP8_KV_DTYPE if config.kv_cache_dtype == "fp8" else self.dtype
+        if self.kv_dtype == FP8_KV_DTYPE and backend == "flash_attn":
+            raise ValueError("kv_cache_dtype: fp8 needs attention_backend triton or torch")
         self.max_model_len = min(config.max_model_len, model_config.max_position_embeddings)
         self.max_num_blocks_per_seq = math.ceil(self.max_model_len / self.block_size)
 
@@ -147,6 +151,7 @@ class ModelRunner:
             self.flip = 0
             self.capture_and_compile(backend)
 
+    @torch.no_grad()  # no autograd graph may hold on to the captured tensors
     def capture_and_compile(self, backend: str) -> None:
         """CUDA graphs (decode, piecewise prefill) and every kernel a step can reach, compiled now
         (or loaded from the Triton cache) so that no request waits for a compile."""
@@ -168,7 +173,7 @@ class ModelRunner:
 
     @property
     def block_bytes(self) -> int:
-        per_token = 2 * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        per_token = 2 * self.num_kv_heads * self.head_dim * self.kv_dtype.itemsize
         return len(self.attention_layers) * self.block_size * per_token
 
     def allocate_kv_cache(self) -> int:
@@ -184,7 +189,7 @@ class ModelRunner:
                              "max_num_batched_tokens or raise gpu_memory_utilization")
         shape = (2, len(self.attention_layers), num_blocks, self.block_size, self.num_kv_heads,
                  self.head_dim)
-        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         for i, layer in enumerate(self.attention_layers):
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
         logger.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, self.block_size,

@@ -27,6 +27,7 @@ def _prefill_kernel(
     context_lens_ptr,
     o_ptr,
     qk_scale,
+    v_scale,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -121,7 +122,7 @@ def _prefill_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None] * v_scale
     tl.store(
         o_ptr + tokens[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :],
         out.to(o_ptr.dtype.element_ty),
@@ -158,9 +159,12 @@ def paged_prefill_attention(
     max_seqlen_q: int,
     scale: float,
     out: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """q: (num_tokens, num_q_heads, head_dim) new tokens -> o of the same shape (causal, bottom-right
-    aligned), written into `out` when given. Rows past cu_seqlens_q[-1] (padding) are not written."""
+    aligned), written into `out` when given. Rows past cu_seqlens_q[-1] (padding) are not written.
+    k_scale, v_scale: the cache holds k / k_scale and v / v_scale (an fp8 cache; 1.0 otherwise)."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
     batch = context_lens.shape[0]
@@ -195,7 +199,8 @@ def paged_prefill_attention(
         cu_seqlens_q,
         context_lens,
         o,
-        scale * LOG2E,
+        scale * LOG2E * k_scale,
+        v_scale,
         q.stride(0),
         q.stride(1),
         o.stride(0),
@@ -210,7 +215,7 @@ def paged_prefill_attention(
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
         DOT_PRECISION="ieee" if fp32 else "tf32",
-        DOT_DTYPE=dot_dtype(k_cache.dtype),
+        DOT_DTYPE=dot_dtype(k_cache.dtype, q.dtype),
         num_warps=8 if block_q * group * head_dim >= 128 * 128 else 4,
         num_stages=2,
     )

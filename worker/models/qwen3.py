@@ -51,7 +51,8 @@ class Qwen3Attention(nn.Module):
                 qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, cache_on, positions,
                              self.q_norm.eps, v=v.view(-1, self.num_kv_heads, self.head_dim),
                              k_cache=self.attn.k_cache, v_cache=self.attn.v_cache,
-                             slot_mapping=get_context().slot_mapping)
+                             slot_mapping=get_context().slot_mapping,
+                             k_scale=self.attn.k_scale, v_scale=self.attn.v_scale)
                 kv_stored = True
             else:
                 qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, cache_on, positions,
