@@ -15,7 +15,6 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from nanoserve.worker.kernels.norm import silu_and_mul
 from nanoserve.worker.kernels.skinny_gemm import skinny_gemm, skinny_gemm_config
 
 REPS = 20
@@ -26,15 +25,14 @@ SHAPES = {  # (N, K) of qkv, o, gate_up, down per rank
     "qwen3-8b-tp2": [(3072, 4096), (4096, 2048), (12288, 4096), (4096, 6144)],
     "lm-head": [(151936, 1024), (151936, 4096), (75968, 4096)],  # 0.6B, 8B, 8B at tp 2: not swept
 }
-# (BLOCK_N, BLOCK_K, num_warps, LOOP_STAGES) at M = 1, and the K splits tried with the first four
+# (BLOCK_N, BLOCK_K, num_warps, LOOP_STAGES) at M = 1
 TILES = [(2, 512, 2, 1), (2, 512, 4, 1), (4, 512, 4, 1), (4, 1024, 4, 1), (2, 512, 4, 3),
          (4, 512, 4, 3), (4, 1024, 4, 2), (8, 512, 4, 2), (8, 1024, 8, 2), (2, 2048, 8, 1)]
-SPLIT_TILES, SPLITS = TILES[1:4] + TILES[6:7], (2, 4, 8)
 
 
 def _replay_us(fn, calls: int, iters: int = 10) -> float:
     """µs per call of fn(i), i = 0..calls-1, captured once in a CUDA graph: the median of iters replays."""
-    fn(0)  # compiles, and sizes skinny_gemm's arrival counters, outside capture
+    fn(0)  # compiles outside capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -57,33 +55,27 @@ def graph_us(fn) -> float:
 
 
 def sweep_configs(m: int, n: int, k: int) -> list[dict]:
-    """<= 22 candidates: every tile unsplit, and K splits of four tiles while programs stay few."""
+    """The candidate tiles (K is never split: splits never won the H200 sweep)."""
     bm = 1 << (m - 1).bit_length()
     out = []
-    for (bn, bk, warps, stages), split in itertools.chain(
-            itertools.product(TILES, (1,)), itertools.product(SPLIT_TILES, SPLITS)):
+    for bn, bk, warps, stages in TILES:
         bk = min(bk, 8192 // (bm * bn))  # bounded registers at larger M
-        if split > 1 and (k // split < bk or math.ceil(n / bn) * split > 8192):
-            continue
-        cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, LOOP_STAGES=stages,
-                   num_warps=warps, num_stages=1)
+        cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, LOOP_STAGES=stages, num_warps=warps,
+                   num_stages=1)
         if cfg not in out:
             out.append(cfg)
     return out
 
 
 def _short(cfg: dict) -> str:
-    return (f"n{cfg['BLOCK_N']} k{cfg['BLOCK_K']} s{cfg['SPLIT_K']} p{cfg['LOOP_STAGES']} "
-            f"w{cfg['num_warps']}")
+    return f"n{cfg['BLOCK_N']} k{cfg['BLOCK_K']} p{cfg['LOOP_STAGES']} w{cfg['num_warps']}"
 
 
 def bench_shape(shape: str, m: int, n: int, k: int, sweep: bool) -> dict:
-    down = shape != "lm-head" and (n, k) == SHAPES[shape][3]
     copies = max(2, math.ceil(COLD_BYTES / (n * k * 2)))
     calls = max(REPS, copies)
     ws = torch.randn(copies, n, k, device="cuda", dtype=torch.bfloat16).unbind(0)
-    xs = torch.randn(copies, m, 2 * k if down else k, device="cuda", dtype=torch.bfloat16).unbind(0)
-    xk = [x[:, :k].contiguous() if down else x for x in xs]  # the unfused GEMV's (M, K) input
+    xk = torch.randn(copies, m, k, device="cuda", dtype=torch.bfloat16).unbind(0)
 
     def us(cfg: dict | None) -> float:
         return _replay_us(lambda i: skinny_gemm(xk[i % copies], ws[i % copies], cfg), calls)
@@ -114,21 +106,7 @@ def bench_shape(shape: str, m: int, n: int, k: int, sweep: bool) -> dict:
                 best_us, best = t, cfg
         row.update(best_us=round(best_us, 2), best_gb_s=gb_s(best_us), best=best,
                    best_max_abs_diff=err(best), failed=failed)
-    if down:  # silu_and_mul fused into the GEMV vs the separate kernel then the GEMV
-        row.update(
-            silu_then_cublas_us=round(_replay_us(
-                lambda i: F.linear(silu_and_mul(xs[i % copies]), ws[i % copies]), calls), 2),
-            silu_then_chosen_us=round(_replay_us(
-                lambda i: skinny_gemm(silu_and_mul(xs[i % copies]), ws[i % copies]), calls), 2),
-            fused_chosen_us=round(_replay_us(
-                lambda i: skinny_gemm(xs[i % copies], ws[i % copies], silu_and_mul=True), calls), 2),
-            fused_best_us=round(_replay_us(
-                lambda i: skinny_gemm(xs[i % copies], ws[i % copies], best, True), calls), 2),
-        )
-        ref = F.linear(silu_and_mul(xs[0]), ws[0]).float()
-        row["fused_max_abs_diff"] = round(
-            (skinny_gemm(xs[0], ws[0], silu_and_mul=True).float() - ref).abs().max().item(), 4)
-    del ws, xs, xk
+    del ws, xk
     torch.cuda.empty_cache()
     return row
 
@@ -152,10 +130,6 @@ def main(argv: list[str] | None = None) -> None:
         line = (f"{r['shape']:<13} {r['m']:>2} {r['n']:>6}x{r['k']:<6} {r['cublas_us']:>10.2f} "
                 f"{r['chosen_us']:>8.2f} {best:>8.2f} {best / r['cublas_us']:>11.2f}  "
                 f"{_short(r.get('best', r['chosen']))}")
-        if "fused_chosen_us" in r:
-            line += (f"  | silu+cuBLAS {r['silu_then_cublas_us']:.2f}, silu+chosen "
-                     f"{r['silu_then_chosen_us']:.2f}, fused {r['fused_chosen_us']:.2f} "
-                     f"(best tile {r['fused_best_us']:.2f})")
         print(line)
 
 

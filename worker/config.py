@@ -66,6 +66,27 @@ class EngineConfig:
         default="auto",
         metadata={"help": "auto (read the safetensors) or dummy (random weights: benchmarks)"},
     )
+    prefill_graph_max_tokens: int = field(
+        default=8192,
+        metadata={
+            "help": "cuda + triton attention: prefill steps of up to this many tokens are padded to "
+            "a bucket and run through piecewise CUDA graphs (0: eager prefill, unpadded)"
+        },
+    )
+    kv_cache_dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "auto (the model's dtype) or fp8 (float8 e4m3, per-tensor scale: half the KV "
+            "bytes)"
+        },
+    )
+    compile_cache_dir: str = field(
+        default="",
+        metadata={
+            "help": "directory of the Triton kernel cache (TRITON_CACHE_DIR), kept across restarts "
+            "(default: Triton's own, ~/.triton/cache)"
+        },
+    )
 
     def __post_init__(self):
         if self.model:
@@ -93,6 +114,12 @@ class EngineConfig:
             )
         if self.cpu_kvcache_gib <= 0:
             raise ValueError(f"cpu_kvcache_gib must be > 0, got {self.cpu_kvcache_gib}")
+        if self.prefill_graph_max_tokens < 0:
+            raise ValueError(
+                f"prefill_graph_max_tokens must be >= 0, got {self.prefill_graph_max_tokens}"
+            )
+        if self.kv_cache_dtype not in ("auto", "fp8"):
+            raise ValueError(f"kv_cache_dtype must be auto or fp8, got {self.kv_cache_dtype!r}")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be auto or dummy, got {self.load_format!r}")
         if self.attention_backend not in ("auto", "torch", "triton", "flash_attn"):

@@ -113,7 +113,7 @@ def test_docker_compose_interpolates_tp_into_gpus_and_ranks(tmp_path) -> None:
     (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
     assert int(device["count"]) == 2
     assert int(worker["environment"]["NANOSERVE_WORKER_TENSOR_PARALLEL_SIZE"]) == 2
-    assert worker["volumes"] == frontend["volumes"] == [f"{tmp_path}:/model:ro"]
+    assert worker["volumes"][0] == frontend["volumes"][0] == f"{tmp_path}:/model:ro"
     assert frontend["ports"] == [{"published": 6000, "target": 50051}]
 
 
@@ -148,10 +148,23 @@ def test_worker_reserves_gpus_and_shared_memory(services) -> None:
 
 def test_model_directory_is_mounted_read_only_on_both(services, tmp_path) -> None:
     for name in ("worker", "frontend"):
-        assert services[name]["volumes"] == ["./models/Qwen3-0.6B:/model:ro"]
+        assert services[name]["volumes"][0] == "./models/Qwen3-0.6B:/model:ro"
         assert services[name]["environment"][env_var("model", env_prefix(CONFIGS[name]))] == "/model"
+    assert len(services["frontend"]["volumes"]) == 1
     moved = load_compose({"NANOSERVE_MODEL_DIR": str(tmp_path)})["services"]
-    assert moved["worker"]["volumes"] == [f"{tmp_path}:/model:ro"]
+    assert moved["worker"]["volumes"][0] == f"{tmp_path}:/model:ro"
+
+
+def test_worker_keeps_its_compile_cache_in_a_named_volume(services) -> None:
+    """Triton's kernels survive a restart: the worker's cache dir lies in a named volume."""
+    worker = services["worker"]
+    mounts = dict(v.split(":", 1) for v in worker["volumes"][1:])
+    assert set(mounts) == {"compile-cache"} and "compile-cache" in load_compose()["volumes"]
+    cache_dir = worker["environment"]["NANOSERVE_WORKER_COMPILE_CACHE_DIR"]
+    assert cache_dir.startswith(mounts["compile-cache"] + "/")
+    assert default(WorkerConfig, "compile_cache_dir") == ""  # a local run keeps Triton's default
+    dockerfile = DOCKERFILES["worker"].read_text()
+    assert f"mkdir -p {mounts['compile-cache']}" in dockerfile  # owned by the user, not root
 
 
 def test_frontend_is_published_and_waits_for_a_healthy_worker(services) -> None:

@@ -1,16 +1,14 @@
-"""The small-M GEMM kernel (Triton interpreter on CPU) equals F.linear for the M the decode buckets use,
-for widths that do not divide its tiles, with K split across programs (one launch, arrival counters)
-and with silu_and_mul fused into its input."""
+"""The small-M GEMM kernel (Triton interpreter on CPU) equals F.linear for the M the decode buckets use
+and for widths that do not divide its tiles."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from nanoserve.worker.kernels.norm import silu_and_mul
-from nanoserve.worker.kernels.skinny_gemm import _COUNTERS, MAX_M, skinny_gemm, skinny_gemm_config
+from nanoserve.worker.kernels.skinny_gemm import MAX_M, skinny_gemm, skinny_gemm_config
 
 
-def _cfg(bm: int, bn: int, bk: int, split_k: int, stages: int = 1) -> dict:
-    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split_k, LOOP_STAGES=stages, num_warps=4)
+def _cfg(bm: int, bn: int, bk: int, stages: int = 1) -> dict:
+    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, LOOP_STAGES=stages, num_warps=4)
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 8])
@@ -24,44 +22,23 @@ def test_matches_linear_fp32(m, n, k):
 @pytest.mark.parametrize(
     "m, n, k, cfg",
     [
-        (1, 33, 520, _cfg(1, 4, 64, 3)),  # K divides neither by the split nor by the block
-        (1, 50, 1000, _cfg(1, 8, 128, 4, stages=2)),  # pipelined loop, N % BLOCK_N != 0
-        (5, 7, 300, _cfg(8, 2, 32, 8, stages=3)),
-        (8, 16, 64, _cfg(8, 4, 16, 16)),  # one BLOCK_K per split
-        (2, 24, 40, _cfg(2, 4, 64, 4)),  # K shorter than the split asks for: fewer splits
+        (1, 33, 520, _cfg(1, 4, 64)),  # K not a multiple of the block
+        (1, 50, 1000, _cfg(1, 8, 128, stages=2)),  # pipelined loop, N % BLOCK_N != 0
+        (5, 7, 300, _cfg(8, 2, 32, stages=3)),
+        (2, 24, 40, _cfg(2, 4, 64)),  # K shorter than one block
     ],
 )
-def test_split_k_matches_linear_and_repeats_bit_identically(m, n, k, cfg):
+def test_given_tiles_match_linear(m, n, k, cfg):
     torch.manual_seed(n + k)
     x, w = torch.randn(m, k), torch.randn(n, k)
-    first = skinny_gemm(x, w, cfg)
-    torch.testing.assert_close(first, F.linear(x, w), atol=1e-4, rtol=1e-4)
-    # the merging program zeroes its arrival counter, so a second launch merges the same way
-    assert not _COUNTERS[x.device][-1].any()
-    assert torch.equal(skinny_gemm(x, w, cfg), first)
-
-
-@pytest.mark.parametrize("cfg", [None, _cfg(4, 4, 32, 1, stages=2), _cfg(4, 2, 32, 3)])
-def test_fused_silu_and_mul_equals_the_two_kernels(cfg):
-    torch.manual_seed(7)
-    m, n, k = 3, 20, 96
-    gate_up = torch.randn(m, 2 * k) * 3
-    w = torch.randn(n, k)
-    torch.testing.assert_close(skinny_gemm(gate_up, w, cfg, silu_and_mul=True),
-                               F.linear(silu_and_mul(gate_up), w), atol=1e-4, rtol=1e-4)
-    # bf16: the product is rounded to bf16 before W, as silu_and_mul stores it
-    gate_up, w = gate_up.bfloat16(), w.bfloat16()
-    y = skinny_gemm(gate_up, w, cfg, silu_and_mul=True)
-    assert y.dtype == torch.bfloat16
-    torch.testing.assert_close(y.float(), F.linear(silu_and_mul(gate_up).float(), w.float()),
-                               atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(skinny_gemm(x, w, cfg), F.linear(x, w), atol=1e-4, rtol=1e-4)
 
 
 def test_bf16_and_strided_rows():
     torch.manual_seed(0)
     x = torch.randn(4, 256).bfloat16()[::2]  # (2, 256), row stride 512
     w = torch.randn(48, 256).bfloat16()
-    for cfg in (None, _cfg(2, 4, 64, 2)):
+    for cfg in (None, _cfg(2, 4, 64, stages=2)):
         y = skinny_gemm(x, w, cfg)
         assert y.dtype == torch.bfloat16 and y.shape == (2, 48)
         torch.testing.assert_close(y.float(), F.linear(x.float(), w.float()), atol=0.1, rtol=2e-2)
@@ -70,11 +47,11 @@ def test_bf16_and_strided_rows():
 def test_config_rule():
     # M = 1: the best tiles of the L2-cold H200 sweep (0.6B o_proj and down_proj, 8B qkv)
     assert skinny_gemm_config(1, 1024, 2048) == dict(
-        BLOCK_M=1, BLOCK_N=2, BLOCK_K=2048, SPLIT_K=1, LOOP_STAGES=1, num_warps=8, num_stages=1)
+        BLOCK_M=1, BLOCK_N=2, BLOCK_K=2048, LOOP_STAGES=1, num_warps=8, num_stages=1)
     assert skinny_gemm_config(1, 1024, 3072) == dict(
-        BLOCK_M=1, BLOCK_N=2, BLOCK_K=512, SPLIT_K=1, LOOP_STAGES=3, num_warps=4, num_stages=1)
+        BLOCK_M=1, BLOCK_N=2, BLOCK_K=512, LOOP_STAGES=3, num_warps=4, num_stages=1)
     assert skinny_gemm_config(1, 6144, 4096) == dict(
-        BLOCK_M=1, BLOCK_N=4, BLOCK_K=1024, SPLIT_K=1, LOOP_STAGES=2, num_warps=4, num_stages=1)
+        BLOCK_M=1, BLOCK_N=4, BLOCK_K=1024, LOOP_STAGES=2, num_warps=4, num_stages=1)
     for n, k in [(48, 1000), (40, 2500)]:  # the narrow rules' tiles on widths they do not divide
         x, w = torch.randn(1, k), torch.randn(n, k)
         torch.testing.assert_close(skinny_gemm(x, w), F.linear(x, w), atol=1e-3, rtol=1e-4)
@@ -82,10 +59,7 @@ def test_config_rule():
         for n, k in [(1024, 3072), (4096, 6144), (24576, 4096), (151936, 1024), (64, 4096)]:
             cfg = skinny_gemm_config(m, n, k)
             assert cfg["BLOCK_M"] >= m and cfg["BLOCK_M"] * cfg["BLOCK_N"] * cfg["BLOCK_K"] <= 8192
-            assert cfg["SPLIT_K"] == 1 or n // cfg["BLOCK_N"] < 528
-    # a narrow layer at M > 1 splits K; run the rule's own choice
-    cfg = skinny_gemm_config(2, 64, 4096)
-    assert cfg["SPLIT_K"] > 1
+    # a narrow layer at M > 1: the rule's own choice
     x, w = torch.randn(2, 4096), torch.randn(64, 4096)
     torch.testing.assert_close(skinny_gemm(x, w), F.linear(x, w), atol=1e-3, rtol=1e-4)
 
@@ -95,8 +69,6 @@ def test_rejects_what_it_cannot_run():
         skinny_gemm(torch.randn(MAX_M + 1, 16), torch.randn(4, 16))
     with pytest.raises(ValueError, match="x width 16 must be weight's K=8"):
         skinny_gemm(torch.randn(1, 16), torch.randn(4, 8))
-    with pytest.raises(ValueError, match="x width 8 must be weight's K=8 times 2"):
-        skinny_gemm(torch.randn(1, 8), torch.randn(4, 8), silu_and_mul=True)
     with pytest.raises(ValueError, match="stride"):
         skinny_gemm(torch.randn(1, 16), torch.randn(16, 4).t())
     with pytest.raises(ValueError, match="dtype"):
@@ -104,8 +76,6 @@ def test_rejects_what_it_cannot_run():
     with pytest.raises(ValueError, match="2-D"):
         skinny_gemm(torch.randn(16), torch.randn(4, 16))
     with pytest.raises(ValueError, match="BLOCK_M >= M=2"):
-        skinny_gemm(torch.randn(2, 16), torch.randn(4, 16), _cfg(1, 2, 16, 1))
-    with pytest.raises(ValueError, match="SPLIT_K"):
-        skinny_gemm(torch.randn(1, 16), torch.randn(4, 16), _cfg(1, 2, 16, 0))
+        skinny_gemm(torch.randn(2, 16), torch.randn(4, 16), _cfg(1, 2, 16))
     assert skinny_gemm(torch.randn(0, 16), torch.randn(4, 16)).shape == (0, 4)
     assert not skinny_gemm(torch.randn(2, 0), torch.randn(4, 0)).any()

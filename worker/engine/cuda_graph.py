@@ -6,15 +6,12 @@ pinned staging buffer and replays the smallest bucket that holds the batch. Padd
 and context length 0, so they never touch live blocks.
 """
 import logging
-from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from nanoserve.worker.context import reset_context, set_context
 from nanoserve.worker.engine.step_inputs import StepInputs
-
-if TYPE_CHECKING:
-    from nanoserve.worker.engine.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -27,10 +24,12 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 
 class CudaGraphRunner:
 
-    def __init__(self, runner: "ModelRunner"):
-        self.model = runner.model
-        max_bs = min(runner.config.max_num_seqs, 512)
-        dev, self.width = runner.device, runner.max_num_blocks_per_seq
+    def __init__(self, model: nn.Module, max_num_seqs: int, max_model_len: int,
+                 max_num_blocks_per_seq: int, vocab_size: int, dtype: torch.dtype,
+                 device: torch.device):
+        self.model = model
+        max_bs = min(max_num_seqs, 512)
+        dev, self.width = device, max_num_blocks_per_seq
         # per bucket bs: [input_ids | positions | slot_mapping | context_lens] (bs each), then the
         # (bs, width) block tables
         self.inputs = torch.zeros(max_bs * (4 + self.width), dtype=torch.int32, device=dev)
@@ -39,8 +38,7 @@ class CudaGraphRunner:
         self.copied = [torch.cuda.Event() for _ in range(2)]
         self.flip = 0
         self.cu_seqlens_q = torch.arange(max_bs + 1, dtype=torch.int32, device=dev)
-        vocab = runner.model_config.vocab_size
-        self.logits = torch.zeros(max_bs, vocab, dtype=runner.dtype, device=dev)
+        self.logits = torch.zeros(max_bs, vocab_size, dtype=dtype, device=dev)
         self.batch_sizes = graph_batch_sizes(max_bs)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         pool = None
@@ -49,7 +47,7 @@ class CudaGraphRunner:
             slots.fill_(-1)
             graph = torch.cuda.CUDAGraph()
             set_context(is_prefill=False, cu_seqlens_q=self.cu_seqlens_q[:bs + 1], max_seqlen_q=1,
-                        max_seqlen_k=runner.max_model_len, slot_mapping=slots,
+                        max_seqlen_k=max_model_len, slot_mapping=slots,
                         context_lens=lens, block_tables=tables)
             self._forward(bs, ids, pos)  # warm-up: compiles kernels, sizes their scratch
             with torch.cuda.graph(graph, pool):

@@ -7,14 +7,23 @@ others through worker.engine.tp (every rank forwards the same batch; only rank 0
 import importlib
 import logging
 import math
+import os
+import time
 
 import numpy as np
 import torch
 
 from nanoserve.worker.config import EngineConfig
-from nanoserve.worker.context import reset_context, set_context
+from nanoserve.worker.context import get_context, reset_context, set_context
 from nanoserve.worker.distributed import init_symmetric_all_reduce
+from nanoserve.worker.engine.cuda_graph import CudaGraphRunner
 from nanoserve.worker.engine.lookahead import Foreseen, foreseen_rows, next_decode_inputs
+from nanoserve.worker.engine.prefill_graph import (
+    PrefillGraphRunner,
+    attention_warmup_steps,
+    pad_to_bucket,
+    prefill_buckets,
+)
 from nanoserve.worker.engine.sampling_inputs import SamplingInputs
 from nanoserve.worker.engine.sequence import Sequence
 from nanoserve.worker.engine.step_inputs import (
@@ -23,7 +32,7 @@ from nanoserve.worker.engine.step_inputs import (
     max_message_words,
     split_message,
 )
-from nanoserve.worker.layers.attention import Attention
+from nanoserve.worker.layers.attention import FP8_KV_DTYPE, Attention
 from nanoserve.worker.loader import load_model
 from nanoserve.worker.model_config import ModelConfig
 from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM
@@ -78,6 +87,8 @@ class ModelRunner:
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, rank: int = 0,
                  world_size: int = 1):
+        if config.compile_cache_dir:  # before the first kernel compiles; the ranks inherit it
+            os.environ["TRITON_CACHE_DIR"] = os.path.abspath(config.compile_cache_dir)
         self.config, self.model_config = config, model_config
         self.rank, self.world_size = rank, world_size
         self.block_size = config.kvcache_block_size
@@ -87,6 +98,10 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         backend = resolve_attention_backend(config.attention_backend, self.device, self.block_size)
+        # fp8: e4m3 with per-tensor scales (Attention.k_scale / v_scale), half the bytes of bf16
+        self.kv_dtype = FP8_KV_DTYPE if config.kv_cache_dtype == "fp8" else self.dtype
+        if self.kv_dtype == FP8_KV_DTYPE and backend == "flash_attn":
+            raise ValueError("kv_cache_dtype: fp8 needs attention_backend triton or torch")
         self.max_model_len = min(config.max_model_len, model_config.max_position_embeddings)
         self.max_num_blocks_per_seq = math.ceil(self.max_model_len / self.block_size)
 
@@ -112,10 +127,12 @@ class ModelRunner:
         for layer in self.attention_layers:
             layer.backend = backend
         self.num_kvcache_blocks = self.allocate_kv_cache()
-        self.graphs = None
-        if self.device.type == "cuda" and not config.enforce_eager:
-            from nanoserve.worker.engine.cuda_graph import CudaGraphRunner
-            self.graphs = CudaGraphRunner(self)
+        # prefill steps are padded to token-count buckets whether or not graphs run them, so eager
+        # and graphs run the same GEMM shapes (greedy identity); TP ranks prefill eagerly
+        max_graph_tokens = min(config.max_num_batched_tokens, config.prefill_graph_max_tokens)
+        use_buckets = backend == "triton" and world_size == 1
+        self.prefill_buckets = prefill_buckets(max_graph_tokens) if use_buckets else []
+        self.graphs = self.prefill_graphs = None
         self.sample_generator = torch.Generator(self.device).manual_seed(config.seed)
         self.sampling = SamplingInputs(self.device, model_config.vocab_size,
                                        model_config.eos_token_ids)
@@ -134,12 +151,31 @@ class ModelRunner:
             self.pinned = [torch.empty(words, dtype=torch.long, pin_memory=True) for _ in range(2)]
             self.copied = [torch.cuda.Event() for _ in range(2)]
             self.flip = 0
+            self.capture_and_compile(backend)
+
+    @torch.no_grad()  # no autograd graph may hold on to the captured tensors
+    def capture_and_compile(self, backend: str) -> None:
+        """CUDA graphs (decode, piecewise prefill) and every kernel a step can reach, compiled now
+        (or loaded from the Triton cache) so that no request waits for a compile."""
+        started = time.perf_counter()
+        if not self.config.enforce_eager:
+            self.graphs = CudaGraphRunner(self.model, self.config.max_num_seqs, self.max_model_len,
+                                          self.max_num_blocks_per_seq,
+                                          self.model_config.vocab_size, self.dtype, self.device)
+            if self.prefill_buckets:
+                self.prefill_graphs = PrefillGraphRunner(self.model, self.prefill_buckets,
+                                                         self.dtype, self.device)
+        if backend == "triton":
+            self.warmup_prefill_attention()
+        logger.info("kernels compiled (or loaded from %s) and graphs captured in %.1f s",
+                    os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache"),
+                    time.perf_counter() - started)
 
     # ---- KV cache -------------------------------------------------------------------------------
 
     @property
     def block_bytes(self) -> int:
-        per_token = 2 * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        per_token = 2 * self.num_kv_heads * self.head_dim * self.kv_dtype.itemsize
         return len(self.attention_layers) * self.block_size * per_token
 
     def allocate_kv_cache(self) -> int:
@@ -155,7 +191,7 @@ class ModelRunner:
                              "max_num_batched_tokens or raise gpu_memory_utilization")
         shape = (2, len(self.attention_layers), num_blocks, self.block_size, self.num_kv_heads,
                  self.head_dim)
-        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         for i, layer in enumerate(self.attention_layers):
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
         logger.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, self.block_size,
@@ -202,6 +238,17 @@ class ModelRunner:
         reset_context()
         torch.cuda.synchronize()
 
+    @torch.inference_mode()
+    def warmup_prefill_attention(self) -> None:
+        """Compile the prefill attention for each of its tile sizes (the only kernel parameter that
+        follows a prompt's length), so no prompt compiles a kernel while serving. A one-sequence
+        step per size, its slots -1 (nothing stored) and its keys read from block 0."""
+        attn = self.attention_layers[0]
+        group, fp32 = attn.num_heads // attn.num_kv_heads, self.dtype == torch.float32
+        for x in attention_warmup_steps(group, fp32, self.block_size):
+            self.execute(pad_to_bucket(x, self.prefill_buckets))
+        torch.cuda.synchronize(self.device)
+
     # ---- inputs ---------------------------------------------------------------------------------
 
     def _block_tables(self, seqs: list[Sequence]) -> np.ndarray:
@@ -225,9 +272,10 @@ class ModelRunner:
         cu_q = np.concatenate([[0], np.cumsum(q_lens)])
         # logits only for sequences whose prompt is complete after this step (not for a mid chunk)
         rows = [cu_q[i + 1] - 1 for i, seq in enumerate(seqs) if seq.samples_this_step]
-        return StepInputs(True, np.asarray(input_ids), np.concatenate(positions),
-                          np.concatenate(slots), cu_q, np.asarray(k_lens), self._block_tables(seqs),
-                          np.asarray(rows, dtype=np.int64), max(q_lens), max(k_lens))
+        return pad_to_bucket(StepInputs(
+            True, np.asarray(input_ids), np.concatenate(positions), np.concatenate(slots), cu_q,
+            np.asarray(k_lens), self._block_tables(seqs), np.asarray(rows, dtype=np.int64),
+            max(q_lens), max(k_lens)), self.prefill_buckets)
 
     def prepare_decode(self, seqs: list[Sequence]) -> StepInputs:
         bs, n = self.block_size, len(seqs)
@@ -272,7 +320,11 @@ class ModelRunner:
         if not x.is_prefill and self.graphs is not None and self.graphs.can_run(len(x.input_ids)):
             return self.graphs.run(x, input_ids)  # decode: one copy in, one replay (+ LM head)
         ids, positions, rows = self.load_inputs(x, msg)
-        hidden = self.model(ids if input_ids is None else input_ids, positions)
+        if x.is_prefill and self.prefill_graphs is not None and self.prefill_graphs.can_run(len(ids)):
+            # piecewise graphs: L + 1 replays, the attentions eager in between
+            hidden = self.prefill_graphs.run(ids, positions, get_context().slot_mapping)
+        else:
+            hidden = self.model(ids if input_ids is None else input_ids, positions)
         reset_context()
         if len(x.logit_rows) == 0:
             return None
@@ -290,7 +342,7 @@ class ModelRunner:
     def close(self) -> None:
         """Drop the CUDA graphs: their captured collectives pin the communicators, which a
         tensor-parallel teardown then cannot free (TensorParallelRunner stops the ranks)."""
-        self.graphs = None
+        self.graphs = self.prefill_graphs = None
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 

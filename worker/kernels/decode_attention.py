@@ -23,7 +23,9 @@ MAX_SPLITS = 16
 _COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
 
 
-@triton.jit
+# stride_bt: the block-table width, per step on the eager path (the graphs fix it); not specialised
+# so that a new width compiles nothing
+@triton.jit(do_not_specialize=["stride_bt"])
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -35,6 +37,7 @@ def _decode_split_kernel(
     part_lse_ptr,
     counters_ptr,
     qk_scale,
+    v_scale,
     stride_qb,
     stride_qh,
     stride_ob,
@@ -108,7 +111,7 @@ def _decode_split_kernel(
         m_i = m_new
 
     nonempty = l_i > 0.0
-    out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
+    out = acc / tl.where(nonempty, l_i, 1.0)[:, None] * v_scale
     if NUM_SPLITS == 1:
         tl.store(
             o_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :],
@@ -220,8 +223,11 @@ def paged_decode_attention(
     context_lens: torch.Tensor,
     scale: float,
     num_splits: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """q: (batch, num_q_heads, head_dim) -> o of the same shape; context_lens (batch,) counts the new token."""
+    """q: (batch, num_q_heads, head_dim) -> o of the same shape; context_lens (batch,) counts the new
+    token. k_scale, v_scale: the cache holds k / k_scale and v / v_scale (fp8; 1.0 otherwise)."""
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
     if cache_dim != head_dim or num_q_heads % num_kv_heads:
@@ -263,7 +269,8 @@ def paged_decode_attention(
         part_o,
         part_lse,
         counters,
-        scale * LOG2E,
+        scale * LOG2E * k_scale,
+        v_scale,
         q.stride(0),
         q.stride(1),
         o.stride(0),
@@ -280,7 +287,7 @@ def paged_decode_attention(
         NUM_SPLITS=num_splits,
         BLOCK_S=triton.next_power_of_2(num_splits),
         DOT_PRECISION="ieee" if fp32 else "tf32",
-        DOT_DTYPE=dot_dtype(k_cache.dtype),
+        DOT_DTYPE=dot_dtype(k_cache.dtype, q.dtype),
         num_warps=4,
         num_stages=2 if fp32 else 3,
     )

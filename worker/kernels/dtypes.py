@@ -1,19 +1,26 @@
-"""Operand dtype for tl.dot in the attention kernels (decode_attention, prefill_attention)."""
+"""Operand dtype for tl.dot in the attention kernels (decode_attention, prefill_attention), and the
+KV-cache dtypes they read."""
 
 import torch
 import triton
 import triton.language as tl
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+# an fp8 cache (kv_cache_dtype=fp8) holds k / k_scale and v / v_scale; the kernels widen what they
+# load to q's dtype and fold the scales into the softmax scale and the output
+FP8_KV_DTYPE = torch.float8_e4m3fn
 
 
-def dot_dtype(cache_dtype: torch.dtype) -> tl.dtype:
-    """The KV cache dtype; q and p are cast to it so tl.dot sees matching operands.
+def dot_dtype(cache_dtype: torch.dtype, q_dtype: torch.dtype | None = None) -> tl.dtype:
+    """The KV cache dtype (q's dtype for an fp8 cache); q and p are cast to it so tl.dot sees
+    matching operands.
 
     Under TRITON_INTERPRET the CPU interpreter computes bf16 tl.dot on the raw bits (Triton 3.6), so bf16 is
     widened to fp32 there; loads, stores and conversions stay bf16. Compiled kernels always use the
     cache dtype.
     """
+    if cache_dtype == FP8_KV_DTYPE and q_dtype is not None:
+        cache_dtype = q_dtype
     if cache_dtype not in _TL_DTYPES:
         raise ValueError(
             f"KV cache dtype {cache_dtype} is not supported (float32, float16, bfloat16)"

@@ -15,7 +15,9 @@ from nanoserve.worker.kernels.dtypes import dot_dtype
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+# stride_bt is the block-table width of this step (its longest sequence's blocks): an integer Triton
+# would otherwise specialise (== 1, % 16), compiling a new kernel for a new prompt length mid-serving
+@triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
     q_ptr,
     k_cache_ptr,
@@ -25,6 +27,7 @@ def _prefill_kernel(
     context_lens_ptr,
     o_ptr,
     qk_scale,
+    v_scale,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -119,12 +122,31 @@ def _prefill_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None] * v_scale
     tl.store(
         o_ptr + tokens[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :],
         out.to(o_ptr.dtype.element_ty),
         mask=row_mask[:, None],
     )
+
+
+def prefill_block_q(max_seqlen_q: int, group: int, fp32: bool) -> int:
+    """Query tokens a program owns: 128 rows of M (64 for fp32 to fit shared memory), at least one
+    query token per row group, fewer for small prompts. A constexpr: each value is a kernel, and
+    ModelRunner's warm-up compiles every one that prefill_block_q_lengths reaches."""
+    block_q = max(1, (64 if fp32 else 128) // group)
+    return min(block_q, max(16 // group, triton.next_power_of_2(max_seqlen_q)))
+
+
+def prefill_block_q_lengths(group: int, fp32: bool) -> list[int]:
+    """One max_seqlen_q for each BLOCK_Q that prefill_block_q can return (the warm-up's lengths)."""
+    top = prefill_block_q(1 << 30, group, fp32)
+    seen: dict[int, int] = {}
+    n = 1
+    while n <= top:
+        seen.setdefault(prefill_block_q(n, group, fp32), n)
+        n *= 2
+    return sorted(seen.values())
 
 
 def paged_prefill_attention(
@@ -136,8 +158,13 @@ def paged_prefill_attention(
     context_lens: torch.Tensor,
     max_seqlen_q: int,
     scale: float,
+    out: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """q: (num_tokens, num_q_heads, head_dim) new tokens -> o of the same shape (causal, bottom-right aligned)."""
+    """q: (num_tokens, num_q_heads, head_dim) new tokens -> o of the same shape (causal, bottom-right
+    aligned), written into `out` when given. Rows past cu_seqlens_q[-1] (padding) are not written.
+    k_scale, v_scale: the cache holds k / k_scale and v / v_scale (an fp8 cache; 1.0 otherwise)."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
     batch = context_lens.shape[0]
@@ -152,16 +179,16 @@ def paged_prefill_attention(
             "paged_prefill_attention needs contiguous head_dim and identical k/v cache strides"
         )
     group = num_q_heads // num_kv_heads
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if out is None:
+        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(f"out {tuple(out.shape)} {out.dtype} does not fit q {tuple(q.shape)}")
+    else:
+        o = out
     if num_tokens == 0 or batch == 0 or max_seqlen_q <= 0:
         return o
     fp32 = q.dtype == torch.float32
-    # 128 rows of M (64 for fp32 to fit shared memory), at least one query token per row group
-    block_m = 64 if fp32 else 128
-    block_q = max(1, block_m // group)
-    block_q = min(
-        block_q, max(16 // group, triton.next_power_of_2(max_seqlen_q))
-    )  # small prompts: smaller tiles
+    block_q = prefill_block_q(max_seqlen_q, group, fp32)
     block_n = min(64, block_size)
     grid = (batch, triton.cdiv(max_seqlen_q, block_q), num_kv_heads)
     _prefill_kernel[grid](
@@ -172,7 +199,8 @@ def paged_prefill_attention(
         cu_seqlens_q,
         context_lens,
         o,
-        scale * LOG2E,
+        scale * LOG2E * k_scale,
+        v_scale,
         q.stride(0),
         q.stride(1),
         o.stride(0),
@@ -187,7 +215,7 @@ def paged_prefill_attention(
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
         DOT_PRECISION="ieee" if fp32 else "tf32",
-        DOT_DTYPE=dot_dtype(k_cache.dtype),
+        DOT_DTYPE=dot_dtype(k_cache.dtype, q.dtype),
         num_warps=8 if block_q * group * head_dim >= 128 * 128 else 4,
         num_stages=2,
     )

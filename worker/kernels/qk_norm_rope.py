@@ -9,11 +9,14 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# positions and slot_mapping are views into a step's flat input message at offsets set by its token
+# count: their 16-byte alignment varies per step. Each program loads one scalar of each, so
+# alignment buys nothing and is not specialised on (an odd token count compiled a new kernel).
+@triton.jit(do_not_specialize_on_alignment=["pos_ptr", "slot_mapping_ptr"])
 def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_sin_ptr, pos_ptr,
                          k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
                          stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                         stride_cb, stride_cs, stride_ch, eps,
+                         stride_cb, stride_cs, stride_ch, eps, k_scale, v_scale,
                          NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr,
                          STORE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     # grid (num_tokens, num_q_heads + num_kv_heads): one program per (token, head)
@@ -53,24 +56,31 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_sin_ptr, pos_p
                 dst = ((slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs
                        + kv_head * stride_ch)
                 cache_dtype = k_cache_ptr.dtype.element_ty
-                tl.store(k_cache_ptr + dst + dims, y1.to(cache_dtype))
-                tl.store(k_cache_ptr + dst + HALF + dims, y2.to(cache_dtype))
+                # the cache holds k / k_scale, v / v_scale (fp8; scales of 1.0 change no bit)
+                k1 = (y1.to(tl.float32) / k_scale).to(cache_dtype)
+                k2 = (y2.to(tl.float32) / k_scale).to(cache_dtype)
+                tl.store(k_cache_ptr + dst + dims, k1)
+                tl.store(k_cache_ptr + dst + HALF + dims, k2)
                 src = v_ptr + token * stride_vt + kv_head * stride_vh
-                tl.store(v_cache_ptr + dst + dims, tl.load(src + dims).to(cache_dtype))
-                tl.store(v_cache_ptr + dst + HALF + dims, tl.load(src + HALF + dims).to(cache_dtype))
+                v1 = (tl.load(src + dims).to(tl.float32) / v_scale).to(cache_dtype)
+                v2 = (tl.load(src + HALF + dims).to(tl.float32) / v_scale).to(cache_dtype)
+                tl.store(v_cache_ptr + dst + dims, v1)
+                tl.store(v_cache_ptr + dst + HALF + dims, v2)
 
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                  cos_sin_cache: torch.Tensor, positions: torch.Tensor, eps: float,
                  v: torch.Tensor | None = None, k_cache: torch.Tensor | None = None,
                  v_cache: torch.Tensor | None = None,
-                 slot_mapping: torch.Tensor | None = None) -> None:
+                 slot_mapping: torch.Tensor | None = None, k_scale: float = 1.0,
+                 v_scale: float = 1.0) -> None:
     """In place. q: (N, Hq, D), k: (N, Hkv, D) (strided views of the qkv output are fine);
     cos_sin_cache: (max_position, D) fp32 as [cos | sin]; positions: (N,).
 
     With v (N, Hkv, D), k_cache/v_cache (num_blocks, block_size, Hkv, D) and slot_mapping (N,) int32
     or int64, also stores the normed, rotated k and the untouched v at each token's slot (as
-    store_kvcache would afterwards); slot -1 stores nothing. All four or none.
+    store_kvcache would afterwards); slot -1 stores nothing. All four or none. The cache holds
+    k / k_scale and v / v_scale (an fp8 cache; 1.0 otherwise).
     """
     n, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
@@ -98,6 +108,6 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     _qk_norm_rope_kernel[(n, num_q_heads + num_kv_heads)](
         q, k, v, q_weight, k_weight, cos_sin_cache, positions, k_cache, v_cache, slot_mapping,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        *cache_strides, eps,
+        *cache_strides, eps, k_scale, v_scale,
         NUM_Q_HEADS=num_q_heads, HALF=head_dim // 2, STORE=all(store), BLOCK_SIZE=block_size,
         num_warps=1)

@@ -9,7 +9,9 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# slot_mapping may be a view at a per-step offset; one scalar load a program: no alignment
+# specialisation (a new alignment would compile a new kernel while serving)
+@triton.jit(do_not_specialize_on_alignment=["slot_mapping_ptr"])
 def _store_kvcache_kernel(
     key_ptr,
     value_ptr,
@@ -24,6 +26,8 @@ def _store_kvcache_kernel(
     stride_cs,
     stride_ch,
     num_kv_heads,
+    k_scale,
+    v_scale,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -43,8 +47,11 @@ def _store_kvcache_kernel(
         value_ptr + token * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=mask
     )
     dst = block * stride_cb + offset * stride_cs + heads[:, None] * stride_ch + dims[None, :]
-    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    # the cache holds k / k_scale, v / v_scale (fp8; scales of 1.0 change no bit)
+    k = (k.to(tl.float32) / k_scale).to(k_cache_ptr.dtype.element_ty)
+    v = (v.to(tl.float32) / v_scale).to(v_cache_ptr.dtype.element_ty)
+    tl.store(k_cache_ptr + dst, k, mask=mask)
+    tl.store(v_cache_ptr + dst, v, mask=mask)
 
 
 def store_kvcache(
@@ -53,8 +60,11 @@ def store_kvcache(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
-    """key, value: (num_tokens, num_kv_heads, head_dim); caches: (num_blocks, block_size, num_kv_heads, head_dim)."""
+    """key, value: (num_tokens, num_kv_heads, head_dim); caches: (num_blocks, block_size, num_kv_heads, head_dim),
+    holding key / k_scale and value / v_scale (an fp8 cache; 1.0 otherwise)."""
     num_tokens, num_kv_heads, head_dim = key.shape
     if value.shape != key.shape:
         raise ValueError(f"value shape {tuple(value.shape)} != key shape {tuple(key.shape)}")
@@ -85,6 +95,8 @@ def store_kvcache(
         k_cache.stride(1),
         k_cache.stride(2),
         num_kv_heads,
+        k_scale,
+        v_scale,
         BLOCK_SIZE=k_cache.shape[1],
         BLOCK_H=triton.next_power_of_2(num_kv_heads),
         HEAD_DIM=head_dim,

@@ -13,21 +13,30 @@ from torch import nn
 
 from nanoserve.worker.context import get_context
 
+FP8_KV_DTYPE = torch.float8_e4m3fn  # kv_cache_dtype=fp8 (worker.kernels.dtypes names the same)
+
 
 def store_kvcache_torch(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                        v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    # key, value: (num_tokens, num_kv_heads, head_dim); slot -1 marks a padded token
+                        v_cache: torch.Tensor, slot_mapping: torch.Tensor, k_scale: float = 1.0,
+                        v_scale: float = 1.0) -> None:
+    # key, value: (num_tokens, num_kv_heads, head_dim); slot -1 marks a padded token. The cache
+    # holds key / k_scale and value / v_scale (an fp8 cache; 1.0 otherwise)
     valid = slot_mapping >= 0
     slots = slot_mapping[valid].long()
-    k_cache.view(-1, *k_cache.shape[2:])[slots] = key[valid]
-    v_cache.view(-1, *v_cache.shape[2:])[slots] = value[valid]
+    k, v = key[valid], value[valid]
+    if k_cache.dtype == FP8_KV_DTYPE:
+        k, v = (k.float() / k_scale).to(k_cache.dtype), (v.float() / v_scale).to(v_cache.dtype)
+    k_cache.view(-1, *k_cache.shape[2:])[slots] = k
+    v_cache.view(-1, *v_cache.shape[2:])[slots] = v
 
 
-def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    # (num_blocks, block_size, H, D) -> (length, H, D) for one sequence
+def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int, scale: float,
+               dtype: torch.dtype) -> torch.Tensor:
+    # (num_blocks, block_size, H, D) -> (length, H, D) for one sequence, in dtype
     block_size = cache.shape[1]
     num_blocks = (length + block_size - 1) // block_size
-    return cache[block_table[:num_blocks].long()].flatten(0, 1)[:length]
+    kv = cache[block_table[:num_blocks].long()].flatten(0, 1)[:length]
+    return (kv.float() * scale).to(dtype) if cache.dtype == FP8_KV_DTYPE else kv
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -45,7 +54,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
 
 def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                          context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                          context_lens: torch.Tensor, scale: float, k_scale: float = 1.0,
+                          v_scale: float = 1.0) -> torch.Tensor:
     """Reference paged attention for prefill, extend and decode. q: (num_tokens, Hq, D)."""
     out = torch.empty_like(q)
     starts, lens = cu_seqlens_q.tolist(), context_lens.tolist()
@@ -53,8 +63,8 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         s, e = starts[i], starts[i + 1]
         if e == s:
             continue
-        k = _gather_kv(k_cache, block_tables[i], length)
-        v = _gather_kv(v_cache, block_tables[i], length)
+        k = _gather_kv(k_cache, block_tables[i], length, k_scale, q.dtype)
+        v = _gather_kv(v_cache, block_tables[i], length, v_scale, q.dtype)
         out[s:e] = _attend(q[s:e], k, v, scale)
     return out
 
@@ -77,6 +87,9 @@ class Attention(nn.Module):
         self.num_heads, self.head_dim, self.scale = num_heads, head_dim, scale
         self.num_kv_heads = num_kv_heads
         self.k_cache = self.v_cache = torch.tensor([])
+        # the cache holds k / k_scale and v / v_scale: per-tensor scales of an fp8 cache (1.0, the
+        # uncalibrated default; exact for a bf16 / fp32 cache)
+        self.k_scale = self.v_scale = 1.0
         self.backend = "torch"  # "torch" | "triton" | "flash_attn"; set by ModelRunner
 
     @property
@@ -101,22 +114,37 @@ class Attention(nn.Module):
             o = self._flash_attn(q, k, v, ctx, kv_stored)
         else:
             if not kv_stored:
-                store_kvcache_torch(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+                store_kvcache_torch(k, v, self.k_cache, self.v_cache, ctx.slot_mapping,
+                                    self.k_scale, self.v_scale)
             o = paged_attention_torch(q, self.k_cache, self.v_cache, ctx.block_tables,
-                                      ctx.cu_seqlens_q, ctx.context_lens, self.scale)
+                                      ctx.cu_seqlens_q, ctx.context_lens, self.scale,
+                                      self.k_scale, self.v_scale)
         return o.flatten(1, 2)
+
+    def attend_stored(self, q: torch.Tensor, out: torch.Tensor) -> None:
+        """Prefill attention of q (N, Hq * D) into out (N, Hq * D), this step's k/v already in the
+        cache (Triton backend): the eager part between the piecewise prefill graphs."""
+        ctx = get_context()
+        from nanoserve.worker.kernels import paged_prefill_attention
+        paged_prefill_attention(q.view(-1, self.num_heads, self.head_dim), self.k_cache,
+                                self.v_cache, ctx.block_tables, ctx.cu_seqlens_q,
+                                ctx.context_lens, ctx.max_seqlen_q, self.scale,
+                                out=out.view(-1, self.num_heads, self.head_dim),
+                                k_scale=self.k_scale, v_scale=self.v_scale)
 
     def _triton(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx,
                 kv_stored: bool) -> torch.Tensor:
         from nanoserve.worker.kernels import paged_decode_attention, paged_prefill_attention, store_kvcache
         if not kv_stored:
-            store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+            store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, self.k_scale,
+                          self.v_scale)
         if ctx.is_prefill:
             return paged_prefill_attention(q, self.k_cache, self.v_cache, ctx.block_tables,
                                            ctx.cu_seqlens_q, ctx.context_lens, ctx.max_seqlen_q,
-                                           self.scale)
+                                           self.scale, k_scale=self.k_scale, v_scale=self.v_scale)
         return paged_decode_attention(q, self.k_cache, self.v_cache, ctx.block_tables,
-                                      ctx.context_lens, self.scale)
+                                      ctx.context_lens, self.scale, k_scale=self.k_scale,
+                                      v_scale=self.v_scale)
 
     def _flash_attn(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx,
                     kv_stored: bool) -> torch.Tensor:

@@ -40,7 +40,7 @@ def check_shape(loaded, expected: tuple[int, ...]) -> None:
 
 
 def load_whole(param: nn.Parameter, loaded, shard_id=None) -> None:
-    """weight_loader for replicated parameters (norms, ReplicatedLinear)."""
+    """weight_loader for replicated parameters (norms, a row-parallel bias)."""
     check_shape(loaded, param.shape)
     param.data.copy_(narrow(loaded, 0, 0, param.shape[0]))
 
@@ -73,13 +73,6 @@ class LinearBase(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
-
-
-class ReplicatedLinear(LinearBase):
-    """The whole weight on every rank."""
-
-    def weight_loader(self, param, loaded, shard_id=None):
-        load_whole(param, loaded)
 
 
 class ColumnParallelLinear(LinearBase):

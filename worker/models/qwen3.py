@@ -34,7 +34,10 @@ class Qwen3Attention(nn.Module):
         self.rotary_emb = RotaryEmbedding(head_dim, max_position, rope_theta)
         self.attn = Attention(self.num_heads, head_dim, head_dim ** -0.5, self.num_kv_heads)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+    def project(self, positions: torch.Tensor, hidden_states: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+        """Everything before the attention proper: (q, k, v, kv_stored); q (N, Hq, D) and k
+        (N, Hkv, D) normed and rotated, v (N, Hkv * D); kv_stored: k/v are already in the cache."""
         # hidden_states: (N, hidden) -> qkv: (N, (Hq + 2 * Hkv) * D), heads of this rank
         qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -48,13 +51,18 @@ class Qwen3Attention(nn.Module):
                 qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, cache_on, positions,
                              self.q_norm.eps, v=v.view(-1, self.num_kv_heads, self.head_dim),
                              k_cache=self.attn.k_cache, v_cache=self.attn.v_cache,
-                             slot_mapping=get_context().slot_mapping)
+                             slot_mapping=get_context().slot_mapping,
+                             k_scale=self.attn.k_scale, v_scale=self.attn.v_scale)
                 kv_stored = True
             else:
                 qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, cache_on, positions,
                              self.q_norm.eps)
         else:
             q, k = self.rotary_emb(positions, self.q_norm(q), self.k_norm(k))
+        return q, k, v, kv_stored
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        q, k, v, kv_stored = self.project(positions, hidden_states)
         o = self.attn(q.flatten(1), k.flatten(1), v, kv_stored=kv_stored)  # (N, Hq * D)
         return self.o_proj(o)  # (N, hidden), this rank's partial sum
 
@@ -87,16 +95,29 @@ class Qwen3DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps,
                                                 all_reduce_slot=0)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def pre_attention(self, positions: torch.Tensor, hidden_states: torch.Tensor,
+                      residual: torch.Tensor | None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool, torch.Tensor]:
+        """The layer up to its attention: (q, k, v, kv_stored, residual) (Qwen3Attention.project).
+        The piecewise prefill graphs (worker.engine.prefill_graph) cut each layer here."""
         # the residual add of each sub-block is fused into the norm that follows it
         if residual is None:
             hidden_states, residual = self.input_layernorm(hidden_states), hidden_states
         else:
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return *self.self_attn.project(positions, hidden_states), residual
+
+    def post_attention(self, o: torch.Tensor, residual: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer after its attention output o (N, Hq * D): o_proj, add + norm, MLP."""
+        hidden_states, residual = self.post_attention_layernorm(self.self_attn.o_proj(o), residual)
         return self.mlp(hidden_states), residual
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
+                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k, v, kv_stored, residual = self.pre_attention(positions, hidden_states, residual)
+        o = self.self_attn.attn(q.flatten(1), k.flatten(1), v, kv_stored=kv_stored)  # (N, Hq * D)
+        return self.post_attention(o, residual)
 
 
 class Qwen3Model(nn.Module):

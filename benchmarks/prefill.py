@@ -1,0 +1,106 @@
+"""Host time against GPU time of one prefill step (issue 19), and the time to first token of a
+request alone, by prompt length. Prints JSON; figures, never pass/fail.
+
+Host time: prepare_prefill + ModelRunner.execute (forward + LM head) returning, while the GPU is
+held busy by a sleep kernel, so nothing the host does waits for the GPU. GPU time: CUDA events
+around the same step, whose kernels are all queued before the GPU reaches the first one.
+
+    python -m nanoserve.benchmarks.prefill [--model DIR | --shape qwen3-0.6b] [--enforce-eager]
+"""
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from nanoserve.benchmarks.engine import SHAPES, write_shape_dir
+
+
+def step_times(llm, prompt: list[int]) -> tuple[float, float]:
+    """(host ms, GPU ms) of one prefill step of `prompt` (then its blocks are freed)."""
+    import torch
+
+    from nanoserve.worker import SamplingParams
+    from nanoserve.worker.engine.sequence import Sequence
+    runner, bm = llm.model_runner, llm.block_manager
+    seq = Sequence(prompt, SamplingParams())
+    bm.allocate(seq)
+    seq.num_scheduled_tokens = len(prompt) - seq.num_computed_tokens
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU cycles: longer than any step's host time
+    start.record()
+    t0 = time.perf_counter()
+    runner.execute(runner.prepare_prefill([seq]))
+    host = (time.perf_counter() - t0) * 1e3
+    end.record()
+    torch.cuda.synchronize()
+    bm.deallocate(seq)
+    return host, start.elapsed_time(end)
+
+
+def ttft_ms(llm, prompt: list[int]) -> float:
+    import torch
+
+    from nanoserve.worker import SamplingParams
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
+                 use_tqdm=False)
+    return (time.perf_counter() - t0) * 1e3
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m nanoserve.benchmarks.prefill", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="", help="a Qwen3 checkpoint directory (default: --shape)")
+    p.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES))
+    p.add_argument("--lengths", default="37,600,1500,4000", help="prompt lengths, comma-separated")
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (decode, prefill)")
+    p.add_argument("--max-model-len", type=int, default=8192)
+    args = p.parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks.prefill needs CUDA")
+    from nanoserve.worker import LLM
+    kw = dict(enforce_eager=args.enforce_eager, max_model_len=args.max_model_len,
+              max_num_seqs=64, max_num_batched_tokens=8192)
+    started = time.perf_counter()
+    if args.model:
+        llm = LLM(args.model, **kw)
+    else:
+        model = write_shape_dir(args.shape, Path(tempfile.mkdtemp(prefix="nanoserve-bench-")))
+        llm = LLM(model, load_format="dummy", **kw)
+    start_s = time.perf_counter() - started
+    rng = random.Random(0)
+    vocab = llm.model_runner.model_config.vocab_size - 1000
+
+    def prompt(n: int) -> list[int]:  # distinct random prompts: no prefix-cache hits
+        return [rng.randrange(vocab) for _ in range(n)]
+
+    rows = []
+    for n in (int(v) for v in args.lengths.split(",")):
+        first_ttft = ttft_ms(llm, prompt(n))
+        steps = [step_times(llm, prompt(n)) for _ in range(args.repeats)]
+        host = statistics.median(h for h, _ in steps)
+        gpu = statistics.median(g for _, g in steps)
+        ttft = statistics.median(ttft_ms(llm, prompt(n)) for _ in range(args.repeats))
+        rows.append(dict(prompt_tokens=n, host_ms=round(host, 3), gpu_ms=round(gpu, 3),
+                         host_share_of_step=round(host / max(host, gpu), 3),
+                         host_over_gpu=round(host / gpu, 3), ttft_first_ms=round(first_ttft, 2),
+                         ttft_median_ms=round(ttft, 2)))
+    runner = llm.model_runner
+    print(json.dumps(dict(
+        model=args.model or args.shape, enforce_eager=args.enforce_eager,
+        prefill_graphs=getattr(runner, "prefill_graphs", None) is not None,
+        prefill_buckets=getattr(runner, "prefill_buckets", None), engine_start_s=round(start_s, 1),
+        gpu=torch.cuda.get_device_name(), steps=rows), indent=1))
+    llm.shutdown()
+
+
+if __name__ == "__main__":
+    main()

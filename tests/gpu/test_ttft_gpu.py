@@ -1,0 +1,87 @@
+"""Time to first token on CUDA (Qwen3-0.6B shapes, random weights): after the engine's start-up no
+prompt length compiles a Triton kernel, so a length the engine has never seen (primes, 1, the
+longest) reaches its first token as fast as a length it has; and the piecewise prefill graphs give
+the eager prefill's logits bit for bit."""
+import random
+import statistics
+import time
+
+import pytest
+import torch
+
+from tests.gpu.test_engine_gpu import free, hf_model, make_llm, teacher_forced_logits  # noqa: F401
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+MAX_MODEL_LEN = 4096
+# 600 is the length seen first; the rest are new to the engine
+UNSEEN = [1, 2, 3, 7, 13, 31, 37, 61, 127, 251, 509, 601, 777, 1021, 1499, 2039, 4000,
+          MAX_MODEL_LEN - 1]
+
+
+def random_prompt(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(151643) for _ in range(n)]
+
+
+def ttft_ms(llm, prompt: list[int]) -> float:
+    """One request alone, max_tokens=1: its prefill step, the sample and the engine's bookkeeping."""
+    from nanoserve.worker import SamplingParams
+    sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    llm.generate([prompt], sp, use_tqdm=False)
+    return (time.perf_counter() - start) * 1e3
+
+
+def test_unseen_prompt_lengths_compile_nothing_and_are_as_fast(hf_model, capsys):
+    import triton
+    path, _ = hf_model
+    started = time.perf_counter()
+    llm = make_llm(path, max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=8192,
+                   num_kvcache_blocks=64)
+    start_s = time.perf_counter() - started
+    rng = random.Random(0)
+    ttft_ms(llm, random_prompt(rng, 600))  # a first request: lazy host-side state, not kernels
+    compiled: list[str] = []
+
+    def on_compile(*args, **kwargs):  # called before each new specialisation, cached on disk or not
+        compiled.append(kwargs.get("repr", "?"))
+        return None  # go on compiling
+
+    triton.knobs.runtime.jit_cache_hook = on_compile
+    try:
+        # distinct random prompts: no prefix-cache hit makes a repeat cheaper
+        first = {n: ttft_ms(llm, random_prompt(rng, n)) for n in UNSEEN}
+        seen = {n: statistics.median(ttft_ms(llm, random_prompt(rng, n)) for _ in range(3))
+                for n in UNSEEN}
+    finally:
+        triton.knobs.runtime.jit_cache_hook = None
+    free(llm)
+    with capsys.disabled():
+        print(f"\n[gpu] engine start (weights, cache, graphs, kernels) {start_s:.1f} s; TTFT ms, "
+              "first of a length / median of 3 more:")
+        for n in UNSEEN:
+            print(f"  {n:5d} tokens: {first[n]:7.2f} / {seen[n]:7.2f}")
+        if compiled:
+            print("  compiled while serving:\n   " + "\n   ".join(compiled))
+    assert not compiled
+    # within 10% (and half a millisecond of host jitter at the shortest prompts)
+    slow = {n: (first[n], seen[n]) for n in UNSEEN if first[n] > max(1.10 * seen[n], seen[n] + 0.5)}
+    assert not slow
+
+
+@pytest.mark.parametrize("n", [1, 16, 17, 37, 600, 1500, 2048, 3000])
+def test_prefill_graphs_give_eager_logits(hf_model, n):
+    """The graphs replay the eager kernels over the same padded shapes: identical logits for every
+    prompt position."""
+    path, _ = hf_model
+    rng = random.Random(n)
+    prompt = random_prompt(rng, n)
+    out = {}
+    for eager in (False, True):
+        llm = make_llm(path, max_model_len=4096, enforce_eager=eager)
+        assert (llm.model_runner.prefill_graphs is None) == eager
+        out[eager] = teacher_forced_logits(llm, prompt)
+        free(llm)
+    assert torch.equal(out[False], out[True])
