@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from nanoserve.benchmarks import serving
+from nanoserve.benchmarks import gpu_table, serving
 from tests.e2e.conftest import REPO_ROOT, assert_idle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -31,7 +31,7 @@ def check_path(res: dict, requests: int, tokens: int) -> None:
     assert res["loadgen"]["cpu_s"] > 0
 
 
-def test_bench_serving_offline_and_both_paths(tiny_model_dir):
+def test_bench_serving_offline_and_both_paths(tiny_model_dir, tmp_path, capsys):
     proc = subprocess.run(
         [sys.executable, "-m", "nanoserve.cli", "bench", "serving", "--json", "--model",
          str(tiny_model_dir), "--device", "cpu", "--kvcache-block-size", "16",
@@ -48,6 +48,13 @@ def test_bench_serving_offline_and_both_paths(tiny_model_dir):
         assert set(res[path]["service_cpu_cores"]) == {"worker", "frontend"}
     assert res["settings"]["kvcache_block_size"] == 16
     assert "ttft_frontend_minus_worker_ms" in res
+    # scripts/gpu_run.sh's table reads the step logs
+    (tmp_path / "serving.log").write_text(proc.stderr + proc.stdout + "=== serving: exit 0 after 9 s\n")
+    gpu_table.main([str(tmp_path)])
+    table = capsys.readouterr().out
+    assert "serving: exit 0 after 9 s" in table
+    assert f"frontend  {res['frontend']['tok_s']:>9,.0f} {res['frontend_over_offline']:>8}" in table
+    assert json.loads((tmp_path / "results.json").read_text())[0]["bench"] == "serving"
 
 
 def test_bench_serving_against_running_services(services):
