@@ -11,7 +11,6 @@ import time
 from dataclasses import asdict
 
 import grpc
-
 from nanoserve.benchmarks.workload import Request
 from nanoserve.grpc_options import channel_options
 from nanoserve.proto.v1 import common_pb2

@@ -10,15 +10,14 @@ import dataclasses
 import json
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from statistics import median
 
 import grpc
-
 from nanoserve.benchmarks import loadgen, workload
 from nanoserve.benchmarks.engine import SHAPES, write_shape_dir
 from nanoserve.benchmarks.offline import MARK
@@ -26,6 +25,8 @@ from nanoserve.benchmarks.services import Service, tree_cpu_s
 from nanoserve.benchmarks.stats import summarize, summarize_by_bucket
 from nanoserve.config import add_config_args, config_from_args, flag
 from nanoserve.worker.config import EngineConfig
+
+SATURATED = 0.8  # CPU cores a load-generator process may use before it may be the bottleneck
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,7 +153,9 @@ def measure(target: str, address: str, shape: list, warmup: list, args,
             ((r["prompt_len"], r["ttft"]) for r in ok if r["ttft"] is not None), edges, 1000),
         loadgen=dict(procs=len(clients), cpu_s=round(sum(c["cpu_s"] for c in clients), 2),
                      busiest_proc_cpu=round(max(c["cpu_s"] / c["wall_s"] for c in clients), 2)),
+        # a client process near one core is the bottleneck itself: raise --client-procs
         service_cpu_cores=cpu)
+    out["loadgen"]["saturated"] = out["loadgen"]["busiest_proc_cpu"] > SATURATED
     # one stream: a warm-up of the same prompt length, then the timed runs one after another
     one = [(args.one_stream_prompt_len, args.one_stream_tokens)] * (args.one_stream_runs + 1)
     seq = asyncio.run(loadgen.run(
@@ -179,7 +182,7 @@ def start_services(settings: dict, target: str, args) -> dict[str, Service]:
             services["frontend"].wait_serving(120)
     except BaseException:
         for s in services.values():
-            s.stop()
+            s.stop(10.0)
         raise
     return services
 
@@ -217,7 +220,7 @@ def run(args: argparse.Namespace) -> dict:
     finally:
         for name in ("frontend", "worker"):  # the frontend first: its streams drain through it
             if name in services:
-                services[name].stop()
+                services[name].stop(10.0)
     offline = result.get("offline")
     for t in targets if offline else ():
         result[f"{t}_over_offline"] = round(result[t]["tok_s"] / offline["tok_s"], 3)
@@ -249,13 +252,21 @@ def summary(r: dict) -> str:
         lines.append(f"    ITL ms  {x['itl_ms']}")
         for bucket, s in x["ttft_ms_by_prompt_len"].items():
             lines.append(f"    TTFT ms, prompt {bucket}: {s}")
+        if x["loadgen"]["saturated"]:
+            lines.append("    WARNING: a load-generator process was near one core: "
+                         "raise --client-procs")
         lines.append(f"    load generator {x['loadgen']}; service CPU cores "
                      f"{x['service_cpu_cores']}; messages/token {x['messages_per_token']}")
     return "\n".join(lines)
 
 
+def _terminate(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through run()'s finally: the services are stopped
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)  # e.g. gpu_run.sh's timeout
     res = run(args)
     print(json.dumps(res) if args.json else summary(res), flush=True)
 
