@@ -166,7 +166,7 @@ def account(shape: Shape, steps: list[dict], tail_batch: int = 16) -> dict:
             continue
         p = phases[name]
         row = dict(steps=p["steps"], output_tokens=p["tokens"], gbytes=round(p["bytes"] / 1e9, 1),
-                   tflop=round(p["flops"] / 1e12, 2), bound_s=round(p["bound_s"], 4))
+                   tflop=round(p["flops"] / 1e12, 2), bound_s=round(p["bound_s"], 6))
         if p["seconds"]:
             row.update(seconds=round(p["seconds"], 4),
                        fraction_of_bound=round(p["bound_s"] / p["seconds"], 3))
@@ -174,7 +174,7 @@ def account(shape: Shape, steps: list[dict], tail_batch: int = 16) -> dict:
     tokens = sum(p["tokens"] for p in phases.values())
     bound = sum(p["bound_s"] for p in phases.values())
     seconds = sum(p["seconds"] for p in phases.values())
-    out["total"] = dict(output_tokens=tokens, bound_s=round(bound, 4),
+    out["total"] = dict(output_tokens=tokens, bound_s=round(bound, 6),
                         speed_of_light_tok_s=round(tokens / bound))
     if seconds:
         out["total"].update(seconds=round(seconds, 4), tok_s=round(tokens / seconds),
