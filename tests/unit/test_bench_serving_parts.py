@@ -4,7 +4,7 @@ import argparse
 import math
 
 import pytest
-from nanoserve.benchmarks import engine, serving, workload
+from nanoserve.benchmarks import engine, roofline, serving, workload
 from nanoserve.benchmarks.stats import bucket_label, percentile, summarize, summarize_by_bucket
 from nanoserve.config import add_config_args, config_from_args
 from nanoserve.worker.config import EngineConfig, WorkerConfig
@@ -77,7 +77,8 @@ def test_worker_flags_carry_the_offline_engine_settings(tiny_model_dir):
     assert set(settings) == {f for f in EngineConfig.__dataclass_fields__}
 
 
-@pytest.mark.parametrize("build", [engine.build_parser, serving.build_parser])
+@pytest.mark.parametrize("build", [engine.build_parser, serving.build_parser,
+                                   roofline.build_parser])
 def test_every_bench_flag_has_help(build):
     parser = build()
     missing = [a.dest for a in parser._actions if not a.help or not a.help.strip()]
