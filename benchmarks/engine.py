@@ -215,11 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("what", nargs="*", default=["throughput", "latency", "prefill"],
                    choices=["throughput", "latency", "prefill", "scheduler", "profile"],
                    help="benchmarks to run, in order (default: throughput latency prefill)")
-    p.add_argument("--model", default="", help="model directory (default: random weights of --shape)")
+    p.add_argument("--model", default="",
+                   help="model directory (default: random weights of --shape)")
     p.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES),
                    help="Qwen3 shape of the random weights (load_format=dummy) without --model")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
-    p.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks the model is split over")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="ranks the model is split over")
     p.add_argument("--enforce-eager", action="store_true", help="never use CUDA graphs")
     p.add_argument("--decode-lookahead", default="auto", choices=["auto", "on", "off"],
                    help="forward decode step N+1 before N's ids reach the host (auto: one rank)")

@@ -55,7 +55,8 @@ def serving_lines(r: dict) -> list[str]:
             f"{b} {fmt(s)}" for b, s in x["ttft_ms_by_prompt_len"].items())
             + f"; service CPU cores {x['service_cpu_cores']}")
     if "ttft_frontend_minus_worker_ms" in r:
-        lines.append(f"  one-stream TTFT frontend - worker: {r['ttft_frontend_minus_worker_ms']} ms")
+        lines.append("  one-stream TTFT frontend - worker: "
+                     f"{r['ttft_frontend_minus_worker_ms']} ms")
     return lines
 
 

@@ -6,6 +6,7 @@ its own CPU time so that the figures say whether it was.
 import asyncio
 import json
 import multiprocessing as mp
+import queue
 import resource
 import time
 from dataclasses import asdict
@@ -53,7 +54,7 @@ async def _one(start, r: Request, t0: float) -> dict:
         await asyncio.sleep(delay)
     sent = time.perf_counter()
     times: list[float] = []
-    tokens = 0
+    tokens, first_tokens = 0, 0
     error = ""
     try:
         async for response in start(r):
@@ -61,11 +62,12 @@ async def _one(start, r: Request, t0: float) -> dict:
             if n:
                 times.append(time.perf_counter())
                 tokens += n
+                first_tokens = first_tokens or n
     except grpc.RpcError as e:
         error = f"{e.code().name}: {e.details()}"
     end = time.perf_counter()
     return dict(prompt_len=len(r.prompt_token_ids), max_tokens=r.max_tokens, tokens=tokens,
-                messages=len(times), sent=sent - t0, end=end - t0,
+                first_tokens=first_tokens, messages=len(times), sent=sent - t0, end=end - t0,
                 ttft=times[0] - sent if times else None,
                 gaps=[round(b - a, 6) for a, b in zip(times, times[1:])], error=error)
 
@@ -127,7 +129,15 @@ def run_processes(target: str, address: str, requests: list[Request], temperatur
             barrier.wait(timeout=120)  # every client connected: start the clocks together
         except Exception:  # threading.BrokenBarrierError: a client failed; its error is in `out`
             pass
-        parts = [json.loads(out.get(timeout=timeout_s)) for _ in children]
+        parts, deadline = [], time.monotonic() + timeout_s
+        while len(parts) < procs:
+            try:
+                parts.append(json.loads(out.get(timeout=1.0)))
+            except queue.Empty:
+                dead = [p.exitcode for p in children if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(f"client processes: exit codes {dead} or past "
+                                       f"{timeout_s:.0f} s") from None
     finally:
         for p in children:
             p.join(10)

@@ -1,7 +1,7 @@
-"""Roofline account of nano-vllm's workload (`python -m nanoserve.benchmarks.roofline`): the bytes and
-FLOPs each engine step must move, its bound on an H200 (4.3 TB/s, 790 TFLOP/s measured), and on the
-GPU the time each phase (prefill, full decode batches, the shrinking tail) and each kernel class of a
-decode step at B=256 and B=16 takes against its bound. `--analytic` (any machine) prints the bounds
+"""Roofline account of nano-vllm's workload (`python -m nanoserve.benchmarks.roofline`): the bytes
+and FLOPs each engine step must move, its bound on an H200 (4.3 TB/s, 790 TFLOP/s measured), and on
+the GPU the time each phase (prefill, full decode batches, the shrinking tail) and each kernel class
+of a decode step at B=256 and B=16 takes against its bound. `--analytic` (any machine) prints the bounds
 of the simulated schedule only.
 """
 import argparse
@@ -152,8 +152,8 @@ def account(shape: Shape, steps: list[dict], tail_batch: int = 16) -> dict:
     phases: dict[str, dict] = {}
     for s in steps:
         c = step_cost(shape, s["items"], s.get("sampled"))
-        p = phases.setdefault(phase_of(s, full, tail_batch), dict(steps=0, bytes=0.0, flops=0.0, bound_s=0.0,
-                                                      seconds=0.0, tokens=0))
+        p = phases.setdefault(phase_of(s, full, tail_batch), dict(
+            steps=0, bytes=0.0, flops=0.0, bound_s=0.0, seconds=0.0, tokens=0))
         p["steps"] += 1
         p["bytes"] += c.bytes
         p["flops"] += c.flops
@@ -182,7 +182,7 @@ def account(shape: Shape, steps: list[dict], tail_batch: int = 16) -> dict:
     return out
 
 
-# ------------------------------------------------------------------ per-kernel classes of a decode step
+# ---------------------------------------------------------- per-kernel classes of a decode step
 
 KERNEL_CLASSES = (  # first match wins: (class, substrings of the lower-cased kernel name)
     ("allreduce", ("allreduce", "all_reduce", "nccl", "symm")),
@@ -218,7 +218,8 @@ def class_costs(shape: Shape, batch: int, context: int) -> dict[str, Cost]:
         "attention": Cost(b * context * shape.kv_bytes_per_token + 2 * b * L * q * BF16,
                           4 * b * context * shape.heads * shape.head_dim * L),
         "rope_kv": Cost(b * L * (2 * (q + kv) + 2 * kv) * BF16, 0),  # q, k in and out; k, v stored
-        "norm": Cost(b * (2 * L + 1) * 4 * h * BF16, 0),  # residual add + RMSNorm: 2 reads, 2 writes
+        # residual add + RMSNorm: 2 reads, 2 writes
+        "norm": Cost(b * (2 * L + 1) * 4 * h * BF16, 0),
         "activation": Cost(b * L * 3 * shape.inter * BF16, 0),
         "sampling": Cost(2 * b * shape.vocab * 4, 0),
     }
@@ -327,7 +328,8 @@ def profile_decode(llm, shape: Shape, batch: int, context: int, steps: int = 16)
     return dict(batch=batch, context=context, wall_us_per_step=round(1e6 * wall, 1),
                 gpu_busy_us_per_step=round(gpu, 1), step_bound_us=round(step_bound, 1),
                 fraction_of_bound=round(step_bound / (1e6 * wall), 3), classes=by_class,
-                kernels=[dict(name=k[:70], cls=kernel_class(k), us_per_step=round(sum(v) / steps, 1),
+                kernels=[dict(name=k[:70], cls=kernel_class(k),
+                              us_per_step=round(sum(v) / steps, 1),
                               calls_per_step=round(len(v) / steps, 1),
                               # the class's bound shared over its calls: the kernel's own
                               bound_us_per_call=round(

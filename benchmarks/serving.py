@@ -127,6 +127,11 @@ def model_vocab(target: str, address: str) -> int:
     return info.vocab_size
 
 
+def tpot(r: dict) -> float:
+    """Seconds per output token after the first message (the decode pace, TTFT left out)."""
+    return sum(r["gaps"]) / (r["tokens"] - r["first_tokens"])
+
+
 def measure(target: str, address: str, shape: list, warmup: list, args,
             services: dict[str, int]) -> dict:
     """Warm-up, the throughput run (CPU of the load generator and of each service process tree),
@@ -151,21 +156,21 @@ def measure(target: str, address: str, shape: list, warmup: list, args,
         messages_per_token=round(sum(r["messages"] for r in ok) / max(1, tokens), 3),
         ttft_ms=summarize((r["ttft"] for r in ok if r["ttft"] is not None), 1000),
         itl_ms=summarize((g for r in ok for g in r["gaps"]), 1000),
+        tpot_ms=summarize((tpot(r) for r in ok if r["tokens"] > r["first_tokens"]), 1000),
         ttft_ms_by_prompt_len=summarize_by_bucket(
             ((r["prompt_len"], r["ttft"]) for r in ok if r["ttft"] is not None), edges, 1000),
         loadgen=dict(procs=len(clients), cpu_s=round(sum(c["cpu_s"] for c in clients), 2),
                      busiest_proc_cpu=round(max(c["cpu_s"] / c["wall_s"] for c in clients), 2)),
-        # a client process near one core is the bottleneck itself: raise --client-procs
         service_cpu_cores=cpu)
+    # a client process near one core is the bottleneck itself: raise --client-procs
     out["loadgen"]["saturated"] = out["loadgen"]["busiest_proc_cpu"] > SATURATED
     # one stream: a warm-up of the same prompt length, then the timed runs one after another
     one = [(args.one_stream_prompt_len, args.one_stream_tokens)] * (args.one_stream_runs + 1)
     seq = asyncio.run(loadgen.run(
         target, address, workload.build(f"{target}-one", one, vocab), 0.0, sequential=True))
-    timed = [r for r in seq["results"][1:] if not r["error"] and r["tokens"] > 1]
+    timed = [r for r in seq["results"][1:] if not r["error"] and r["tokens"] > r["first_tokens"]]
     if timed:
-        out["one_stream_ms_per_token"] = round(
-            1000 * median(sum(r["gaps"]) / (r["tokens"] - 1) for r in timed), 3)
+        out["one_stream_ms_per_token"] = round(1000 * median(tpot(r) for r in timed), 3)
         out["one_stream_ttft_ms"] = round(1000 * median(r["ttft"] for r in timed), 2)
     return out
 

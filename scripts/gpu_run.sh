@@ -79,7 +79,7 @@ case $mode in
     [ "$mode" = full ] && step gpu_tests 200 $py -m pytest -q tests/gpu -p no:cacheprovider -rA \
       --ignore=tests/gpu/test_tp_gpu.py
     step bench_06b 100 $bench throughput latency --shape qwen3-0.6b
-    step serving 200 $serving --num-prompts 256
+    step serving 240 $serving --num-prompts 256
     [ "$mode" = full ] && step serving_poisson 120 $serving --num-prompts 256 --request-rate 16 \
       --skip-offline
     [ -f benchmarks/prefill.py ] && step prefill 60 $py -m nanoserve.benchmarks.prefill --json

@@ -15,7 +15,8 @@ SMALL = ["--num-prompts", "6", "--min-len", "8", "--max-len", "40", "--min-out",
          "--max-out", "12", "--warmup-requests", "1", "--one-stream-prompt-len", "16",
          "--one-stream-tokens", "5", "--one-stream-runs", "1", "--ttft-buckets", "16,32"]
 PATH_KEYS = {"tok_s", "seconds", "output_tokens", "requests", "errors", "messages_per_token",
-             "ttft_ms", "itl_ms", "ttft_ms_by_prompt_len", "loadgen", "service_cpu_cores",
+             "ttft_ms", "itl_ms", "tpot_ms", "ttft_ms_by_prompt_len", "loadgen",
+             "service_cpu_cores",
              "one_stream_ms_per_token", "one_stream_ttft_ms"}
 PERCENTILE_KEYS = {"n", "p50", "p90", "p99", "max", "mean"}
 
@@ -26,6 +27,7 @@ def check_path(res: dict, requests: int, tokens: int) -> None:
     assert res["tok_s"] > 0 and res["one_stream_ms_per_token"] > 0 and res["one_stream_ttft_ms"] > 0
     assert set(res["ttft_ms"]) == PERCENTILE_KEYS and res["ttft_ms"]["n"] == requests
     assert set(res["itl_ms"]) == PERCENTILE_KEYS and res["itl_ms"]["n"] > 0
+    assert set(res["tpot_ms"]) == PERCENTILE_KEYS and 0 < res["tpot_ms"]["n"] <= requests
     assert sum(b["n"] for b in res["ttft_ms_by_prompt_len"].values()) == requests
     assert res["ttft_ms"]["p50"] <= res["ttft_ms"]["p99"] <= res["ttft_ms"]["max"]
     assert res["loadgen"]["cpu_s"] > 0
@@ -49,7 +51,8 @@ def test_bench_serving_offline_and_both_paths(tiny_model_dir, tmp_path, capsys):
     assert res["settings"]["kvcache_block_size"] == 16
     assert "ttft_frontend_minus_worker_ms" in res
     # scripts/gpu_run.sh's table reads the step logs
-    (tmp_path / "serving.log").write_text(proc.stderr + proc.stdout + "=== serving: exit 0 after 9 s\n")
+    log = proc.stderr + proc.stdout + "=== serving: exit 0 after 9 s\n"
+    (tmp_path / "serving.log").write_text(log)
     gpu_table.main([str(tmp_path)])
     table = capsys.readouterr().out
     assert "serving: exit 0 after 9 s" in table

@@ -21,7 +21,8 @@ def test_decode_step_cost_by_hand():
     c = step_cost(s, [(9, 1), (4, 1)])
     weights = 2 * (s.linear_params + s.lm_head_params)
     kv = s.kv_bytes_per_token
-    assert c.bytes == weights + (10 + 5) * kv + 2 * kv + 2 * s.act_bytes_per_token + 2 * 2 * 1000 * 4
+    logits = 2 * 2 * 1000 * 4  # two sequences' fp32 logits, written and read
+    assert c.bytes == weights + (10 + 5) * kv + 2 * kv + 2 * s.act_bytes_per_token + logits
     attn = 4 * 4 * 32 * 2 * (9 + 1) + 4 * 4 * 32 * 2 * (4 + 1)  # one new token sees past + itself
     assert c.flops == 2 * 2 * s.linear_params + 2 * 2 * s.lm_head_params + attn
     assert c.bound_s == max(c.bytes / 4.3e12, c.flops / 790e12)
