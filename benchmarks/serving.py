@@ -112,7 +112,8 @@ def run_offline(settings: dict, shape: list, warmup: list, args) -> dict:
     return json.loads(lines[-1][len(MARK):])
 
 
-def model_vocab(target: str, address: str) -> int:
+def model_info(target: str, address: str):
+    """GetModelInfo of the frontend or the worker (vocab_size, tensor_parallel_size, model_name)."""
     from nanoserve.proto.v1 import frontend_service_pb2 as fpb
     from nanoserve.proto.v1 import frontend_service_pb2_grpc as fgrpc
     from nanoserve.proto.v1 import worker_service_pb2 as wpb
@@ -124,7 +125,7 @@ def model_vocab(target: str, address: str) -> int:
         else:
             info = wgrpc.WorkerServiceStub(channel).GetModelInfo(
                 wpb.WorkerServiceGetModelInfoRequest(), timeout=30)
-    return info.vocab_size
+    return info
 
 
 def tpot(r: dict) -> float:
@@ -136,7 +137,7 @@ def measure(target: str, address: str, shape: list, warmup: list, args,
             services: dict[str, int]) -> dict:
     """Warm-up, the throughput run (CPU of the load generator and of each service process tree),
     then the one-stream runs, on one target."""
-    vocab = model_vocab(target, address)
+    vocab = model_info(target, address).vocab_size
     loadgen.run_processes(target, address, workload.build(f"{target}-warmup", warmup, vocab),
                           args.temperature, 1)
     requests = workload.build(target, shape, vocab, args.request_rate)
@@ -206,7 +207,8 @@ def run(args: argparse.Namespace) -> dict:
     if args.address:
         if target == "both":
             raise SystemExit("--address takes one --target: frontend or worker")
-        result.update(model=args.address, tp=args.tensor_parallel_size)
+        info = model_info(target, args.address)
+        result.update(model=f"{info.model_name} at {args.address}", tp=info.tensor_parallel_size)
         for t in targets:
             result[t] = measure(t, args.address, shape, warmup, args, {})
         return result

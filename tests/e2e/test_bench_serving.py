@@ -66,6 +66,7 @@ def test_bench_serving_against_running_services(services):
     tokens = sum(o for _, o in serving.workload.lengths(6, 8, 40, 3, 12))
     check_path(res["frontend"], 6, tokens)
     assert "offline" not in res and "worker" not in res
+    assert res["tp"] == 1 and services.frontend.address in res["model"]
     poisson = ["--address", services.worker.address, "--target", "worker", "--client-procs", "2",
                "--request-rate", "50", *SMALL]
     res = serving.run(serving.build_parser().parse_args(poisson))
