@@ -58,6 +58,8 @@ def test_bench_serving_offline_and_both_paths(tiny_model_dir, tmp_path, capsys):
     assert "serving: exit 0 after 9 s" in table
     assert f"frontend  {res['frontend']['tok_s']:>9,.0f} {res['frontend_over_offline']:>8}" in table
     assert json.loads((tmp_path / "results.json").read_text())[0]["bench"] == "serving"
+    text = serving.summary(res)  # what it prints without --json
+    assert f"({res['worker_over_offline']} of offline)" in text and "TTFT ms, prompt" in text
 
 
 def test_bench_serving_against_running_services(services):

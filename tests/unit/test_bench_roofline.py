@@ -1,6 +1,7 @@
 """benchmarks/roofline.py's byte and FLOP accounting (checked against the hand count in
 ../shared/research/perf_anchors.md §5), its schedule simulation, and its step recorder on the real
 engine (tiny model, CPU). The GPU figures come from `python -m nanoserve.benchmarks.roofline`."""
+import json
 import math
 
 import pytest
@@ -103,3 +104,14 @@ def test_profiled_decode_step_accounts_every_class(tiny_model_dir):
     assert res["kernels"] and sum(c["us_per_step"] for c in res["classes"].values()) > 0
     for k in res["kernels"]:
         assert k["cls"] in res["classes"]
+
+
+def test_analytic_run_prints_json_that_the_gpu_table_reads(tmp_path, capsys):
+    from nanoserve.benchmarks import gpu_table
+    roofline.main(["--analytic", "--json"])
+    line = capsys.readouterr().out.strip()
+    assert json.loads(line)["total"]["speed_of_light_tok_s"] > 30_000
+    (tmp_path / "roofline.log").write_text(line + "\n")
+    gpu_table.main([str(tmp_path)])
+    table = capsys.readouterr().out
+    assert "roofline qwen3-0.6b" in table and "decode_tail" in table
