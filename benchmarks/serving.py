@@ -53,8 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sampling temperature of the throughput runs (nano-vllm's: 0.6)")
     g.add_argument("--client-procs", type=int, default=2,
                    help="load-generator processes for the throughput run (1: in this process)")
+    g.add_argument("--warmup", default="workload", choices=["workload", "light"],
+                   help="before each timed run (offline and each path alike), prefill prompts of "
+                   "other ids: workload = every prompt length of the run, 1 output token (the "
+                   "same kernels compiled for every path: fair ratios); light = --warmup-requests "
+                   "random lengths (compiles that happen while serving stay in the figures)")
     g.add_argument("--warmup-requests", type=int, default=8,
-                   help="requests of the workload's lengths (other ids) sent before each timed run")
+                   help="--warmup light: how many requests, of 8 output tokens")
     g.add_argument("--one-stream-prompt-len", type=int, default=600,
                    help="one-stream runs: prompt tokens (fresh ids each run: no prefix hits)")
     g.add_argument("--one-stream-tokens", type=int, default=256,
@@ -200,7 +205,10 @@ def run(args: argparse.Namespace) -> dict:
     targets = ["frontend", "worker"] if target == "both" else [target]
     shape = workload.lengths(args.num_prompts, args.min_len, args.max_len, args.min_out,
                              args.max_out)
-    warmup = workload.lengths(args.warmup_requests, args.min_len, args.max_len, 8, 8, seed=1)
+    if args.warmup == "workload":
+        warmup = [(p, 1) for p, _ in shape]
+    else:
+        warmup = workload.lengths(args.warmup_requests, args.min_len, args.max_len, 8, 8, seed=1)
     result: dict = dict(bench="serving", requests=args.num_prompts,
                         request_rate=args.request_rate if args.request_rate != float("inf")
                         else "inf")

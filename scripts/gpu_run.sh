@@ -81,7 +81,7 @@ case $mode in
     step bench_06b 100 $bench throughput latency --shape qwen3-0.6b
     step serving 240 $serving --num-prompts 256
     [ "$mode" = full ] && step serving_poisson 120 $serving --num-prompts 256 --request-rate 16 \
-      --skip-offline
+      --skip-offline --warmup light
     [ -f benchmarks/prefill.py ] && step prefill 60 $py -m nanoserve.benchmarks.prefill --json
     ;;
   tp)  # tensor parallel in their own processes: a collective that hangs must not take the rest down

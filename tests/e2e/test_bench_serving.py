@@ -12,7 +12,7 @@ from tests.e2e.conftest import REPO_ROOT, assert_idle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SMALL = ["--num-prompts", "6", "--min-len", "8", "--max-len", "40", "--min-out", "3",
-         "--max-out", "12", "--warmup-requests", "1", "--one-stream-prompt-len", "16",
+         "--max-out", "12", "--one-stream-prompt-len", "16",
          "--one-stream-tokens", "5", "--one-stream-runs", "1", "--ttft-buckets", "16,32"]
 PATH_KEYS = {"tok_s", "seconds", "output_tokens", "requests", "errors", "messages_per_token",
              "ttft_ms", "itl_ms", "tpot_ms", "ttft_ms_by_prompt_len", "loadgen",
@@ -70,7 +70,7 @@ def test_bench_serving_against_running_services(services):
     assert "offline" not in res and "worker" not in res
     assert res["tp"] == 1 and services.frontend.address in res["model"]
     poisson = ["--address", services.worker.address, "--target", "worker", "--client-procs", "2",
-               "--request-rate", "50", *SMALL]
+               "--request-rate", "50", "--warmup", "light", "--warmup-requests", "1", *SMALL]
     res = serving.run(serving.build_parser().parse_args(poisson))
     check_path(res["worker"], 6, tokens)
     assert res["request_rate"] == 50.0 and res["worker"]["loadgen"]["procs"] == 2
