@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="load-generator processes for the throughput run (1: in this process)")
     g.add_argument("--warmup", default="workload", choices=["workload", "light"],
                    help="before each timed run (offline and each path alike), prefill prompts of "
-                   "other ids: workload = every prompt length of the run, 1 output token (the "
+                   "other ids: workload = every prompt length of the run, 2 output tokens (the "
                    "same kernels compiled for every path: fair ratios); light = --warmup-requests "
                    "random lengths (compiles that happen while serving stay in the figures)")
     g.add_argument("--warmup-requests", type=int, default=8,
@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> dict:
     shape = workload.lengths(args.num_prompts, args.min_len, args.max_len, args.min_out,
                              args.max_out)
     if args.warmup == "workload":
-        warmup = [(p, 1) for p, _ in shape]
+        warmup = [(p, 2) for p, _ in shape]  # every prefill chunk, and a full decode batch
     else:
         warmup = workload.lengths(args.warmup_requests, args.min_len, args.max_len, 8, 8, seed=1)
     result: dict = dict(bench="serving", requests=args.num_prompts,
