@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: GPU tests, engine and serving benchmarks, then a short table.
 # Usage: bash scripts/gpu_run.sh [full|quick|tp|kernels]     (on the GPU machine, ≤ 9 minutes)
-#        bash scripts/gpu_run.sh wheels                       (here, before: fills .whl/ to carry)
+#        bash scripts/gpu_run.sh wheels [NAME==VERSION...]    (here, before: fills .whl/ to carry)
 #   full:    tests/gpu (one GPU), 0.6B throughput + batch-1 latency, `nanoserve bench serving` at
 #            256 streams and at 16 req/s Poisson, benchmarks/prefill.py if present
 #   quick:   the same without tests/gpu and the Poisson run
@@ -18,7 +18,7 @@ if [ "$mode" = wheels ]; then  # the GPU machine has no network and lacks these:
   mkdir -p .whl
   exec $py -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2014_x86_64 -d .whl $wheels
+    --platform manylinux2014_x86_64 -d .whl $wheels "${@:2}"
 fi
 out=${OUT:-gpu-logs}; mkdir -p "$out"
 start=$SECONDS budget=${GPU_RUN_BUDGET_S:-530}
