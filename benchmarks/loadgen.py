@@ -21,6 +21,7 @@ from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 
 TARGETS = ("frontend", "worker")
+CLIENT_KEYS = ("cpu_s", "wall_s", "max_rss_mib")  # what each client process reports of itself
 
 
 def _call(target: str, channel: grpc.aio.Channel, temperature: float):
@@ -114,7 +115,7 @@ def run_processes(target: str, address: str, requests: list[Request], temperatur
     if procs <= 1:
         res = asyncio.run(run(target, address, requests, temperature))
         return dict(results=res["results"], wall_s=res["wall_s"],
-                    clients=[dict(cpu_s=res["cpu_s"], wall_s=res["wall_s"])])
+                    clients=[{k: res[k] for k in CLIENT_KEYS}])
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(procs + 1), ctx.Queue()
     children = []
@@ -148,4 +149,4 @@ def run_processes(target: str, address: str, requests: list[Request], temperatur
         raise RuntimeError(f"client process failed: {errors[0]}")
     return dict(results=[r for p in parts for r in p["results"]],
                 wall_s=max(p["wall_s"] for p in parts),
-                clients=[dict(cpu_s=p["cpu_s"], wall_s=p["wall_s"]) for p in parts])
+                clients=[{k: p[k] for k in CLIENT_KEYS} for p in parts])

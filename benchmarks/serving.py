@@ -166,6 +166,7 @@ def measure(target: str, address: str, shape: list, warmup: list, args,
         ttft_ms_by_prompt_len=summarize_by_bucket(
             ((r["prompt_len"], r["ttft"]) for r in ok if r["ttft"] is not None), edges, 1000),
         loadgen=dict(procs=len(clients), cpu_s=round(sum(c["cpu_s"] for c in clients), 2),
+                     max_rss_mib=round(max(c["max_rss_mib"] for c in clients)),
                      busiest_proc_cpu=round(max(c["cpu_s"] / c["wall_s"] for c in clients), 2)),
         service_cpu_cores=cpu)
     # a client process near one core is the bottleneck itself: raise --client-procs
