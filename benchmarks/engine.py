@@ -209,38 +209,55 @@ def bench_scheduler(args) -> dict:
     return dict(running=len(seqs), ms_per_step=round(1000 * dt, 4))
 
 
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nanoserve bench", description=__doc__,
+                                epilog="`nanoserve bench serving --help`: the served benchmark.")
+    p.add_argument("what", nargs="*", default=["throughput", "latency", "prefill"],
+                   choices=["throughput", "latency", "prefill", "scheduler", "profile"],
+                   help="benchmarks to run, in order (default: throughput latency prefill)")
+    p.add_argument("--model", default="",
+                   help="model directory (default: random weights of --shape)")
+    p.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES),
+                   help="Qwen3 shape of the random weights (load_format=dummy) without --model")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="ranks the model is split over")
+    p.add_argument("--enforce-eager", action="store_true", help="never use CUDA graphs")
+    p.add_argument("--decode-lookahead", default="auto", choices=["auto", "on", "off"],
+                   help="forward decode step N+1 before N's ids reach the host (auto: one rank)")
+    p.add_argument("--no-custom-all-reduce", action="store_true",
+                   help="tensor parallel: NCCL for every all-reduce")
+    p.add_argument("--attention-backend", default="auto",
+                   help="auto (triton on cuda, torch on cpu), torch, triton or flash_attn")
+    p.add_argument("--max-model-len", type=int, default=4096,
+                   help="max prompt + completion tokens of a sequence")
+    p.add_argument("--max-num-seqs", type=int, default=512, help="max sequences in one batch")
+    p.add_argument("--max-num-batched-tokens", type=int, default=16384,
+                   help="max tokens in one prefill step")
+    p.add_argument("--num-seqs", type=int, default=256,
+                   help="throughput: requests; scheduler: running sequences")
+    p.add_argument("--min-len", type=int, default=100,
+                   help="throughput: shortest prompt and output, in tokens")
+    p.add_argument("--max-len", type=int, default=1024,
+                   help="throughput: longest prompt and output, in tokens")
+    p.add_argument("--context", type=int, default=1024,
+                   help="latency, prefill, profile: prompt tokens")
+    p.add_argument("--decode-tokens", type=int, default=128, help="latency: decode steps timed")
+    p.add_argument("--prefill-tokens", type=int, default=65536,
+                   help="prefill: total prompt tokens (prompts of --context tokens)")
+    p.add_argument("--profile-batch", type=int, default=1, help="profile: decode batch size")
+    p.add_argument("--json", action="store_true", help="one JSON line per benchmark")
+    p.add_argument("--breakdown", action="store_true",
+                   help="throughput: rerun with timers around each stage of a step")
+    return p
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "serving":  # the gRPC path against offline: its own flags
         from nanoserve.benchmarks.serving import main as serving_main
         return serving_main(argv[1:])
-    p = argparse.ArgumentParser(prog="nanoserve bench", description=__doc__)
-    p.add_argument("what", nargs="*", default=["throughput", "latency", "prefill"],
-                   choices=["throughput", "latency", "prefill", "scheduler", "profile"])
-    p.add_argument("--model", default="", help="model directory (default: random weights of --shape)")
-    p.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES))
-    p.add_argument("--device", default="auto")
-    p.add_argument("--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--decode-lookahead", default="auto", choices=["auto", "on", "off"],
-                   help="forward decode step N+1 before N's ids reach the host (auto: one rank)")
-    p.add_argument("--no-custom-all-reduce", action="store_true",
-                   help="tensor parallel: NCCL for every all-reduce")
-    p.add_argument("--attention-backend", default="auto")
-    p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--max-num-seqs", type=int, default=512)
-    p.add_argument("--max-num-batched-tokens", type=int, default=16384)
-    p.add_argument("--num-seqs", type=int, default=256)
-    p.add_argument("--min-len", type=int, default=100)
-    p.add_argument("--max-len", type=int, default=1024)
-    p.add_argument("--context", type=int, default=1024)
-    p.add_argument("--decode-tokens", type=int, default=128)
-    p.add_argument("--prefill-tokens", type=int, default=65536)
-    p.add_argument("--profile-batch", type=int, default=1, help="profile: decode batch size")
-    p.add_argument("--json", action="store_true", help="one JSON line per benchmark")
-    p.add_argument("--breakdown", action="store_true",
-                   help="throughput: rerun with timers around each stage of a step")
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     from nanoserve.log import setup_logging
     setup_logging("bench", "INFO")
     llm = None

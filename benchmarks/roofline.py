@@ -1,0 +1,394 @@
+"""Roofline account of nano-vllm's workload (`python -m nanoserve.benchmarks.roofline`): the bytes
+and FLOPs each engine step must move, its bound on an H200 (4.3 TB/s, 790 TFLOP/s measured), and on
+the GPU the time each phase (prefill, full decode batches, the shrinking tail) and each kernel class
+of a decode step at B=256 and B=16 takes against its bound. `--analytic` (any machine) prints the bounds
+of the simulated schedule only.
+"""
+import argparse
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass
+
+from nanoserve.benchmarks.engine import SHAPES
+
+HBM_BYTES_S = 4.3e12  # measured copy bandwidth (../shared/research/perf_anchors.md §5)
+PEAK_FLOP_S = 790e12  # measured dense bf16
+BF16 = 2
+VOCAB = 151936  # every Qwen3 checkpoint's (benchmarks.engine.write_shape_dir)
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    hidden: int
+    inter: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int = 128
+    vocab: int = VOCAB
+
+    @classmethod
+    def named(cls, name: str) -> "Shape":
+        s = SHAPES[name]
+        return cls(s["hidden_size"], s["intermediate_size"], s["num_hidden_layers"],
+                   s["num_attention_heads"], s["num_key_value_heads"])
+
+    @property
+    def linear_params(self) -> int:
+        """qkv, o, gate_up, down of all layers."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return self.layers * (self.hidden * (q + 2 * kv) + q * self.hidden
+                              + 3 * self.hidden * self.inter)
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * BF16
+
+    @property
+    def act_bytes_per_token(self) -> int:
+        """Activations a token's forward reads and writes outside the GEMM weights and the KV cache,
+        per pass over all layers: residual + norms (4 hidden-wide reads/writes, twice a layer),
+        q/k/v in and out of rotary, attention output, gate_up out, SiLU in/out, down in."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        per_layer = 8 * self.hidden + 2 * (q + 2 * kv) + 2 * q + 2 * self.inter + 3 * self.inter
+        return self.layers * per_layer * BF16
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    bytes: float
+    flops: float
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(self.bytes + other.bytes, self.flops + other.flops)
+
+    @property
+    def bound_s(self) -> float:
+        """The step's time at the roofline: moved at full bandwidth or computed at peak."""
+        return max(self.bytes / HBM_BYTES_S, self.flops / PEAK_FLOP_S)
+
+
+def step_cost(shape: Shape, items: list[tuple[int, int]], sampled: int | None = None) -> Cost:
+    """One forward over sequences given as (tokens already in the KV cache, tokens computed now):
+    weights read once, KV of every attended token read once (GQA: once per KV head), new KV written,
+    logits (fp32) written and read for the `sampled` sequences (default: all)."""
+    n = sum(new for _, new in items)
+    s = len(items) if sampled is None else sampled
+    kv_read = sum(past + new for past, new in items) * shape.kv_bytes_per_token
+    weights = (shape.linear_params + shape.lm_head_params) * BF16
+    moved = weights + kv_read + n * shape.kv_bytes_per_token + n * shape.act_bytes_per_token \
+        + 2 * s * shape.vocab * 4
+    # attention: QK^T and PV, 2 FLOPs a multiply-add, causal within the new tokens
+    attn = sum(4 * shape.heads * shape.head_dim * shape.layers * new * (past + (new + 1) / 2)
+               for past, new in items)
+    return Cost(moved, 2 * n * shape.linear_params + 2 * s * shape.lm_head_params + attn)
+
+
+def nano_vllm_workload(num: int = 256, lo: int = 100, hi: int = 1024,
+                       seed: int = 0) -> list[tuple[int, int]]:
+    """(prompt, output) lengths of `nanoserve bench throughput` (benchmarks.engine): the same
+    draws in the same order (prompt ids are drawn in between)."""
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(num):
+        p = rng.randint(lo, hi)
+        for _ in range(p):
+            rng.randrange(VOCAB)
+        prompts.append(p)
+    return [(p, rng.randint(lo, hi)) for p in prompts]
+
+
+def simulate(work: list[tuple[int, int]], max_num_batched_tokens: int = 16384,
+             max_num_seqs: int = 512) -> list[dict]:
+    """The steps of a prefill-first engine with room for every sequence: prompts chunked to the
+    token budget, then one decode step per output token after the first while any sequence runs.
+    Each step: {"items": [(past, new)], "sampled": n}."""
+    steps: list[dict] = []
+    items, budget, sampled = [], max_num_batched_tokens, 0
+    for p, _ in work[:max_num_seqs]:
+        done = 0
+        while done < p:
+            take = min(p - done, budget)
+            items.append((done, take))
+            done, budget = done + take, budget - take
+            sampled += done == p
+            if budget == 0:
+                steps.append(dict(items=items, sampled=sampled))
+                items, budget, sampled = [], max_num_batched_tokens, 0
+    if items:
+        steps.append(dict(items=items, sampled=sampled))
+    for k in range(1, max(o for _, o in work)):
+        # after the prefill's token, output token k + 1 comes from a step over p + k - 1 cached
+        live = [(p + k - 1, 1) for p, o in work[:max_num_seqs] if o > k]
+        steps.append(dict(items=live, sampled=len(live)))
+    return steps
+
+
+PHASES = ("prefill", "decode_full", "decode_shrinking", "decode_tail")
+
+
+def phase_of(step: dict, full_batch: int, tail_batch: int = 16) -> str:
+    """prefill (any step that computes more tokens than it has sequences: mixed ones too),
+    decode_full (the largest batch), decode_shrinking, decode_tail (batch <= tail_batch: where
+    launches and host time, not bytes, set the pace)."""
+    items = step["items"]
+    if sum(new for _, new in items) > len(items):
+        return "prefill"
+    if len(items) >= full_batch:
+        return "decode_full"
+    return "decode_tail" if len(items) <= tail_batch else "decode_shrinking"
+
+
+def account(shape: Shape, steps: list[dict], tail_batch: int = 16) -> dict:
+    """Per phase: steps, bytes, FLOPs, bound; with "seconds" in the steps, time and the fraction
+    of the bound reached."""
+    full = max((len(s["items"]) for s in steps if phase_of(s, 1 << 30) != "prefill"), default=0)
+    phases: dict[str, dict] = {}
+    for s in steps:
+        c = step_cost(shape, s["items"], s.get("sampled"))
+        p = phases.setdefault(phase_of(s, full, tail_batch), dict(
+            steps=0, bytes=0.0, flops=0.0, bound_s=0.0, seconds=0.0, tokens=0))
+        p["steps"] += 1
+        p["bytes"] += c.bytes
+        p["flops"] += c.flops
+        p["bound_s"] += c.bound_s
+        p["seconds"] += s.get("seconds", 0.0)
+        p["tokens"] += s.get("sampled", len(s["items"]))
+    out = {}
+    for name in PHASES:
+        if name not in phases:
+            continue
+        p = phases[name]
+        row = dict(steps=p["steps"], output_tokens=p["tokens"], gbytes=round(p["bytes"] / 1e9, 1),
+                   tflop=round(p["flops"] / 1e12, 2), bound_s=round(p["bound_s"], 6))
+        if p["seconds"]:
+            row.update(seconds=round(p["seconds"], 4),
+                       fraction_of_bound=round(p["bound_s"] / p["seconds"], 3))
+        out[name] = row
+    tokens = sum(p["tokens"] for p in phases.values())
+    bound = sum(p["bound_s"] for p in phases.values())
+    seconds = sum(p["seconds"] for p in phases.values())
+    out["total"] = dict(output_tokens=tokens, bound_s=round(bound, 6),
+                        speed_of_light_tok_s=round(tokens / bound))
+    if seconds:
+        out["total"].update(seconds=round(seconds, 4), tok_s=round(tokens / seconds),
+                            fraction_of_bound=round(bound / seconds, 3))
+    return out
+
+
+# ---------------------------------------------------------- per-kernel classes of a decode step
+
+KERNEL_CLASSES = (  # first match wins: (class, substrings of the lower-cased kernel name)
+    ("allreduce", ("allreduce", "all_reduce", "nccl", "symm")),
+    ("rope_kv", ("rope", "rotary", "store_kv", "kv_store", "qk_norm")),
+    ("attention", ("attn", "attention", "paged", "flash", "decode_kernel")),
+    ("sampling", ("sampl", "argmax", "softmax", "topk", "top_k", "exponential", "gumbel", "sort")),
+    ("norm", ("rms", "norm")),
+    ("activation", ("silu", "swiglu", "act_and_mul", "gelu")),
+    ("gemm", ("gemm", "gemv", "matmul", "xmma", "cutlass", "cublas", "skinny", "splitk", "sm90",
+              "nvjet", "linear", "aten::mm", "addmm")),
+)
+
+
+def kernel_class(name: str) -> str:
+    low = name.lower()
+    for cls, keys in KERNEL_CLASSES:
+        if any(k in low for k in keys):
+            return cls
+    return "other"
+
+
+def class_costs(shape: Shape, batch: int, context: int) -> dict[str, Cost]:
+    """Bytes and FLOPs of each kernel class in one decode step of `batch` sequences that each
+    attend to `context` tokens."""
+    q, kv, h, L = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.hidden, \
+        shape.layers
+    b = batch
+    w = (shape.linear_params + shape.lm_head_params) * BF16
+    gemm_act = b * (L * (h + (q + 2 * kv) + q + h + h + 2 * shape.inter + shape.inter + h)) * BF16
+    return {
+        "gemm": Cost(w + gemm_act + b * shape.vocab * 4,
+                     2 * b * (shape.linear_params + shape.lm_head_params)),
+        "attention": Cost(b * context * shape.kv_bytes_per_token + 2 * b * L * q * BF16,
+                          4 * b * context * shape.heads * shape.head_dim * L),
+        "rope_kv": Cost(b * L * (2 * (q + kv) + 2 * kv) * BF16, 0),  # q, k in and out; k, v stored
+        # residual add + RMSNorm: 2 reads, 2 writes
+        "norm": Cost(b * (2 * L + 1) * 4 * h * BF16, 0),
+        "activation": Cost(b * L * 3 * shape.inter * BF16, 0),
+        "sampling": Cost(2 * b * shape.vocab * 4, 0),
+    }
+
+
+# ------------------------------------------------------------------ measured on the GPU
+
+def record_steps(llm) -> list[dict]:
+    """Wraps the engine's schedule() and step(): each step's (cached, new) tokens per sequence, the
+    sequences that sample, and the step's wall time. Returns the list it fills."""
+    steps: list[dict] = []
+    schedule, step = llm.scheduler.schedule, llm.step
+
+    def recording_schedule(*a, **kw):
+        out = schedule(*a, **kw)
+        seqs = out[0]
+        steps.append(dict(
+            items=[(s.num_computed_tokens, s.num_scheduled_tokens) for s in seqs],
+            sampled=sum(bool(getattr(s, "samples_this_step", True)) for s in seqs)))
+        return out
+
+    def timed_step(*a, **kw):
+        n, t = len(steps), time.perf_counter()
+        out = step(*a, **kw)
+        dt = time.perf_counter() - t
+        target = steps[n] if len(steps) > n else (steps[-1] if steps else None)
+        if target is not None:  # a step that scheduled nothing: its time goes to the last one
+            target["seconds"] = target.get("seconds", 0.0) + dt
+        return out
+
+    llm.scheduler.schedule, llm.step = recording_schedule, timed_step
+    return steps
+
+
+def measure_phases(llm, shape: Shape, work: list[tuple[int, int]]) -> dict:
+    """The throughput workload of benchmarks.engine, every step recorded: the phase account with
+    measured time."""
+    from nanoserve.benchmarks.engine import sync
+    from nanoserve.worker import SamplingParams
+    rng = random.Random(0)  # benchmarks.engine's throughput workload: the same ids and lengths
+    vocab = llm.model_config.vocab_size
+    prompts = [[rng.randrange(vocab) for _ in range(p)] for p, _ in work]
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=o) for _, o in work]
+    # warm-up: every prompt length once (other ids: no prefix hits), so no kernel compiles in the
+    # timed run and the account is of the steady state
+    other = random.Random(1)
+    llm.generate([[other.randrange(vocab) for _ in range(p)] for p, _ in work],
+                 SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
+    steps = record_steps(llm)
+    try:
+        sync(llm)
+        t = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        sync(llm)
+        wall = time.perf_counter() - t
+    finally:  # the classes' own methods again
+        del llm.scheduler.schedule, llm.step
+    res = account(shape, [s for s in steps if s["items"]])
+    res["total"]["wall_s"] = round(wall, 4)
+    return res
+
+
+def profile_decode(llm, shape: Shape, batch: int, context: int, steps: int = 16) -> dict:
+    """torch.profiler over `steps` decode steps at `batch` x `context`: per kernel class the GPU
+    time a step against its bound, and the kernels that fill the step."""
+    import torch
+    from nanoserve.benchmarks.engine import sync
+    from nanoserve.worker import SamplingParams
+    from torch.profiler import ProfilerActivity, profile
+    rng = random.Random(batch)
+    prompts = [[rng.randrange(1000) for _ in range(context)] for _ in range(batch)]
+    sp = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
+    llm.generate(prompts, sp, use_tqdm=False)  # warm-up, and the prompts into the prefix cache
+    for p in prompts:
+        llm.add_request(p, sp)
+    llm.step()  # the prefill: a prefix hit, only the last token
+    llm.step()
+    sync(llm)
+    cuda = torch.cuda.is_available()  # on a CPU (tests): the ops' CPU time, same accounting
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        t = time.perf_counter()
+        for _ in range(steps):
+            llm.step()
+        sync(llm)
+        wall = (time.perf_counter() - t) / steps
+    while not llm.is_finished():
+        llm.step()
+    kernels: dict[str, list[float]] = {}
+    for e in prof.events():
+        if cuda and e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels.setdefault(e.name, []).append(e.device_time)
+        elif not cuda and e.cpu_parent is None:  # top-level ops only: no time counted twice
+            kernels.setdefault(e.name, []).append(e.cpu_time_total)
+    bounds = class_costs(shape, batch, context + 1)
+    classes: dict[str, dict] = {}
+    for name, times in kernels.items():
+        c = classes.setdefault(kernel_class(name), dict(us=0.0, calls=0.0))
+        c["us"] += sum(times) / steps
+        c["calls"] += len(times) / steps
+    by_class = {}
+    for cls, c in sorted(classes.items(), key=lambda kv: -kv[1]["us"]):
+        row = dict(us_per_step=round(c["us"], 1), calls_per_step=round(c["calls"], 1))
+        if cls in bounds:
+            b = bounds[cls].bound_s * 1e6
+            row.update(bound_us=round(b, 1), fraction_of_bound=round(b / c["us"], 3))
+        by_class[cls] = row
+    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:16]
+    step_bound = sum(bounds.values(), Cost(0, 0)).bound_s * 1e6
+    gpu = sum(c["us"] for c in classes.values())
+    return dict(batch=batch, context=context, wall_us_per_step=round(1e6 * wall, 1),
+                gpu_busy_us_per_step=round(gpu, 1), step_bound_us=round(step_bound, 1),
+                fraction_of_bound=round(step_bound / (1e6 * wall), 3), classes=by_class,
+                kernels=[dict(name=k[:70], cls=kernel_class(k),
+                              us_per_step=round(sum(v) / steps, 1),
+                              calls_per_step=round(len(v) / steps, 1),
+                              # the class's bound shared over its calls: the kernel's own
+                              bound_us_per_call=round(
+                                  bounds[kernel_class(k)].bound_s * 1e6
+                                  / classes[kernel_class(k)]["calls"], 2)
+                              if kernel_class(k) in bounds else None)
+                         for k, v in top])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m nanoserve.benchmarks.roofline", description=__doc__)
+    p.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES),
+                   help="Qwen3 shape (random weights, load_format=dummy)")
+    p.add_argument("--analytic", action="store_true",
+                   help="bounds of the simulated schedule only: no engine, no GPU")
+    p.add_argument("--max-num-batched-tokens", type=int, default=16384,
+                   help="prefill token budget a step (as the engine's)")
+    p.add_argument("--max-num-seqs", type=int, default=512, help="most sequences a batch")
+    p.add_argument("--tail-batch", type=int, default=16,
+                   help="decode steps of at most this many sequences count as the tail")
+    p.add_argument("--batches", default="256,16", help="decode batches to profile per kernel")
+    p.add_argument("--context", type=int, default=1024, help="profiled decode: tokens a sequence")
+    p.add_argument("--json", action="store_true", help="one JSON line per part")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    shape = Shape.named(args.shape)
+    work = nano_vllm_workload()
+    out = []
+    if args.analytic:
+        steps = simulate(work, args.max_num_batched_tokens, args.max_num_seqs)
+        out.append(dict(bench="roofline_phases", model=args.shape, simulated=True,
+                        **account(shape, steps, args.tail_batch)))
+    else:
+        import tempfile
+        from pathlib import Path
+
+        from nanoserve.benchmarks.engine import write_shape_dir
+        from nanoserve.worker import LLM
+        model = write_shape_dir(args.shape, Path(tempfile.mkdtemp(prefix="nanoserve-roofline-")))
+        llm = LLM(str(model), load_format="dummy", max_num_seqs=args.max_num_seqs,
+                  max_num_batched_tokens=args.max_num_batched_tokens)
+        try:
+            out.append(dict(bench="roofline_phases", model=args.shape,
+                            **measure_phases(llm, shape, work)))
+            for b in (int(x) for x in args.batches.split(",") if x):
+                out.append(dict(bench="roofline_decode", model=args.shape,
+                                **profile_decode(llm, shape, b, args.context)))
+        finally:
+            llm.shutdown()
+    for r in out:
+        print(json.dumps(r) if args.json else json.dumps(r, indent=1), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,87 @@
+"""The services `nanoserve bench serving` measures, started as processes (`python -m
+nanoserve.worker` / `nanoserve.frontend`) on loopback, their logs copied to stderr so that stdout
+keeps only figures; and the CPU time each one's process tree spends while a run goes on.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from nanoserve.process import FRONTEND_SERVICE, WORKER_SERVICE
+from nanoserve.process import is_serving as _serving
+
+LISTENING = re.compile(r"(worker|frontend) listening on (\S+):(\d+)")
+
+
+class Service:
+    def __init__(self, name: str, argv: list[str]) -> None:
+        self.name = name
+        self.address: str | None = None
+        self._listening = threading.Event()
+        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True, bufsize=1, start_new_session=True,
+                                        env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        threading.Thread(target=self._relay, daemon=True).start()
+
+    def _relay(self) -> None:
+        for line in self.process.stdout:
+            sys.stderr.write(f"[{self.name}] {line}")
+            match = LISTENING.search(line)
+            if match and match.group(1) == self.name and not self._listening.is_set():
+                self.address = f"{match.group(2)}:{match.group(3)}"
+                self._listening.set()
+
+    def wait_serving(self, timeout_s: float) -> str:
+        """Blocks until the health service says SERVING; returns the address."""
+        service = WORKER_SERVICE if self.name == "worker" else FRONTEND_SERVICE
+        deadline = time.monotonic() + timeout_s
+        while not (self._listening.is_set() and _serving(self.address, service)):
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the {self.name} exited with code {self.process.returncode}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the {self.name} was not serving after {timeout_s:.0f} s")
+            time.sleep(0.2)
+        return self.address
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM (the service drains and stops its own ranks or engine process), then SIGKILL to
+        what is left of its process group."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # its session: ours alone
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of `pid` and its live descendants (Linux /proc; 0 elsewhere)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return 0.0
+    parent, cpu = {}, {}
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        parent[int(d.name)] = int(fields[1])  # ppid; utime and stime are fields 14, 15 of stat
+        cpu[int(d.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parent.items() if pp == p and c not in tree]
+        tree.update(kids)
+        frontier.extend(kids)
+    return sum(cpu.get(p, 0.0) for p in tree)

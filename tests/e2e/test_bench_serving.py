@@ -1,0 +1,77 @@
+"""`nanoserve bench serving` end to end on the tiny model with a handful of requests: the local
+mode (offline in its own process, then worker and frontend started by the benchmark) and --address
+mode against services this test session started. Checks the report's shape, not speed."""
+import json
+import subprocess
+import sys
+
+import pytest
+from nanoserve.benchmarks import gpu_table, serving
+
+from tests.e2e.conftest import REPO_ROOT, assert_idle
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+SMALL = ["--num-prompts", "6", "--min-len", "8", "--max-len", "40", "--min-out", "3",
+         "--max-out", "12", "--one-stream-prompt-len", "16",
+         "--one-stream-tokens", "5", "--one-stream-runs", "1", "--ttft-buckets", "16,32"]
+PATH_KEYS = {"tok_s", "seconds", "output_tokens", "requests", "errors", "messages_per_token",
+             "ttft_ms", "itl_ms", "tpot_ms", "ttft_ms_by_prompt_len", "loadgen",
+             "service_cpu_cores",
+             "one_stream_ms_per_token", "one_stream_ttft_ms"}
+PERCENTILE_KEYS = {"n", "p50", "p90", "p99", "max", "mean"}
+
+
+def check_path(res: dict, requests: int, tokens: int) -> None:
+    assert PATH_KEYS <= set(res), set(res)
+    assert (res["requests"], res["errors"], res["output_tokens"]) == (requests, 0, tokens)
+    assert res["tok_s"] > 0 and res["one_stream_ms_per_token"] > 0 and res["one_stream_ttft_ms"] > 0
+    assert set(res["ttft_ms"]) == PERCENTILE_KEYS and res["ttft_ms"]["n"] == requests
+    assert set(res["itl_ms"]) == PERCENTILE_KEYS and res["itl_ms"]["n"] > 0
+    assert set(res["tpot_ms"]) == PERCENTILE_KEYS and 0 < res["tpot_ms"]["n"] <= requests
+    assert sum(b["n"] for b in res["ttft_ms_by_prompt_len"].values()) == requests
+    assert res["ttft_ms"]["p50"] <= res["ttft_ms"]["p99"] <= res["ttft_ms"]["max"]
+    assert res["loadgen"]["cpu_s"] > 0
+
+
+def test_bench_serving_offline_and_both_paths(tiny_model_dir, tmp_path, capsys):
+    proc = subprocess.run(
+        [sys.executable, "-m", "nanoserve.cli", "bench", "serving", "--json", "--model",
+         str(tiny_model_dir), "--device", "cpu", "--kvcache-block-size", "16",
+         "--num-kvcache-blocks", "256", "--client-procs", "2", *SMALL],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])  # stdout: the JSON line alone
+    tokens = sum(o for _, o in serving.workload.lengths(6, 8, 40, 3, 12))
+    assert res["offline"]["output_tokens"] == tokens and res["offline"]["tok_s"] > 0
+    for path in ("frontend", "worker"):
+        check_path(res[path], 6, tokens)
+        assert res[path]["loadgen"]["procs"] == 2
+        assert res[f"{path}_over_offline"] > 0
+        assert set(res[path]["service_cpu_cores"]) == {"worker", "frontend"}
+    assert res["settings"]["kvcache_block_size"] == 16
+    assert "ttft_frontend_minus_worker_ms" in res
+    # scripts/gpu_run.sh's table reads the step logs
+    log = proc.stderr + proc.stdout + "=== serving: exit 0 after 9 s\n"
+    (tmp_path / "serving.log").write_text(log)
+    gpu_table.main([str(tmp_path)])
+    table = capsys.readouterr().out
+    assert "serving: exit 0 after 9 s" in table
+    assert f"frontend  {res['frontend']['tok_s']:>9,.0f} {res['frontend_over_offline']:>8}" in table
+    assert json.loads((tmp_path / "results.json").read_text())[0]["bench"] == "serving"
+    text = serving.summary(res)  # what it prints without --json
+    assert f"({res['worker_over_offline']} of offline)" in text and "TTFT ms, prompt" in text
+
+
+def test_bench_serving_against_running_services(services):
+    base = ["--address", services.frontend.address, "--client-procs", "1", *SMALL]
+    res = serving.run(serving.build_parser().parse_args(base))
+    tokens = sum(o for _, o in serving.workload.lengths(6, 8, 40, 3, 12))
+    check_path(res["frontend"], 6, tokens)
+    assert "offline" not in res and "worker" not in res
+    assert res["tp"] == 1 and services.frontend.address in res["model"]
+    poisson = ["--address", services.worker.address, "--target", "worker", "--client-procs", "2",
+               "--request-rate", "50", "--warmup", "light", "--warmup-requests", "1", *SMALL]
+    res = serving.run(serving.build_parser().parse_args(poisson))
+    check_path(res["worker"], 6, tokens)
+    assert res["request_rate"] == 50.0 and res["worker"]["loadgen"]["procs"] == 2
+    assert_idle(services.worker.address)  # every stream ended and freed its blocks
