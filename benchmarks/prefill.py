@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nanoserve.benchmarks.engine import SHAPES, write_shape_dir
+from nanoserve.benchmarks.shapes import SHAPES, write_shape_dir
 
 
 def step_times(llm, prompt: list[int]) -> tuple[float, float]:

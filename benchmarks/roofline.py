@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from nanoserve.benchmarks.engine import SHAPES
+from nanoserve.benchmarks.shapes import SHAPES
 
 HBM_BYTES_S = 4.3e12  # measured copy bandwidth (../shared/research/perf_anchors.md §5)
 PEAK_FLOP_S = 790e12  # measured dense bf16
@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> None:
         import tempfile
         from pathlib import Path
 
-        from nanoserve.benchmarks.engine import write_shape_dir
+        from nanoserve.benchmarks.shapes import write_shape_dir
         from nanoserve.worker import LLM
         model = write_shape_dir(args.shape, Path(tempfile.mkdtemp(prefix="nanoserve-roofline-")))
         llm = LLM(str(model), load_format="dummy", max_num_seqs=args.max_num_seqs,

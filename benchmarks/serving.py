@@ -19,11 +19,11 @@ from statistics import median
 
 import grpc
 from nanoserve.benchmarks import loadgen, workload
-from nanoserve.benchmarks.engine import SHAPES, write_shape_dir
+from nanoserve.benchmarks.shapes import SHAPES, write_shape_dir
 from nanoserve.benchmarks.offline import MARK
 from nanoserve.benchmarks.services import Service, tree_cpu_s
 from nanoserve.benchmarks.stats import summarize, summarize_by_bucket
-from nanoserve.config import add_config_args, config_from_args, flag
+from nanoserve.config import add_config_args, config_argv, config_from_args, flag
 from nanoserve.worker.config import EngineConfig
 
 SATURATED = 0.8  # CPU cores a load-generator process may use before it may be the bottleneck
@@ -96,13 +96,7 @@ def engine_settings(args: argparse.Namespace, tokenizer: bool = True) -> dict:
 
 def worker_flags(settings: dict) -> list[str]:
     """EngineConfig values as `python -m nanoserve.worker` flags (nanoserve.config's spelling)."""
-    out = []
-    for name, value in settings.items():
-        if isinstance(value, bool) and name != "decode_lookahead":
-            out.append(flag(name) if value else "--no-" + flag(name)[2:])
-        else:
-            out += [flag(name), "none" if value is None else str(value)]
-    return out
+    return config_argv(EngineConfig, settings)
 
 
 def run_offline(settings: dict, shape: list, warmup: list, args) -> dict:

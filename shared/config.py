@@ -154,7 +154,10 @@ def add_config_args(
 def config_argv(cls: type, values: dict[str, Any]) -> list[str]:
     """The flags that make `cls`'s parser produce `values` (field name -> parsed value)."""
     argv: list[str] = []
+    hints = typing.get_type_hints(cls)
     for name, value in values.items():
+        if value is None and _unwrap_optional(hints[name])[0] is bool:
+            continue  # `--x/--no-x` has no spelling for "unset": leave the flag out
         if isinstance(value, bool):
             argv.append(flag(name) if value else "--no-" + name.replace("_", "-"))
         else:

@@ -63,7 +63,7 @@ def test_worker_flags_carry_the_offline_engine_settings(tiny_model_dir):
     args = serving.build_parser().parse_args([
         "--model", str(tiny_model_dir), "--max-num-seqs", "64", "--max-num-batched-tokens", "4096",
         "--gpu-memory-utilization", "0.5", "--tensor-parallel-size", "2", "--enforce-eager",
-        "--decode-lookahead", "false", "--device", "cpu"])
+        "--no-decode-lookahead", "--device", "cpu"])
     settings = serving.engine_settings(args)
     parser = add_config_args(argparse.ArgumentParser(), WorkerConfig)
     worker = config_from_args(WorkerConfig, parser.parse_args(serving.worker_flags(settings)))
