@@ -10,8 +10,9 @@ from nanoserve.benchmarks.roofline import BF16, Cost, Shape
 KERNEL_CLASSES = (  # first match wins: (class, substrings of the lower-cased kernel name)
     ("allreduce", ("allreduce", "all_reduce", "nccl", "symm")),
     ("rope_kv", ("rope", "rotary", "store_kv", "kv_store", "qk_norm")),
-    ("attention", ("attn", "attention", "paged", "flash", "decode_kernel")),
-    ("sampling", ("sampl", "argmax", "softmax", "topk", "top_k", "exponential", "gumbel", "sort")),
+    ("attention", ("attn", "attention", "paged", "flash", "decode", "prefill")),
+    ("sampling", ("sampl", "argmax", "softmax", "topk", "top_k", "exponential", "gumbel", "sort",
+                  "distribution")),
     ("norm", ("rms", "norm")),
     ("activation", ("silu", "swiglu", "act_and_mul", "gelu")),
     ("gemm", ("gemm", "gemv", "matmul", "xmma", "cutlass", "cublas", "skinny", "splitk", "sm90",

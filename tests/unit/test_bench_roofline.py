@@ -62,6 +62,11 @@ def test_the_nano_vllm_workload_at_the_speed_of_light():
 def test_kernel_classes():
     assert kernel_class("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64") == "gemm"
     assert kernel_class("_decode_attention_kernel") == "attention"
+    # worker/kernels' own Triton kernels
+    assert kernel_class("_decode_split_kernel") == "attention"
+    assert kernel_class("_qk_norm_rope_kernel") == kernel_class("_store_kvcache_kernel") == "rope_kv"
+    assert kernel_class("_allreduce_add_rms_norm_kernel") == "allreduce"
+    assert kernel_class("_skinny_gemm_kernel") == "gemm"
     assert kernel_class("_fused_qk_norm_rope_store_kernel") == "rope_kv"
     assert kernel_class("_rms_norm_kernel") == "norm"
     assert kernel_class("_silu_and_mul_kernel") == "activation"
