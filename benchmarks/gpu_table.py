@@ -71,9 +71,12 @@ def roofline_lines(r: dict) -> list[str]:
         return lines
     classes = ", ".join(f"{c} {x['us_per_step']}/{x.get('bound_us', '-')}"
                         for c, x in r["classes"].items())
+    ops = ", ".join(f"{op} {x['us_per_step']}/{x.get('bound_us', '-')}"
+                    for op, x in r.get("gemm_ops", {}).items())
     return [f"roofline decode B={r['batch']} ctx={r['context']}: wall {r['wall_us_per_step']} µs, "
             f"GPU {r['gpu_busy_us_per_step']}, bound {r['step_bound_us']} "
-            f"({r['fraction_of_bound']}); µs/bound per class: {classes}"]
+            f"({r['fraction_of_bound']}); µs/bound per class: {classes}",
+            f"  GEMMs, µs/bound a step: {ops}"]
 
 
 def main(argv: list[str] | None = None) -> None:

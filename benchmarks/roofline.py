@@ -182,49 +182,6 @@ def account(shape: Shape, steps: list[dict], tail_batch: int = 16) -> dict:
     return out
 
 
-# ---------------------------------------------------------- per-kernel classes of a decode step
-
-KERNEL_CLASSES = (  # first match wins: (class, substrings of the lower-cased kernel name)
-    ("allreduce", ("allreduce", "all_reduce", "nccl", "symm")),
-    ("rope_kv", ("rope", "rotary", "store_kv", "kv_store", "qk_norm")),
-    ("attention", ("attn", "attention", "paged", "flash", "decode_kernel")),
-    ("sampling", ("sampl", "argmax", "softmax", "topk", "top_k", "exponential", "gumbel", "sort")),
-    ("norm", ("rms", "norm")),
-    ("activation", ("silu", "swiglu", "act_and_mul", "gelu")),
-    ("gemm", ("gemm", "gemv", "matmul", "xmma", "cutlass", "cublas", "skinny", "splitk", "sm90",
-              "nvjet", "linear", "aten::mm", "addmm")),
-)
-
-
-def kernel_class(name: str) -> str:
-    low = name.lower()
-    for cls, keys in KERNEL_CLASSES:
-        if any(k in low for k in keys):
-            return cls
-    return "other"
-
-
-def class_costs(shape: Shape, batch: int, context: int) -> dict[str, Cost]:
-    """Bytes and FLOPs of each kernel class in one decode step of `batch` sequences that each
-    attend to `context` tokens."""
-    q, kv, h, L = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.hidden, \
-        shape.layers
-    b = batch
-    w = (shape.linear_params + shape.lm_head_params) * BF16
-    gemm_act = b * (L * (h + (q + 2 * kv) + q + h + h + 2 * shape.inter + shape.inter + h)) * BF16
-    return {
-        "gemm": Cost(w + gemm_act + b * shape.vocab * 4,
-                     2 * b * (shape.linear_params + shape.lm_head_params)),
-        "attention": Cost(b * context * shape.kv_bytes_per_token + 2 * b * L * q * BF16,
-                          4 * b * context * shape.heads * shape.head_dim * L),
-        "rope_kv": Cost(b * L * (2 * (q + kv) + 2 * kv) * BF16, 0),  # q, k in and out; k, v stored
-        # residual add + RMSNorm: 2 reads, 2 writes
-        "norm": Cost(b * (2 * L + 1) * 4 * h * BF16, 0),
-        "activation": Cost(b * L * 3 * shape.inter * BF16, 0),
-        "sampling": Cost(2 * b * shape.vocab * 4, 0),
-    }
-
-
 # ------------------------------------------------------------------ measured on the GPU
 
 def record_steps(llm) -> list[dict]:
@@ -281,68 +238,6 @@ def measure_phases(llm, shape: Shape, work: list[tuple[int, int]]) -> dict:
     res["total"]["wall_s"] = round(wall, 4)
     return res
 
-
-def profile_decode(llm, shape: Shape, batch: int, context: int, steps: int = 16) -> dict:
-    """torch.profiler over `steps` decode steps at `batch` x `context`: per kernel class the GPU
-    time a step against its bound, and the kernels that fill the step."""
-    import torch
-    from nanoserve.benchmarks.engine import sync
-    from nanoserve.worker import SamplingParams
-    from torch.profiler import ProfilerActivity, profile
-    rng = random.Random(batch)
-    prompts = [[rng.randrange(1000) for _ in range(context)] for _ in range(batch)]
-    sp = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
-    llm.generate(prompts, sp, use_tqdm=False)  # warm-up, and the prompts into the prefix cache
-    for p in prompts:
-        llm.add_request(p, sp)
-    llm.step()  # the prefill: a prefix hit, only the last token
-    llm.step()
-    sync(llm)
-    cuda = torch.cuda.is_available()  # on a CPU (tests): the ops' CPU time, same accounting
-    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
-        t = time.perf_counter()
-        for _ in range(steps):
-            llm.step()
-        sync(llm)
-        wall = (time.perf_counter() - t) / steps
-    while not llm.is_finished():
-        llm.step()
-    kernels: dict[str, list[float]] = {}
-    for e in prof.events():
-        if cuda and e.device_type == torch.autograd.DeviceType.CUDA:
-            kernels.setdefault(e.name, []).append(e.device_time)
-        elif not cuda and e.cpu_parent is None:  # top-level ops only: no time counted twice
-            kernels.setdefault(e.name, []).append(e.cpu_time_total)
-    bounds = class_costs(shape, batch, context + 1)
-    classes: dict[str, dict] = {}
-    for name, times in kernels.items():
-        c = classes.setdefault(kernel_class(name), dict(us=0.0, calls=0.0))
-        c["us"] += sum(times) / steps
-        c["calls"] += len(times) / steps
-    by_class = {}
-    for cls, c in sorted(classes.items(), key=lambda kv: -kv[1]["us"]):
-        row = dict(us_per_step=round(c["us"], 1), calls_per_step=round(c["calls"], 1))
-        if cls in bounds:
-            b = bounds[cls].bound_s * 1e6
-            row.update(bound_us=round(b, 1), fraction_of_bound=round(b / c["us"], 3))
-        by_class[cls] = row
-    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:16]
-    step_bound = sum(bounds.values(), Cost(0, 0)).bound_s * 1e6
-    gpu = sum(c["us"] for c in classes.values())
-    return dict(batch=batch, context=context, wall_us_per_step=round(1e6 * wall, 1),
-                gpu_busy_us_per_step=round(gpu, 1), step_bound_us=round(step_bound, 1),
-                fraction_of_bound=round(step_bound / (1e6 * wall), 3), classes=by_class,
-                kernels=[dict(name=k[:70], cls=kernel_class(k),
-                              us_per_step=round(sum(v) / steps, 1),
-                              calls_per_step=round(len(v) / steps, 1),
-                              # the class's bound shared over its calls: the kernel's own
-                              bound_us_per_call=round(
-                                  bounds[kernel_class(k)].bound_s * 1e6
-                                  / classes[kernel_class(k)]["calls"], 2)
-                              if kernel_class(k) in bounds else None)
-                         for k, v in top])
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m nanoserve.benchmarks.roofline", description=__doc__)
     p.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES),
@@ -373,6 +268,7 @@ def main(argv: list[str] | None = None) -> None:
         import tempfile
         from pathlib import Path
 
+        from nanoserve.benchmarks import roofline_kernels
         from nanoserve.benchmarks.shapes import write_shape_dir
         from nanoserve.worker import LLM
         model = write_shape_dir(args.shape, Path(tempfile.mkdtemp(prefix="nanoserve-roofline-")))
@@ -383,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
                             **measure_phases(llm, shape, work)))
             for b in (int(x) for x in args.batches.split(",") if x):
                 out.append(dict(bench="roofline_decode", model=args.shape,
-                                **profile_decode(llm, shape, b, args.context)))
+                                **roofline_kernels.profile_decode(llm, shape, b, args.context)))
         finally:
             llm.shutdown()
     for r in out:

@@ -5,8 +5,9 @@ import json
 import math
 
 import pytest
-from nanoserve.benchmarks import roofline
-from nanoserve.benchmarks.roofline import Cost, Shape, kernel_class, simulate, step_cost
+from nanoserve.benchmarks import roofline, roofline_kernels
+from nanoserve.benchmarks.roofline import Cost, Shape, simulate, step_cost
+from nanoserve.benchmarks.roofline_kernels import gemm_op_costs, gemm_ops, kernel_class
 
 QWEN3_06B = Shape.named("qwen3-0.6b")
 
@@ -61,13 +62,18 @@ def test_the_nano_vllm_workload_at_the_speed_of_light():
 def test_kernel_classes():
     assert kernel_class("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64") == "gemm"
     assert kernel_class("_decode_attention_kernel") == "attention"
+    # worker/kernels' own Triton kernels
+    assert kernel_class("_decode_split_kernel") == "attention"
+    assert kernel_class("_qk_norm_rope_kernel") == kernel_class("_store_kvcache_kernel") == "rope_kv"
+    assert kernel_class("_allreduce_add_rms_norm_kernel") == "allreduce"
+    assert kernel_class("_skinny_gemm_kernel") == "gemm"
     assert kernel_class("_fused_qk_norm_rope_store_kernel") == "rope_kv"
     assert kernel_class("_rms_norm_kernel") == "norm"
     assert kernel_class("_silu_and_mul_kernel") == "activation"
     assert kernel_class("void at::native::reduce_kernel<argmax>") == "sampling"
     assert kernel_class("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "allreduce"
     assert kernel_class("Memcpy HtoD") == "other"
-    costs = roofline.class_costs(QWEN3_06B, 256, 1024)
+    costs = roofline_kernels.class_costs(QWEN3_06B, 256, 1024)
     # at B=256 the decode step is KV-bandwidth-bound: attention is most of its bound
     total = sum(costs.values(), Cost(0, 0))
     assert costs["attention"].bytes > 0.9 * (total.bytes - costs["gemm"].bytes)
@@ -95,7 +101,7 @@ def test_profiled_decode_step_accounts_every_class(tiny_model_dir):
     llm = LLM(str(tiny_model_dir), device="cpu", kvcache_block_size=16, num_kvcache_blocks=64)
     try:
         shape = Shape(hidden=64, inter=128, layers=2, heads=4, kv_heads=2, head_dim=32)
-        res = roofline.profile_decode(llm, shape, batch=2, context=20, steps=3)
+        res = roofline_kernels.profile_decode(llm, shape, batch=2, context=20, steps=3)
         assert llm.is_finished()
     finally:
         llm.shutdown()
@@ -104,6 +110,31 @@ def test_profiled_decode_step_accounts_every_class(tiny_model_dir):
     assert res["kernels"] and sum(c["us_per_step"] for c in res["classes"].values()) > 0
     for k in res["kernels"]:
         assert k["cls"] in res["classes"]
+    # the tiny model's four linear layers a layer, and its LM head, are told apart on CPU too
+    assert {"qkv", "o_proj", "gate_up", "down", "lm_head"} <= set(res["gemm_ops"]), res["gemm_ops"]
+    assert res["gemm_ops"]["qkv"]["calls_per_step"] == shape.layers
+
+
+def test_gemms_are_named_by_their_neighbours():
+    layer = ["rms_norm", "gemm_a", "splitKreduce", "qk_norm_rope_store", "decode_attention",
+             "gemm_b", "nccl_allreduce", "add_rms_norm", "gemm_c", "silu_and_mul", "gemm_d",
+             "elementwise_add"]
+    fused_tp = ["gemm_b2", "allreduce_add_rms_norm", "gemm_c2", "silu_and_mul"]  # o, then gate_up
+    seq = [(name, 1.0) for name in ["embedding_gather", *layer, *layer, "rms_norm", "gemm_e",
+                                    "sample_argmax"]]
+    ops = gemm_ops(seq)
+    assert gemm_ops([("decode_attention", 1.0)] + [(n, 1.0) for n in fused_tp]) == {
+        "o_proj": {"us": 1.0, "calls": 1}, "gate_up": {"us": 1.0, "calls": 1}}
+    assert ops == {"qkv": {"us": 4.0, "calls": 2}, "o_proj": {"us": 2.0, "calls": 2},
+                   "gate_up": {"us": 2.0, "calls": 2}, "down": {"us": 2.0, "calls": 2},
+                   "lm_head": {"us": 1.0, "calls": 1}}
+    costs = gemm_op_costs(QWEN3_06B, 1)
+    weights = sum(c.bytes for c in costs.values())
+    # at batch 1 the GEMMs read every weight once, the 1.19 GB of perf_anchors §5, and the
+    # activations (the fp32 logits most: 0.6 MB) add little
+    params = QWEN3_06B.linear_params + QWEN3_06B.lm_head_params
+    assert 0 < weights - 2 * params < 2e6
+    assert costs["down"].flops == 2 * 28 * 3072 * 1024
 
 
 def test_analytic_run_prints_json_that_the_gpu_table_reads(tmp_path, capsys):

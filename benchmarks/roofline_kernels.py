@@ -1,0 +1,183 @@
+"""Each kernel of a decode step against its own roofline bound (benchmarks/roofline.py's second
+part): kernels sorted into classes by name, the GEMMs into the layer op they compute by the kernels
+around them, and each class's and op's bytes and FLOPs at a batch and context.
+"""
+import random
+import time
+
+from nanoserve.benchmarks.roofline import BF16, Cost, Shape
+
+KERNEL_CLASSES = (  # first match wins: (class, substrings of the lower-cased kernel name)
+    ("allreduce", ("allreduce", "all_reduce", "nccl", "symm")),
+    ("rope_kv", ("rope", "rotary", "store_kv", "kv_store", "qk_norm")),
+    ("attention", ("attn", "attention", "paged", "flash", "decode", "prefill")),
+    ("sampling", ("sampl", "argmax", "softmax", "topk", "top_k", "exponential", "gumbel", "sort",
+                  "distribution")),
+    ("norm", ("rms", "norm")),
+    ("activation", ("silu", "swiglu", "act_and_mul", "gelu")),
+    ("gemm", ("gemm", "gemv", "matmul", "xmma", "cutlass", "cublas", "skinny", "splitk", "sm90",
+              "nvjet", "linear", "aten::mm", "addmm")),
+)
+
+
+def kernel_class(name: str) -> str:
+    low = name.lower()
+    for cls, keys in KERNEL_CLASSES:
+        if any(k in low for k in keys):
+            return cls
+    return "other"
+
+
+def class_costs(shape: Shape, batch: int, context: int) -> dict[str, Cost]:
+    """Bytes and FLOPs of each kernel class in one decode step of `batch` sequences that each
+    attend to `context` tokens."""
+    q, kv, h, L = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.hidden, \
+        shape.layers
+    b = batch
+    w = (shape.linear_params + shape.lm_head_params) * BF16
+    gemm_act = b * (L * (h + (q + 2 * kv) + q + h + h + 2 * shape.inter + shape.inter + h)) * BF16
+    return {
+        "gemm": Cost(w + gemm_act + b * shape.vocab * 4,
+                     2 * b * (shape.linear_params + shape.lm_head_params)),
+        "attention": Cost(b * context * shape.kv_bytes_per_token + 2 * b * L * q * BF16,
+                          4 * b * context * shape.heads * shape.head_dim * L),
+        "rope_kv": Cost(b * L * (2 * (q + kv) + 2 * kv) * BF16, 0),  # q, k in and out; k, v stored
+        # residual add + RMSNorm: 2 reads, 2 writes
+        "norm": Cost(b * (2 * L + 1) * 4 * h * BF16, 0),
+        "activation": Cost(b * L * 3 * shape.inter * BF16, 0),
+        "sampling": Cost(2 * b * shape.vocab * 4, 0),
+    }
+
+
+
+def gemm_op_costs(shape: Shape, batch: int) -> dict[str, Cost]:
+    """Each GEMM of a decode step, all layers together: weights plus activations in and out (the
+    LM head's logits in fp32)."""
+    h, i = shape.hidden, shape.inter
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    dims = {"qkv": (h, q + 2 * kv, shape.layers), "o_proj": (q, h, shape.layers),
+            "gate_up": (h, 2 * i, shape.layers), "down": (i, h, shape.layers),
+            "lm_head": (h, shape.vocab, 1)}
+    out = {}
+    for op, (k, n, count) in dims.items():
+        act = batch * (k * BF16 + n * (4 if op == "lm_head" else BF16))
+        out[op] = Cost(count * (k * n * BF16 + act), count * 2 * batch * k * n)
+    return out
+
+
+NEIGHBOUR_SKIP = ("other", "allreduce")  # looked through when finding a GEMM's neighbours
+
+
+def gemm_ops(seq: list[tuple[str, float]]) -> dict[str, dict]:
+    """Kernels in launch order as (name, µs) -> {op: {"us", "calls"}} for the GEMM-class ones, named
+    by the nearest kernels of other classes around each run of adjacent GEMM kernels (a GEMM and
+    its split-K reduce): o_proj follows attention, down the activation; qkv is followed by rotary/KV
+    store (or attention), gate_up by the activation; the LM head follows the final norm."""
+    classes = [kernel_class(name) for name, _ in seq]
+
+    def neighbour(j: int, step: int) -> str | None:
+        while 0 <= j < len(seq) and classes[j] in NEIGHBOUR_SKIP:
+            j += step
+        return classes[j] if 0 <= j < len(seq) else None
+
+    ops: dict[str, dict] = {}
+    i = 0
+    while i < len(seq):
+        if classes[i] != "gemm":
+            i += 1
+            continue
+        end = i
+        while end + 1 < len(seq) and classes[end + 1] == "gemm":
+            end += 1
+        before, after = neighbour(i - 1, -1), neighbour(end + 1, 1)
+        if before == "attention":
+            op = "o_proj"
+        elif before == "activation":
+            op = "down"
+        elif after in ("rope_kv", "attention"):
+            op = "qkv"
+        elif after == "activation":
+            op = "gate_up"
+        elif before == "norm" or after == "sampling":
+            op = "lm_head"
+        else:
+            op = "unknown"
+        row = ops.setdefault(op, dict(us=0.0, calls=0))
+        row["us"] += sum(us for _, us in seq[i:end + 1])
+        row["calls"] += 1
+        i = end + 1
+    return ops
+
+
+def profile_decode(llm, shape: Shape, batch: int, context: int, steps: int = 16) -> dict:
+    """torch.profiler over `steps` decode steps at `batch` x `context`: per kernel class and per
+    GEMM op the GPU time a step against its bound, and the kernels that fill the step."""
+    import torch
+    from nanoserve.benchmarks.engine import sync
+    from nanoserve.worker import SamplingParams
+    from torch.profiler import ProfilerActivity, profile
+    rng = random.Random(batch)
+    prompts = [[rng.randrange(1000) for _ in range(context)] for _ in range(batch)]
+    sp = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
+    llm.generate(prompts, sp, use_tqdm=False)  # warm-up, and the prompts into the prefix cache
+    for p in prompts:
+        llm.add_request(p, sp)
+    llm.step()  # the prefill: a prefix hit, only the last token
+    llm.step()
+    sync(llm)
+    cuda = torch.cuda.is_available()  # on a CPU (tests): the ops' CPU time, same accounting
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        t = time.perf_counter()
+        for _ in range(steps):
+            llm.step()
+        sync(llm)
+        wall = (time.perf_counter() - t) / steps
+    while not llm.is_finished():
+        llm.step()
+    seq = []  # (start, name, µs) of every kernel
+    for e in prof.events():
+        if cuda and e.device_type == torch.autograd.DeviceType.CUDA:
+            seq.append((e.time_range.start, e.name, e.device_time))
+        elif not cuda and e.cpu_parent is None:  # top-level ops only: no time counted twice
+            seq.append((e.time_range.start, e.name, e.cpu_time_total))
+    seq.sort()
+    kernels: dict[str, list[float]] = {}
+    for _, name, us in seq:
+        kernels.setdefault(name, []).append(us)
+    op_bounds = gemm_op_costs(shape, batch)
+    gemm = {}
+    for op, row in sorted(gemm_ops([(n, us) for _, n, us in seq]).items()):
+        gemm[op] = dict(us_per_step=round(row["us"] / steps, 1),
+                        calls_per_step=round(row["calls"] / steps, 1))
+        if op in op_bounds:
+            b = op_bounds[op].bound_s * 1e6
+            gemm[op].update(bound_us=round(b, 1), fraction_of_bound=round(b * steps / row["us"], 3))
+    bounds = class_costs(shape, batch, context + 1)
+    classes: dict[str, dict] = {}
+    for name, times in kernels.items():
+        c = classes.setdefault(kernel_class(name), dict(us=0.0, calls=0.0))
+        c["us"] += sum(times) / steps
+        c["calls"] += len(times) / steps
+    by_class = {}
+    for cls, c in sorted(classes.items(), key=lambda kv: -kv[1]["us"]):
+        row = dict(us_per_step=round(c["us"], 1), calls_per_step=round(c["calls"], 1))
+        if cls in bounds:
+            b = bounds[cls].bound_s * 1e6
+            row.update(bound_us=round(b, 1), fraction_of_bound=round(b / c["us"], 3))
+        by_class[cls] = row
+    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:16]
+    step_bound = sum(bounds.values(), Cost(0, 0)).bound_s * 1e6
+    gpu = sum(c["us"] for c in classes.values())
+    return dict(batch=batch, context=context, wall_us_per_step=round(1e6 * wall, 1),
+                gpu_busy_us_per_step=round(gpu, 1), step_bound_us=round(step_bound, 1),
+                fraction_of_bound=round(step_bound / (1e6 * wall), 3), classes=by_class,
+                gemm_ops=gemm,
+                kernels=[dict(name=k[:70], cls=kernel_class(k),
+                              us_per_step=round(sum(v) / steps, 1),
+                              calls_per_step=round(len(v) / steps, 1),
+                              # the class's bound shared over its calls: the kernel's own
+                              bound_us_per_call=round(
+                                  bounds[kernel_class(k)].bound_s * 1e6
+                                  / classes[kernel_class(k)]["calls"], 2)
+                              if kernel_class(k) in bounds else None)
+                         for k, v in top])
