@@ -5,7 +5,7 @@ around them, and each class's and op's bytes and FLOPs at a batch and context.
 import random
 import time
 
-from nanoserve.benchmarks.roofline import BF16, Cost, Shape
+from nanoserve.benchmarks.step_cost import BF16, Cost, Shape
 
 KERNEL_CLASSES = (  # first match wins: (class, substrings of the lower-cased kernel name)
     ("allreduce", ("allreduce", "all_reduce", "nccl", "symm")),
