@@ -88,3 +88,37 @@ def test_engine_built_in_a_thread_that_ends_survives_it_and_a_dead_rank_raises(t
         assert time.monotonic() - start < 15.0
     import torch.distributed as dist
     assert not dist.is_initialized()  # the next engine of this process is not taken for a rank
+
+
+def test_a_rank_that_dies_before_the_rendezvous_fails_the_start_instead_of_hanging(tmp_path):
+    """E.g. a group SIGTERM while the ranks still import torch: rank 0 stops waiting for it."""
+    import multiprocessing as mp
+    import os
+    import signal
+    import threading
+    import time
+
+    from nanoserve.worker.engine.tp import RankDied
+
+    make_hf_model(tmp_path, num_key_value_heads=2, vocab_size=501)
+    outcome = {}
+
+    def build():
+        try:
+            outcome["llm"] = LLM(tmp_path, device="cpu", tensor_parallel_size=2,
+                                 kvcache_block_size=16, num_kvcache_blocks=32)
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            outcome["error"] = e
+
+    before = set(mp.active_children())
+    t = threading.Thread(target=build)
+    start = time.monotonic()
+    t.start()
+    while not (ranks := [p for p in mp.active_children() if p not in before
+                         and p.name.startswith("nanoserve-tp-rank")]):
+        assert time.monotonic() - start < 60
+        time.sleep(0.01)
+    os.kill(ranks[0].pid, signal.SIGKILL)  # long before it reaches the store
+    t.join(30)
+    assert not t.is_alive()
+    assert isinstance(outcome.get("error"), RankDied), outcome

@@ -2,7 +2,7 @@
 
 Each step rank 0 publishes the StepInputs encoding through the step mailbox (a shared-memory ring,
 worker.engine.step_mailbox); every rank runs every step, in order, the layers all-reducing through
-torch.distributed (NCCL on CUDA, gloo on CPU; rendezvous on 127.0.0.1 at a free port).
+torch.distributed (NCCL on CUDA, gloo on CPU; rendezvous at a TCP store rank 0 hosts on 127.0.0.1).
 Ranks belong to rank 0, not to the thread that built the engine nor to the process group: they are
 started from one long-lived spawner thread, ignore SIGINT/SIGTERM, and leave when rank 0 tells them
 or dies. A rank that dies makes the next step raise RankDied (the offline API's caller gets it); only
@@ -19,6 +19,7 @@ import queue
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
@@ -53,14 +54,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed(device: torch.device, rank: int, world_size: int, port: int) -> None:
+def rendezvous_store(world_size: int, port: int = 0) -> dist.TCPStore:
+    """Rank 0 (port 0: any free port, then `.port`) hosts the store the ranks meet at."""
+    return dist.TCPStore("127.0.0.1", port, world_size, is_master=port == 0,
+                         wait_for_workers=False)
+
+
+def init_distributed(device: torch.device, rank: int, world_size: int, store: dist.TCPStore,
+                     alive: Callable[[], None] = lambda: None) -> None:
+    """Rank 0 waits for every rank to reach the store, calling `alive` (which raises when a rank
+    died on its way: a group signal during its start, a crash) instead of waiting for ever."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(rank)
     else:  # ranks share the cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size)
+    if rank == 0:
+        keys = [f"nanoserve/rank{r}" for r in range(1, world_size)]
+        while not store.check(keys):
+            alive()
+            time.sleep(0.05)
+    else:
+        store.set(f"nanoserve/rank{rank}", "arrived")
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
 
 
 def check_tp_size(config: EngineConfig, model_config: ModelConfig) -> None:
@@ -136,7 +152,8 @@ def rank_main(config: EngineConfig, model_config: ModelConfig, rank: int, port: 
     from nanoserve.log import setup_logging
     setup_logging("worker", "WARNING", rank)
     world_size = config.tensor_parallel_size
-    init_distributed(resolve_device(config.device), rank, world_size, port)
+    init_distributed(resolve_device(config.device), rank, world_size,
+                     rendezvous_store(world_size, port))
     runner = ModelRunner(config, model_config, rank, world_size)
     box = StepMailbox.attach(*mailbox)
     try:
@@ -184,9 +201,9 @@ class TensorParallelRunner:
         self.exit_on_rank_death = False
         self.dead: str | None = None  # why no step can run any more
         self.closed = False
-        port = free_port()
+        store = rendezvous_store(world_size)
         self.procs = [ctx.Process(target=rank_main, name=f"nanoserve-tp-rank{r}", daemon=True,
-                                  args=(config, model_config, r, port, self.mailbox.handle(r - 1),
+                                  args=(config, model_config, r, store.port, self.mailbox.handle(r - 1),
                                         os.getpid()))
                       for r in range(1, world_size)]
         for p in self.procs:
@@ -194,7 +211,7 @@ class TensorParallelRunner:
         self.watcher = threading.Thread(target=self._watch, name="tp-watch", daemon=True)
         self.watcher.start()
         try:
-            init_distributed(resolve_device(config.device), 0, world_size, port)
+            init_distributed(resolve_device(config.device), 0, world_size, store, self._alive)
             self.runner = ModelRunner(config, model_config, 0, world_size)
         except BaseException as e:
             error = self.explain(e)
