@@ -212,6 +212,7 @@ class ModelRunner:
         return table
 
     def prepare_prefill(self, seqs: list[Sequence]) -> StepInputs:
+        """A step with prompt tokens; a mixed step's decodes come first, as 1-token extends."""
         bs = self.block_size
         input_ids, positions, slots, q_lens, k_lens = [], [], [], [], []
         for seq in seqs:
