@@ -342,8 +342,9 @@ class ModelRunner:
         f, self.foreseen = self.foreseen, None
         if f is not None and f.forward_index != self.num_forwards:
             # another forward may have replayed the graph whose output buffer f.logits views
-            raise RuntimeError(f"decode lookahead: {self.num_forwards - f.forward_index} forward(s) "
-                               "ran between the step forwarded ahead and its use")
+            between = self.num_forwards - f.forward_index
+            raise RuntimeError(f"decode lookahead: {between} forward(s) ran between the step "
+                               "forwarded ahead and its use")
         rows = foreseen_rows(f, seqs, x, self.block_size) if f is not None else None
         if rows is None:
             return None
