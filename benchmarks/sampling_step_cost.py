@@ -1,8 +1,9 @@
 """Host cost of one decode step's sampling inputs (SamplingInputs.prepare) when every sequence uses
-penalties and/or a seed: figures, never pass/fail. The review's case is 256 sequences of 1,500 tokens
-over Qwen3's 151,936-token vocabulary.
+penalties and/or a seed: figures, never pass/fail. The review's case is 256 sequences of 1,500
+tokens over Qwen3's 151,936-token vocabulary.
 
-    python -m nanoserve.benchmarks.sampling_step_cost [--seqs 256] [--prompt 1000] [--output 500] [--sample]
+    python -m nanoserve.benchmarks.sampling_step_cost [--seqs 256] [--prompt 1000] [--output 500]
+        [--sample]
 """
 import argparse
 import random

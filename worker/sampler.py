@@ -1,7 +1,8 @@
 """Turns the last-token logits of a batch into next token ids, one row per sequence.
 
-Called by ModelRunner after compute_logits. Penalties, the min_tokens mask, then greedy rows by argmax and the rest by
-temperature -> top-k -> top-p -> min-p -> an exponential race (Gumbel-max without a host sync).
+Called by ModelRunner after compute_logits. Penalties, the min_tokens mask, then greedy rows by
+argmax and the rest by temperature -> top-k -> top-p -> min-p -> an exponential race (Gumbel-max
+without a host sync).
 Seeded rows draw their noise from their own generator, so a seed gives the same tokens whatever
 else is in the batch.
 """

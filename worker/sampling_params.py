@@ -1,8 +1,9 @@
 """Per-request sampling and stopping parameters (vLLM names), as the engine consumes them.
 
 The gRPC worker builds one from the proto's SamplingParams; offline users pass it to LLM.generate.
-A field a model's generation_config.json may set is None when not given: it reads as vLLM's default
-and is listed in `unset`, and LLMEngine.add_request fills it from the model's defaults (with_defaults).
+A field a model's generation_config.json may set is None when not given: it reads as vLLM's
+default and is listed in `unset`, and LLMEngine.add_request fills it from the model's defaults
+(with_defaults).
 """
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace

@@ -167,7 +167,8 @@ def test_tensor_parallel_ranks_follow_the_step_forwarded_ahead(model):
 def test_lookahead_under_a_queue(model):
     """With more requests than max_num_seqs the queue is never empty; every decode step that
     follows a decode step is still served from the forward ahead (before: only once the queue had
-    drained; 38 of 117 decode steps in the review's demo), and the tokens are those of the engine without lookahead."""
+    drained; 38 of 117 decode steps in the review's demo), and the tokens are those of the engine
+    without lookahead."""
     path, _ = model
     lens = [6, 12, 20, 5, 15, 9, 20, 4]
     prompts = prompts_of([3 + i % 5 for i in range(8)], seed=4)
@@ -212,7 +213,8 @@ def test_decode_follows_predicts_admission():
 
 def test_foreseen_logits_refused_after_another_forward(model):
     """The foreseen logits may view a CUDA graph's output buffer: a forward between the step
-    forwarded ahead and its use (a draft model, a second forward per step) is caught, not sampled."""
+    forwarded ahead and its use (a draft model, a second forward per step) is caught, not
+    sampled."""
     path, _ = model
     llm = make_llm(path, True)
     sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

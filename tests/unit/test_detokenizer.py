@@ -189,7 +189,8 @@ def test_stop_string_does_not_end_the_output_before_min_tokens(tok: Tokenizer) -
     """vLLM: stop strings are not checked until min_tokens ids are out (before: a stop string in
     the first token ended a min_tokens=30 request after one token)."""
     ids = tok.encode("one two one two one two").ids
-    deltas, matched = _run(Detokenizer(_decode(tok), stop=["one"], min_tokens=3), [[i] for i in ids])
+    detok = Detokenizer(_decode(tok), stop=["one"], min_tokens=3)
+    deltas, matched = _run(detok, [[i] for i in ids])
     assert matched == "one" and "".join(deltas) == "one two "  # the third id is the 2nd "one"
     deltas, matched = _run(Detokenizer(_decode(tok), stop=["one"], min_tokens=len(ids) + 1),
                            [[i] for i in ids])

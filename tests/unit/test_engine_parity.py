@@ -164,3 +164,28 @@ def test_stop_token_and_eos_and_min_tokens(untied):
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)[0]
     assert out.token_ids == ref[:3] and out.finish_reason == "length"
     assert_clean(llm)
+
+
+def test_mixed_steps_match_transformers(untied):
+    """Decode-first mixed steps: prompts arriving while others decode, one longer than the token
+    budget (chunked), ride in the decodes' forward (the torch path attends each decode as a
+    1-token extend) and every sequence still equals transformers' greedy tokens."""
+    path, hf = untied
+    prompts = prompts_of([5, 40, 17], seed=11)
+    ref = hf_greedy(hf, prompts, 16)
+    llm = LLM(path, device="cpu", kvcache_block_size=16, num_kvcache_blocks=64,
+              max_num_batched_tokens=16)
+    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    first = llm.add_request(prompts[0], sp)
+    for _ in range(3):
+        llm.step()
+    rest = [llm.add_request(p, sp) for p in prompts[1:]]
+    mixed = 0
+    while not llm.is_finished():
+        before = first.num_completion_tokens
+        prefilling = rest[0].num_completion_tokens == 0
+        llm.step()
+        mixed += prefilling and first.num_completion_tokens == before + 1
+    assert mixed >= 3  # the 40-token prompt's chunks never paused the first sequence
+    assert [s.completion_token_ids for s in [first, *rest]] == ref
+    assert_clean(llm)

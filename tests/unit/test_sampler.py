@@ -128,7 +128,8 @@ def test_penalty_tensors_count_prompt_and_output_per_sequence(llm):
         row = t.penalty_rows[i]  # the statistics persist between steps, one row per sequence
         assert set(t.prompt_mask[row].nonzero().flatten().tolist()) == set(prompt)
         counts = {tok: output.count(tok) for tok in output}
-        got = {int(k): int(t.output_counts[row, k]) for k in t.output_counts[row].nonzero().flatten()}
+        got = {int(k): int(t.output_counts[row, k])
+               for k in t.output_counts[row].nonzero().flatten()}
         assert got == counts
     assert torch.allclose(t.repetition_penalties, torch.tensor([1.3] * 3))
 
@@ -189,7 +190,8 @@ def test_penalty_counts_persist_and_follow_each_step():
         for i, seq in enumerate(batch):
             row = int(t.penalty_rows[i])
             mask = set(t.prompt_mask[row].nonzero().flatten().tolist())
-            counts = {k: int(t.output_counts[row, k]) for k in range(vocab) if t.output_counts[row, k]}
+            counts = {k: int(t.output_counts[row, k])
+                      for k in range(vocab) if t.output_counts[row, k]}
             if seq.sampling_params.has_penalties:
                 assert mask == set(seq.token_ids[:seq.num_prompt_tokens])
                 assert counts == dict(Counter(seq.completion_token_ids))

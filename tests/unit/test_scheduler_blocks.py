@@ -45,7 +45,9 @@ def test_prefix_hit_skips_computed_blocks():
     b = Sequence(list(range(10)) + [99], SamplingParams(max_tokens=2))
     s.add(b)
     seqs, prefill = s.schedule()
-    assert seqs == [b] and b.num_cached_tokens == 8 and b.num_scheduled_tokens == 3
+    # decode-first: a decodes in the same step as b's prefill
+    assert seqs == [a, b] and a.num_scheduled_tokens == 1
+    assert b.num_cached_tokens == 8 and b.num_scheduled_tokens == 3
     assert b.block_table[:2] == a.block_table[:2]
     assert s.block_manager.blocks[a.block_table[0]].ref_count == 2
 
@@ -139,7 +141,9 @@ def test_identical_block_takes_over_when_the_first_is_evicted():
     check_invariants(s)
     filler = Sequence([100 + i for i in range(20)], SamplingParams(max_tokens=1))
     s.add(filler)  # takes the free blocks, a's first (LRU): a's cached content is evicted
-    s.postprocess(s.schedule()[0], [1])
+    seqs, _ = s.schedule()
+    assert filler in seqs
+    s.postprocess(seqs, [1] * len(seqs))
     check_invariants(s)
     c = Sequence(prompt, SamplingParams(max_tokens=1))
     s.add(c)
@@ -158,3 +162,41 @@ def test_free_blocks_are_reused_least_recently_freed_first():
         bm.deallocate(seq)
     # the never-used blocks first, then in the order freed
     assert [bm._take_free_block() for _ in range(5)] == [3, 4, 5, taken[2], taken[0]]
+
+
+def test_decodes_first_and_prompts_fill_the_budget():
+    """Decode-first mixed steps (vLLM v1): an arrival is prefilled in the same step as the running
+    decodes, and a prompt longer than the token budget runs in chunks beside them, never pausing
+    them (before: every prefill step, each chunk included, was a step without decodes)."""
+    s = make(num_blocks=64, max_tokens=8)  # max_num_batched_tokens = 8
+    a = Sequence([1, 2, 3], SamplingParams(max_tokens=20))
+    s.add(a)
+    seqs, prefill = s.schedule()
+    s.postprocess(seqs, [7])
+    long = Sequence(list(range(10, 30)), SamplingParams(max_tokens=2))  # 20 tokens: 3 chunks
+    s.add(long)
+    chunks = []
+    while not long.num_completion_tokens:
+        seqs, prefill = s.schedule()
+        assert prefill and seqs[0] is a and a.num_scheduled_tokens == 1  # a decodes every step
+        assert seqs[1:] == [long]
+        chunks.append(long.num_scheduled_tokens)
+        s.postprocess(seqs, [7] * len(seqs))
+        check_invariants(s)
+    assert chunks == [7, 7, 6] and a.num_completion_tokens == 4 and long.num_completion_tokens == 1
+    seqs, prefill = s.schedule()
+    assert not prefill and seqs == [a, long]  # nothing waits: a pure decode step
+
+
+def test_no_admission_in_a_step_that_preempts():
+    s = make(num_blocks=3, block_size=2, max_tokens=64)
+    a = Sequence([1, 2], SamplingParams(max_tokens=10))
+    b = Sequence([3, 4], SamplingParams(max_tokens=10))
+    c = Sequence([5], SamplingParams(max_tokens=10))
+    s.add(a)
+    s.add(b)
+    s.postprocess(s.schedule()[0], [5, 5])  # 2 blocks used, 1 free
+    s.add(c)
+    seqs, prefill = s.schedule()  # a takes the free block; b has none left and is preempted
+    assert seqs == [a] and not prefill and list(s.waiting) == [b, c]
+    check_invariants(s)

@@ -104,8 +104,10 @@ class LLMEngine:
                 if seq.num_tokens + 1 < self.max_model_len:
                     self.block_manager.reserve_next(seq)
         token_ids = self.model_runner.run(seqs, is_prefill, lookahead=lookahead)
-        if is_prefill:
-            self.num_prompt_tokens_done += sum(s.num_scheduled_tokens for s in seqs)
+        if is_prefill:  # a mixed step: the decodes (first, one token each) are no prompt tokens
+            self.num_prompt_tokens_done += sum(s.num_scheduled_tokens for s in seqs
+                                               if s.num_computed_tokens < s.num_prompt_tokens
+                                               or s.num_scheduled_tokens > 1)
         self.scheduler.postprocess(seqs, token_ids)
         outputs = []
         for seq in seqs:

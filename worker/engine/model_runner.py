@@ -259,6 +259,7 @@ class ModelRunner:
         return table
 
     def prepare_prefill(self, seqs: list[Sequence]) -> StepInputs:
+        """A step with prompt tokens; a mixed step's decodes come first, as 1-token extends."""
         bs = self.block_size
         input_ids, positions, slots, q_lens, k_lens = [], [], [], [], []
         for seq in seqs:
@@ -393,8 +394,9 @@ class ModelRunner:
         f, self.foreseen = self.foreseen, None
         if f is not None and f.forward_index != self.num_forwards:
             # another forward may have replayed the graph whose output buffer f.logits views
-            raise RuntimeError(f"decode lookahead: {self.num_forwards - f.forward_index} forward(s) "
-                               "ran between the step forwarded ahead and its use")
+            between = self.num_forwards - f.forward_index
+            raise RuntimeError(f"decode lookahead: {between} forward(s) ran between the step "
+                               "forwarded ahead and its use")
         rows = foreseen_rows(f, seqs, x, self.block_size) if f is not None else None
         if rows is None:
             return None

@@ -1,5 +1,5 @@
-"""Per-step sampling inputs: SamplingTensors built from the scheduled Sequences' parameters (one copy
-per field), the penalties' token statistics kept between steps, and the generators of seeded
+"""Per-step sampling inputs: SamplingTensors built from the scheduled Sequences' parameters (one
+copy per field), the penalties' token statistics kept between steps, and the generators of seeded
 requests. ModelRunner.run hands them, with the logits, to worker.sampler.sample.
 """
 import numpy as np
@@ -13,7 +13,8 @@ class SamplingInputs:
 
     def __init__(self, device: torch.device, vocab_size: int, eos_token_ids: tuple[int, ...] = ()):
         self.device, self.vocab_size = device, vocab_size
-        self.eos_token_ids = tuple(t for t in eos_token_ids if t < vocab_size)  # others never sampled
+        # ids past the vocabulary are never sampled: nothing to mask
+        self.eos_token_ids = tuple(t for t in eos_token_ids if t < vocab_size)
         self.request_generators: dict[int, torch.Generator] = {}  # seq_id -> generator
         self.penalty_counts = PenaltyCounts(device, vocab_size)
 
@@ -137,8 +138,8 @@ class PenaltyCounts:
             return
         num_slots = max(num_slots, have + have // 2, 16)  # few regrowths as the batch fills
         extra = num_slots - have
-        self.prompt_mask = torch.cat([self.prompt_mask, self.prompt_mask.new_zeros(extra,
-                                                                                   self.vocab_size)])
+        self.prompt_mask = torch.cat([self.prompt_mask,
+                                      self.prompt_mask.new_zeros(extra, self.vocab_size)])
         self.output_counts = torch.cat([self.output_counts,
                                         self.output_counts.new_zeros(extra, self.vocab_size)])
 

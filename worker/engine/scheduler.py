@@ -1,7 +1,9 @@
 """Continuous batching: picks each step's sequences, chunks long prefills, preempts when KV runs out.
 
-LLMEngine.step calls schedule() -> ModelRunner.run -> postprocess(). A step is either a prefill step
-(new prompts, chunks of long prompts, recomputes after preemption) or a decode step (one token each).
+LLMEngine.step calls schedule() -> ModelRunner.run -> postprocess(). Decode-first (vLLM v1): every
+running sequence decodes one token, and the token budget left is filled with prompts (new ones,
+chunks of long ones, recomputes after preemption) in the same forward, so arrivals never pause the
+running streams. A step without prompts is a pure decode step (the runner's CUDA graphs).
 """
 from collections import deque
 
@@ -29,11 +31,39 @@ class Scheduler:
         self.waiting.append(seq)
 
     def schedule(self) -> tuple[list[Sequence], bool]:
-        # prefill: the head of `waiting` may be a prompt whose earlier chunks already ran
+        """(the step's sequences, decodes first; whether any prompt tokens are in it)."""
+        scheduled, preempted = self._schedule_decodes()
+        if preempted:  # no admission in a step that ran out of blocks (vLLM)
+            return scheduled, False
+        prompts = self._schedule_prompts(self.max_num_batched_tokens - len(scheduled))
+        return scheduled + prompts, bool(prompts)
+
+    def _schedule_decodes(self) -> tuple[list[Sequence], bool]:
+        """One token for each running sequence, preempting the newest when blocks run out;
+        (the decodes, whether a sequence was preempted)."""
         scheduled: list[Sequence] = []
-        budget = self.max_num_batched_tokens
-        # an admitted prompt joins `running` at once, so `running` alone counts the batch's sequences
-        # (a partial chunk ends the loop; it is not counted and never admitted past the limit)
+        preempted = False
+        append_slot = self.block_manager.append_slot
+        while self.running:
+            seq = self.running.popleft()
+            while not append_slot(seq):
+                preempted = True
+                if self.running:
+                    self.preempt(self.running.pop())
+                else:
+                    self.preempt(seq)
+                    break
+            else:
+                seq.num_scheduled_tokens = 1
+                scheduled.append(seq)
+        self.running.extend(scheduled)
+        return scheduled, preempted
+
+    def _schedule_prompts(self, budget: int) -> list[Sequence]:
+        """Prompt tokens for the budget left by the decodes: the head of `waiting` may be a prompt
+        whose earlier chunks already ran. An admitted prompt joins `running` at once, so `running`
+        alone counts the batch's sequences."""
+        scheduled: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if not seq.block_table and not self.block_manager.allocate(seq):
@@ -46,32 +76,16 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-        if scheduled:
-            return scheduled, True
-
-        # decode: one token per running sequence, preempting the newest when blocks run out
-        append_slot = self.block_manager.append_slot
-        while self.running:
-            seq = self.running.popleft()
-            while not append_slot(seq):
-                if self.running:
-                    self.preempt(self.running.pop())
-                else:
-                    self.preempt(seq)
-                    break
-            else:
-                seq.num_scheduled_tokens = 1
-                scheduled.append(seq)
-        self.running.extend(scheduled)
-        return scheduled, False
+        return scheduled
 
     def decode_follows(self, seqs: list[Sequence]) -> bool:
         """After scheduling decode step `seqs`: whether the next step is predictably a decode of
-        (a subset of) them, so that the runner may forward it ahead (worker.engine.lookahead). A
-        prefill comes next only if a sequence can be admitted: the batch has room once those that
-        surely end by length this step are gone, and the head of `waiting` fits in the free blocks
-        (its own prefix hits are not counted). An end by eos or a stop id is not foreseeable: then
-        a prefill may win after all and the forward ahead is discarded."""
+        (a subset of) them, so that the runner may forward it ahead (worker.engine.lookahead).
+        Prompt tokens join the next step (a mixed step) only if a sequence can be admitted: the
+        batch has room once those that surely end by length this step are gone, and the head of
+        `waiting` fits in the free blocks (its own prefix hits are not counted). An end by eos or a
+        stop id is not foreseeable: then a prompt may join after all and the forward ahead is
+        discarded."""
         if not self.waiting:
             return True
         ending = [seq for seq in seqs if self._ends_by_length(seq)]
