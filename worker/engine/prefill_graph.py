@@ -99,6 +99,12 @@ class PrefillGraphRunner:
         pool = None
         for n in reversed(buckets):  # largest first: the smaller ones reuse its pool
             pool = self._capture(n, pool)
+        # a graph's first replay uploads it to the GPU: here, not in a request's first token (the
+        # static slots are still -1: nothing is stored)
+        for steps in self.steps.values():
+            for step in steps:
+                step()
+        torch.cuda.synchronize()
         logger.info("captured piecewise CUDA graphs for prefill token counts %s", buckets)
 
     def _pieces(self, n: int) -> list:
