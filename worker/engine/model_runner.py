@@ -165,8 +165,12 @@ class ModelRunner:
             if self.prefill_buckets:
                 self.prefill_graphs = PrefillGraphRunner(self.model, self.prefill_buckets,
                                                          self.dtype, self.device)
-        if backend == "triton":
-            self.warmup_prefill_attention()
+        if backend == "triton":  # each tile size of the prefill attention (its one length-bound
+            attn = self.attention_layers[0]  # constexpr), from a one-sequence step of slots -1
+            for x in attention_warmup_steps(attn.num_heads // attn.num_kv_heads,
+                                            self.dtype == torch.float32, self.block_size):
+                self.execute(pad_to_bucket(x, self.prefill_buckets))
+            torch.cuda.synchronize(self.device)
         logger.info("kernels compiled (or loaded from %s) and graphs captured in %.1f s",
                     os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache"),
                     time.perf_counter() - started)
@@ -237,17 +241,6 @@ class ModelRunner:
         sample(logits, t)
         reset_context()
         torch.cuda.synchronize()
-
-    @torch.inference_mode()
-    def warmup_prefill_attention(self) -> None:
-        """Compile the prefill attention for each of its tile sizes (the only kernel parameter that
-        follows a prompt's length), so no prompt compiles a kernel while serving. A one-sequence
-        step per size, its slots -1 (nothing stored) and its keys read from block 0."""
-        attn = self.attention_layers[0]
-        group, fp32 = attn.num_heads // attn.num_kv_heads, self.dtype == torch.float32
-        for x in attention_warmup_steps(group, fp32, self.block_size):
-            self.execute(pad_to_bucket(x, self.prefill_buckets))
-        torch.cuda.synchronize(self.device)
 
     # ---- inputs ---------------------------------------------------------------------------------
 

@@ -75,7 +75,7 @@ def attention_warmup_steps(group: int, fp32: bool, block_size: int) -> list[Step
 class PrefillGraphRunner:
 
     def __init__(self, model: Qwen3ForCausalLM, buckets: list[int], dtype: torch.dtype,
-                 device: torch.device):
+                 device: torch.device, capture: bool = True):
         self.layers = list(model.model.layers)
         self.embed, self.norm = model.model.embed_tokens, model.model.norm
         attn = self.layers[0].self_attn
@@ -89,11 +89,22 @@ class PrefillGraphRunner:
         width = attn.num_heads * attn.head_dim
         self.q = torch.zeros(top, width, dtype=dtype, device=device)  # graph i -> attention i
         self.o = torch.zeros(top, width, dtype=dtype, device=device)  # attention i -> graph i + 1
-        self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
+        # bucket -> its L + 1 steps: graph replays, or (capture=False: tests on CPU) the pieces run
+        # eagerly, the same code the graphs captured
+        self.steps: dict[int, list] = {}
         self.hidden: dict[int, torch.Tensor] = {}  # bucket -> (T, hidden) output of its last graph
+        if not capture:
+            self.steps = {n: self._pieces(n) for n in buckets}
+            return
         pool = None
         for n in reversed(buckets):  # largest first: the smaller ones reuse its pool
             pool = self._capture(n, pool)
+        # a graph's first replay uploads it to the GPU: here, not in a request's first token (the
+        # static slots are still -1: nothing is stored)
+        for steps in self.steps.values():
+            for step in steps:
+                step()
+        torch.cuda.synchronize()
         logger.info("captured piecewise CUDA graphs for prefill token counts %s", buckets)
 
     def _pieces(self, n: int) -> list:
@@ -131,13 +142,13 @@ class PrefillGraphRunner:
                 piece()
             pool = pool or graph.pool()
             graphs.append(graph)
-        self.graphs[n] = graphs
+        self.steps[n] = [graph.replay for graph in graphs]  # (a bound replay keeps its graph)
         torch.cuda.synchronize()
         reset_context()
         return pool
 
     def can_run(self, num_tokens: int) -> bool:
-        return num_tokens in self.graphs
+        return num_tokens in self.steps
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
             slot_mapping: torch.Tensor) -> torch.Tensor:
@@ -148,9 +159,9 @@ class PrefillGraphRunner:
         self.positions[:n].copy_(positions)
         self.slot_mapping[:n].copy_(slot_mapping)
         q, o = self.q[:n], self.o[:n]
-        graphs = self.graphs[n]
-        for layer, graph in zip(self.layers, graphs):
-            graph.replay()
+        steps = self.steps[n]
+        for layer, step in zip(self.layers, steps):
+            step()  # graph i: the rest of layer i - 1, layer i up to its attention
             layer.self_attn.attn.attend_stored(q, o)
-        graphs[-1].replay()
+        steps[-1]()
         return self.hidden[n]

@@ -44,7 +44,9 @@ class Qwen3Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)  # (N, Hq, D), a strided view of qkv
         k = k.view(-1, self.num_kv_heads, self.head_dim)  # (N, Hkv, D)
         kv_stored = False
-        if qkv.is_cuda:  # norms + rotary in one kernel, in place
+        # norms + rotary in one kernel, in place (on CUDA; on CPU only a test sets the Triton
+        # backend, whose kernels then run in Triton's interpreter)
+        if qkv.is_cuda or self.attn.backend == "triton":
             from nanoserve.worker.kernels import qk_norm_rope
             cache_on = self.rotary_emb.cache_on(qkv.device)
             if self.attn.fuses_kv_store:  # the same kernel writes k/v into the paged cache
