@@ -215,7 +215,9 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         start = time.perf_counter()
         max_tokens = resolve_max_tokens(params, len(prompt_ids), limits, prompt_field=prompt_field)
         worker_request = worker_pb2.GenerateTokensRequest(
-            request_id=request_id,
+            # unique in this process (the client's id alone may be reused by another client once
+            # it ended here); it keeps the client's id for both services' logs
+            request_id=f"{request_id}#{next(self._worker_ids)}",
             prompt_token_ids=prompt_ids,
             sampling_params=worker_sampling_params(params, max_tokens),
         )
@@ -231,8 +233,6 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         if timeout is None and self.config.request_timeout_s > 0:
             timeout = self.config.request_timeout_s
         await self.link.check_connected()
-        # the worker sees an id unique in this process; the client's id stays in both logs
-        worker_request.request_id = f"{request_id}#{next(self._worker_ids)}"
         session = self.link.session
         pending = session.start(worker_request, timeout)
         completion_tokens = 0

@@ -102,6 +102,9 @@ class AsyncEngine:
         # (time, prompt tokens done, generated tokens) samples for the rates in GetLoad
         self.history: collections.deque = collections.deque(maxlen=64)
         loop.add_reader(self.from_core.fileno(), self._on_readable)
+        # imports torch (seconds) while the core loads, not on the first request
+        from nanoserve.worker.engine.llm_engine import LLMEngine
+        self.engine_class = LLMEngine
 
     @property
     def num_requests(self) -> int:
@@ -109,8 +112,7 @@ class AsyncEngine:
 
     def validate(self, token_ids: list[int], sp: SamplingParams) -> None:
         """LLMEngine.validate against the limits the core reported (ValueError naming the field)."""
-        from nanoserve.worker.engine.llm_engine import LLMEngine
-        LLMEngine.validate(self.limits, token_ids, sp)
+        self.engine_class.validate(self.limits, token_ids, sp)
 
     def add(self, request_id: str, token_ids: list[int], sp: SamplingParams,
             owner: Collector | None = None) -> Stream:

@@ -125,6 +125,10 @@ def run_engine_core(config: WorkerConfig, inbox: Connection, outbox: Connection)
     # spawns inherit the ignored dispositions
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if config.device == "cpu":
+        # before torch loads OpenMP: idle OpenMP threads that spin steal the cores the gRPC process
+        # and the frontend need (measured on a busy 2-core box: a CPU step 3-10x slower)
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from nanoserve.worker.engine.tp import die_with_parent
     die_with_parent()  # a SIGKILLed server leaves no engine behind
     from nanoserve.log import setup_logging

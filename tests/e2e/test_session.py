@@ -98,7 +98,9 @@ def test_bad_adds_name_the_field_and_the_good_one_runs(services, stub) -> None:
         bad.append((request.request_id, field))
         session.send(adds=[worker_pb2.SessionAdd(request=request)])
     session.send(adds=[add("", [1]), add("good", [1, 2], max_tokens=2)])
-    outputs = session.read_until(lambda by_id: len(by_id) == len(bad) + 2)
+    outputs = session.read_until(
+        lambda by_id: len(by_id) == len(bad) + 2 and ended(by_id["good"][-1])
+    )
     session.close()
     for request_id, field in bad:
         (out,) = outputs[request_id]
