@@ -105,11 +105,11 @@ def serve_argvs(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], lis
         frontend_values.pop(name, None)
     worker_argv = [
         *("--model", args.model, "--host", "127.0.0.1", "--port", str(args.worker_port)),
-        *config_argv(WorkerConfig, worker_values),
+        *config_argv(worker_values),
     ]
     frontend_argv = [
         *("--model", args.model, "--host", args.host, "--port", str(args.port)),
-        *config_argv(FrontendConfig, frontend_values),
+        *config_argv(frontend_values),
         *shlex.split(args.frontend_args),
     ]
     # Parse both now, as the services will: a bad value fails here, before minutes of loading.

@@ -99,8 +99,9 @@ def add_config_args(
     Defaults come from `<env_prefix><FIELD>` when set, else from the dataclass. Help comes from
     `field(metadata={"help": ...})`; a help text that already says what its default means is not
     followed by the raw default. Bools get `--x/--no-x`; other `X | None` fields accept `none`.
-    With `title`, the flags get their own section of the help. With `only_given`, the namespace gets only the flags given on the command line (no defaults,
-    no environment): `nanoserve serve` forwards those to the service that reads the rest itself.
+    With `title`, the flags get their own section of the help. With `only_given`, the namespace
+    gets only the flags given on the command line (no defaults, no environment): `nanoserve serve`
+    forwards those to the service, which reads the rest itself.
     """
     prefix = env_prefix(cls)
     section = parser.add_argument_group(title) if title else parser
@@ -140,9 +141,7 @@ def add_config_args(
         kwargs["default"] = (
             argparse.SUPPRESS if only_given or default is dataclasses.MISSING else default
         )
-        if (
-            base is bool
-        ):  # one style for every boolean: --x / --no-x (unset: the default, maybe None)
+        if base is bool:  # one style for every boolean: --x / --no-x (unset: the default or None)
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["type"] = convert
@@ -151,8 +150,8 @@ def add_config_args(
     return parser
 
 
-def config_argv(cls: type, values: dict[str, Any]) -> list[str]:
-    """The flags that make `cls`'s parser produce `values` (field name -> parsed value)."""
+def config_argv(values: dict[str, Any]) -> list[str]:
+    """The flags that make a config parser produce `values` (field name -> parsed value)."""
     argv: list[str] = []
     hints = typing.get_type_hints(cls)
     for name, value in values.items():
