@@ -96,7 +96,7 @@ def engine_settings(args: argparse.Namespace, tokenizer: bool = True) -> dict:
 
 def worker_flags(settings: dict) -> list[str]:
     """EngineConfig values as `python -m nanoserve.worker` flags (nanoserve.config's spelling)."""
-    return config_argv(EngineConfig, settings)
+    return config_argv(settings, EngineConfig)
 
 
 def run_offline(settings: dict, shape: list, warmup: list, args) -> dict:

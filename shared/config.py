@@ -150,12 +150,13 @@ def add_config_args(
     return parser
 
 
-def config_argv(values: dict[str, Any]) -> list[str]:
-    """The flags that make a config parser produce `values` (field name -> parsed value)."""
+def config_argv(values: dict[str, Any], cls: type | None = None) -> list[str]:
+    """The flags that make a config parser produce `values` (field name -> parsed value); with
+    `cls`, an unset (None) `bool | None` field is left out (`--x/--no-x` cannot spell it)."""
     argv: list[str] = []
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls) if cls is not None else {}
     for name, value in values.items():
-        if value is None and _unwrap_optional(hints[name])[0] is bool:
+        if value is None and name in hints and _unwrap_optional(hints[name])[0] is bool:
             continue  # `--x/--no-x` has no spelling for "unset": leave the flag out
         if isinstance(value, bool):
             argv.append(flag(name) if value else "--no-" + name.replace("_", "-"))
