@@ -130,9 +130,13 @@ def test_ignore_eos_and_special_tokens(client, sentence) -> None:
 
 
 def test_min_tokens_passes_over_eos(client, sentence) -> None:
-    done = client.generate([IM_END_ID], temperature=0, max_tokens=50, min_tokens=len(sentence) + 1)
-    assert done.token_ids == sentence * 2  # the first eos came too early, the second one ends it
-    assert (done.text, done.finish_reason) == (SENTENCE * 2, "stop")
+    # vLLM: eos cannot be sampled before min_tokens (it used to be sampled, only not obeyed), so
+    # where the model wants eos it takes its next best token and goes on
+    min_tokens = len(sentence) + 1
+    done = client.generate([IM_END_ID], temperature=0, max_tokens=50, min_tokens=min_tokens)
+    assert done.token_ids[: len(sentence) - 1] == sentence[:-1]
+    assert len(done.token_ids) >= min_tokens and IM_END_ID not in done.token_ids[:min_tokens]
+    assert done.text.startswith(SENTENCE)
 
 
 def test_stop_token_ids(client, sentence, tokenizer) -> None:
@@ -153,7 +157,7 @@ def test_stop_token_ids(client, sentence, tokenizer) -> None:
         ("then", True, "Stop here, then"),
         ("re, th", False, "Stop he"),  # spans three tokens
         (".", True, "Stop here, then go."),
-        ("absent", False, SENTENCE * 2),
+        ("absent", False, SENTENCE),  # eos ends it
     ],
 )
 def test_stop_strings(client, bigram_services, stop, include, text) -> None:
@@ -162,7 +166,6 @@ def test_stop_strings(client, bigram_services, stop, include, text) -> None:
             [IM_END_ID],
             temperature=0,
             max_tokens=50,
-            min_tokens=8,
             stop=[stop],
             include_stop_str_in_output=include,
         )
