@@ -1,6 +1,7 @@
 """WorkerService.Session on the real worker: several requests share one stream and one response
 carries several of them; bad adds end with INVALID_ARGUMENT naming the field while the others run;
-an abort, a timeout_s and the end of the stream each free the requests' KV blocks.
+an abort, a timeout_s and the end of the stream each free the requests' KV blocks. Two frontends
+(each with its own session) share one port with --reuse-port.
 """
 
 import queue
@@ -14,7 +15,8 @@ import pytest
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
-from tests.e2e.conftest import assert_idle, get_load
+from nanoserve.client import Client
+from tests.e2e.conftest import assert_idle, get_load, start_frontend
 from tests.e2e.test_bad_inputs import WORKER_CASES
 
 pytestmark = pytest.mark.e2e
@@ -137,3 +139,25 @@ def test_the_end_of_the_stream_aborts_its_requests(services, stub) -> None:
     assert get_load(services.worker.address).num_running == 3
     threading.Thread(target=session.call.cancel).start()  # the frontend goes away
     assert_idle(services.worker.address)
+
+
+def test_two_frontends_share_a_port_with_reuse_port(services, tiny_model_dir) -> None:
+    """--reuse-port: a second frontend binds the first one's port; each has its own session."""
+    first = start_frontend(tiny_model_dir, services.worker.address, "--reuse-port")
+    try:
+        second = start_frontend(
+            tiny_model_dir, services.worker.address, "--reuse-port", port=first.port
+        )
+        try:
+            assert second.port == first.port
+            # health checks on the shared port may reach either: wait for the second's own word
+            deadline = time.monotonic() + 60
+            while " ready: model" not in second.output() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            for frontend in (first, second):
+                with Client(frontend.address, timeout=30) as client:
+                    assert client.generate("hi", max_tokens=2).finish_reason == "length"
+        finally:
+            second.stop()
+    finally:
+        first.stop()
