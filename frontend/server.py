@@ -227,6 +227,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
             functools.partial(self.tokenizer.decode, skip_special_tokens=skip_special),
             stop=list(params.stop),
             include_stop_str_in_output=include_stop,
+            min_tokens=params.min_tokens,
         )
         # Forward the client's remaining deadline so the worker drops the request when it expires.
         timeout = context.time_remaining()

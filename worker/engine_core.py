@@ -136,7 +136,8 @@ def run_engine_core(config: WorkerConfig, inbox: Connection, outbox: Connection)
     try:
         core = EngineCore(config, inbox, outbox)
     except BaseException as exc:  # noqa: BLE001 - the server reports it and exits non-zero
-        logger.exception("loading the engine failed")
+        # the server logs the one line that says why; the traceback only at DEBUG
+        logger.debug("loading the engine failed", exc_info=True)
         outbox.send_bytes(encode([ERROR, f"loading the engine failed: {exc}"]))
         logging.shutdown()
         os._exit(1)

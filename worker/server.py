@@ -5,7 +5,6 @@ engine is loaded and while draining; a dead engine makes the process exit non-ze
 """
 import asyncio
 import logging
-import os
 import signal
 import uuid
 from pathlib import Path
@@ -177,19 +176,3 @@ async def serve(config: WorkerConfig) -> int:
         engine.kill()
         return exit_code
     return 1 if await engine.stop() else 0  # the core shuts the engine down between steps
-
-
-def main(argv: list[str] | None = None) -> None:
-    from nanoserve.config import parse_config
-    from nanoserve.log import setup_logging
-    config = parse_config(WorkerConfig, argv)
-    setup_logging("worker", config.log_level)
-    if not config.model:
-        import dataclasses
-
-        from nanoserve.tiny.model import default_model_dir
-        config = dataclasses.replace(config, model=str(default_model_dir()))
-    code = asyncio.run(serve(config))
-    if code:  # an engine failure: exit now, whatever threads or ranks are stuck
-        logging.shutdown()
-        os._exit(code)

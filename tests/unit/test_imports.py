@@ -16,15 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Edges known to close a cycle, each being removed by another branch. The lead deletes an entry
 # once that branch is merged; a cycle through any other edge fails the test.
-KNOWN_EDGES: set[tuple[str, str]] = {
-    # cuda_graph.py <-> model_runner.py (issue 13: hand the graph runner what it needs, not the
-    # runner): cuda_graph imports ModelRunner for its type hints.
-    ("nanoserve.worker.engine.cuda_graph", "nanoserve.worker.engine.model_runner"),
-}
+KNOWN_EDGES: set[tuple[str, str]] = set()
 # Runtime modules still importing the tiny maker, pending deletion on another branch:
 # worker/server.py's main() is dead code since worker/__main__.py has its own (with --model tiny
 # resolved by nanoserve.model_files); the lead deletes that main() and this entry after merging.
-KNOWN_TINY_USERS = {"nanoserve.worker.server"}
+KNOWN_TINY_USERS: set[str] = set()
 
 
 def package_dirs() -> dict[str, Path]:
