@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: GPU tests, engine and serving benchmarks, then a short table.
-# Usage: bash scripts/gpu_run.sh [full|quick|tp|kernels]     (on the GPU machine, ≤ 9 minutes)
+# Usage: bash scripts/gpu_run.sh [full|quick|tests|serve|tp|kernels]   (on the GPU machine, ≤ 9 minutes)
 #        bash scripts/gpu_run.sh wheels [NAME==VERSION...]    (here, before: fills .whl/ to carry)
 #   full:    tests/gpu (one GPU), 0.6B throughput + batch-1 latency, `nanoserve bench serving` at
 #            256 streams and at 16 req/s Poisson, benchmarks/prefill.py if present
 #   quick:   the same without tests/gpu and the Poisson run
+#   tests:   all of tests/gpu (tp ones too on two GPUs), 0.6B engine figures, prefill host/GPU time
+#   serve:   bench serving at 256 streams, at 16 req/s Poisson, and at tp=2 on two GPUs
 #   tp:      (two GPUs) tensor-parallel tests, 8B tp=2 batch-1 latency, bench serving tp=2
 #   kernels: the roofline account (benchmarks/roofline.py), attention and all-reduce sweeps, 8B
 #            tp=1 latency
@@ -87,6 +89,17 @@ case $mode in
       --skip-offline --warmup light
     [ -f benchmarks/prefill.py ] && step prefill 60 $py -m nanoserve.benchmarks.prefill --json
     ;;
+  tests)  # every GPU test (the tensor-parallel ones too where two GPUs are present), engine figures
+    step gpu_tests 330 $py -m pytest -q tests/gpu -p no:cacheprovider -rA
+    step bench_06b 100 $bench throughput latency --shape qwen3-0.6b
+    [ -f benchmarks/prefill.py ] && step prefill 60 $py -m nanoserve.benchmarks.prefill --json
+    ;;
+  serve)  # the served figures: 256 streams, Poisson arrivals, and tp=2 where two GPUs are present
+    step serving 200 $serving --num-prompts 256
+    step serving_poisson 120 $serving --num-prompts 256 --request-rate 16 --skip-offline --warmup light
+    [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step serving_tp2 200 $serving --num-prompts 256 \
+      --tensor-parallel-size 2
+    ;;
   tp)  # tensor parallel in their own processes: a collective that hangs must not take the rest down
     step gpu_tp_tests 150 $py -m pytest -q tests/gpu/test_tp_gpu.py -p no:cacheprovider -rA
     step bench_8b_tp2 110 $bench latency --shape qwen3-8b --tensor-parallel-size 2
@@ -98,7 +111,7 @@ case $mode in
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tp|kernels|wheels]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|serve|tp|kernels|wheels]" >&2; exit 2 ;;
 esac
 
 $py benchmarks/gpu_table.py "$out" 2>&1 | tee -a "$out/summary.txt"  # no nanoserve import: runs whatever broke
