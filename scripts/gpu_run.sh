@@ -46,7 +46,8 @@ top.mkdir(parents=True)
 for entry in (root / dirs["nanoserve"]).iterdir():  # the package root's own files and packages
     os.symlink(entry, top / entry.name)
 for name, src in dirs.items():
-    if name != "nanoserve":  # nanoserve.frontend -> frontend/, ...
+    if name != "nanoserve" and (root / src / "__init__.py").exists():  # frontend/, ... (not the
+        # .proto files the wheel ships as data)
         link = top.joinpath(*name.split(".")[1:])
         if link.is_symlink():
             link.unlink()
