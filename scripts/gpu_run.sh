@@ -88,12 +88,12 @@ case $mode in
     step serving 240 $serving --num-prompts 256
     [ "$mode" = full ] && step serving_poisson 120 $serving --num-prompts 256 --request-rate 16 \
       --skip-offline --warmup light
-    [ -f benchmarks/prefill.py ] && step prefill 60 $py -m nanoserve.benchmarks.prefill --json
+    [ -f benchmarks/prefill.py ] && step prefill 60 $py -m nanoserve.benchmarks.prefill
     ;;
   tests)  # every GPU test (the tensor-parallel ones too where two GPUs are present), engine figures
     step gpu_tests 330 $py -m pytest -q tests/gpu -p no:cacheprovider -rA
     step bench_06b 100 $bench throughput latency --shape qwen3-0.6b
-    [ -f benchmarks/prefill.py ] && step prefill 60 $py -m nanoserve.benchmarks.prefill --json
+    [ -f benchmarks/prefill.py ] && step prefill 60 $py -m nanoserve.benchmarks.prefill
     ;;
   serve)  # the served figures: 256 streams, Poisson arrivals, and tp=2 where two GPUs are present
     step serving 200 $serving --num-prompts 256

@@ -26,6 +26,18 @@ def two_ranks(dev):
 
 
 def test_two_ranks_on_two_streams_sum_exactly_over_chained_calls():
+    # in its own process: a trapped kernel ends the CUDA context, which would fail every later test
+    script = ("import json, tests.gpu.test_allreduce_norm_gpu as t\n"
+              "print(json.dumps(t.two_ranks_chained_calls()))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=180, cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"exact": [True, True], "generations": [[8] * M] * 2, "errors": [0, 0]}, result
+
+
+def two_ranks_chained_calls() -> dict:
+    """Eight chained calls of two simulated ranks on two streams; what each rank ended with."""
     from nanoserve.worker.kernels import fused_add_rms_norm
     from nanoserve.worker.kernels.allreduce_norm import allreduce_add_rms_norm
     dev = torch.device("cuda")
@@ -43,11 +55,13 @@ def test_two_ranks_on_two_streams_sum_exactly_over_chained_calls():
                 outs[rank] = allreduce_add_rms_norm(xs[rank], residual, weight, 1e-6, buffer_ptrs,
                                                     flag_ptrs, call % 2, M * HIDDEN, rank,
                                                     gens[rank], errors[rank])
-    torch.cuda.synchronize()
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError as e:  # a trapped kernel: the error words (pinned host memory) say why
+        return {"raised": str(e)[:200], "errors": [e.item() for e in errors]}
     ref = fused_add_rms_norm((xs[0].float() + xs[1].float()).bfloat16(), residual, weight, 1e-6)
-    for rank in range(2):
-        assert torch.equal(outs[rank][0], ref[0]) and torch.equal(outs[rank][1], ref[1])
-        assert gens[rank].tolist() == [8] * M and errors[rank].item() == 0
+    return {"exact": [torch.equal(o[0], ref[0]) and torch.equal(o[1], ref[1]) for o in outs],
+            "generations": [g.tolist() for g in gens], "errors": [e.item() for e in errors]}
 
 
 TRAP = """
