@@ -127,7 +127,9 @@ def serve_argvs(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], lis
                 f"install?): pip install 'nanoserve[all]' to serve"
             )
         model_dir = resolve_model_dir(args.model, worker.revision)  # a hub id: downloads it
-        check_model_dir(model_dir, worker.tensor_parallel_size)
+        check_model_dir(
+            model_dir, worker.tensor_parallel_size, needs_weights=worker.load_format != "dummy"
+        )
         check_tokenizer_files(model_dir)
         check_port_free(args.host, args.port)
         check_port_free("127.0.0.1", args.worker_port, flag="--worker-port")

@@ -106,10 +106,12 @@ def _hub_snapshot(repo_id: str, revision: str | None) -> str:
         ) from None
 
 
-def check_model_dir(model_dir: str | Path, tensor_parallel_size: int = 1) -> None:
+def check_model_dir(
+    model_dir: str | Path, tensor_parallel_size: int = 1, needs_weights: bool = True
+) -> None:
     """Refuses, in one line, a directory the worker could not serve: no config.json, not Qwen3, a
-    quantized checkpoint, no safetensors weights, or attention heads that `tensor_parallel_size`
-    ranks cannot split.
+    quantized checkpoint, no safetensors weights (unless `needs_weights` is False: random weights,
+    load_format=dummy), or attention heads that `tensor_parallel_size` ranks cannot split.
     Reads only JSON and file names (no torch), so it runs before anything slow."""
     path = Path(model_dir)
     if not (path / "config.json").is_file():
@@ -132,7 +134,7 @@ def check_model_dir(model_dir: str | Path, tensor_parallel_size: int = 1) -> Non
             f"--model {path}: a quantized checkpoint ({method}); nanoserve runs unquantized "
             "float32/bfloat16/float16 weights only"
         )
-    if not any(path.glob("*.safetensors")):
+    if needs_weights and not any(path.glob("*.safetensors")):
         raise ValueError(f"--model {path}: no *.safetensors weights in the directory")
     heads = config.get("num_attention_heads")
     kv_heads = config.get("num_key_value_heads") or heads

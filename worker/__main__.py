@@ -26,7 +26,9 @@ def preflight(config: WorkerConfig) -> WorkerConfig:
             "pass --model DIR with a Qwen3 checkpoint to serve a real one"
         )
     config = dataclasses.replace(config, model=resolve_model_dir(config.model, config.revision))
-    check_model_dir(config.model, config.tensor_parallel_size)
+    check_model_dir(
+        config.model, config.tensor_parallel_size, needs_weights=config.load_format != "dummy"
+    )
     check_port_free(config.host, config.port)
     return config
 
