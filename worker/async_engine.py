@@ -127,9 +127,7 @@ class AsyncEngine:
         self.streams[stream.engine_id] = stream
         if owner is None:
             self.by_request_id[request_id] = stream
-        fields = {name: getattr(sp, name) for name in SamplingParams.__dataclass_fields__}
-        fields["stop_token_ids"] = list(sp.stop_token_ids)
-        self.adds.append([stream.engine_id, token_ids, fields])
+        self.adds.append([stream.engine_id, token_ids, sp.as_fields()])
         self._schedule_flush()
         return stream
 

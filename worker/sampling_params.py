@@ -6,7 +6,7 @@ default and is listed in `unset`, and LLMEngine.add_request fills it from the mo
 (with_defaults).
 """
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from nanoserve.sampling_rules import RULES, violations
 
@@ -43,6 +43,14 @@ class SamplingParams:
         for name in unset:
             object.__setattr__(self, name, FALLBACKS[name])
         object.__setattr__(self, "unset", unset)
+
+    def as_fields(self) -> dict:
+        """The init fields as plain values (unset ones as None): `SamplingParams(**d)` rebuilds
+        these params on the far side of a msgpack frame (the engine-core process)."""
+        out = {f.name: None if f.name in self.unset else getattr(self, f.name)
+               for f in fields(self) if f.init}
+        out["stop_token_ids"] = list(self.stop_token_ids)
+        return out
 
     def with_defaults(self, defaults: Mapping[str, float]) -> "SamplingParams":
         """These params with their unset fields taken from `defaults` (a model's

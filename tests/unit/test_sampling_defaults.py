@@ -48,3 +48,17 @@ def test_model_default_temperature_zero_is_greedy(greedy_by_default):
     hot = llm.generate(prompts, SamplingParams(temperature=5.0, seed=3, max_tokens=12,
                                                ignore_eos=True), use_tqdm=False)
     assert [o.token_ids for o in hot] != [o.token_ids for o in greedy]
+
+
+def test_params_cross_the_engine_core_frame_with_unset_fields_kept_unset() -> None:
+    """The gRPC process sends SamplingParams to the engine process in a msgpack frame: every field
+    packs, and the far side still knows which fields the request left unset (model defaults)."""
+    import msgpack
+
+    from nanoserve.worker.sampling_params import SamplingParams
+
+    sp = SamplingParams(temperature=None, top_p=0.5, stop_token_ids=(3, 4), max_tokens=7)
+    again = SamplingParams(**msgpack.unpackb(msgpack.packb(sp.as_fields())))
+    assert again == sp and again.unset == sp.unset and "temperature" in again.unset
+    assert again.with_defaults({"temperature": 0.0, "top_p": 0.9}).temperature == 0.0
+    assert again.with_defaults({"top_p": 0.9}).top_p == 0.5  # given: the default does not win
