@@ -5,6 +5,7 @@ Token ids only: the worker never sees text.
 """
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.engine.block_manager import BlockManager
@@ -12,6 +13,10 @@ from nanoserve.worker.engine.scheduler import Scheduler
 from nanoserve.worker.engine.sequence import Sequence
 from nanoserve.worker.model_config import ModelConfig
 from nanoserve.worker.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # imported where chosen: a single-GPU engine needs no tensor-parallel machinery
+    from nanoserve.worker.engine.model_runner import ModelRunner
+    from nanoserve.worker.engine.tp import TensorParallelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +36,7 @@ class LLMEngine:
             raise ValueError("model: a model directory is required")
         self.config = config
         self.model_config = ModelConfig.from_model_dir(config.model)
+        self.model_runner: ModelRunner | TensorParallelRunner
         if config.tensor_parallel_size > 1:
             from nanoserve.worker.engine.tp import TensorParallelRunner
             self.model_runner = TensorParallelRunner(config, self.model_config)

@@ -115,7 +115,7 @@ class Spawner:
         threading.Thread(target=self._loop, name="nanoserve-tp-spawner", daemon=True).start()
 
     @classmethod
-    def start(cls, proc: mp.Process) -> None:
+    def start(cls, proc: mp.process.BaseProcess) -> None:
         with cls._lock:
             if cls._instance is None:
                 cls._instance = Spawner()
