@@ -110,7 +110,7 @@ class Spawner:
     _instance: "Spawner | None" = None
     _lock = threading.Lock()
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._loop, name="nanoserve-tp-spawner", daemon=True).start()
 
