@@ -130,7 +130,8 @@ def run_processes(target: str, address: str, requests: list[Request], temperatur
             barrier.wait(timeout=120)  # every client connected: start the clocks together
         except Exception:  # threading.BrokenBarrierError: a client failed; its error is in `out`
             pass
-        parts, deadline = [], time.monotonic() + timeout_s
+        parts: list[dict] = []
+        deadline = time.monotonic() + timeout_s
         while len(parts) < procs:
             try:
                 parts.append(json.loads(out.get(timeout=1.0)))

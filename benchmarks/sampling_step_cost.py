@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
             t0 = time.perf_counter()
             t = inputs.prepare(seqs)
             t1 = time.perf_counter()
-            if args.sample:
+            if logits is not None:  # --sample
                 sample(logits, t).tolist()
             t2 = time.perf_counter()
             if step:  # the first step builds per-sequence state

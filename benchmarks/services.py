@@ -28,6 +28,7 @@ class Service:
         threading.Thread(target=self._relay, daemon=True).start()
 
     def _relay(self) -> None:
+        assert self.process.stdout is not None  # stdout=PIPE
         for line in self.process.stdout:
             sys.stderr.write(f"[{self.name}] {line}")
             match = LISTENING.search(line)
@@ -45,6 +46,7 @@ class Service:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the {self.name} was not serving after {timeout_s:.0f} s")
             time.sleep(0.2)
+        assert self.address is not None  # set before _listening
         return self.address
 
     def stop(self, timeout_s: float = 30.0) -> None:

@@ -31,8 +31,7 @@ SATURATED = 0.8  # CPU cores a load-generator process may use before it may be t
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nanoserve bench serving", description=__doc__)
-    add_config_args(p.add_argument_group("engine settings (offline LLM and served worker alike)"),
-                    EngineConfig)
+    add_config_args(p, EngineConfig, title="engine settings (offline LLM and served worker alike)")
     g = p.add_argument_group("what to measure")
     g.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES),
                    help="without --model: random weights (load_format=dummy) of this Qwen3 shape")
@@ -182,11 +181,11 @@ def start_services(settings: dict, target: str, args) -> dict[str, Service]:
                                 *shlex.split(args.worker_args)])
     services = {"worker": worker}
     try:
-        worker.wait_serving(args.start_timeout)
+        worker_address = worker.wait_serving(args.start_timeout)
         if target in ("frontend", "both"):
             services["frontend"] = Service("frontend", [
                 *py, "nanoserve.frontend", "--model", settings["model"], "--port", "0",
-                "--worker-address", worker.address, *shlex.split(args.frontend_args)])
+                "--worker-address", worker_address, *shlex.split(args.frontend_args)])
             services["frontend"].wait_serving(120)
     except BaseException:
         for s in services.values():
@@ -228,12 +227,13 @@ def run(args: argparse.Namespace) -> dict:
         pids = {name: s.process.pid for name, s in services.items()}
         for t in targets:
             address = services[t].address
+            assert address is not None  # start_services waited until it served
             result[t] = measure(t, address, shape, warmup, args, pids)
     finally:
         for name in ("frontend", "worker"):  # the frontend first: its streams drain through it
             if name in services:
                 services[name].stop(10.0)
-    offline = result.get("offline")
+    offline = result.get("offline") or {}
     for t in targets if offline else ():
         result[f"{t}_over_offline"] = round(result[t]["tok_s"] / offline["tok_s"], 3)
         if "one_stream_ms_per_token" in result[t]:

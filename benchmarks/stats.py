@@ -51,4 +51,4 @@ def summarize_by_bucket(pairs: Iterable[tuple[int, float]], edges: Sequence[int]
     order = {bucket_label(k, edges): i for i, k in enumerate([-1, *edges])}
     for key, value in pairs:
         groups.setdefault(bucket_label(key, edges), []).append(value)
-    return {label: summarize(groups[label], scale) for label in sorted(groups, key=order.get)}
+    return {label: summarize(groups[label], scale) for label in sorted(groups, key=order.__getitem__)}

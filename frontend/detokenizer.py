@@ -69,7 +69,7 @@ class Detokenizer:
         id that ended the request, when include_stop_str_in_output is false)."""
         if self.finished:
             raise RuntimeError("add() after the detokenizer finished")
-        pieces = []
+        pieces: list[str] = []
         for i, token_id in enumerate(token_ids):
             if skip_last and i == len(token_ids) - 1:
                 break  # counted as consumed, never decoded

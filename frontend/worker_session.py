@@ -130,7 +130,7 @@ class WorkerSession:
 
     def _broken(self, call: grpc.aio.StreamStreamCall, reason: str) -> None:
         """Every request on the session ends UNAVAILABLE; the next request opens a new one."""
-        if self.call is not call:
+        if self.call is None or self.call is not call:  # a later session's, or none open
             return
         self.call = None
         for task in self.tasks:

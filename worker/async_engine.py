@@ -12,7 +12,6 @@ import multiprocessing as mp
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 from nanoserve.worker import engine_core
 from nanoserve.worker.config import WorkerConfig
@@ -27,6 +26,13 @@ class EngineDead(RuntimeError):
 
 class RequestAborted(RuntimeError):
     """The request was ended by WorkerService.Abort or refused by the engine."""
+
+
+@dataclass(slots=True)
+class EngineLimits:
+    """What requests are validated against: the core process reports them once its model loaded."""
+    max_model_len: int = 0
+    vocab_size: int = 0
 
 
 @dataclass(slots=True)
@@ -88,7 +94,7 @@ class AsyncEngine:
         core_out.close()
         self.ready: asyncio.Future = loop.create_future()  # the model info, once loaded
         self.info: dict = {}
-        self.limits = SimpleNamespace(max_model_len=0, model_config=SimpleNamespace(vocab_size=0))
+        self.limits = EngineLimits()
         self.streams: dict[int, Stream] = {}  # engine id -> stream
         self.by_request_id: dict[str, Stream] = {}  # the caller's id -> stream (GenerateTokens)
         self.next_id = itertools.count()
@@ -112,7 +118,8 @@ class AsyncEngine:
 
     def validate(self, token_ids: list[int], sp: SamplingParams) -> None:
         """LLMEngine.validate against the limits the core reported (ValueError naming the field)."""
-        self.engine_class.validate(self.limits, token_ids, sp)
+        self.engine_class.validate_against(token_ids, sp, self.limits.max_model_len,
+                                           self.limits.vocab_size)
 
     def add(self, request_id: str, token_ids: list[int], sp: SamplingParams,
             owner: Collector | None = None) -> Stream:
@@ -184,7 +191,7 @@ class AsyncEngine:
     def _on_ready(self, info: dict) -> None:
         self.info = info
         self.limits.max_model_len = info["max_model_len"]
-        self.limits.model_config.vocab_size = info["vocab_size"]
+        self.limits.vocab_size = info["vocab_size"]
         self.ready.set_result(info)
 
     def _on_load(self, load: list) -> None:
@@ -265,7 +272,9 @@ class AsyncEngine:
             self.process.kill()
         await asyncio.to_thread(self.process.join)
         self.loop.remove_reader(self.from_core.fileno())
-        return self.process.exitcode
+        code = self.process.exitcode
+        assert code is not None  # joined
+        return code
 
     def kill(self) -> None:
         """Before a fatal exit: the core (and, by PDEATHSIG, its ranks) go without teardown."""

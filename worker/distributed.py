@@ -48,7 +48,9 @@ class SymmetricAllReduce:
     def __init__(self, device: torch.device, max_bytes: int, dtype: torch.dtype = torch.bfloat16,
                  max_rows: int = 512):
         import torch.distributed._symmetric_memory as symm_mem
-        self.group_name = dist.group.WORLD.group_name
+        group = dist.group.WORLD
+        assert group is not None  # init_process_group ran (ModelRunner under tensor parallelism)
+        self.group_name = group.group_name
         self.dtype, self.max_numel, self.max_rows = dtype, max_bytes // dtype.itemsize, max_rows
         self.buffer = symm_mem.empty(self.max_numel, dtype=dtype, device=device)
         self.handle = symm_mem.rendezvous(self.buffer, self.group_name)

@@ -42,6 +42,10 @@ class LLM(LLMEngine):
             while not self.is_finished():
                 for out in self.step():
                     bar.update(int(out.finished))
-        return [RequestOutput(s.request_id, s.token_ids[:s.num_prompt_tokens],
-                              s.completion_token_ids, s.finish_reason.value, s.num_cached_tokens)
-                for s in seqs]
+        outputs = []
+        for s in seqs:
+            assert s.finish_reason is not None  # is_finished(): every sequence ended
+            outputs.append(RequestOutput(s.request_id, s.token_ids[:s.num_prompt_tokens],
+                                         s.completion_token_ids, s.finish_reason.value,
+                                         s.num_cached_tokens))
+        return outputs

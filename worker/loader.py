@@ -73,7 +73,7 @@ def load_model(model: nn.Module, model_dir: str) -> None:
 
 def _needed(model: nn.Module, mapping: dict) -> dict[tuple[str, object], str]:
     # (parameter, shard_id) that a complete checkpoint fills -> the checkpoint tensor's name
-    needed = {}
+    needed: dict[tuple[str, object], str] = {}
     for name, _ in model.named_parameters():
         shards = {shard_id: name.replace(f".{param_name}.", f".{ckpt_name}.")
                   for ckpt_name, (param_name, shard_id) in mapping.items()

@@ -33,16 +33,21 @@ class SamplingTensors:
 
 def apply_penalties(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     prompt_mask, counts = t.prompt_mask, t.output_counts
+    rep_penalties, presence, frequency = (t.repetition_penalties, t.presence_penalties,
+                                          t.frequency_penalties)
+    # SamplingInputs sets the penalty fields together, and sample() calls this only when they are
+    assert (prompt_mask is not None and counts is not None and rep_penalties is not None
+            and presence is not None and frequency is not None)
     if t.penalty_rows is not None:  # rows of the persistent statistics -> (B, V)
         prompt_mask, counts = prompt_mask[t.penalty_rows], counts[t.penalty_rows]
     # repetition penalty (CTRL / vLLM): shrink the logits of tokens seen in prompt or output
     seen = prompt_mask | (counts > 0)
-    rep = t.repetition_penalties[:, None].expand_as(logits)
+    rep = rep_penalties[:, None].expand_as(logits)
     penalized = torch.where(logits > 0, logits / rep, logits * rep)
     logits = torch.where(seen, penalized, logits)
     # presence / frequency penalties (OpenAI): output tokens only
-    logits = logits - t.frequency_penalties[:, None] * counts
-    return logits - t.presence_penalties[:, None] * (counts > 0).to(logits.dtype)
+    logits = logits - frequency[:, None] * counts
+    return logits - presence[:, None] * (counts > 0).to(logits.dtype)
 
 
 def filter_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
@@ -76,10 +81,12 @@ def sample(logits: torch.Tensor, t: SamplingTensors,
     greedy = logits.argmax(dim=-1)
     if t.all_greedy:
         return greedy
-    temps = t.temperatures.clamp_min(1e-6)[:, None]
+    temperatures = t.temperatures
+    assert temperatures is not None  # None only when every row is greedy (all_greedy)
+    temps = temperatures.clamp_min(1e-6)[:, None]
     probs = filter_logits(logits / temps, t).softmax(dim=-1)
     noise = torch.empty_like(probs).exponential_(generator=generator)
     for row, gen in (t.generators or {}).items():
         noise[row].exponential_(generator=gen)
     sampled = (probs / noise).argmax(dim=-1)
-    return torch.where(t.temperatures == 0, greedy, sampled)
+    return torch.where(temperatures == 0, greedy, sampled)

@@ -7,6 +7,7 @@ default and is listed in `unset`, and LLMEngine.add_request fills it from the mo
 """
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from nanoserve.sampling_rules import RULES, violations
 
@@ -55,8 +56,16 @@ class SamplingParams:
     def with_defaults(self, defaults: Mapping[str, float]) -> "SamplingParams":
         """These params with their unset fields taken from `defaults` (a model's
         generation_config.json sampling fields: ModelConfig.sampling_defaults)."""
-        changes = {name: defaults[name] for name in self.unset if name in defaults}
+        changes: dict[str, Any] = {name: defaults[name] for name in self.unset if name in defaults}
         return replace(self, **changes) if changes else self
+
+    @property
+    def knobs(self) -> tuple[float, int, float, float]:
+        """(temperature, top_k, top_p, min_p): never None, __post_init__ filled the unset ones."""
+        temperature, top_k, top_p, min_p = self.temperature, self.top_k, self.top_p, self.min_p
+        assert temperature is not None and top_k is not None
+        assert top_p is not None and min_p is not None
+        return temperature, top_k, top_p, min_p
 
     @property
     def greedy(self) -> bool:

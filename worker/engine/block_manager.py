@@ -80,6 +80,7 @@ class BlockManager:
             if block.ref_count == 0:
                 del self.free_block_ids[block_id]
             block.ref_count += 1
+            assert block.hash is not None  # matched through hash_to_block_id: a cached block
             seq.block_table.append(block_id)
             seq.block_hashes.append(block.hash)
         for _ in range(blocks_for(seq.num_tokens, self.block_size) - len(matched)):
@@ -100,7 +101,9 @@ class BlockManager:
         return block_id
 
     def _unregister(self, block: Block) -> None:
-        h, spares = block.hash, self.duplicate_block_ids.get(block.hash)
+        h = block.hash
+        assert h is not None  # only cached (hashed) blocks are registered
+        spares = self.duplicate_block_ids.get(h)
         if self.hash_to_block_id.get(h) == block.block_id:
             if spares:
                 self.hash_to_block_id[h] = spares.pop()

@@ -8,10 +8,10 @@ and context length 0, so they never touch live blocks.
 import logging
 
 import torch
-from torch import nn
 
 from nanoserve.worker.context import reset_context, set_context
 from nanoserve.worker.engine.step_inputs import StepInputs
+from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 
 class CudaGraphRunner:
 
-    def __init__(self, model: nn.Module, max_num_seqs: int, max_model_len: int,
+    def __init__(self, model: Qwen3ForCausalLM, max_num_seqs: int, max_model_len: int,
                  max_num_blocks_per_seq: int, vocab_size: int, dtype: torch.dtype,
                  device: torch.device):
         self.model = model

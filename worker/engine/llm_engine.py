@@ -5,6 +5,7 @@ Token ids only: the worker never sees text.
 """
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.engine.block_manager import BlockManager
@@ -12,6 +13,10 @@ from nanoserve.worker.engine.scheduler import Scheduler
 from nanoserve.worker.engine.sequence import Sequence
 from nanoserve.worker.model_config import ModelConfig
 from nanoserve.worker.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # imported where chosen: a single-GPU engine needs no tensor-parallel machinery
+    from nanoserve.worker.engine.model_runner import ModelRunner
+    from nanoserve.worker.engine.tp import TensorParallelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +30,7 @@ class StepOutput:
 
 
 class LLMEngine:
+    model_runner: "ModelRunner | TensorParallelRunner"
 
     def __init__(self, config: EngineConfig):
         if not config.model:
@@ -56,7 +62,12 @@ class LLMEngine:
 
     def validate(self, token_ids: list[int], sp: SamplingParams) -> None:
         """Raise ValueError naming the field when a request can never run."""
-        vocab = self.model_config.vocab_size
+        self.validate_against(token_ids, sp, self.max_model_len, self.model_config.vocab_size)
+
+    @staticmethod
+    def validate_against(token_ids: list[int], sp: SamplingParams, max_model_len: int,
+                         vocab: int) -> None:
+        """validate() under given limits (AsyncEngine's: those its core process reported)."""
         if not token_ids:
             raise ValueError("prompt_token_ids: the prompt is empty")
         bad = next((t for t in token_ids if not 0 <= t < vocab), None)
@@ -65,12 +76,12 @@ class LLMEngine:
         bad = next((t for t in sp.stop_token_ids if t >= vocab), None)
         if bad is not None:
             raise ValueError(f"stop_token_ids: token id {bad} is outside the vocabulary [0, {vocab})")
-        if len(token_ids) >= self.max_model_len:
+        if len(token_ids) >= max_model_len:
             raise ValueError(f"prompt_token_ids: the prompt has {len(token_ids)} tokens; "
-                             f"max_model_len is {self.max_model_len} (room for 1 new token needed)")
-        if sp.max_tokens is not None and len(token_ids) + sp.max_tokens > self.max_model_len:
+                             f"max_model_len is {max_model_len} (room for 1 new token needed)")
+        if sp.max_tokens is not None and len(token_ids) + sp.max_tokens > max_model_len:
             raise ValueError(f"max_tokens: prompt ({len(token_ids)}) + max_tokens ({sp.max_tokens}) "
-                             f"exceeds max_model_len ({self.max_model_len})")
+                             f"exceeds max_model_len ({max_model_len})")
 
     def add_request(self, token_ids: list[int], sampling_params: SamplingParams,
                     request_id: str | None = None) -> Sequence:

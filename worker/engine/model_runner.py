@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -132,11 +133,12 @@ class ModelRunner:
         max_graph_tokens = min(config.max_num_batched_tokens, config.prefill_graph_max_tokens)
         use_buckets = backend == "triton" and world_size == 1
         self.prefill_buckets = prefill_buckets(max_graph_tokens) if use_buckets else []
-        self.graphs = self.prefill_graphs = None
+        self.graphs: CudaGraphRunner | None = None
+        self.prefill_graphs: PrefillGraphRunner | None = None
         self.sample_generator = torch.Generator(self.device).manual_seed(config.seed)
         self.sampling = SamplingInputs(self.device, model_config.vocab_size,
                                        model_config.eos_token_ids)
-        self.publish = None  # set by TensorParallelRunner on rank 0: sends each StepInputs out
+        self.publish: Callable[[np.ndarray], None] | None = None  # set by TensorParallelRunner on rank 0: sends each StepInputs out
         # decode lookahead (worker.engine.lookahead): on by default on CUDA, with any number of
         # ranks (8B at tp=2 on two H200s: 3.93 -> 3.67 ms a token at batch 1)
         self.lookahead = (config.decode_lookahead if config.decode_lookahead is not None
@@ -291,11 +293,11 @@ class ModelRunner:
             self.flip ^= 1
             done.synchronize()
             buf[:len(msg)].numpy()[:] = msg
-            msg = buf[:len(msg)].to(self.device, non_blocking=True)
+            flat = buf[:len(msg)].to(self.device, non_blocking=True)
             done.record()
         else:
-            msg = torch.from_numpy(msg)
-        ids, pos, slots, cu, ctx_lens, tables, rows = split_message(msg, x.dims)
+            flat = torch.from_numpy(msg)
+        ids, pos, slots, cu, ctx_lens, tables, rows = split_message(flat, x.dims)
         ctx_lens = ctx_lens.int()
         cu_k = None  # only the flash-attn prefill reads it
         if x.is_prefill and self.attention_layers[0].backend == "flash_attn":
@@ -316,7 +318,9 @@ class ModelRunner:
         ids, positions, rows = self.load_inputs(x, msg)
         if x.is_prefill and self.prefill_graphs is not None and self.prefill_graphs.can_run(len(ids)):
             # piecewise graphs: L + 1 replays, the attentions eager in between
-            hidden = self.prefill_graphs.run(ids, positions, get_context().slot_mapping)
+            slot_mapping = get_context().slot_mapping
+            assert slot_mapping is not None  # load_inputs set the context
+            hidden = self.prefill_graphs.run(ids, positions, slot_mapping)
         else:
             hidden = self.model(ids if input_ids is None else input_ids, positions)
         reset_context()
@@ -385,12 +389,14 @@ class ModelRunner:
     def _take_foreseen(self, seqs: list[Sequence], x: StepInputs) -> torch.Tensor | None:
         """The logits of x from the step forwarded ahead, when it foresaw x."""
         f, self.foreseen = self.foreseen, None
-        if f is not None and f.forward_index != self.num_forwards:
+        if f is None:
+            return None
+        if f.forward_index != self.num_forwards:
             # another forward may have replayed the graph whose output buffer f.logits views
             between = self.num_forwards - f.forward_index
             raise RuntimeError(f"decode lookahead: {between} forward(s) ran between the step "
                                "forwarded ahead and its use")
-        rows = foreseen_rows(f, seqs, x, self.block_size) if f is not None else None
+        rows = foreseen_rows(f, seqs, x, self.block_size)
         if rows is None:
             return None
         self.num_foreseen_steps += 1
@@ -414,6 +420,7 @@ class ModelRunner:
             self.publish(msg)
             torch.distributed.broadcast(next_ids, src=0)
         logits = self.execute(nxt, msg, input_ids=next_ids)
+        assert logits is not None  # next_decode_inputs gives each of its >= 1 rows a logit row
         self.foreseen = Foreseen([seqs[i].seq_id for i in rows], nxt, logits, self.num_forwards)
         if self.device.type == "cuda":
             copied.synchronize()

@@ -12,6 +12,7 @@ a layer.
 """
 import logging
 import math
+from typing import cast
 
 import numpy as np
 import torch
@@ -19,7 +20,7 @@ import torch
 from nanoserve.worker.context import reset_context, set_context
 from nanoserve.worker.engine.step_inputs import StepInputs
 from nanoserve.worker.kernels.prefill_attention import prefill_block_q_lengths
-from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM
+from nanoserve.worker.models.qwen3 import Qwen3DecoderLayer, Qwen3ForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,8 @@ class PrefillGraphRunner:
 
     def __init__(self, model: Qwen3ForCausalLM, buckets: list[int], dtype: torch.dtype,
                  device: torch.device, capture: bool = True):
-        self.layers = list(model.model.layers)
+        # an nn.ModuleList types its items as nn.Module
+        self.layers = cast(list[Qwen3DecoderLayer], list(model.model.layers))
         self.embed, self.norm = model.model.embed_tokens, model.model.norm
         attn = self.layers[0].self_attn
         if not attn.attn.fuses_kv_store:

@@ -30,16 +30,17 @@ class SamplingInputs:
             return t
         vocab = self.vocab_size
         # one host->device copy: (4, B) rows of temperature, top-k, top-p, min-p
-        rows = torch.tensor([[0.0 if p.greedy else p.temperature for p in params],
-                             [p.top_k if p.top_k > 0 else vocab for p in params],
-                             [p.top_p for p in params], [p.min_p for p in params]],
+        knobs = [p.knobs for p in params]  # (temperature, top_k, top_p, min_p) per row
+        rows = torch.tensor([[0.0 if p.greedy else k[0] for p, k in zip(params, knobs)],
+                             [k[1] if k[1] > 0 else vocab for k in knobs],
+                             [k[2] for k in knobs], [k[3] for k in knobs]],
                             dtype=torch.float32).to(self.device)
         t.temperatures = rows[0]
-        if any(p.top_k > 0 for p in params):
+        if any(k[1] > 0 for k in knobs):
             t.top_ks = rows[1].long()
-        if any(p.top_p < 1 for p in params):
+        if any(k[2] < 1 for k in knobs):
             t.top_ps = rows[2]
-        if any(p.min_p > 0 for p in params):
+        if any(k[3] > 0 for k in knobs):
             t.min_ps = rows[3]
         t.generators = {i: self._generator(seq) for i, seq in enumerate(seqs)
                         if seq.sampling_params.seed is not None}
@@ -60,7 +61,8 @@ class SamplingInputs:
     def _banned_tokens(self, seqs: list[Sequence], t: SamplingTensors) -> None:
         """Rows that have not yet produced min_tokens may not sample eos (unless ignore_eos) or a
         stop id: the token sampled now is completion token number num_completion_tokens + 1."""
-        rows, ids = [], []
+        rows: list[int] = []
+        ids: list[int] = []
         for i, seq in enumerate(seqs):
             sp = seq.sampling_params
             if seq.num_completion_tokens >= sp.min_tokens:
@@ -76,7 +78,9 @@ class SamplingInputs:
     def _generator(self, seq: Sequence) -> torch.Generator:
         gen = self.request_generators.get(seq.seq_id)
         if gen is None:
-            gen = torch.Generator(self.device).manual_seed(seq.sampling_params.seed)
+            seed = seq.sampling_params.seed
+            assert seed is not None  # prepare() asks only for the seeded rows' generators
+            gen = torch.Generator(self.device).manual_seed(seed)
             self.request_generators[seq.seq_id] = gen
         return gen
 

@@ -120,6 +120,7 @@ class Scheduler:
             self.block_manager.hash_blocks(seq)
             if seq.num_computed_tokens < len(seq.token_ids):
                 continue  # a non-final prefill chunk samples nothing
+            assert token_id is not None  # ModelRunner.run samples every row that reached its end
             seq.append_token(token_id)
             reason = self._stop_reason(seq, token_id)
             if reason is not None:

@@ -46,7 +46,9 @@ class StepInputs:
         version, cmd, is_prefill, n, b, w, r, max_q, max_k = (int(x) for x in buf[:9])
         if version != VERSION or cmd not in (CMD_STEP, CMD_STEP_AHEAD):
             raise ValueError(f"step message version {version} / command {cmd} not understood")
-        return StepInputs(bool(is_prefill), *split_message(buf, (n, b, w, r)), max_q, max_k)
+        ids, positions, slots, cu_q, context_lens, tables, rows = split_message(buf, (n, b, w, r))
+        return StepInputs(bool(is_prefill), ids, positions, slots, cu_q, context_lens, tables, rows,
+                          max_q, max_k)
 
 
 def field_sizes(n: int, b: int, w: int, r: int) -> list[int]:

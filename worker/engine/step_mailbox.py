@@ -34,6 +34,7 @@ import os
 import select
 import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
@@ -56,6 +57,10 @@ class StepMailbox:
     """Rank 0 creates it (`StepMailbox(num_readers, max_words, ctx)`), passes `handle(reader)` to
     reader `reader` (0-based) when it spawns it, and calls `publish`; that reader calls
     `StepMailbox.attach(*handle)` and `read`."""
+
+    # a reader's own: set by attach()
+    reader: int  # its index, 0-based
+    wake_r: Connection  # the read end of its wake-up pipe
 
     def __init__(self, num_readers: int, max_words: int, ctx, slots: int | None = None):
         self.stride = -(-(SLOT_HEADER + max_words) // LINE) * LINE

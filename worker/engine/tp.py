@@ -110,12 +110,12 @@ class Spawner:
     _instance: "Spawner | None" = None
     _lock = threading.Lock()
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._loop, name="nanoserve-tp-spawner", daemon=True).start()
 
     @classmethod
-    def start(cls, proc: mp.Process) -> None:
+    def start(cls, proc: mp.process.BaseProcess) -> None:
         with cls._lock:
             if cls._instance is None:
                 cls._instance = Spawner()

@@ -89,7 +89,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     store = [x is not None for x in (v, k_cache, v_cache, slot_mapping)]
     if any(store) and not all(store):
         raise ValueError("qk_norm_rope: v, k_cache, v_cache and slot_mapping come together")
-    if all(store):
+    if v is not None and k_cache is not None and v_cache is not None and slot_mapping is not None:
         if v.shape != k.shape or v.stride(-1) != 1:
             raise ValueError(f"qk_norm_rope: v {tuple(v.shape)} does not fit k {tuple(k.shape)}")
         if (k_cache.shape != v_cache.shape or k_cache.shape[2:] != (num_kv_heads, head_dim)

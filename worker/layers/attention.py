@@ -79,6 +79,12 @@ def varlen_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out
 
 
+def _given(t: torch.Tensor | None) -> torch.Tensor:
+    """A context field this forward reads (ModelRunner sets every field a backend reads)."""
+    assert t is not None, "attention ran without the step's context (set_context)"
+    return t
+
+
 class Attention(nn.Module):
     """One layer's attention; the runner assigns k_cache/v_cache views after sizing the cache."""
 
@@ -107,18 +113,18 @@ class Attention(nn.Module):
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.k_cache.numel() == 0:
-            o = varlen_attention_torch(q, k, v, ctx.cu_seqlens_q, self.scale)
+            o = varlen_attention_torch(q, k, v, _given(ctx.cu_seqlens_q), self.scale)
         elif self.backend == "triton":
             o = self._triton(q, k, v, ctx, kv_stored)
         elif self.backend == "flash_attn":
             o = self._flash_attn(q, k, v, ctx, kv_stored)
         else:
             if not kv_stored:
-                store_kvcache_torch(k, v, self.k_cache, self.v_cache, ctx.slot_mapping,
+                store_kvcache_torch(k, v, self.k_cache, self.v_cache, _given(ctx.slot_mapping),
                                     self.k_scale, self.v_scale)
-            o = paged_attention_torch(q, self.k_cache, self.v_cache, ctx.block_tables,
-                                      ctx.cu_seqlens_q, ctx.context_lens, self.scale,
-                                      self.k_scale, self.v_scale)
+            o = paged_attention_torch(q, self.k_cache, self.v_cache, _given(ctx.block_tables),
+                                      _given(ctx.cu_seqlens_q), _given(ctx.context_lens),
+                                      self.scale, self.k_scale, self.v_scale)
         return o.flatten(1, 2)
 
     def attend_stored(self, q: torch.Tensor, out: torch.Tensor) -> None:
@@ -127,8 +133,8 @@ class Attention(nn.Module):
         ctx = get_context()
         from nanoserve.worker.kernels import paged_prefill_attention
         paged_prefill_attention(q.view(-1, self.num_heads, self.head_dim), self.k_cache,
-                                self.v_cache, ctx.block_tables, ctx.cu_seqlens_q,
-                                ctx.context_lens, ctx.max_seqlen_q, self.scale,
+                                self.v_cache, _given(ctx.block_tables), _given(ctx.cu_seqlens_q),
+                                _given(ctx.context_lens), ctx.max_seqlen_q, self.scale,
                                 out=out.view(-1, self.num_heads, self.head_dim),
                                 k_scale=self.k_scale, v_scale=self.v_scale)
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanoserve.worker.distributed import all_gather, all_reduce, get_tp_rank, get_tp_world_size
-from nanoserve.worker.layers.linear import check_shape, narrow
+from nanoserve.worker.layers.linear import check_shape, narrow, set_weight_loader
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -23,7 +23,7 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_end_idx = min(self.vocab_start_idx + self.num_embeddings_per_partition,
                                  num_embeddings)
         self.weight = nn.Parameter(torch.zeros(self.num_embeddings_per_partition, embedding_dim))
-        self.weight.weight_loader = self.weight_loader
+        set_weight_loader(self.weight, self.weight_loader)
 
     def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
         check_shape(loaded, (self.num_embeddings, param.shape[1]))

@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from nanoserve.worker.distributed import all_reduce, all_reduce_add_rms_norm
-from nanoserve.worker.layers.linear import load_whole
+from nanoserve.worker.layers.linear import load_whole, set_weight_loader
 
 
 class RMSNorm(nn.Module):
@@ -13,7 +13,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.weight.weight_loader = load_whole
+        set_weight_loader(self.weight, load_whole)
         # set on norms that follow a RowParallelLinear(reduce_results=False): with a residual, x is
         # then this rank's partial sum. Consecutive such norms must use different slots (0, 1).
         self.all_reduce_slot = all_reduce_slot

@@ -4,6 +4,8 @@ Each parameter carries weight_loader(param, loaded_weight, shard_id=None), calle
 with the FULL checkpoint tensor or a lazy safetensors slice: it checks the full shape and reads only
 this rank's shard, so no rank ever holds the whole weight.
 """
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -39,6 +41,12 @@ def check_shape(loaded, expected: tuple[int, ...]) -> None:
                          f"the model expects {list(expected)}")
 
 
+def set_weight_loader(param: nn.Parameter, weight_loader: Callable[..., None]) -> None:
+    """Attach the loader that worker.loader calls for `param` (it reads it back by getattr)."""
+    # torch's stubs declare no extra Parameter attributes; this one is nano-vllm's convention
+    param.weight_loader = weight_loader  # type: ignore[attr-defined]
+
+
 def load_whole(param: nn.Parameter, loaded, shard_id=None) -> None:
     """weight_loader for replicated parameters (norms, a row-parallel bias)."""
     check_shape(loaded, param.shape)
@@ -61,10 +69,10 @@ class LinearBase(nn.Module):
         super().__init__()
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
         self.weight = nn.Parameter(torch.empty(output_size, input_size))
-        self.weight.weight_loader = self.weight_loader
+        set_weight_loader(self.weight, self.weight_loader)
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size))
-            self.bias.weight_loader = self.weight_loader
+            set_weight_loader(self.bias, self.weight_loader)
         else:
             self.register_parameter("bias", None)
 
