@@ -44,9 +44,10 @@ class EngineConfig:
         metadata={"help": "max tokens in one prefill step (longer prompts are chunked)"},
     )
     max_model_len: int = field(
-        default=4096,
+        default=0,
         metadata={
-            "help": "max prompt + completion tokens (capped by the model's max_position_embeddings)"
+            "help": "max prompt + completion tokens (0: the model's max_position_embeddings); "
+            "capped by max_position_embeddings and lowered to what the KV cache holds"
         },
     )
     kvcache_block_size: int = field(default=256, metadata={"help": "tokens per KV-cache block"})
@@ -99,10 +100,13 @@ class EngineConfig:
             "tensor_parallel_size",
             "max_num_seqs",
             "max_num_batched_tokens",
-            "max_model_len",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_model_len < 0:
+            raise ValueError(
+                f"max_model_len must be >= 0 (0: from the model), got {self.max_model_len}"
+            )
         bs = self.kvcache_block_size
         if bs < 1 or bs & (bs - 1):
             raise ValueError(f"kvcache_block_size must be a power of two, got {bs}")
