@@ -127,7 +127,10 @@ class AsyncEngine:
         self.streams[stream.engine_id] = stream
         if owner is None:
             self.by_request_id[request_id] = stream
-        fields = {name: getattr(sp, name) for name in SamplingParams.__dataclass_fields__}
+        # the fields as given: an unset one crosses as None, so that the core's LLMEngine fills it
+        # from the model's generation_config.json (`unset` itself is derived, not a parameter)
+        fields = {name: None if name in sp.unset else getattr(sp, name)
+                  for name in SamplingParams.__dataclass_fields__ if name != "unset"}
         fields["stop_token_ids"] = list(sp.stop_token_ids)
         self.adds.append([stream.engine_id, token_ids, fields])
         self._schedule_flush()
