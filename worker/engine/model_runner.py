@@ -113,7 +113,7 @@ class ModelRunner:
         if config.load_format == "dummy":
             init_dummy_weights(self.model, config.seed)
         else:
-            load_model(self.model, config.model)
+            load_model(self.model, config.model, config.load_progress_bar if rank == 0 else False)
         self.model.eval()
         if self.device.type == "cuda" and world_size > 1 and config.custom_all_reduce:
             # the largest decode step's activations; prefill's bigger messages stay on NCCL
