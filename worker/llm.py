@@ -1,6 +1,7 @@
 """Offline API, no gRPC (`from nanoserve.worker import LLM, SamplingParams`): prompts as token ids or
 as text (encoded with the model's tokenizer.json by nanoserve.prompt_text, loaded on first use)."""
 from dataclasses import dataclass
+from typing import Any
 
 from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.engine.llm_engine import LLMEngine
@@ -26,7 +27,7 @@ class LLM(LLMEngine):
 
     def __init__(self, model: str, **kwargs):
         super().__init__(EngineConfig(model=str(model), **kwargs))
-        self._tokenizer = None  # nanoserve.prompt_text's, loaded by the first text prompt
+        self._tokenizer: Any = None  # nanoserve.prompt_text's, loaded by the first text prompt
 
     def _encode(self, prompt: str | list[int]) -> list[int]:
         if not isinstance(prompt, str):

@@ -2,6 +2,7 @@
 engine core (worker.engine_core) logs running / waiting requests, KV-cache use, prompt and
 generation throughput over the interval, and the prefix-cache hit rate, from its load reports.
 """
+
 import logging
 import time
 from typing import NamedTuple
@@ -11,6 +12,7 @@ logger = logging.getLogger(__name__)
 
 class Load(NamedTuple):
     """EngineCore.load()'s report, as it crosses the pipe (a list in this order)."""
+
     time: float  # time.monotonic()
     num_prompt_tokens: int  # prefilled since start
     num_generated_tokens: int  # sampled since start
@@ -29,10 +31,12 @@ def format_stats(start: Load, end: Load) -> str:
     generation_tps = (end.num_generated_tokens - start.num_generated_tokens) / elapsed
     used = end.num_total_blocks - end.num_free_blocks
     kv_usage = used / end.num_total_blocks if end.num_total_blocks else 0.0
-    return (f"running {end.num_running}, waiting {end.num_waiting}, "
-            f"KV cache {kv_usage:.1%} used, prompt {prompt_tps:.1f} tok/s, "
-            f"generation {generation_tps:.1f} tok/s, prefix cache hit rate "
-            f"{end.prefix_cache_hit_rate:.1%}, preemptions {end.num_preemptions}")
+    return (
+        f"running {end.num_running}, waiting {end.num_waiting}, "
+        f"KV cache {kv_usage:.1%} used, prompt {prompt_tps:.1f} tok/s, "
+        f"generation {generation_tps:.1f} tok/s, prefix cache hit rate "
+        f"{end.prefix_cache_hit_rate:.1%}, preemptions {end.num_preemptions}"
+    )
 
 
 class StatsLogger:

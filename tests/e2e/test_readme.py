@@ -32,8 +32,9 @@ def substituted(code: str, replacements: dict[str, str]) -> str:
 
 
 def run_python(code: str) -> str:
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -53,15 +54,20 @@ def test_client_example(services) -> None:
 
 def test_offline_example(tiny_model_dir: Path) -> None:
     (code,) = [b for b in blocks("python") if "LLM(" in b]
-    code = substituted(code, {'"/models/Qwen3-0.6B"': repr(str(tiny_model_dir)),
-                              'device="cuda"': 'device="cpu", num_kvcache_blocks=64'})
+    code = substituted(
+        code,
+        {
+            '"/models/Qwen3-0.6B"': repr(str(tiny_model_dir)),
+            'device="cuda"': 'device="cpu", num_kvcache_blocks=64',
+        },
+    )
     out = run_python(code)
     assert "length" in out or "stop" in out, out
 
 
 def test_cli_generate_example(services) -> None:
     command = re.search(r'`(nanoserve generate --address \S+ "[^"]*")`', README.replace("\n", " "))
-    assert command, "the README no longer shows `nanoserve generate --address ... \"...\"`"
+    assert command, 'the README no longer shows `nanoserve generate --address ... "..."`'
     argv = shlex.split(command.group(1).replace(ADDRESS, services.frontend.address))
     cli = [sys.executable, "-m", "nanoserve.cli", *argv[1:]]  # `nanoserve` of this interpreter
     done = subprocess.run(cli, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)

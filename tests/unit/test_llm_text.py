@@ -1,4 +1,5 @@
 """The offline LLM takes text prompts (encoded with the model's tokenizer.json) as well as token ids."""
+
 import shutil
 
 import pytest

@@ -1,5 +1,6 @@
 """--max-model-len: unset, it is the model's max_position_embeddings, lowered to what the KV cache
 holds, and a log line says which; set, it is capped the same way (a warning when the cache lowers it)."""
+
 import logging
 
 import pytest
@@ -12,8 +13,12 @@ LOGGER = "nanoserve.worker.engine.llm_engine"
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):  # trained for 512 positions
-    return make_tiny_model(tmp_path_factory.mktemp("len512"), vocab_size=512,
-                           max_position_embeddings=512, with_tokenizer=False)
+    return make_tiny_model(
+        tmp_path_factory.mktemp("len512"),
+        vocab_size=512,
+        max_position_embeddings=512,
+        with_tokenizer=False,
+    )
 
 
 def _llm(model_dir, blocks: int, **kw) -> LLM:
