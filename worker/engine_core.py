@@ -101,7 +101,7 @@ class EngineCore:
             if engine.is_finished():
                 self.stats.observe(self.load())  # the last window of a burst of work
                 continue
-            self.stats.begin(self.load())
+            self.stats.begin(self.load)  # a load report only when a window opens
             outputs = engine.step()
             out = [[o.seq.request_id, o.new_token_ids, _finish(o.seq) if o.finished else None]
                    for o in outputs]

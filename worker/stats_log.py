@@ -5,6 +5,7 @@ generation throughput over the interval, and the prefix-cache hit rate, from its
 
 import logging
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 logger = logging.getLogger(__name__)
@@ -47,10 +48,10 @@ class StatsLogger:
         self.interval_s = interval_s
         self.start: Load | None = None  # None: no window open (idle or off)
 
-    def begin(self, load: list) -> None:
-        """Before a step: opens a window at `load` when none is open."""
+    def begin(self, load: Callable[[], list]) -> None:
+        """Before a step: opens a window at load() when none is open (load is called only then)."""
         if self.interval_s and self.start is None:
-            self.start = Load(*load)
+            self.start = Load(*load())
 
     def idle_wait_s(self) -> float | None:
         """How long the idle engine may block before the open window's line is due (None: none open)."""

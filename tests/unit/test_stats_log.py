@@ -28,7 +28,7 @@ def test_a_line_per_interval_while_there_is_work(caplog, monkeypatch):
     stats = StatsLogger(10.0)
     with caplog.at_level(logging.INFO, logger=LOGGER):
         stats.observe(load(0.0))  # idle, no window open: nothing
-        stats.begin(load(0.0, running=1))
+        stats.begin(lambda: load(0.0, running=1))
         stats.observe(load(5.0, generated=50, running=1))  # not due yet
         assert not caplog.records
         stats.observe(load(10.0, generated=100, running=1))
@@ -50,5 +50,5 @@ def test_a_line_per_interval_while_there_is_work(caplog, monkeypatch):
 
 def test_interval_zero_is_off():
     stats = StatsLogger(0.0)
-    stats.begin(load(0.0, running=1))
+    stats.begin(lambda: load(0.0, running=1))
     assert stats.start is None and stats.idle_wait_s() is None
