@@ -44,9 +44,10 @@ class EngineConfig:
         metadata={"help": "max tokens in one prefill step (longer prompts are chunked)"},
     )
     max_model_len: int = field(
-        default=4096,
+        default=0,
         metadata={
-            "help": "max prompt + completion tokens (capped by the model's max_position_embeddings)"
+            "help": "max prompt + completion tokens (0: the model's max_position_embeddings); "
+            "capped by max_position_embeddings and lowered to what the KV cache holds"
         },
     )
     kvcache_block_size: int = field(default=256, metadata={"help": "tokens per KV-cache block"})
@@ -62,6 +63,13 @@ class EngineConfig:
         metadata={"help": "auto (triton on cuda, torch on cpu), torch, triton or flash_attn"},
     )
     seed: int = field(default=0, metadata={"help": "seed of the sampler for unseeded requests"})
+    load_progress_bar: bool | None = field(
+        default=None,
+        metadata={
+            "help": "a progress bar on stderr while the weights load (default: only when stderr "
+            "is a terminal, so logs stay clean)"
+        },
+    )
     load_format: str = field(
         default="auto",
         metadata={"help": "auto (read the safetensors) or dummy (random weights: benchmarks)"},
@@ -99,10 +107,13 @@ class EngineConfig:
             "tensor_parallel_size",
             "max_num_seqs",
             "max_num_batched_tokens",
-            "max_model_len",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_model_len < 0:
+            raise ValueError(
+                f"max_model_len must be >= 0 (0: from the model), got {self.max_model_len}"
+            )
         bs = self.kvcache_block_size
         if bs < 1 or bs & (bs - 1):
             raise ValueError(f"kvcache_block_size must be a power of two, got {bs}")
@@ -153,6 +164,13 @@ class WorkerConfig(EngineConfig):
         default=16 * 1024 * 1024, metadata={"help": "max gRPC message size"}
     )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
+    stats_interval_s: float = field(
+        default=10.0,
+        metadata={
+            "help": "seconds between the stats lines the worker logs while it has work (running, "
+            "waiting, KV use, throughput, prefix hit rate); 0: off"
+        },
+    )
 
     def __post_init__(self):
         super(WorkerConfig, self).__post_init__()
@@ -160,3 +178,5 @@ class WorkerConfig(EngineConfig):
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.max_queued_requests < 1:
             raise ValueError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
+        if not self.stats_interval_s >= 0:
+            raise ValueError(f"stats_interval_s must be >= 0, got {self.stats_interval_s}")

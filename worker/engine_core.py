@@ -14,6 +14,7 @@ from multiprocessing.connection import Connection
 import msgpack
 
 from nanoserve.worker.config import WorkerConfig
+from nanoserve.worker.stats_log import StatsLogger
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class EngineCore:
         self.engine.model_runner.on_rank_death = self.die  # tensor parallel: a dead rank
         self.exiting = False
         self.load_dirty = True
+        self.stats = StatsLogger(config.stats_interval_s)
 
     def send(self, frame: list) -> None:
         data = encode(frame)
@@ -87,20 +89,26 @@ class EngineCore:
             if idle and self.load_dirty:  # GetLoad sees blocks freed by aborts while idle
                 self.send([LOAD, self.load()])
                 self.load_dirty = False
-            # idle: block until the server sends something; busy: only take what is there
-            while self.inbox.poll(None if idle else 0):
+            # idle: block until the server sends something (or the stats line is due); busy: only
+            # take what is there
+            timeout = self.stats.idle_wait_s() if idle else 0
+            while self.inbox.poll(timeout):
                 try:
                     self.apply(self.inbox.recv_bytes())
                 except EOFError:  # the server is gone
                     return
-                idle = False
+                timeout = 0
             if engine.is_finished():
+                self.stats.observe(self.load())  # the last window of a burst of work
                 continue
+            self.stats.begin(self.load)  # a load report only when a window opens
             outputs = engine.step()
             out = [[o.seq.request_id, o.new_token_ids, _finish(o.seq) if o.finished else None]
                    for o in outputs]
-            self.send([STEP, self.load(), out])
+            load = self.load()
+            self.send([STEP, load, out])
             self.load_dirty = False
+            self.stats.observe(load)
 
     def die(self, message: str) -> None:
         """Fatal: tell the server why, stop the ranks, exit non-zero without teardown."""

@@ -1,6 +1,7 @@
 """Fill a model's parameters from a Hugging Face safetensors checkpoint (one file, or shards
 listed in model.safetensors.index.json). Each parameter's weight_loader reads, through a lazy
 safetensors slice, only the shard its tensor-parallel rank keeps; the dtype is cast on copy.
+A tqdm bar on stderr counts the tensors (by default only when stderr is a terminal: logs stay clean).
 """
 import glob
 import json
@@ -8,6 +9,7 @@ import os
 
 from safetensors import safe_open
 from torch import nn
+from tqdm import tqdm
 
 from nanoserve.worker.layers.linear import load_whole
 
@@ -40,35 +42,55 @@ def _target(name: str, mapping: dict) -> tuple[str, object]:
     return name, None
 
 
-def load_model(model: nn.Module, model_dir: str) -> None:
+def load_model(model: nn.Module, model_dir: str, progress: bool | None = False) -> None:
+    """progress: a bar on stderr (None: only when stderr is a terminal)."""
     mapping = getattr(model, "packed_modules_mapping", {})
     tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
     params = dict(model.named_parameters())  # a tied lm_head.weight appears once, as embed_tokens
     needed = _needed(model, mapping)
     loaded: set[tuple[str, object]] = set()
-    for path in checkpoint_files(model_dir):
-        with safe_open(path, framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
-                    continue
-                param_name, shard_id = _target(name, mapping)
-                param = params.get(param_name)
-                if param is None:
-                    raise ValueError(f"unexpected tensor {name!r} in {os.path.basename(path)}: "
-                                     f"the model has no parameter {param_name!r}")
-                weight_loader = getattr(param, "weight_loader", load_whole)
-                try:
-                    if shard_id is None:
-                        weight_loader(param, f.get_slice(name))
-                    else:
-                        weight_loader(param, f.get_slice(name), shard_id)
-                except ValueError as e:
-                    raise ValueError(f"tensor {name!r} in {os.path.basename(path)}: {e}") from None
-                loaded.add((param_name, shard_id))
+    files = checkpoint_files(model_dir)
+    bar = tqdm(total=0 if progress is False else _num_tensors(files), unit="tensor",
+               desc="Loading weights", disable=None if progress is None else not progress)
+    with bar:
+        for path in files:
+            _load_file(path, params, mapping, tied, loaded, bar)
     missing = sorted(ckpt_name for key, ckpt_name in needed.items() if key not in loaded)
     if missing:
         raise ValueError(f"checkpoint in {model_dir} is missing {len(missing)} tensor(s): "
                          + ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else ""))
+
+
+def _num_tensors(files: list[str]) -> int:
+    total = 0
+    for path in files:  # reads the headers only
+        with safe_open(path, framework="pt") as f:
+            total += len(f.keys())
+    return total
+
+
+def _load_file(path: str, params: dict, mapping: dict, tied: bool,
+               loaded: set[tuple[str, object]], bar: tqdm) -> None:
+    with safe_open(path, framework="pt") as f:
+        for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
+            if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+                bar.update()
+                continue
+            param_name, shard_id = _target(name, mapping)
+            param = params.get(param_name)
+            if param is None:
+                raise ValueError(f"unexpected tensor {name!r} in {os.path.basename(path)}: "
+                                 f"the model has no parameter {param_name!r}")
+            weight_loader = getattr(param, "weight_loader", load_whole)
+            try:
+                if shard_id is None:
+                    weight_loader(param, f.get_slice(name))
+                else:
+                    weight_loader(param, f.get_slice(name), shard_id)
+            except ValueError as e:
+                raise ValueError(f"tensor {name!r} in {os.path.basename(path)}: {e}") from None
+            loaded.add((param_name, shard_id))
+            bar.update()
 
 
 def _needed(model: nn.Module, mapping: dict) -> dict[tuple[str, object], str]:

@@ -59,6 +59,11 @@ class ModelConfig:
                 raise ValueError(f"token ids must be non-negative integers, got eos_token_ids="
                                  f"{self.eos_token_ids!r}, bos_token_id={self.bos_token_id!r}")
 
+    def max_len(self, requested: int) -> int:
+        """`--max-model-len` (0: not set) capped by the positions the model was trained for; the
+        engine lowers it further to what the KV cache holds."""
+        return min(requested or self.max_position_embeddings, self.max_position_embeddings)
+
     @property
     def torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.dtype]

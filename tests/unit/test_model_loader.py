@@ -119,3 +119,14 @@ def test_no_weights_and_broken_index(tmp_path):
         f.unlink()
     with pytest.raises(ValueError, match=r"no \*.safetensors files"):
         load_model(new_model(model_dir), str(model_dir))
+
+
+def test_progress_bar_counts_tensors_only_when_asked(tmp_path, capsys):
+    model_dir = make_tiny_model(tmp_path, shards=3, **SMALL)
+    num_tensors = sum(len(load_file(p)) for p in model_dir.glob("*.safetensors"))
+    load_model(new_model(model_dir), str(model_dir), progress=True)
+    err = capsys.readouterr().err
+    assert "Loading weights" in err and f"{num_tensors}/{num_tensors}" in err
+    load_model(new_model(model_dir), str(model_dir), progress=None)  # stderr is no terminal here
+    load_model(new_model(model_dir), str(model_dir))
+    assert capsys.readouterr().err == ""

@@ -46,11 +46,7 @@ class LLMEngine:
         runner = self.model_runner
         self.block_size = config.kvcache_block_size
         self.num_kvcache_blocks = runner.num_kvcache_blocks
-        capacity = self.num_kvcache_blocks * self.block_size
-        self.max_model_len = min(runner.max_model_len, capacity)
-        if self.max_model_len < runner.max_model_len:
-            logger.warning("max_model_len lowered from %d to %d: the KV cache holds %d tokens",
-                           runner.max_model_len, self.max_model_len, capacity)
+        self.max_model_len = self._resolve_max_model_len(runner.max_model_len)
         self.eos_token_ids = tuple(self.model_config.eos_token_ids)
         self.sampling_defaults = dict(self.model_config.sampling_defaults)
         self.block_manager = BlockManager(self.num_kvcache_blocks, self.block_size)
@@ -59,6 +55,22 @@ class LLMEngine:
         self.requests: dict[str, Sequence] = {}
         self.num_prompt_tokens_done = 0
         self.num_generated_tokens = 0
+
+    def _resolve_max_model_len(self, model_len: int) -> int:
+        """The runner's length (--max-model-len, else max_position_embeddings) lowered to the KV
+        cache's capacity: one sequence must fit in the cache whole."""
+        capacity = self.num_kvcache_blocks * self.block_size
+        resolved = min(model_len, capacity)
+        if self.config.max_model_len:
+            if resolved < model_len:
+                logger.warning("max_model_len lowered from %d to %d: the KV cache holds %d tokens",
+                               model_len, resolved, capacity)
+        elif resolved < model_len:
+            logger.info("max_model_len %d: the model's max_position_embeddings (%d) lowered to "
+                        "what the KV cache holds", resolved, model_len)
+        else:
+            logger.info("max_model_len %d: the model's max_position_embeddings", resolved)
+        return resolved
 
     def validate(self, token_ids: list[int], sp: SamplingParams) -> None:
         """Raise ValueError naming the field when a request can never run."""

@@ -103,7 +103,7 @@ class ModelRunner:
         self.kv_dtype = FP8_KV_DTYPE if config.kv_cache_dtype == "fp8" else self.dtype
         if self.kv_dtype == FP8_KV_DTYPE and backend == "flash_attn":
             raise ValueError("kv_cache_dtype: fp8 needs attention_backend triton or torch")
-        self.max_model_len = min(config.max_model_len, model_config.max_position_embeddings)
+        self.max_model_len = model_config.max_len(config.max_model_len)
         self.max_num_blocks_per_seq = math.ceil(self.max_model_len / self.block_size)
 
         default_dtype = torch.get_default_dtype()
@@ -114,7 +114,7 @@ class ModelRunner:
         if config.load_format == "dummy":
             init_dummy_weights(self.model, config.seed)
         else:
-            load_model(self.model, config.model)
+            load_model(self.model, config.model, config.load_progress_bar if rank == 0 else False)
         self.model.eval()
         if self.device.type == "cuda" and world_size > 1 and config.custom_all_reduce:
             # the largest decode step's activations; prefill's bigger messages stay on NCCL

@@ -190,7 +190,7 @@ class TensorParallelRunner:
     def __init__(self, config: EngineConfig, model_config: ModelConfig):
         check_tp_size(config, model_config)
         world_size = config.tensor_parallel_size
-        max_len = min(config.max_model_len, model_config.max_position_embeddings)
+        max_len = model_config.max_len(config.max_model_len)
         words = max_message_words(config.max_num_batched_tokens, config.max_num_seqs,
                                   -(-max_len // config.kvcache_block_size))
         ctx = mp.get_context("spawn")
