@@ -37,9 +37,8 @@ from nanoserve.errors import (
     Internal,
     InvalidArgument,
     ResourceExhausted,
-    ServiceError,
     Unavailable,
-    error_for_code,
+    error_from_worker,
     grpc_errors,
 )
 from nanoserve.grpc_options import server_options
@@ -48,6 +47,7 @@ from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+from nanoserve.security import ServerSecurity
 
 logger = logging.getLogger(__name__)
 
@@ -55,27 +55,6 @@ SERVICE_NAME = frontend_pb2.DESCRIPTOR.services_by_name["FrontendService"].full_
 # Batches of more ids than this (a slow client let the worker's messages pile up) are detokenized in
 # the tokenizer's thread pool so the event loop keeps serving other streams.
 DETOKENIZE_INLINE_MAX_IDS = 64
-# Worker statuses passed on to the client as they are; anything else becomes INTERNAL.
-_PASS_THROUGH = frozenset(
-    {
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.FAILED_PRECONDITION,
-        grpc.StatusCode.ALREADY_EXISTS,
-        grpc.StatusCode.OUT_OF_RANGE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.UNAVAILABLE,
-    }
-)
-
-
-def _worker_error(error: grpc.aio.AioRpcError) -> ServiceError:
-    code = error.code()
-    if code in _PASS_THROUGH:
-        return error_for_code(code, f"worker: {error.details()}")
-    if code == grpc.StatusCode.CANCELLED:  # the worker ended the call itself (shutting down)
-        return Unavailable("worker cancelled the request")
-    return Internal(f"worker failed the request ({code.name})")
 
 
 class FrontendServicer(frontend_grpc.FrontendServiceServicer):
@@ -97,6 +76,8 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
             max_stop_strings=self.config.max_stop_strings,
             max_stop_string_length=self.config.max_stop_string_length,
             max_prompt_bytes=self.config.max_prompt_bytes,
+            max_stop_token_ids=self.config.max_stop_token_ids,
+            max_chat_messages=self.config.max_chat_messages,
         ), info
 
     @contextlib.contextmanager
@@ -127,7 +108,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         if request.prompt and request.prompt_token_ids:
             raise InvalidArgument("set exactly one of prompt and prompt_token_ids", field="prompt")
         if request.prompt_token_ids:
-            validate_prompt_token_ids(list(request.prompt_token_ids), limits, "prompt_token_ids")
+            validate_prompt_token_ids(request.prompt_token_ids, limits, "prompt_token_ids")
         else:
             validate_text(request.prompt, limits, "prompt")
         validate_sampling_params(request.sampling_params, limits)
@@ -153,8 +134,8 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         """Applies the chat template to the messages and streams the reply."""
         limits, _ = self._limits()
         validate_request_id(request.request_id)
+        validate_messages(request.messages, limits)  # counted before any message is read
         messages = [(m.role, m.content) for m in request.messages]
-        validate_messages(messages, limits)
         validate_sampling_params(request.sampling_params, limits)
         if not self.tokenizer.has_chat_template:
             raise FailedPrecondition("the model's tokenizer_config.json has no chat template")
@@ -179,7 +160,8 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                 f"longer than max_prompt_bytes ({self.config.max_prompt_bytes})", field="text"
             )
         add_special = not request.HasField("add_special_tokens") or request.add_special_tokens
-        token_ids = await self.tokenizer.encode_async(request.text, add_special)
+        with self._admit(""):  # a Tokenize call holds a tokenizer thread like a Generate call
+            token_ids = await self.tokenizer.encode_async(request.text, add_special)
         return frontend_pb2.TokenizeResponse(token_ids=token_ids)
 
     @grpc_errors
@@ -283,7 +265,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                 if fields["text"] or fields["token_ids"]:
                     yield fields
         except grpc.aio.AioRpcError as e:
-            raise _worker_error(e) from None
+            raise error_from_worker(e) from None
         finally:
             call.cancel()  # a no-op once finished; on client cancel it cancels the worker call
         raise Internal("the worker's stream ended without a finish reason")
@@ -305,7 +287,17 @@ class FrontendServer:
             max_message_bytes=config.max_message_bytes,
         )
         self.servicer = FrontendServicer(config, self.tokenizer, self.link)
-        self.server = grpc.aio.server(options=server_options(config.max_message_bytes))
+        self.security = ServerSecurity.load(
+            config.tls_cert_file,
+            config.tls_key_file,
+            config.tls_client_ca_file,
+            config.api_keys_file,
+            config.api_keys,
+        )
+        self.server = grpc.aio.server(
+            interceptors=self.security.interceptors(),
+            options=server_options(config.max_message_bytes),
+        )
         frontend_grpc.add_FrontendServiceServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if config.enable_reflection:
@@ -332,7 +324,7 @@ class FrontendServer:
         """Binds and starts serving (NOT_SERVING until the worker answers); returns the port."""
         await self._on_worker_ready(False)
         host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
-        self.port = self.server.add_insecure_port(f"{host}:{self.config.port}")
+        self.port = self.security.add_port(self.server, self.config.host, self.config.port)
         if self.port == 0:
             raise RuntimeError(f"could not bind {host}:{self.config.port}")
         await self.server.start()

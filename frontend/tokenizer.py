@@ -1,5 +1,6 @@
 """The frontend's tokenizer: tokenizer.json through `tokenizers`, and the chat template from
-tokenizer_config.json rendered in a jinja2 sandbox. Encoding runs in a thread pool, off the loop.
+tokenizer_config.json rendered in a jinja2 sandbox. Encoding runs in a thread pool, off the loop,
+and without the GIL, so a 4 MB prompt does not stall the event loop (health checks, other streams).
 """
 
 import asyncio
@@ -84,7 +85,9 @@ class Tokenizer:
         return self._template is not None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        # `tokenizers` releases the GIL in encode_batch but holds it for all of encode: a 4 MB
+        # prompt would otherwise freeze every other thread, the event loop included, for seconds.
+        return self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)

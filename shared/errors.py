@@ -15,6 +15,18 @@ import grpc.aio
 
 logger = logging.getLogger(__name__)
 
+# Details past this are cut: a status's details travel in one HTTP/2 header block, and one that
+# overflows it turns a permanent INVALID_ARGUMENT into a retryable RESOURCE_EXHAUSTED.
+MAX_DETAILS_CHARS = 1024
+ECHO_CHARS = 64
+
+
+def echo(value: str, limit: int = ECHO_CHARS) -> str:
+    """repr() of a client-sent value for an error message, cut to `limit` characters."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
 
 class ServiceError(Exception):
     """An error that ends an RPC with the status `code` and the message as its details."""
@@ -22,6 +34,8 @@ class ServiceError(Exception):
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
 
     def __init__(self, message: str = "") -> None:
+        if len(message) > MAX_DETAILS_CHARS:
+            message = message[: MAX_DETAILS_CHARS - 15] + "... (truncated)"
         super().__init__(message)
         self.message = message
 
@@ -136,6 +150,34 @@ def error_from_rpc(error: grpc.RpcError) -> ServiceError:
     converted = error_for_code(code, details or "")
     converted.__cause__ = error
     return converted
+
+
+# What the frontend passes on from a failed worker call as it is: the client can act on these.
+_RELAYED_WORKER_CODES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.ABORTED,  # an operator's WorkerService.Abort: do not retry as is
+    }
+)
+
+
+def error_from_worker(error: grpc.RpcError) -> ServiceError:
+    """The frontend's error for a failed worker call: the codes a client can act on pass through
+    (details prefixed "worker: "), CANCELLED by the worker itself (shutting down) becomes
+    UNAVAILABLE, anything else INTERNAL without the worker's details."""
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    if code in _RELAYED_WORKER_CODES:
+        details = error.details() if hasattr(error, "details") else ""
+        return error_for_code(code, f"worker: {details or ''}")
+    if code == grpc.StatusCode.CANCELLED:
+        return Unavailable("worker cancelled the request")
+    return Internal(f"worker failed the request ({code.name})")
 
 
 async def abort(context: grpc.aio.ServicerContext, error: ServiceError) -> None:

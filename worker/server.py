@@ -19,10 +19,12 @@ from nanoserve.model_files import tokenizer_digest
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
+from nanoserve.request_decoding import DecodeErrorInterceptor
 from nanoserve.worker.async_engine import AsyncEngine, EngineDead, RequestAborted
 from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.engine.sequence import FinishReason
 from nanoserve.worker.sampling_params import SamplingParams
+from nanoserve.worker.validation import check_request_sizes
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME = "nanoserve.v1.WorkerService"
@@ -64,6 +66,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         if engine.num_requests >= self.config.max_queued_requests:
             raise ResourceExhausted(f"{engine.num_requests} requests are in flight "
                                     f"(max_queued_requests={self.config.max_queued_requests})")
+        check_request_sizes(request, engine.engine.max_model_len, self.config.max_stop_token_ids)
         token_ids = list(request.prompt_token_ids)
         request_id = request.request_id or uuid.uuid4().hex
         try:
@@ -140,7 +143,8 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
 async def serve(config: WorkerConfig) -> int:
     """Run the worker until SIGTERM/SIGINT (exit 0) or an engine failure (exit 1)."""
     loop = asyncio.get_running_loop()
-    server = grpc.aio.server(options=server_options(config.max_message_bytes))
+    server = grpc.aio.server(interceptors=[DecodeErrorInterceptor()],
+                             options=server_options(config.max_message_bytes))
     servicer = WorkerServicer(config)
     worker_grpc.add_WorkerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()

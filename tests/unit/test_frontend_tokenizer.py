@@ -73,10 +73,10 @@ def test_encode_runs_off_the_event_loop(tokenizer: Tokenizer) -> None:
     seen: list[str] = []
     original = tokenizer._tokenizer
 
-    class Spy:
-        def encode(self, text: str, add_special_tokens: bool = True):
+    class Spy:  # encode_batch: the call of `tokenizers` that releases the GIL
+        def encode_batch(self, texts: list[str], add_special_tokens: bool = True):
             seen.append(threading.current_thread().name)
-            return original.encode(text, add_special_tokens=add_special_tokens)
+            return original.encode_batch(texts, add_special_tokens=add_special_tokens)
 
     async def main() -> tuple[list[int], list[int]]:
         tokenizer._tokenizer = Spy()

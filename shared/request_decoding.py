@@ -1,0 +1,102 @@
+"""A server interceptor both services install first: request bytes that do not parse as the method's
+message end the call with INVALID_ARGUMENT and one log line, before any servicer code runs.
+
+Without it grpc answers UNKNOWN, with the Python exception's class in the details and an ERROR
+traceback in the log for every such call: a cheap way for a client to flood the logs.
+"""
+
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+
+logger = logging.getLogger(__name__)
+
+
+class Undecodable:
+    """Stands in for a request whose bytes did not parse; the wrapped handler refuses it."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as e:  # noqa: BLE001 - DecodeError, or anything a parser raises
+            return Undecodable(type(e).__name__)
+
+    return deserialize
+
+
+async def _refuse(method: str, request: Undecodable, context: grpc.aio.ServicerContext) -> None:
+    logger.warning(
+        "%s from %s: request bytes do not parse (%s)", method, context.peer(), request.reason
+    )
+    await context.abort(
+        grpc.StatusCode.INVALID_ARGUMENT, f"request: not a valid message for {method}"
+    )
+
+
+def _guard(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """The handler with a deserializer that never raises, and a behaviour that refuses what it
+    could not parse. Only unary-request async handlers are wrapped (all of nanoserve's)."""
+    deserialize = _tolerant(handler.request_deserializer)
+    if handler.request_streaming or deserialize is None:
+        return handler
+    if not handler.response_streaming and inspect.iscoroutinefunction(handler.unary_unary):
+        behaviour: Callable[..., Awaitable[Any]] = handler.unary_unary
+
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if isinstance(request, Undecodable):
+                await _refuse(method, request, context)
+            return await behaviour(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            unary, request_deserializer=deserialize, response_serializer=handler.response_serializer
+        )
+    if handler.response_streaming and inspect.isasyncgenfunction(handler.unary_stream):
+        streaming: Callable[..., AsyncIterator[Any]] = handler.unary_stream
+
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            if isinstance(request, Undecodable):
+                await _refuse(method, request, context)
+            async for response in streaming(request, context):
+                yield response
+
+        return grpc.unary_stream_rpc_method_handler(
+            stream, request_deserializer=deserialize, response_serializer=handler.response_serializer
+        )
+    return handler
+
+
+class DecodeErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Install as `grpc.aio.server(interceptors=[DecodeErrorInterceptor(), ...])`."""
+
+    def __init__(self) -> None:
+        # method -> (the handler grpc found, its guarded copy): wrap once, not per call
+        self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        cached = self._guarded.get(method)
+        if cached is None or cached[0] is not handler:
+            cached = (handler, _guard(method, handler))
+            self._guarded[method] = cached
+        return cached[1]
