@@ -55,6 +55,9 @@ SERVICE_NAME = frontend_pb2.DESCRIPTOR.services_by_name["FrontendService"].full_
 # Batches of more ids than this (a slow client let the worker's messages pile up) are detokenized in
 # the tokenizer's thread pool so the event loop keeps serving other streams.
 DETOKENIZE_INLINE_MAX_IDS = 64
+# A valid request is its prompt (<= max_prompt_bytes) plus at most this much: ids within
+# max_model_len, bounded stop lists, parameters. Larger ones are refused before they are parsed.
+REQUEST_OVERHEAD_BYTES = 1024 * 1024
 
 
 class FrontendServicer(frontend_grpc.FrontendServiceServicer):
@@ -295,7 +298,9 @@ class FrontendServer:
             config.api_keys,
         )
         self.server = grpc.aio.server(
-            interceptors=self.security.interceptors(),
+            interceptors=self.security.interceptors(
+                config.max_prompt_bytes + REQUEST_OVERHEAD_BYTES, "max_prompt_bytes + 1 MiB"
+            ),
             options=server_options(config.max_message_bytes),
         )
         frontend_grpc.add_FrontendServiceServicer_to_server(self.servicer, self.server)

@@ -161,12 +161,15 @@ class ServerSecurity:
     def tls(self) -> bool:
         return self.cert_file is not None
 
-    def interceptors(self) -> list[grpc.aio.ServerInterceptor]:
-        """Outermost first: the token check, then the request-decoding guard."""
+    def interceptors(
+        self, max_request_bytes: int | None = None, hint: str = ""
+    ) -> list[grpc.aio.ServerInterceptor]:
+        """Outermost first: the token check, then the request-decoding guard (see
+        DecodeErrorInterceptor for `max_request_bytes` and `hint`)."""
         chain: list[grpc.aio.ServerInterceptor] = []
         if self.api_keys:
             chain.append(BearerTokenInterceptor(self.api_keys))
-        chain.append(DecodeErrorInterceptor())
+        chain.append(DecodeErrorInterceptor(max_request_bytes, hint))
         return chain
 
     def credentials(self) -> grpc.ServerCredentials | None:

@@ -24,7 +24,7 @@ from nanoserve.worker.async_engine import AsyncEngine, EngineDead, RequestAborte
 from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.engine.sequence import FinishReason
 from nanoserve.worker.sampling_params import SamplingParams
-from nanoserve.worker.validation import check_request_sizes
+from nanoserve.worker.validation import check_request_sizes, max_request_bytes
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME = "nanoserve.v1.WorkerService"
@@ -143,8 +143,9 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
 async def serve(config: WorkerConfig) -> int:
     """Run the worker until SIGTERM/SIGINT (exit 0) or an engine failure (exit 1)."""
     loop = asyncio.get_running_loop()
-    server = grpc.aio.server(interceptors=[DecodeErrorInterceptor()],
-                             options=server_options(config.max_message_bytes))
+    too_large = max_request_bytes(config.max_model_len, config.max_stop_token_ids)
+    guard = DecodeErrorInterceptor(too_large, "5 bytes * (max_model_len + max_stop_token_ids)")
+    server = grpc.aio.server(interceptors=[guard], options=server_options(config.max_message_bytes))
     servicer = WorkerServicer(config)
     worker_grpc.add_WorkerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()

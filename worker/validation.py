@@ -8,6 +8,14 @@ from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 
 DEFAULT_MAX_STOP_TOKEN_IDS = 128
 MAX_REQUEST_ID_LENGTH = 128
+_VARINT_BYTES = 5  # the most a uint32 token id takes on the wire
+_REQUEST_OVERHEAD_BYTES = 64 * 1024  # request id, sampling parameters, tags
+
+
+def max_request_bytes(max_model_len: int, max_stop_token_ids: int) -> int:
+    """No valid GenerateTokensRequest is larger: DecodeErrorInterceptor refuses larger ones
+    unparsed (parsing 15M ids would hold the worker's event loop, and its engine, ~0.1-0.3 s)."""
+    return (max_model_len + max_stop_token_ids) * _VARINT_BYTES + _REQUEST_OVERHEAD_BYTES
 
 
 def check_request_sizes(
