@@ -23,6 +23,7 @@ from nanoserve.request_decoding import DecodeErrorInterceptor
 
 logger = logging.getLogger(__name__)
 
+PemSource = str | os.PathLike | bytes
 # Methods any caller may use without a token: liveness and readiness probes.
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
 _BEARER = "bearer "
@@ -36,7 +37,7 @@ def current_tenant() -> str | None:
     return _tenant.get()
 
 
-def read_pem(source: str | os.PathLike | bytes | None) -> bytes | None:
+def read_pem(source: PemSource | None) -> bytes | None:
     """PEM bytes from a path (or the bytes themselves)."""
     if source is None or isinstance(source, bytes):
         return source
@@ -199,15 +200,19 @@ class ServerSecurity:
 
 
 def channel_credentials(
-    root_certificates: str | os.PathLike | bytes | None = None,
-    client_cert: str | os.PathLike | bytes | None = None,
-    client_key: str | os.PathLike | bytes | None = None,
-) -> grpc.ChannelCredentials:
-    """TLS channel credentials; root None = the system's roots; cert+key for mutual TLS."""
+    root_certificates: PemSource | bool | None = None,
+    client_cert: PemSource | None = None,
+    client_key: PemSource | None = None,
+) -> grpc.ChannelCredentials | None:
+    """TLS channel credentials, None (plaintext) when no argument is given. root_certificates:
+    a PEM path or bytes, or True for the system's roots; client cert and key for mutual TLS."""
+    if root_certificates is None and client_cert is None and client_key is None:
+        return None
     if (client_cert is None) != (client_key is None):
         raise ValueError("client_cert and client_key go together")
+    roots = None if isinstance(root_certificates, bool) else root_certificates
     return grpc.ssl_channel_credentials(
-        root_certificates=read_pem(root_certificates),
+        root_certificates=read_pem(roots),
         private_key=read_pem(client_key),
         certificate_chain=read_pem(client_cert),
     )
