@@ -10,6 +10,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import grpc
 import grpc.aio
@@ -19,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 from nanoserve.frontend.config import FrontendConfig
 from nanoserve.frontend.detokenizer import Detokenizer
+from nanoserve.frontend.request_log import RequestLog, RequestSink, recorded
 from nanoserve.frontend.tokenizer import Tokenizer
 from nanoserve.frontend.validation import (
     Limits,
@@ -68,6 +70,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         self.num_in_flight = 0
         self.draining = False
         self._live_request_ids: set[str] = set()
+        self.request_sinks: list[RequestSink] = []  # called with each ended Generate/Chat call
 
     def _limits(self) -> tuple[Limits, worker_pb2.WorkerServiceGetModelInfoResponse]:
         if self.draining:
@@ -101,6 +104,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
             self.num_in_flight -= 1
             self._live_request_ids.discard(request_id)
 
+    @recorded
     @grpc_errors
     async def Generate(
         self, request: frontend_pb2.GenerateRequest, context: grpc.aio.ServicerContext
@@ -130,6 +134,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
             ):
                 yield frontend_pb2.GenerateResponse(**fields)
 
+    @recorded
     @grpc_errors
     async def Chat(
         self, request: frontend_pb2.ChatRequest, context: grpc.aio.ServicerContext
@@ -193,7 +198,6 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
     ) -> AsyncIterator[dict]:
         """Runs one request on the worker; yields the fields of each response message.
         `prompt_field` names the request field the prompt came from, for errors."""
-        start = time.perf_counter()
         max_tokens = resolve_max_tokens(params, len(prompt_ids), limits, prompt_field=prompt_field)
         worker_request = worker_pb2.GenerateTokensRequest(
             request_id=request_id,
@@ -214,10 +218,8 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         await self.link.check_connected()
         call = self.link.stub.GenerateTokens(worker_request, timeout=timeout, wait_for_ready=False)
         completion_tokens = 0
-        ttft = None
         try:
             async for chunk in call:
-                ttft = ttft if ttft is not None else time.perf_counter() - start
                 finished = chunk.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
                 # A stop token's text stays out of the output, like a stop string's (vLLM).
                 skip_last = (
@@ -252,17 +254,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                             prompt_tokens=len(prompt_ids), completion_tokens=completion_tokens
                         ),
                     )
-                if "finish_reason" in fields:
-                    logger.info(
-                        "request %s finished (%s): %d prompt + %d completion tokens, "
-                        "ttft %.3f s, total %.3f s",
-                        request_id,
-                        common_pb2.FinishReason.Name(fields["finish_reason"]),
-                        len(prompt_ids),
-                        fields["usage"].completion_tokens,
-                        ttft,
-                        time.perf_counter() - start,
-                    )
+                if "finish_reason" in fields:  # request_log.recorded logs the request's end
                     yield fields
                     return
                 if fields["text"] or fields["token_ids"]:
@@ -290,6 +282,14 @@ class FrontendServer:
             max_message_bytes=config.max_message_bytes,
         )
         self.servicer = FrontendServicer(config, self.tokenizer, self.link)
+        self.servicer.request_sinks.append(RequestLog(config.log_format))
+        self.metrics_server = None
+        if config.metrics_port:  # prometheus_client is imported (and paid for) only when asked for
+            from nanoserve.frontend.metrics import FrontendMetrics
+
+            self.metrics = FrontendMetrics(Path(model_dir).name)
+            self.metrics.track_in_flight(lambda: self.servicer.num_in_flight)
+            self.servicer.request_sinks.append(self.metrics.observe)
         self.security = ServerSecurity.load(
             config.tls_cert_file,
             config.tls_key_file,
@@ -333,6 +333,12 @@ class FrontendServer:
         if self.port == 0:
             raise RuntimeError(f"could not bind {host}:{self.config.port}")
         await self.server.start()
+        if self.config.metrics_port:
+            from nanoserve.metrics_endpoint import serve_metrics
+
+            self.metrics_server = serve_metrics(
+                self.metrics.registry, self.config.metrics_port, self.config.host
+            )
         self.link.start()
         logger.info("frontend listening on %s:%d", host, self.port)
         return self.port
@@ -349,5 +355,7 @@ class FrontendServer:
             await asyncio.sleep(0.05)
         await self.server.stop(min(1.0, max(0.0, deadline - time.monotonic())))
         await self.link.close()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
         if self._owns_tokenizer:
             self.tokenizer.close()

@@ -157,6 +157,9 @@ async def serve(config: WorkerConfig) -> int:
         raise ValueError(f"port: cannot bind {config.host}:{config.port}")
     await server.start()
     print(f"worker listening on {config.host}:{port}", flush=True)
+    if config.metrics_port:  # prometheus_client is imported only when asked for
+        from nanoserve.worker.metrics import serve_worker_metrics
+        serve_worker_metrics(servicer, Path(config.model).name, config.metrics_port, config.host)
 
     stop = asyncio.Event()
     exit_code = 0
