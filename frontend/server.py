@@ -283,7 +283,7 @@ class FrontendServer:
         )
         self.servicer = FrontendServicer(config, self.tokenizer, self.link)
         self.servicer.request_sinks.append(RequestLog(config.log_format))
-        self.metrics_server = None
+        self.metrics = self.metrics_server = None
         if config.metrics_port:  # prometheus_client is imported (and paid for) only when asked for
             from nanoserve.frontend.metrics import FrontendMetrics
 

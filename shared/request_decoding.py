@@ -58,6 +58,7 @@ def _guard(
     """The handler with a deserializer that never raises, and a behaviour that refuses what it
     could not parse. Only unary-request async handlers are wrapped (all of nanoserve's)."""
     deserialize = _tolerant(handler.request_deserializer, max_bytes, hint)
+    serializer = handler.response_serializer
     if handler.request_streaming or deserialize is None:
         return handler
     if not handler.response_streaming and inspect.iscoroutinefunction(handler.unary_unary):
@@ -69,7 +70,7 @@ def _guard(
             return await behaviour(request, context)
 
         return grpc.unary_unary_rpc_method_handler(
-            unary, request_deserializer=deserialize, response_serializer=handler.response_serializer
+            unary, request_deserializer=deserialize, response_serializer=serializer
         )
     if handler.response_streaming and inspect.isasyncgenfunction(handler.unary_stream):
         streaming: Callable[..., AsyncIterator[Any]] = handler.unary_stream
@@ -81,7 +82,7 @@ def _guard(
                 yield response
 
         return grpc.unary_stream_rpc_method_handler(
-            stream, request_deserializer=deserialize, response_serializer=handler.response_serializer
+            stream, request_deserializer=deserialize, response_serializer=serializer
         )
     return handler
 

@@ -1,7 +1,8 @@
 """Transport security and caller authentication of a grpc.aio server, and the matching channel
 credentials: TLS (mutual when a client CA is given), and bearer-token auth checked in constant time.
 
-ServerSecurity is built from a service's config; it gives the server's interceptors and binds its port.
+ServerSecurity is built from a service's config; it gives the server's interceptors and binds its
+port.
 grpc.health.v1 stays open, so probes need no token.
 """
 
@@ -57,7 +58,9 @@ def load_api_keys(keys_file: str | None = None, keys: str | None = None) -> dict
             elif len(words) == 2:
                 entries.append((words[0], words[1]))
             elif words:
-                raise ValueError(f"{keys_file}: expected `KEY` or `TENANT KEY`, got {len(words)} words")
+                raise ValueError(
+                    f"{keys_file}: expected `KEY` or `TENANT KEY`, got {len(words)} words"
+                )
     if keys:
         entries.extend((None, k.strip()) for k in keys.split(",") if k.strip())
     table: dict[bytes, str] = {}

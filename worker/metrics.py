@@ -1,5 +1,5 @@
-"""The worker's Prometheus metrics, read from the engine's counters when /metrics is scraped (no cost
-between scrapes). Names are vLLM's where vLLM has the metric, so its dashboards and alerts apply;
+"""The worker's Prometheus metrics, read from the engine's counters when /metrics is scraped
+(no cost between scrapes). Names are vLLM's where vLLM has the metric, so its dashboards and alerts apply;
 the rest are `nanoserve:`. Every series carries the label model_name, as vLLM's do.
 """
 
@@ -65,12 +65,13 @@ class WorkerCollector(Collector):
         yield ready
         if load is None:
             return
+        total = load.num_total_blocks
         gauges = {
             "vllm:num_requests_running": ("Requests in the running batch", load.num_running),
             "vllm:num_requests_waiting": ("Requests waiting to be scheduled", load.num_waiting),
             "vllm:kv_cache_usage_perc": (
                 "KV-cache usage, 1 = full",
-                1.0 - load.num_free_blocks / load.num_total_blocks if load.num_total_blocks else 0.0,
+                1.0 - load.num_free_blocks / total if total else 0.0,
             ),
             "nanoserve:kv_cache_free_blocks": ("KV-cache blocks free", load.num_free_blocks),
             "nanoserve:kv_cache_total_blocks": ("KV-cache blocks in all", load.num_total_blocks),
@@ -107,6 +108,8 @@ def serve_worker_metrics(servicer, model_name: str, port: int, host: str) -> obj
 
     def read() -> WorkerLoad | None:
         engine = servicer.engine  # an AsyncEngine, or None while loading
-        return None if engine is None else WorkerLoad.from_engine(engine.engine, engine.num_finished)
+        if engine is None:
+            return None
+        return WorkerLoad.from_engine(engine.engine, engine.num_finished)
 
     return serve_metrics(worker_registry(model_name, read), port, host)

@@ -199,7 +199,8 @@ def test_recorded_sees_every_end() -> None:
         return ended + slow.ended
 
     ok, full, gone = asyncio.run(main())
-    assert (ok.code, ok.finish_reason, ok.completion_tokens, ok.prompt_tokens) == ("OK", "stop", 3, 5)
+    assert (ok.code, ok.finish_reason) == ("OK", "stop")
+    assert (ok.completion_tokens, ok.prompt_tokens) == (3, 5)
     assert ok.ttft is not None and ok.end is not None and ok.peer == "ipv4:10.0.0.1:4242"
     assert (full.request_id, full.code, full.completion_tokens) == ("mine", "RESOURCE_EXHAUSTED", 0)
     assert (gone.code, gone.completion_tokens) == ("CANCELLED", 1)
