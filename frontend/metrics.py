@@ -22,6 +22,7 @@ class FrontendMetrics:
     def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.model_name = model_name
+        self._children: dict[tuple, object] = {}
         r, m = self.registry, ["model_name"]
         self.success = Counter("vllm:request_success", "Requests finished, by finish reason",
                                m + ["finished_reason"], registry=r)
@@ -46,19 +47,28 @@ class FrontendMetrics:
         """Reads the in-flight gauge from `read()` at scrape time."""
         self.in_flight.labels(self.model_name).set_function(read)
 
+    def _child(self, metric, *labels: str):
+        """metric.labels(model_name, *labels), looked up once: labels() takes a lock and
+        validates, ~10x an inc()."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(self.model_name, *labels)
+        return child
+
     def observe(self, record: RequestRecord) -> None:
         """Counts one ended request."""
-        label = self.model_name
-        self.generation_tokens.labels(label).inc(record.completion_tokens)
+        child = self._child
+        child(self.generation_tokens).inc(record.completion_tokens)
         if record.code == "OK" and record.finish_reason is not None:
-            self.success.labels(label, record.finish_reason).inc()
-            self.prompt_tokens.labels(label).inc(record.prompt_tokens)
-            self.e2e.labels(label).observe(record.duration)
+            child(self.success, record.finish_reason).inc()
+            child(self.prompt_tokens).inc(record.prompt_tokens)
+            child(self.e2e).observe(record.duration)
         else:
-            self.errors.labels(label, record.code).inc()
+            child(self.errors, record.code).inc()
             if record.code == "RESOURCE_EXHAUSTED":
-                self.admission_refusals.labels(label).inc()
+                child(self.admission_refusals).inc()
         if record.ttft is not None:
-            self.ttft.labels(label).observe(record.ttft)
+            child(self.ttft).observe(record.ttft)
         if record.inter_token_latency is not None:
-            self.itl.labels(label).observe(record.inter_token_latency)
+            child(self.itl).observe(record.inter_token_latency)
