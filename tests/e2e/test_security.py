@@ -170,3 +170,24 @@ def test_plaintext_on_a_public_address_warns(services, tiny_model_dir: Path) -> 
 
 def test_loopback_plaintext_does_not_warn(services) -> None:
     assert not any("in plaintext" in line for line in services.frontend.lines)
+
+
+def test_async_client_with_tls_and_a_token(tls_frontend, certs) -> None:
+    import asyncio
+
+    from nanoserve.client import AsyncClient
+
+    async def main() -> None:
+        async with AsyncClient(
+            tls_frontend.address, timeout=30, root_certificates=certs.ca, token=TOKEN_B
+        ) as client:
+            done = await client.generate("hello", max_tokens=2)
+            assert len(done.token_ids) == 2
+        async with AsyncClient(
+            tls_frontend.address, timeout=30, root_certificates=certs.ca, token="wrong"
+        ) as client:
+            with pytest.raises(Unauthenticated):
+                await client.generate("hello", max_tokens=2)
+            assert await client.health() == "SERVING"
+
+    asyncio.run(main())
