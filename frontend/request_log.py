@@ -20,6 +20,7 @@ import grpc.aio
 
 from nanoserve.errors import echo
 from nanoserve.proto.v1 import common_pb2
+from nanoserve.request_decoding import Undecodable
 
 logger = logging.getLogger("nanoserve.requests")
 REQUEST_ID_METADATA = "x-request-id"
@@ -120,6 +121,10 @@ def recorded(handler: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncI
 
     @functools.wraps(handler)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext):
+        if isinstance(request, Undecodable):  # refused inside, with its own log line
+            async for response in handler(self, request, context):
+                yield response  # pragma: no cover - there is none
+            return
         if not request.request_id:
             request.request_id = uuid.uuid4().hex
         record = RequestRecord(request.request_id, method, context.peer())

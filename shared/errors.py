@@ -13,6 +13,8 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from nanoserve.request_decoding import Undecodable, refuse
+
 logger = logging.getLogger(__name__)
 
 # Details past this are cut: a status's details travel in one HTTP/2 header block, and one that
@@ -188,7 +190,8 @@ async def abort(context: grpc.aio.ServicerContext, error: ServiceError) -> None:
 def grpc_errors(handler: Callable) -> Callable:
     """Decorates an async servicer method (unary or async-generator) so that a ServiceError ends the
     RPC with its status and any other exception with INTERNAL, logged here, without the traceback in
-    the details. Cancellation (asyncio.CancelledError) passes through untouched."""
+    the details. Cancellation (asyncio.CancelledError) passes through untouched. A request that
+    DecodeErrorInterceptor could not parse gets INVALID_ARGUMENT before the method runs."""
     name = handler.__qualname__
 
     async def on_error(context: grpc.aio.ServicerContext, error: Exception) -> None:
@@ -201,6 +204,8 @@ def grpc_errors(handler: Callable) -> Callable:
 
         @functools.wraps(handler)
         async def stream_wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext):
+            if isinstance(request, Undecodable):  # see DecodeErrorInterceptor
+                await refuse(name, request, context)
             try:
                 async for response in handler(self, request, context):
                     yield response
@@ -209,10 +214,13 @@ def grpc_errors(handler: Callable) -> Callable:
             except Exception as e:  # noqa: BLE001 - every failure becomes a status
                 await on_error(context, e)
 
+        stream_wrapper.refuses_undecodable = True
         return stream_wrapper
 
     @functools.wraps(handler)
     async def unary_wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext):
+        if isinstance(request, Undecodable):
+            await refuse(name, request, context)
         try:
             return await handler(self, request, context)
         except grpc.aio.AbortError:
@@ -220,4 +228,5 @@ def grpc_errors(handler: Callable) -> Callable:
         except Exception as e:  # noqa: BLE001
             await on_error(context, e)
 
+    unary_wrapper.refuses_undecodable = True
     return unary_wrapper

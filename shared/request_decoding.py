@@ -44,7 +44,8 @@ def _tolerant(
     return deserialize
 
 
-async def _refuse(method: str, request: Undecodable, context: grpc.aio.ServicerContext) -> None:
+async def refuse(method: str, request: Undecodable, context: grpc.aio.ServicerContext) -> None:
+    """Ends the call with INVALID_ARGUMENT and logs one line (raises grpc.aio.AbortError)."""
     logger.warning(
         "%s from %s: request refused before its handler: %s", method, context.peer(), request.reason
     )
@@ -56,28 +57,40 @@ def _guard(
     method: str, handler: grpc.RpcMethodHandler, max_bytes: int | None, hint: str
 ) -> grpc.RpcMethodHandler:
     """The handler with a deserializer that never raises, and a behaviour that refuses what it
-    could not parse. Only unary-request async handlers are wrapped (all of nanoserve's)."""
+    could not parse. A behaviour marked `refuses_undecodable` (errors.grpc_errors does it) keeps
+    its place: no extra layer per streamed message. Only unary-request async handlers change."""
     deserialize = _tolerant(handler.request_deserializer, max_bytes, hint)
     serializer = handler.response_serializer
     if handler.request_streaming or deserialize is None:
         return handler
-    if not handler.response_streaming and inspect.iscoroutinefunction(handler.unary_unary):
-        behaviour: Callable[..., Awaitable[Any]] = handler.unary_unary
+    own = handler.unary_stream if handler.response_streaming else handler.unary_unary
+    if getattr(own, "refuses_undecodable", False):
+        make = (
+            grpc.unary_stream_rpc_method_handler
+            if handler.response_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        return make(own, request_deserializer=deserialize, response_serializer=serializer)
+    if inspect.iscoroutinefunction(own):  # unary, or streaming through context.write
+        behaviour: Callable[..., Awaitable[Any]] = own
 
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
             if isinstance(request, Undecodable):
-                await _refuse(method, request, context)
+                await refuse(method, request, context)
             return await behaviour(request, context)
 
-        return grpc.unary_unary_rpc_method_handler(
-            unary, request_deserializer=deserialize, response_serializer=serializer
+        make = (
+            grpc.unary_stream_rpc_method_handler
+            if handler.response_streaming
+            else grpc.unary_unary_rpc_method_handler
         )
+        return make(unary, request_deserializer=deserialize, response_serializer=serializer)
     if handler.response_streaming and inspect.isasyncgenfunction(handler.unary_stream):
         streaming: Callable[..., AsyncIterator[Any]] = handler.unary_stream
 
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             if isinstance(request, Undecodable):
-                await _refuse(method, request, context)
+                await refuse(method, request, context)
             async for response in streaming(request, context):
                 yield response
 

@@ -217,6 +217,8 @@ def test_a_20kb_role_is_not_echoed_whole(channels) -> None:
         ("frontend", "/nanoserve.v1.FrontendService/Tokenize", False),
         ("worker", "/nanoserve.v1.WorkerService/GenerateTokens", True),
         ("worker", "/nanoserve.v1.WorkerService/GetLoad", False),
+        ("frontend", "/grpc.health.v1.Health/Check", False),  # not a nanoserve servicer
+        ("worker", "/grpc.health.v1.Health/Watch", True),
     ],
 )
 def test_garbage_bytes_get_invalid_argument_and_one_log_line(
