@@ -64,12 +64,12 @@ def _guard(
     if handler.request_streaming or deserialize is None:
         return handler
     own = handler.unary_stream if handler.response_streaming else handler.unary_unary
+    make = (
+        grpc.unary_stream_rpc_method_handler
+        if handler.response_streaming
+        else grpc.unary_unary_rpc_method_handler
+    )
     if getattr(own, "refuses_undecodable", False):
-        make = (
-            grpc.unary_stream_rpc_method_handler
-            if handler.response_streaming
-            else grpc.unary_unary_rpc_method_handler
-        )
         return make(own, request_deserializer=deserialize, response_serializer=serializer)
     if inspect.iscoroutinefunction(own):  # unary, or streaming through context.write
         behaviour: Callable[..., Awaitable[Any]] = own
@@ -79,11 +79,6 @@ def _guard(
                 await refuse(method, request, context)
             return await behaviour(request, context)
 
-        make = (
-            grpc.unary_stream_rpc_method_handler
-            if handler.response_streaming
-            else grpc.unary_unary_rpc_method_handler
-        )
         return make(unary, request_deserializer=deserialize, response_serializer=serializer)
     if handler.response_streaming and inspect.isasyncgenfunction(handler.unary_stream):
         streaming: Callable[..., AsyncIterator[Any]] = handler.unary_stream
@@ -94,9 +89,7 @@ def _guard(
             async for response in streaming(request, context):
                 yield response
 
-        return grpc.unary_stream_rpc_method_handler(
-            stream, request_deserializer=deserialize, response_serializer=serializer
-        )
+        return make(stream, request_deserializer=deserialize, response_serializer=serializer)
     return handler
 
 
