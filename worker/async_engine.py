@@ -6,6 +6,7 @@ into it (vLLM's RequestOutputCollector). Streams owned by a Session are flushed 
 """
 import asyncio
 import collections
+import dataclasses
 import itertools
 import logging
 import multiprocessing as mp
@@ -73,6 +74,16 @@ class Collector:
         return streams
 
 
+def sampling_fields(sp: SamplingParams) -> dict:
+    """The params as the core's `SamplingParams(**fields)` rebuilds them: constructor fields only
+    (not `unset`, a frozenset msgpack cannot carry), the unset ones as None so that the core's copy
+    still takes the model's generation_config defaults."""
+    fields = {f.name: None if f.name in sp.unset else getattr(sp, f.name)
+              for f in dataclasses.fields(SamplingParams) if f.init}
+    fields["stop_token_ids"] = list(sp.stop_token_ids)
+    return fields
+
+
 class AsyncEngine:
 
     def __init__(self, config: WorkerConfig, loop: asyncio.AbstractEventLoop,
@@ -98,7 +109,9 @@ class AsyncEngine:
         self.error: BaseException | None = None
         self.stopping = False  # the core was told to exit: its EOF is no failure
         self.num_finished = 0
-        self.load: list = [time.monotonic(), 0, 0, 0, 0, 0, 0, 0.0, 0]
+        # engine_core.load(): time, prompt tokens done, generated tokens, running, waiting, free
+        # blocks, total blocks, prefix hit rate, preemptions, prefix-cache queried and hit tokens
+        self.load: list = [time.monotonic(), 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0]
         # (time, prompt tokens done, generated tokens) samples for the rates in GetLoad
         self.history: collections.deque = collections.deque(maxlen=64)
         loop.add_reader(self.from_core.fileno(), self._on_readable)
@@ -127,9 +140,7 @@ class AsyncEngine:
         self.streams[stream.engine_id] = stream
         if owner is None:
             self.by_request_id[request_id] = stream
-        fields = {name: getattr(sp, name) for name in SamplingParams.__dataclass_fields__}
-        fields["stop_token_ids"] = list(sp.stop_token_ids)
-        self.adds.append([stream.engine_id, token_ids, fields])
+        self.adds.append([stream.engine_id, token_ids, sampling_fields(sp)])
         self._schedule_flush()
         return stream
 
@@ -138,9 +149,13 @@ class AsyncEngine:
         stream = self.by_request_id.get(request_id)
         if stream is None:
             return False
-        self.release(stream)
-        self._end(stream, RequestAborted(f"request {request_id!r} was aborted"))
+        self.abort_stream(stream)
         return True
+
+    def abort_stream(self, stream: Stream) -> None:
+        """Ends a live stream with RequestAborted (an operator's Abort) and frees its blocks."""
+        self.release(stream)
+        self._end(stream, RequestAborted(f"request {stream.request_id!r} was aborted"))
 
     def release(self, stream: Stream) -> None:
         """Forget a stream that ends early (cancelled, deadline, error, abort); the engine frees its
