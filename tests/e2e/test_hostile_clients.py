@@ -100,6 +100,20 @@ def unary_status(call: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.OK, ""
 
 
+def session_status(stub: worker_grpc.WorkerServiceStub, request: worker_pb2.GenerateTokensRequest
+                   ) -> tuple[grpc.StatusCode, str]:
+    """Sends one add on a WorkerService.Session stream; the status its request ended with."""
+    add = worker_pb2.SessionAdd(request=request)
+    for response in stub.Session(iter([worker_pb2.SessionRequest(adds=[add])]), timeout=120):
+        for out in response.outputs:
+            if out.error_code:
+                code = next(c for c in grpc.StatusCode if c.value[0] == out.error_code)
+                return code, out.error_message
+            if out.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
+                return grpc.StatusCode.OK, ""
+    return grpc.StatusCode.UNKNOWN, "the session ended without an output"
+
+
 def chat_request(num_messages: int) -> frontend_pb2.ChatRequest:
     request = frontend_pb2.ChatRequest()
     message = frontend_pb2.ChatMessage(role="user", content="hi")
@@ -156,6 +170,16 @@ def hostile_cases(frontend: grpc.Channel, worker: grpc.Channel) -> dict[str, Cal
                 timeout=120,
             )
         ),
+        "worker session: 1M stop_token_ids": lambda: session_status(
+            w,
+            worker_pb2.GenerateTokensRequest(
+                request_id="s1", prompt_token_ids=[1, 2],
+                sampling_params=SP(stop_token_ids=[1] * 1_000_000),
+            ),
+        ),
+        "worker session: 1M prompt ids": lambda: session_status(
+            w, worker_pb2.GenerateTokensRequest(request_id="s2", prompt_token_ids=[1] * 1_000_000)
+        ),
     }
 
 
@@ -168,6 +192,9 @@ EXPECTED = {
     "worker: 15M prompt ids": (INVALID, "more than any valid request (5 bytes * (max_model_len"),
     # 3M ids are more bytes than any valid request: refused before they are parsed
     "worker: 3M stop_token_ids": (INVALID, "more than any valid request"),
+    # a Session stream's messages carry many adds: each add's lists are bounded by their length
+    "worker session: 1M stop_token_ids": (INVALID, "at most 128 stop token ids, got 1000000"),
+    "worker session: 1M prompt ids": (INVALID, "the prompt has 1000000 tokens"),
 }
 
 
