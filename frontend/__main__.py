@@ -23,7 +23,8 @@ def preflight(config: FrontendConfig) -> FrontendConfig:
     the config with `--model tiny` resolved to its directory; raises ValueError naming the fix."""
     config = dataclasses.replace(config, model=resolve_model_dir(config.model, config.revision))
     check_tokenizer_files(config.model)
-    check_port_free(config.host, config.port)
+    if not config.reuse_port:  # with it, another frontend holding the port is the point
+        check_port_free(config.host, config.port)
     return config
 
 
