@@ -8,6 +8,7 @@ vocab_size) are not here: the worker reports them.
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from nanoserve.frontend.validation import DEFAULT_MAX_CHAT_MESSAGES, DEFAULT_MAX_STOP_TOKEN_IDS
 from nanoserve.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
 from nanoserve.log import parse_level
 from nanoserve.model_files import REVISION_HELP, check_model_name
@@ -82,6 +83,53 @@ class FrontendConfig:
         default=True, metadata={"help": "serve gRPC reflection (for grpcurl)"}
     )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
+    # ---- operating it in public: hostile-list bounds, TLS, tokens, metrics, request logs ----
+    max_stop_token_ids: int = field(
+        default=DEFAULT_MAX_STOP_TOKEN_IDS, metadata={"help": "most stop token ids per request"}
+    )
+    max_chat_messages: int = field(
+        default=DEFAULT_MAX_CHAT_MESSAGES, metadata={"help": "most messages in one Chat request"}
+    )
+    tls_cert_file: str | None = field(
+        default=None, metadata={"help": "PEM certificate chain: serve TLS (with tls_key_file)"}
+    )
+    tls_key_file: str | None = field(
+        default=None, metadata={"help": "PEM private key of tls_cert_file"}
+    )
+    tls_client_ca_file: str | None = field(
+        default=None,
+        metadata={"help": "PEM CA bundle: require client certificates it signed (mutual TLS)"},
+    )
+    api_keys_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "file of accepted bearer tokens, `KEY` or `TENANT KEY` a line; with this or "
+            "api_keys set, calls need `authorization: Bearer KEY` (health stays open)"
+        },
+    )
+    api_keys: str | None = field(
+        default=None,
+        metadata={"help": "comma-separated accepted bearer tokens (prefer the env variable)"},
+    )
+    metrics_port: int = field(
+        default=0, metadata={"help": "port of the Prometheus /metrics HTTP endpoint (0 = off)"}
+    )
+    log_format: str = field(
+        default="text", metadata={"help": "request log lines: text or json (one object a line)"}
+    )
+
+    def _check_operations_fields(self) -> None:
+        for name in ("max_stop_token_ids", "max_chat_messages"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file")
+        if not 0 <= self.metrics_port < 65536:
+            raise ValueError(f"metrics_port must be in [0, 65535], got {self.metrics_port}")
+        if self.log_format not in ("text", "json"):
+            raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
 
     def __post_init__(self) -> None:
         check_model_name(self.model)
@@ -111,3 +159,4 @@ class FrontendConfig:
                 f"worker_connect_timeout_s must be > 0, got {self.worker_connect_timeout_s}"
             )
         parse_level(self.log_level)
+        self._check_operations_fields()

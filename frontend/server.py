@@ -11,6 +11,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import grpc
 import grpc.aio
@@ -20,6 +21,7 @@ from grpc_reflection.v1alpha import reflection
 
 from nanoserve.frontend.config import FrontendConfig
 from nanoserve.frontend.detokenizer import Detokenizer
+from nanoserve.frontend.request_log import RequestLog, RequestSink, recorded
 from nanoserve.frontend.tokenizer import Tokenizer
 from nanoserve.frontend.validation import (
     Limits,
@@ -35,12 +37,10 @@ from nanoserve.frontend.worker_link import WorkerLink
 from nanoserve.errors import (
     AlreadyExists,
     FailedPrecondition,
-    Internal,
     InvalidArgument,
     ResourceExhausted,
-    ServiceError,
     Unavailable,
-    error_for_code,
+    worker_status_error,
     grpc_errors,
 )
 from nanoserve.grpc_options import server_options
@@ -49,6 +49,7 @@ from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+from nanoserve.security import ServerSecurity
 
 logger = logging.getLogger(__name__)
 
@@ -56,29 +57,9 @@ SERVICE_NAME = frontend_pb2.DESCRIPTOR.services_by_name["FrontendService"].full_
 # Batches of more ids than this (a slow client let the worker's messages pile up) are detokenized in
 # the tokenizer's thread pool so the event loop keeps serving other streams.
 DETOKENIZE_INLINE_MAX_IDS = 64
-# Worker statuses passed on to the client as they are; anything else becomes INTERNAL.
-_PASS_THROUGH = frozenset(
-    {
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.FAILED_PRECONDITION,
-        grpc.StatusCode.ALREADY_EXISTS,
-        grpc.StatusCode.OUT_OF_RANGE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.UNAVAILABLE,
-    }
-)
-
-
-_CODES = {code.value[0]: code for code in grpc.StatusCode}
-
-
-def _session_error(out: worker_pb2.SessionOutput) -> ServiceError:
-    """The error of a request the worker ended with a status (SessionOutput.error_code)."""
-    code = _CODES.get(out.error_code, grpc.StatusCode.UNKNOWN)
-    if code in _PASS_THROUGH:
-        return error_for_code(code, f"worker: {out.error_message}")
-    return Internal(f"worker failed the request ({code.name}: {out.error_message})")
+# A valid request is its prompt (<= max_prompt_bytes) plus at most this much: ids within
+# max_model_len, bounded stop lists, parameters. Larger ones are refused before they are parsed.
+REQUEST_OVERHEAD_BYTES = 1024 * 1024
 
 
 class FrontendServicer(frontend_grpc.FrontendServiceServicer):
@@ -90,6 +71,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         self.draining = False
         self._live_request_ids: set[str] = set()
         self._worker_ids = itertools.count()
+        self.request_sinks: list[RequestSink] = []  # called with each ended Generate/Chat call
 
     def _limits(self) -> tuple[Limits, worker_pb2.WorkerServiceGetModelInfoResponse]:
         if self.draining:
@@ -101,6 +83,8 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
             max_stop_strings=self.config.max_stop_strings,
             max_stop_string_length=self.config.max_stop_string_length,
             max_prompt_bytes=self.config.max_prompt_bytes,
+            max_stop_token_ids=self.config.max_stop_token_ids,
+            max_chat_messages=self.config.max_chat_messages,
         ), info
 
     @contextlib.contextmanager
@@ -121,6 +105,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
             self.num_in_flight -= 1
             self._live_request_ids.discard(request_id)
 
+    @recorded
     @grpc_errors
     async def Generate(
         self, request: frontend_pb2.GenerateRequest, context: grpc.aio.ServicerContext
@@ -131,7 +116,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         if request.prompt and request.prompt_token_ids:
             raise InvalidArgument("set exactly one of prompt and prompt_token_ids", field="prompt")
         if request.prompt_token_ids:
-            validate_prompt_token_ids(list(request.prompt_token_ids), limits, "prompt_token_ids")
+            validate_prompt_token_ids(request.prompt_token_ids, limits, "prompt_token_ids")
         else:
             validate_text(request.prompt, limits, "prompt")
         validate_sampling_params(request.sampling_params, limits)
@@ -150,6 +135,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
             ):
                 yield frontend_pb2.GenerateResponse(**fields)
 
+    @recorded
     @grpc_errors
     async def Chat(
         self, request: frontend_pb2.ChatRequest, context: grpc.aio.ServicerContext
@@ -157,8 +143,8 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         """Applies the chat template to the messages and streams the reply."""
         limits, _ = self._limits()
         validate_request_id(request.request_id)
+        validate_messages(request.messages, limits)  # counted before any message is read
         messages = [(m.role, m.content) for m in request.messages]
-        validate_messages(messages, limits)
         validate_sampling_params(request.sampling_params, limits)
         if not self.tokenizer.has_chat_template:
             raise FailedPrecondition("the model's tokenizer_config.json has no chat template")
@@ -183,7 +169,8 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                 f"longer than max_prompt_bytes ({self.config.max_prompt_bytes})", field="text"
             )
         add_special = not request.HasField("add_special_tokens") or request.add_special_tokens
-        token_ids = await self.tokenizer.encode_async(request.text, add_special)
+        with self._admit(""):  # a Tokenize call holds a tokenizer thread like a Generate call
+            token_ids = await self.tokenizer.encode_async(request.text, add_special)
         return frontend_pb2.TokenizeResponse(token_ids=token_ids)
 
     @grpc_errors
@@ -212,7 +199,6 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
     ) -> AsyncIterator[dict]:
         """Runs one request on the worker; yields the fields of each response message.
         `prompt_field` names the request field the prompt came from, for errors."""
-        start = time.perf_counter()
         max_tokens = resolve_max_tokens(params, len(prompt_ids), limits, prompt_field=prompt_field)
         worker_request = worker_pb2.GenerateTokensRequest(
             # unique in this process (the client's id alone may be reused by another client once
@@ -237,14 +223,12 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         session = self.link.session
         pending = session.start(worker_request, timeout)
         completion_tokens = 0
-        ttft = None
         try:
             while True:
                 ids, last = await pending.take()
                 pending.min_ids = self.config.stream_interval
-                ttft = ttft if ttft is not None else time.perf_counter() - start
                 if last is not None and last.error_code:
-                    raise _session_error(last)
+                    raise worker_status_error(last.error_code, last.error_message)
                 finished = last is not None
                 # A stop token's text stays out of the output, like a stop string's (vLLM).
                 skip_last = (
@@ -278,18 +262,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                             prompt_tokens=len(prompt_ids), completion_tokens=completion_tokens
                         ),
                     )
-                if "finish_reason" in fields:
-                    logger.info(
-                        "request %s (worker id %s) finished (%s): %d prompt + %d completion "
-                        "tokens, ttft %.3f s, total %.3f s",
-                        request_id,
-                        worker_request.request_id,
-                        common_pb2.FinishReason.Name(fields["finish_reason"]),
-                        len(prompt_ids),
-                        fields["usage"].completion_tokens,
-                        ttft,
-                        time.perf_counter() - start,
-                    )
+                if "finish_reason" in fields:  # request_log.recorded logs the request's end
                     yield fields
                     return
                 if fields["text"] or fields["token_ids"]:
@@ -315,10 +288,30 @@ class FrontendServer:
             max_message_bytes=config.max_message_bytes,
         )
         self.servicer = FrontendServicer(config, self.tokenizer, self.link)
+        self.servicer.request_sinks.append(RequestLog(config.log_format))
+        self.metrics = self.metrics_server = None
+        if config.metrics_port:  # prometheus_client is imported (and paid for) only when asked for
+            from nanoserve.frontend.metrics import FrontendMetrics
+
+            self.metrics = FrontendMetrics(Path(model_dir).name)
+            self.metrics.track_in_flight(lambda: self.servicer.num_in_flight)
+            self.servicer.request_sinks.append(self.metrics.observe)
+        self.security = ServerSecurity.load(
+            config.tls_cert_file,
+            config.tls_key_file,
+            config.tls_client_ca_file,
+            config.api_keys_file,
+            config.api_keys,
+        )
         options = server_options(config.max_message_bytes)
         if config.reuse_port:  # several frontend processes on one port
             options = [o for o in options if o[0] != "grpc.so_reuseport"] + [("grpc.so_reuseport", 1)]
-        self.server = grpc.aio.server(options=options)
+        self.server = grpc.aio.server(
+            interceptors=self.security.interceptors(
+                config.max_prompt_bytes + REQUEST_OVERHEAD_BYTES, "max_prompt_bytes + 1 MiB"
+            ),
+            options=options,
+        )
         frontend_grpc.add_FrontendServiceServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if config.enable_reflection:
@@ -345,10 +338,16 @@ class FrontendServer:
         """Binds and starts serving (NOT_SERVING until the worker answers); returns the port."""
         await self._on_worker_ready(False)
         host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
-        self.port = self.server.add_insecure_port(f"{host}:{self.config.port}")
+        self.port = self.security.add_port(self.server, self.config.host, self.config.port)
         if self.port == 0:
             raise RuntimeError(f"could not bind {host}:{self.config.port}")
         await self.server.start()
+        if self.config.metrics_port:
+            from nanoserve.metrics_endpoint import serve_metrics
+
+            self.metrics_server = serve_metrics(
+                self.metrics.registry, self.config.metrics_port, self.config.host
+            )
         self.link.start()
         logger.info("frontend listening on %s:%d", host, self.port)
         return self.port
@@ -365,5 +364,7 @@ class FrontendServer:
             await asyncio.sleep(0.05)
         await self.server.stop(min(1.0, max(0.0, deadline - time.monotonic())))
         await self.link.close()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
         if self._owns_tokenizer:
             self.tokenizer.close()

@@ -4,15 +4,22 @@ Each check raises shared.errors.InvalidArgument naming the offending field (stat
 INVALID_ARGUMENT); the servicer calls these before admission and tokenization costs anything.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from nanoserve.errors import InvalidArgument
+from nanoserve.errors import InvalidArgument, echo
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.sampling_rules import RULES, violations
 
 INT64_MAX = 2**63 - 1
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
 MAX_REQUEST_ID_LENGTH = 128
+MAX_ROLE_LENGTH = 32  # longer than any of CHAT_ROLES: refused before the role is compared or echoed
+# Defaults of the FrontendConfig fields of the same names (a hostile list is refused by its length,
+# before a single element is read).
+DEFAULT_MAX_STOP_TOKEN_IDS = 128
+DEFAULT_MAX_CHAT_MESSAGES = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +31,8 @@ class Limits:
     max_stop_strings: int
     max_stop_string_length: int
     max_prompt_bytes: int
+    max_stop_token_ids: int = DEFAULT_MAX_STOP_TOKEN_IDS
+    max_chat_messages: int = DEFAULT_MAX_CHAT_MESSAGES
 
 
 def validate_sampling_params(
@@ -47,6 +56,11 @@ def validate_sampling_params(
                 f"longer than {limits.max_stop_string_length} characters",
                 field=f"{prefix}.stop[{i}]",
             )
+    if len(params.stop_token_ids) > limits.max_stop_token_ids:
+        raise InvalidArgument(
+            f"at most {limits.max_stop_token_ids} stop token ids, got {len(params.stop_token_ids)}",
+            field=f"{prefix}.stop_token_ids",
+        )
     for i, token_id in enumerate(params.stop_token_ids):
         if token_id >= limits.vocab_size:
             raise InvalidArgument(
@@ -85,9 +99,16 @@ def resolve_max_tokens(
     return max_tokens
 
 
-def validate_prompt_token_ids(token_ids: list[int], limits: Limits, field: str) -> None:
+def validate_prompt_token_ids(token_ids: Sequence[int], limits: Limits, field: str) -> None:
+    """Checks the length before reading an id: a 15M-id list costs one len() (the proto's repeated
+    field answers it without a walk), not a 15M-step loop."""
     if not token_ids:
         raise InvalidArgument("must not be empty", field=field)
+    if len(token_ids) >= limits.max_model_len:
+        raise InvalidArgument(
+            f"{len(token_ids)} tokens leave no room in max_model_len {limits.max_model_len}",
+            field=field,
+        )
     for i, token_id in enumerate(token_ids):
         if token_id >= limits.vocab_size:
             raise InvalidArgument(
@@ -105,22 +126,29 @@ def validate_text(text: str, limits: Limits, field: str, allow_empty: bool = Fal
         )
 
 
-def validate_messages(messages: list[tuple[str, str]], limits: Limits) -> None:
-    """Checks chat (role, content) pairs: at least one, known roles, bounded total size."""
+def validate_messages(messages: Sequence[Any], limits: Limits) -> None:
+    """Checks chat messages, (role, content) pairs or ChatMessage protos: at least one, at most
+    max_chat_messages (counted before any is read), known roles, bounded total size."""
     if not messages:
         raise InvalidArgument("must hold at least one message", field="messages")
+    if len(messages) > limits.max_chat_messages:
+        raise InvalidArgument(
+            f"at most {limits.max_chat_messages} messages, got {len(messages)}", field="messages"
+        )
     total = 0
-    for i, (role, content) in enumerate(messages):
-        if role not in CHAT_ROLES:
+    for i, message in enumerate(messages):
+        role, content = (message.role, message.content) if hasattr(message, "role") else message
+        if len(role) > MAX_ROLE_LENGTH or role not in CHAT_ROLES:
             raise InvalidArgument(
-                f"must be one of {sorted(CHAT_ROLES)}, got {role!r}", field=f"messages[{i}].role"
+                f"must be one of {sorted(CHAT_ROLES)}, got {echo(role)}",
+                field=f"messages[{i}].role",
             )
         total += len(content.encode("utf-8", errors="surrogatepass"))
-    if total > limits.max_prompt_bytes:
-        raise InvalidArgument(
-            f"contents total {total} bytes > max_prompt_bytes ({limits.max_prompt_bytes})",
-            field="messages",
-        )
+        if total > limits.max_prompt_bytes:
+            raise InvalidArgument(
+                f"contents total more than max_prompt_bytes ({limits.max_prompt_bytes})",
+                field=f"messages[{i}].content",
+            )
 
 
 def validate_request_id(request_id: str) -> None:

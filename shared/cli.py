@@ -71,6 +71,12 @@ def _serve_parser() -> argparse.ArgumentParser:
         "--worker-port", type=int, default=0, help="worker port on 127.0.0.1 (default: any free)"
     )
     parser.add_argument(
+        "--worker-metrics-port",
+        type=int,
+        default=0,
+        help="worker /metrics port on 127.0.0.1, 0 = off (--metrics-port is the frontend's)",
+    )
+    parser.add_argument(
         "--demo",
         metavar="PROMPT",
         help="once serving, stream one chat reply to PROMPT to the terminal, then keep serving",
@@ -80,8 +86,12 @@ def _serve_parser() -> argparse.ArgumentParser:
         default="",
         help='more frontend flags as one string, e.g. "--max-concurrent-requests 64"',
     )
-    add_config_args(parser, WorkerConfig, title="worker", skip=SERVE_OWNS, only_given=True)
-    shared = {"log_level", "grace_period_s", "max_message_bytes", "revision"}  # worker section
+    # metrics_port: the frontend section's; the worker's is --worker-metrics-port
+    add_config_args(
+        parser, WorkerConfig, title="worker", skip={*SERVE_OWNS, "metrics_port"}, only_given=True
+    )
+    shared = {  # in the worker section, given to both services
+        "log_level", "grace_period_s", "max_message_bytes", "revision", "max_stop_token_ids"}
     add_config_args(
         parser, FrontendConfig, title="frontend", skip={*SERVE_OWNS, *shared}, only_given=True
     )
@@ -103,6 +113,9 @@ def serve_argvs(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], lis
     for name in SERVE_OWNS:
         worker_values.pop(name, None)
         frontend_values.pop(name, None)
+    worker_values.pop("metrics_port", None)
+    if args.worker_metrics_port:
+        worker_values["metrics_port"] = args.worker_metrics_port
     worker_argv = [
         *("--model", args.model, "--host", "127.0.0.1", "--port", str(args.worker_port)),
         *config_argv(worker_values),

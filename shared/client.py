@@ -4,6 +4,8 @@
         print(client.generate("The capital of France is", max_tokens=16, temperature=0).text)
 
 Failed calls raise the typed errors of shared.errors (InvalidArgument, ResourceExhausted, ...).
+TLS: `root_certificates=` (a PEM path or bytes; True for the system's roots), plus `client_cert=`
+and `client_key=` for mutual TLS; `token=` sends `authorization: Bearer <token>` on every call.
 """
 
 import asyncio
@@ -21,6 +23,7 @@ from nanoserve.grpc_options import DEFAULT_MAX_MESSAGE_BYTES, channel_options
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
+from nanoserve.security import PemSource, bearer_metadata, channel_credentials
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 SERVICE_NAME = "nanoserve.v1.FrontendService"
@@ -184,10 +187,22 @@ class Client:
         address: str = DEFAULT_ADDRESS,
         timeout: float | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        *,
+        root_certificates: PemSource | bool | None = None,
+        client_cert: PemSource | None = None,
+        client_key: PemSource | None = None,
+        token: str | None = None,
     ) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+        self._metadata = bearer_metadata(token)
+        options = channel_options(max_message_bytes)
+        credentials = channel_credentials(root_certificates, client_cert, client_key)
+        self._channel = (
+            grpc.insecure_channel(address, options=options)
+            if credentials is None
+            else grpc.secure_channel(address, credentials, options=options)
+        )
         self._stub = frontend_grpc.FrontendServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
@@ -202,12 +217,18 @@ class Client:
 
     def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
         try:
-            return method(request, timeout=self.timeout if timeout is None else timeout)
+            return method(
+                request,
+                timeout=self.timeout if timeout is None else timeout,
+                metadata=self._metadata,
+            )
         except grpc.RpcError as e:
             raise error_from_rpc(e) from None
 
     def _stream(self, method: Any, request: Any, timeout: float | None) -> Iterator[Chunk]:
-        call = method(request, timeout=self.timeout if timeout is None else timeout)
+        call = method(
+            request, timeout=self.timeout if timeout is None else timeout, metadata=self._metadata
+        )
         try:
             for response in call:
                 yield to_chunk(response)
@@ -293,11 +314,21 @@ class AsyncClient:
         address: str = DEFAULT_ADDRESS,
         timeout: float | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        *,
+        root_certificates: PemSource | bool | None = None,
+        client_cert: PemSource | None = None,
+        client_key: PemSource | None = None,
+        token: str | None = None,
     ) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(
-            address, options=channel_options(max_message_bytes)
+        self._metadata = bearer_metadata(token)
+        options = channel_options(max_message_bytes)
+        credentials = channel_credentials(root_certificates, client_cert, client_key)
+        self._channel = (
+            grpc.aio.insecure_channel(address, options=options)
+            if credentials is None
+            else grpc.aio.secure_channel(address, credentials, options=options)
         )
         self._stub = frontend_grpc.FrontendServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
@@ -313,14 +344,20 @@ class AsyncClient:
 
     async def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
         try:
-            return await method(request, timeout=self.timeout if timeout is None else timeout)
+            return await method(
+                request,
+                timeout=self.timeout if timeout is None else timeout,
+                metadata=self._metadata,
+            )
         except grpc.aio.AioRpcError as e:
             raise error_from_rpc(e) from None
 
     async def _stream(
         self, method: Any, request: Any, timeout: float | None
     ) -> AsyncIterator[Chunk]:
-        call = method(request, timeout=self.timeout if timeout is None else timeout)
+        call = method(
+            request, timeout=self.timeout if timeout is None else timeout, metadata=self._metadata
+        )
         try:
             async for response in call:
                 yield to_chunk(response)

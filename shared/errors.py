@@ -13,7 +13,21 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from nanoserve.request_decoding import Undecodable, refuse
+
 logger = logging.getLogger(__name__)
+
+# Details past this are cut: a status's details travel in one HTTP/2 header block, and one that
+# overflows it turns a permanent INVALID_ARGUMENT into a retryable RESOURCE_EXHAUSTED.
+MAX_DETAILS_CHARS = 1024
+ECHO_CHARS = 64
+
+
+def echo(value: str, limit: int = ECHO_CHARS) -> str:
+    """repr() of a client-sent value for an error message, cut to `limit` characters."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
 
 
 class ServiceError(Exception):
@@ -22,6 +36,8 @@ class ServiceError(Exception):
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
 
     def __init__(self, message: str = "") -> None:
+        if len(message) > MAX_DETAILS_CHARS:
+            message = message[: MAX_DETAILS_CHARS - 15] + "... (truncated)"
         super().__init__(message)
         self.message = message
 
@@ -138,6 +154,45 @@ def error_from_rpc(error: grpc.RpcError) -> ServiceError:
     return converted
 
 
+# What the frontend passes on from a failed worker call as it is: the client can act on these.
+_RELAYED_WORKER_CODES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.ABORTED,  # an operator's WorkerService.Abort: do not retry as is
+    }
+)
+
+
+def error_from_worker(error: grpc.RpcError) -> ServiceError:
+    """The frontend's error for a failed worker call: the codes a client can act on pass through
+    (details prefixed "worker: "), CANCELLED by the worker itself (shutting down) becomes
+    UNAVAILABLE, anything else INTERNAL without the worker's details."""
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    details = error.details() if hasattr(error, "details") else ""
+    return worker_status_error(code, details or "")
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def worker_status_error(code: grpc.StatusCode | int, details: str) -> ServiceError:
+    """error_from_worker for a status given as its parts (a Session output's error_code and
+    error_message, or a failed call's code and details)."""
+    if isinstance(code, int):
+        code = _CODES.get(code, grpc.StatusCode.UNKNOWN)
+    if code in _RELAYED_WORKER_CODES:
+        return error_for_code(code, f"worker: {details}")
+    if code == grpc.StatusCode.CANCELLED:
+        return Unavailable("worker cancelled the request")
+    return Internal(f"worker failed the request ({code.name})")
+
+
 async def abort(context: grpc.aio.ServicerContext, error: ServiceError) -> None:
     """Ends the RPC with the error's status; raises grpc.aio.AbortError like context.abort."""
     await context.abort(error.code, error.message)
@@ -146,7 +201,8 @@ async def abort(context: grpc.aio.ServicerContext, error: ServiceError) -> None:
 def grpc_errors(handler: Callable) -> Callable:
     """Decorates an async servicer method (unary or async-generator) so that a ServiceError ends the
     RPC with its status and any other exception with INTERNAL, logged here, without the traceback in
-    the details. Cancellation (asyncio.CancelledError) passes through untouched."""
+    the details. Cancellation (asyncio.CancelledError) passes through untouched. A request that
+    DecodeErrorInterceptor could not parse gets INVALID_ARGUMENT before the method runs."""
     name = handler.__qualname__
 
     async def on_error(context: grpc.aio.ServicerContext, error: Exception) -> None:
@@ -159,6 +215,8 @@ def grpc_errors(handler: Callable) -> Callable:
 
         @functools.wraps(handler)
         async def stream_wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext):
+            if isinstance(request, Undecodable):  # see DecodeErrorInterceptor
+                await refuse(name, request, context)
             try:
                 async for response in handler(self, request, context):
                     yield response
@@ -167,10 +225,13 @@ def grpc_errors(handler: Callable) -> Callable:
             except Exception as e:  # noqa: BLE001 - every failure becomes a status
                 await on_error(context, e)
 
+        stream_wrapper.refuses_undecodable = True
         return stream_wrapper
 
     @functools.wraps(handler)
     async def unary_wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext):
+        if isinstance(request, Undecodable):
+            await refuse(name, request, context)
         try:
             return await handler(self, request, context)
         except grpc.aio.AbortError:
@@ -178,4 +239,5 @@ def grpc_errors(handler: Callable) -> Callable:
         except Exception as e:  # noqa: BLE001
             await on_error(context, e)
 
+    unary_wrapper.refuses_undecodable = True
     return unary_wrapper

@@ -104,7 +104,9 @@ class AsyncEngine:
         self.error: BaseException | None = None
         self.stopping = False  # the core was told to exit: its EOF is no failure
         self.num_finished = 0
-        self.load: list = [time.monotonic(), 0, 0, 0, 0, 0, 0, 0.0, 0]
+        # engine_core.load(): time, prompt tokens done, generated tokens, running, waiting, free
+        # blocks, total blocks, prefix hit rate, preemptions, prefix-cache queried and hit tokens
+        self.load: list = [time.monotonic(), 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0]
         # (time, prompt tokens done, generated tokens) samples for the rates in GetLoad
         self.history: collections.deque = collections.deque(maxlen=64)
         loop.add_reader(self.from_core.fileno(), self._on_readable)
@@ -143,9 +145,13 @@ class AsyncEngine:
         stream = self.by_request_id.get(request_id)
         if stream is None:
             return False
-        self.release(stream)
-        self._end(stream, RequestAborted(f"request {request_id!r} was aborted"))
+        self.abort_stream(stream)
         return True
+
+    def abort_stream(self, stream: Stream) -> None:
+        """Ends a live stream with RequestAborted (an operator's Abort) and frees its blocks."""
+        self.release(stream)
+        self._end(stream, RequestAborted(f"request {stream.request_id!r} was aborted"))
 
     def release(self, stream: Stream) -> None:
         """Forget a stream that ends early (cancelled, deadline, error, abort); the engine frees its

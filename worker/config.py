@@ -171,9 +171,20 @@ class WorkerConfig(EngineConfig):
             "waiting, KV use, throughput, prefix hit rate); 0: off"
         },
     )
+    # ---- operating it: hostile-list bounds and metrics ----
+    max_stop_token_ids: int = field(
+        default=128, metadata={"help": "most stop token ids per request"}
+    )
+    metrics_port: int = field(
+        default=0, metadata={"help": "port of the Prometheus /metrics HTTP endpoint (0 = off)"}
+    )
 
     def __post_init__(self):
         super(WorkerConfig, self).__post_init__()
+        if self.max_stop_token_ids < 0:
+            raise ValueError(f"max_stop_token_ids must be >= 0, got {self.max_stop_token_ids}")
+        if not 0 <= self.metrics_port < 65536:
+            raise ValueError(f"metrics_port must be in [0, 65535], got {self.metrics_port}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.max_queued_requests < 1:

@@ -65,7 +65,7 @@ class EngineCore:
         e, s, bm = self.engine, self.engine.scheduler, self.engine.block_manager
         return [time.monotonic(), e.num_prompt_tokens_done, e.num_generated_tokens, len(s.running),
                 len(s.waiting), bm.num_free_blocks, bm.num_blocks, bm.prefix_cache_hit_rate,
-                s.num_preemptions]
+                s.num_preemptions, bm.num_queried_tokens, bm.num_hit_tokens]
 
     def apply(self, data: bytes) -> None:
         from nanoserve.worker.sampling_params import SamplingParams

@@ -12,15 +12,17 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from nanoserve.errors import InvalidArgument, ResourceExhausted, Unavailable, grpc_errors
+from nanoserve.errors import InvalidArgument, ResourceExhausted, Unavailable, echo, grpc_errors
 from nanoserve.grpc_options import server_options
 from nanoserve.model_files import tokenizer_digest
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
+from nanoserve.request_decoding import DecodeErrorInterceptor
 from nanoserve.worker.async_engine import AsyncEngine
 from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.request_proto import sampling_params_from_proto, set_finish, stream_error
 from nanoserve.worker.session import WorkerSession, run_session
+from nanoserve.worker.validation import check_request_sizes, max_request_bytes
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME = "nanoserve.v1.WorkerService"
@@ -31,6 +33,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         self.config = config
         self.engine: AsyncEngine | None = None  # set once the model is loaded
         self.draining = False
+        self.sessions: set[WorkerSession] = set()  # open Session streams, for Abort
         self.digest = tokenizer_digest(config.model) if config.model else ""
 
     def _ready(self) -> AsyncEngine:
@@ -49,6 +52,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         if engine.num_requests >= self.config.max_queued_requests:
             raise ResourceExhausted(f"{engine.num_requests} requests are in flight "
                                     f"(max_queued_requests={self.config.max_queued_requests})")
+        check_request_sizes(request, engine.limits.max_model_len, self.config.max_stop_token_ids)
         token_ids = list(request.prompt_token_ids)
         request_id = request.request_id or uuid.uuid4().hex
         try:
@@ -78,15 +82,28 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
     @grpc_errors
     async def Session(self, request_iterator, context):
         """Many requests of one frontend on one stream; its end aborts them all (worker.session)."""
-        session = WorkerSession(self._ready(), self.config.max_queued_requests, self._ready)
-        async for response in run_session(session, request_iterator):
-            yield response
+        session = WorkerSession(self._ready(), self.config.max_queued_requests, self._ready,
+                                self.config.max_stop_token_ids)
+        self.sessions.add(session)
+        try:
+            async for response in run_session(session, request_iterator):
+                yield response
+        finally:
+            self.sessions.discard(session)
 
     @grpc_errors
     async def Abort(self, request, context):
-        """Abort requests by id; unknown ids are ignored."""
+        """Abort requests by id, on GenerateTokens calls and Session streams (where the frontend's
+        `id#n` answers to the client's `id`); they end ABORTED. Unknown ids are ignored."""
         engine = self._ready()
-        return worker_pb2.AbortResponse(num_aborted=sum(engine.abort(r) for r in request.request_ids))
+        num_aborted = 0
+        for request_id in request.request_ids:
+            num_aborted += engine.abort(request_id)
+            num_aborted += sum(s.abort_by_operator(request_id) for s in self.sessions)
+        if num_aborted:
+            logger.info("aborted %d requests by operator: %s", num_aborted,
+                        ", ".join(echo(r) for r in request.request_ids[:8]))
+        return worker_pb2.AbortResponse(num_aborted=num_aborted)
 
     @grpc_errors
     async def GetModelInfo(self, request, context):
@@ -106,7 +123,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         """Queue lengths, KV blocks, prefix-cache hit rate and recent throughput, as of the engine
         core's latest frame (sent every step, and when it goes idle)."""
         a = self._ready()
-        _, _, _, running, waiting, free, total, hit_rate, preemptions = a.load
+        running, waiting, free, total, hit_rate, preemptions = a.load[3:9]
         prompt_rate, gen_rate = a.rates()
         return worker_pb2.GetLoadResponse(
             num_running=running, num_waiting=waiting, num_free_blocks=free, num_total_blocks=total,
@@ -118,7 +135,9 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
 async def serve(config: WorkerConfig) -> int:
     """Run the worker until SIGTERM/SIGINT (exit 0) or an engine failure (exit 1)."""
     loop = asyncio.get_running_loop()
-    server = grpc.aio.server(options=server_options(config.max_message_bytes))
+    too_large = max_request_bytes(config.max_model_len, config.max_stop_token_ids)
+    guard = DecodeErrorInterceptor(too_large, "5 bytes * (max_model_len + max_stop_token_ids)")
+    server = grpc.aio.server(interceptors=[guard], options=server_options(config.max_message_bytes))
     servicer = WorkerServicer(config)
     worker_grpc.add_WorkerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
@@ -130,6 +149,9 @@ async def serve(config: WorkerConfig) -> int:
         raise ValueError(f"port: cannot bind {config.host}:{config.port}")
     await server.start()
     print(f"worker listening on {config.host}:{port}", flush=True)
+    if config.metrics_port:  # prometheus_client is imported only when asked for
+        from nanoserve.worker.metrics import serve_worker_metrics
+        serve_worker_metrics(servicer, Path(config.model).name, config.metrics_port, config.host)
 
     stop = asyncio.Event()
     exit_code = 0

@@ -16,6 +16,7 @@ from nanoserve.errors import (
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.worker.async_engine import AsyncEngine, Collector, Stream
 from nanoserve.worker.request_proto import sampling_params_from_proto, set_finish, stream_error
+from nanoserve.worker.validation import DEFAULT_MAX_STOP_TOKEN_IDS, check_list_sizes
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +28,10 @@ class WorkerSession:
     outputs not yet written."""
 
     def __init__(self, engine: AsyncEngine, max_queued_requests: int,
-                 check_ready: Callable[[], AsyncEngine]):
+                 check_ready: Callable[[], AsyncEngine],
+                 max_stop_token_ids: int = DEFAULT_MAX_STOP_TOKEN_IDS):
         self.engine, self.max_queued_requests = engine, max_queued_requests
+        self.max_stop_token_ids = max_stop_token_ids  # lists bounded before they are walked
         self.check_ready = check_ready  # raises UNAVAILABLE while draining or once the engine died
         self.loop = asyncio.get_running_loop()
         self.collector = Collector()
@@ -65,6 +68,7 @@ class WorkerSession:
             if engine.num_requests >= self.max_queued_requests:
                 raise ResourceExhausted(f"{engine.num_requests} requests are in flight "
                                         f"(max_queued_requests={self.max_queued_requests})")
+            check_list_sizes(request, engine.limits.max_model_len, self.max_stop_token_ids)
             token_ids = list(request.prompt_token_ids)
             try:
                 sp = sampling_params_from_proto(request.sampling_params, len(token_ids),
@@ -95,6 +99,15 @@ class WorkerSession:
         if timer is not None:
             timer.cancel()
         return True
+
+    def abort_by_operator(self, request_id: str) -> int:
+        """WorkerService.Abort: ends the live requests named `request_id`, or `request_id#n` as
+        the frontend names them, with ABORTED (their outputs are written as errors)."""
+        named = [stream for live_id, stream in self.live.items()
+                 if live_id == request_id or live_id.rpartition("#")[0] == request_id]
+        for stream in named:
+            self.engine.abort_stream(stream)  # take_outputs ends it, and its timer
+        return len(named)
 
     def expire(self, request_id: str) -> None:
         self.timers.pop(request_id, None)

@@ -94,3 +94,16 @@ def test_an_add_and_its_abort_in_one_frame_leave_nothing_running(core) -> None:
     frames = read_until(from_core, idle)
     assert [f[0] for f in frames] == [engine_core.LOAD]  # never stepped
     assert c.engine.requests == {}
+
+
+def test_sampling_fields_cross_the_pipe_with_unset_kept():
+    """An add frame carries SamplingParams (its `unset` frozenset cannot be packed): the core's
+    rebuilt copy equals the server's and still knows which fields the request left unset."""
+    from nanoserve.worker.sampling_params import SamplingParams
+
+    sp = SamplingParams(temperature=None, top_k=5, max_tokens=7, stop_token_ids=(3, 4))
+    frame = engine_core.add_frame([[0, [1, 2], sp.as_fields()]], [], exit_=False)
+    [[_, _, fields]], _, _ = engine_core.decode(frame)
+    rebuilt = SamplingParams(**fields)
+    assert rebuilt == sp
+    assert rebuilt.unset == sp.unset and "temperature" in rebuilt.unset

@@ -226,6 +226,21 @@ def test_serve_splits_flags_between_the_services(qwen_dir: Path, monkeypatch) ->
     assert args.model == str(qwen_dir)
 
 
+def test_serve_gives_each_service_its_metrics_port(qwen_dir: Path, monkeypatch) -> None:
+    """Both configs have metrics_port and max_stop_token_ids: `serve` has one flag for the shared
+    bound (both services get it) and one port per service (they cannot share one)."""
+    monkeypatch.setattr(cli, "check_port_free", lambda *a, **k: None)
+    _, worker_argv, frontend_argv = cli.serve_argvs(
+        ["--model", str(qwen_dir), "--metrics-port", "9100", "--worker-metrics-port", "9101",
+         "--max-stop-token-ids", "64"]
+    )
+    def flags(argv: list[str]) -> dict[str, str]:
+        return dict(zip(argv[6::2], argv[7::2]))
+
+    assert flags(worker_argv) == {"--max-stop-token-ids": "64", "--metrics-port": "9101"}
+    assert flags(frontend_argv) == {"--max-stop-token-ids": "64", "--metrics-port": "9100"}
+
+
 def test_serve_without_model_names_tiny(monkeypatch) -> None:
     monkeypatch.setattr(cli, "check_port_free", lambda *a, **k: None)
     _, worker_argv, frontend_argv = cli.serve_argvs([])

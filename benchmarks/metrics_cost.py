@@ -1,0 +1,75 @@
+"""`python -m nanoserve.benchmarks.metrics_cost`: what recording one ended request costs on the
+frontend's event loop (FrontendMetrics.observe and the request log line), and what one /metrics
+scrape of each service costs. Compare with the frontend's per-message cost (~55-65 us, reviews).
+Prints figures, asserts nothing.
+"""
+
+import argparse
+import json
+import logging
+import time
+
+from prometheus_client import generate_latest
+
+from nanoserve.frontend.metrics import FrontendMetrics
+from nanoserve.frontend.request_log import RequestLog, RequestRecord
+from nanoserve.proto.v1 import common_pb2
+from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
+from nanoserve.worker.metrics import WorkerLoad, worker_registry
+
+
+def ended_request(num_chunks: int) -> RequestRecord:
+    record = RequestRecord("bench", "Generate", "ipv4:127.0.0.1:1", start=time.perf_counter())
+    for _ in range(num_chunks - 1):
+        record.add(frontend_pb2.GenerateResponse(token_ids=[1]))
+    last = frontend_pb2.GenerateResponse(
+        token_ids=[2], finish_reason=common_pb2.FINISH_REASON_LENGTH
+    )
+    last.usage.prompt_tokens, last.usage.completion_tokens = 100, num_chunks
+    record.add(last)
+    record.code, record.end = "OK", time.perf_counter()
+    return record
+
+
+def per_call_us(fn, n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return 1e6 * (time.perf_counter() - start) / n
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m nanoserve.benchmarks.metrics_cost", description=__doc__
+    )
+    p.add_argument("--requests", type=int, default=20_000)
+    p.add_argument("--tokens", type=int, default=128, help="streamed chunks per request")
+    args = p.parse_args(argv)
+    logging.getLogger("nanoserve.requests").addHandler(logging.NullHandler())
+    logging.getLogger("nanoserve.requests").propagate = False
+    logging.getLogger("nanoserve.requests").setLevel(logging.INFO)
+    record = ended_request(args.tokens)
+    metrics = FrontendMetrics("bench")
+    chunk = frontend_pb2.GenerateResponse(token_ids=[1])
+    fresh = RequestRecord("bench", "Generate", "peer")
+    text_log, json_log = RequestLog("text"), RequestLog("json")
+    for _ in range(200):  # populate the histograms' label children
+        metrics.observe(record)
+    load = WorkerLoad(8, 2, 300, 512, 10_000, 4_000, 3, 9_000, 50_000, 600)
+    worker = worker_registry("bench", lambda: load)
+    res = dict(
+        bench="metrics_cost",
+        record_add_per_chunk_us=round(per_call_us(lambda: fresh.add(chunk), args.requests), 3),
+        observe_per_request_us=round(per_call_us(lambda: metrics.observe(record), args.requests), 2),
+        log_text_per_request_us=round(per_call_us(lambda: text_log(record), args.requests), 2),
+        log_json_per_request_us=round(per_call_us(lambda: json_log(record), args.requests), 2),
+        frontend_scrape_ms=round(
+            per_call_us(lambda: generate_latest(metrics.registry), 200) / 1e3, 3
+        ),
+        worker_scrape_ms=round(per_call_us(lambda: generate_latest(worker), 200) / 1e3, 3),
+    )
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""Hostile-input bounds and the statuses a client can act on, without processes: lists are refused
+by their length before an element is read, echoed values and details are capped, worker statuses
+map to the frontend's, and the token check's key table and comparison."""
+
+import grpc
+import pytest
+
+from nanoserve.errors import (
+    MAX_DETAILS_CHARS,
+    Aborted,
+    Internal,
+    InvalidArgument,
+    Unavailable,
+    echo,
+    error_from_worker,
+)
+from nanoserve.frontend.validation import (
+    Limits,
+    validate_messages,
+    validate_prompt_token_ids,
+    validate_sampling_params,
+)
+from nanoserve.proto.v1 import common_pb2
+from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
+from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+from nanoserve.security import BearerTokenInterceptor, is_loopback, load_api_keys
+from nanoserve.worker.validation import check_request_sizes, max_request_bytes
+
+LIMITS = Limits(
+    max_model_len=4096,
+    vocab_size=151936,
+    max_stop_strings=16,
+    max_stop_string_length=256,
+    max_prompt_bytes=4 * 1024 * 1024,
+)
+
+
+class Unwalkable:
+    """A huge list that fails the test if anything reads an element of it."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __bool__(self) -> bool:
+        return self.length > 0
+
+    def __iter__(self):
+        raise AssertionError("walked before its length was checked")
+
+    def __getitem__(self, index):
+        raise AssertionError("read before its length was checked")
+
+
+def test_prompt_ids_refused_by_length_before_any_is_read() -> None:
+    with pytest.raises(InvalidArgument, match="prompt_token_ids: 15000000 tokens"):
+        validate_prompt_token_ids(Unwalkable(15_000_000), LIMITS, "prompt_token_ids")
+    with pytest.raises(InvalidArgument, match=r"prompt_token_ids\[1\]"):
+        validate_prompt_token_ids([1, LIMITS.vocab_size], LIMITS, "prompt_token_ids")
+    validate_prompt_token_ids([1] * (LIMITS.max_model_len - 1), LIMITS, "prompt_token_ids")
+
+
+def test_messages_refused_by_count_before_any_is_read() -> None:
+    with pytest.raises(InvalidArgument, match="messages: at most 4096 messages, got 300000"):
+        validate_messages(Unwalkable(300_000), LIMITS)
+    messages = [frontend_pb2.ChatMessage(role="user", content="hi")] * 4096
+    validate_messages(messages, LIMITS)  # protos and (role, content) pairs alike
+    validate_messages([("system", "be brief"), ("user", "hi")], LIMITS)
+
+
+def test_a_long_role_is_echoed_cut() -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        validate_messages([("r" * 20_000, "hi")], LIMITS)
+    message = refused.value.message
+    assert message.startswith("messages[0].role: must be one of")
+    assert "(20000 characters)" in message and len(message) < 250
+
+
+def test_content_past_max_prompt_bytes_names_the_message() -> None:
+    limits = Limits(4096, 151936, 16, 256, max_prompt_bytes=10)
+    with pytest.raises(InvalidArgument, match=r"messages\[1\].content"):
+        validate_messages([("user", "12345"), ("user", "世界")], limits)
+
+
+def test_stop_token_ids_refused_by_count() -> None:
+    params = common_pb2.SamplingParams(stop_token_ids=[1] * 3_000_000)
+    with pytest.raises(InvalidArgument, match="sampling_params.stop_token_ids: at most 128"):
+        validate_sampling_params(params, LIMITS)
+    validate_sampling_params(common_pb2.SamplingParams(stop_token_ids=[1] * 128), LIMITS)
+
+
+def test_worker_checks_sizes_before_copying() -> None:
+    ok = worker_pb2.GenerateTokensRequest(prompt_token_ids=[1, 2, 3])
+    check_request_sizes(ok, 4096)
+    for request, field in [
+        (worker_pb2.GenerateTokensRequest(prompt_token_ids=[1] * 4096), "prompt_token_ids"),
+        (
+            worker_pb2.GenerateTokensRequest(
+                prompt_token_ids=[1], sampling_params=common_pb2.SamplingParams(
+                    stop_token_ids=[1] * 129)
+            ),
+            "sampling_params.stop_token_ids",
+        ),
+        (worker_pb2.GenerateTokensRequest(prompt_token_ids=[1], request_id="r" * 129),
+         "request_id"),
+    ]:
+        with pytest.raises(InvalidArgument) as refused:
+            check_request_sizes(request, 4096)
+        assert refused.value.message.startswith(field)
+    # the largest valid request fits the unparsed-size bound
+    largest = worker_pb2.GenerateTokensRequest(
+        request_id="r" * 128,
+        prompt_token_ids=[2**32 - 1] * 4095,
+        sampling_params=common_pb2.SamplingParams(
+            stop_token_ids=[2**32 - 1] * 128, temperature=0.5, top_p=0.9, max_tokens=1, seed=7
+        ),
+    )
+    assert largest.ByteSize() < max_request_bytes(4096, 128)
+
+
+def test_echo_and_details_are_capped() -> None:
+    assert echo("user") == "'user'"
+    assert echo("x" * 1000).endswith("... (1000 characters)") and len(echo("x" * 1000)) < 100
+    error = InvalidArgument("y" * 100_000, field="messages")
+    assert len(error.message) == MAX_DETAILS_CHARS and error.message.endswith("(truncated)")
+
+
+class FakeRpcError(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        (grpc.StatusCode.ABORTED, Aborted),
+        (grpc.StatusCode.INVALID_ARGUMENT, InvalidArgument),
+        (grpc.StatusCode.UNAVAILABLE, Unavailable),
+        (grpc.StatusCode.CANCELLED, Unavailable),
+        (grpc.StatusCode.INTERNAL, Internal),
+        (grpc.StatusCode.UNKNOWN, Internal),
+    ],
+)
+def test_worker_statuses_the_frontend_relays(code, expected) -> None:
+    error = error_from_worker(FakeRpcError(code, "request 'x' was aborted"))
+    assert type(error) is expected
+    if code == grpc.StatusCode.ABORTED:
+        assert error.message == "worker: request 'x' was aborted"
+    if expected is Internal:
+        assert "aborted" not in error.message  # an unexpected worker failure's details stay in
+
+
+def test_api_keys_from_file_and_list(tmp_path) -> None:
+    keys_file = tmp_path / "keys"
+    keys_file.write_text("# comment\nalice key-a\n\nkey-anon   # no tenant name\n")
+    table = load_api_keys(str(keys_file), "key-env1, key-env2,")
+    assert table[b"key-a"] == "alice"
+    assert set(table) == {b"key-a", b"key-anon", b"key-env1", b"key-env2"}
+    assert len(table[b"key-anon"]) == 12  # a digest of the key, never the key
+    keys_file.write_text("a b c\n")
+    with pytest.raises(ValueError, match="TENANT KEY"):
+        load_api_keys(str(keys_file))
+
+
+def test_bearer_token_check() -> None:
+    check = BearerTokenInterceptor({b"key-a": "alice", b"key-b": "bob"})
+    assert check.tenant_of([("authorization", "Bearer key-a")]) == "alice"
+    assert check.tenant_of([("x", "y"), ("authorization", "bearer key-b")]) == "bob"
+    for bad in ([], None, [("authorization", "key-a")], [("authorization", "Bearer key-c")],
+                [("authorization", "Basic key-a")], [("authorization", "Bearer ")]):
+        assert check.tenant_of(bad) is None
+    with pytest.raises(ValueError):
+        BearerTokenInterceptor({})
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("127.0.0.1", True), ("::1", True), ("[::1]", True), ("localhost", True),
+     ("0.0.0.0", False), ("::", False), ("10.0.0.5", False), ("example.com", False)],
+)
+def test_is_loopback(host, loopback) -> None:
+    assert is_loopback(host) is loopback

@@ -1,0 +1,136 @@
+"""The worker's Prometheus metrics, read when /metrics is scraped from the latest load report of the
+engine core process (AsyncEngine.load; no cost between scrapes). Names are vLLM's where vLLM has the metric, so its dashboards and alerts apply;
+the rest are `nanoserve:`. Every series carries the label model_name, as vLLM's do.
+"""
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from nanoserve.metrics_endpoint import serve_metrics
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """One reading of the engine: the GetLoad numbers plus cumulative token counters."""
+
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_total_blocks: int
+    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int  # of which were found there
+    num_preemptions: int
+    prompt_tokens: int  # prompt tokens prefilled (cache hits excluded)
+    generation_tokens: int
+    num_finished: int
+
+    @classmethod
+    def from_load(cls, load: list, num_finished: int) -> "WorkerLoad":
+        """Reads an AsyncEngine's latest load report of the engine core process
+        (engine_core.EngineCore.load: sent every step, and when the core goes idle)."""
+        (_, prompt_tokens, generation_tokens, running, waiting, free, total, _, preemptions,
+         queried, hits) = load
+        return cls(
+            num_running=running,
+            num_waiting=waiting,
+            num_free_blocks=free,
+            num_total_blocks=total,
+            prefix_cache_queries=queried,
+            prefix_cache_hits=hits,
+            num_preemptions=preemptions,
+            prompt_tokens=prompt_tokens,
+            generation_tokens=generation_tokens,
+            num_finished=num_finished,
+        )
+
+    @classmethod
+    def from_engine(cls, engine, num_finished: int) -> "WorkerLoad":
+        """Reads an LLMEngine's scheduler and block manager (plain ints: safe from any thread)."""
+        scheduler, blocks = engine.scheduler, engine.block_manager
+        return cls(
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting),
+            num_free_blocks=blocks.num_free_blocks,
+            num_total_blocks=blocks.num_blocks,
+            prefix_cache_queries=blocks.num_queried_tokens,
+            prefix_cache_hits=blocks.num_hit_tokens,
+            num_preemptions=scheduler.num_preemptions,
+            prompt_tokens=engine.num_prompt_tokens_done,
+            generation_tokens=engine.num_generated_tokens,
+            num_finished=num_finished,
+        )
+
+
+class WorkerCollector(Collector):
+    """Turns a WorkerLoad, read at scrape time, into metric families. `read` returns None while
+    the model loads: then only nanoserve:worker_ready (0) is exposed."""
+
+    def __init__(self, model_name: str, read: Callable[[], WorkerLoad | None]) -> None:
+        self.model_name = model_name
+        self.read = read
+
+    def collect(self) -> Iterator:
+        labels = ["model_name"]
+        value = [self.model_name]
+        load = self.read()
+        ready = GaugeMetricFamily(
+            "nanoserve:worker_ready", "1 once the engine is loaded and serving", labels=labels
+        )
+        ready.add_metric(value, 0.0 if load is None else 1.0)
+        yield ready
+        if load is None:
+            return
+        total = load.num_total_blocks
+        gauges = {
+            "vllm:num_requests_running": ("Requests in the running batch", load.num_running),
+            "vllm:num_requests_waiting": ("Requests waiting to be scheduled", load.num_waiting),
+            "vllm:kv_cache_usage_perc": (
+                "KV-cache usage, 1 = full",
+                1.0 - load.num_free_blocks / total if total else 0.0,
+            ),
+            "nanoserve:kv_cache_free_blocks": ("KV-cache blocks free", load.num_free_blocks),
+            "nanoserve:kv_cache_total_blocks": ("KV-cache blocks in all", load.num_total_blocks),
+        }
+        for name, (doc, number) in gauges.items():
+            family = GaugeMetricFamily(name, doc, labels=labels)
+            family.add_metric(value, float(number))
+            yield family
+        counters = {  # prometheus_client appends _total on exposition
+            "vllm:prefix_cache_queries": (
+                "Prompt tokens looked up in the prefix cache", load.prefix_cache_queries),
+            "vllm:prefix_cache_hits": (
+                "Prompt tokens found in the prefix cache", load.prefix_cache_hits),
+            "vllm:num_preemptions": ("Sequences preempted", load.num_preemptions),
+            "vllm:prompt_tokens": ("Prompt tokens prefilled", load.prompt_tokens),
+            "vllm:generation_tokens": ("Tokens generated", load.generation_tokens),
+            "nanoserve:worker_requests_finished": ("Requests finished", load.num_finished),
+        }
+        for name, (doc, number) in counters.items():
+            family = CounterMetricFamily(name, doc, labels=labels)
+            family.add_metric(value, float(number))
+            yield family
+
+
+def worker_registry(model_name: str, read: Callable[[], WorkerLoad | None]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(WorkerCollector(model_name, read))
+    return registry
+
+
+
+def serve_worker_metrics(servicer, model_name: str, port: int, host: str) -> object | None:
+    """Serves /metrics for a WorkerServicer: nothing but worker_ready until its engine is set
+    (once loaded). Runs in prometheus_client's thread: it only reads AsyncEngine.load, a list the
+    event loop replaces whole, and an int."""
+
+    def read() -> WorkerLoad | None:
+        engine = servicer.engine  # an AsyncEngine, or None while loading
+        if engine is None:
+            return None
+        return WorkerLoad.from_load(engine.load, engine.num_finished)
+
+    return serve_metrics(worker_registry(model_name, read), port, host)
