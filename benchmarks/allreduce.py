@@ -6,6 +6,7 @@ against fused (worker.kernels.allreduce_norm).
 Prints one JSON line per size; also checks that every path gives the exact sum, and that a chain of
 fused calls (slots alternating, as in the model) gives the bits of the unfused chain. Needs >= 2 GPUs.
 """
+
 import argparse
 import json
 import os
@@ -44,6 +45,7 @@ def _time_norm(symm, x: torch.Tensor, rank: int) -> tuple[float, float, bool]:
     """µs per all-reduce + add + RMSNorm, unfused and fused; and whether 16 chained layers' worth of
     fused calls (each one's output, scaled per rank, is the next one's partial) match unfused."""
     from nanoserve.worker.kernels import fused_add_rms_norm
+
     weight = torch.rand(x.shape[1], dtype=x.dtype, device=x.device) + 0.5
     residual = torch.randn_like(x)
     slot = [0]
@@ -64,26 +66,38 @@ def _time_norm(symm, x: torch.Tensor, rank: int) -> tuple[float, float, bool]:
         return outs
 
     exact = all(torch.equal(p, q) for p, q in zip(chain(fused), chain(unfused)))
-    return (_time_graph(lambda t: unfused(t, residual), x.clone()),
-            _time_graph(lambda t: fused(t, residual), x.clone()), exact)
+    return (
+        _time_graph(lambda t: unfused(t, residual), x.clone()),
+        _time_graph(lambda t: fused(t, residual), x.clone()),
+        exact,
+    )
 
 
 def _worker(rank: int, world_size: int, port: int, args) -> None:
     from nanoserve.worker import distributed
     from nanoserve.worker.distributed import SymmetricAllReduce
+
     distributed.FUSED_MAX_ROWS = args.max_rows  # time the fused kernel at every size asked for
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size)
+    dist.init_process_group(
+        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
     dev = torch.device("cuda", rank)
-    symm = SymmetricAllReduce(dev, max_bytes=args.max_rows * args.hidden * 2, max_rows=args.max_rows)
+    symm = SymmetricAllReduce(
+        dev, max_bytes=args.max_rows * args.hidden * 2, max_rows=args.max_rows
+    )
     torch.cuda.synchronize()  # the fused kernel's flags are zeroed on every rank before any use
     dist.barrier()
     for rows in args.rows:
-        x = torch.randn(rows, args.hidden, dtype=torch.bfloat16, device=dev,
-                        generator=torch.Generator(dev).manual_seed(rank))
+        x = torch.randn(
+            rows,
+            args.hidden,
+            dtype=torch.bfloat16,
+            device=dev,
+            generator=torch.Generator(dev).manual_seed(rank),
+        )
         want = x.clone()
         dist.all_reduce(want)
         got = symm(x.clone())
@@ -92,25 +106,39 @@ def _worker(rank: int, world_size: int, port: int, args) -> None:
         symm_us = _time_graph(symm, x.clone())
         unfused_us, fused_us, chain_exact = _time_norm(symm, x, rank)
         if rank == 0:
-            print(json.dumps(dict(bench="allreduce", world_size=world_size, rows=rows,
-                                  kib=rows * args.hidden * 2 // 1024, nccl_us=round(nccl_us, 2),
-                                  symm_one_shot_us=round(symm_us, 2), exact=exact,
-                                  ar_then_norm_us=round(unfused_us, 2),
-                                  fused_ar_norm_us=round(fused_us, 2), fused_exact=chain_exact)),
-                  flush=True)
+            print(
+                json.dumps(
+                    dict(
+                        bench="allreduce",
+                        world_size=world_size,
+                        rows=rows,
+                        kib=rows * args.hidden * 2 // 1024,
+                        nccl_us=round(nccl_us, 2),
+                        symm_one_shot_us=round(symm_us, 2),
+                        exact=exact,
+                        ar_then_norm_us=round(unfused_us, 2),
+                        fused_ar_norm_us=round(fused_us, 2),
+                        fused_exact=chain_exact,
+                    )
+                ),
+                flush=True,
+            )
     dist.barrier()
     symm.close()
     dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m nanoserve.benchmarks.allreduce", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m nanoserve.benchmarks.allreduce", description=__doc__
+    )
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--rows", type=int, nargs="*", default=[1, 4, 16, 64, 256])
     p.add_argument("--max-rows", type=int, default=256)
     args = p.parse_args(argv)
     from nanoserve.worker.engine.tp import free_port
+
     mp.spawn(_worker, args=(args.world_size, free_port(), args), nprocs=args.world_size)
 
 

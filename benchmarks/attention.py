@@ -7,7 +7,11 @@ Decode is bound by K/V bytes, so it reports achieved GB/s (K/V bytes read / medi
 import torch
 import triton
 
-from nanoserve.worker.kernels import choose_num_splits, paged_decode_attention, paged_prefill_attention
+from nanoserve.worker.kernels import (
+    choose_num_splits,
+    paged_decode_attention,
+    paged_prefill_attention,
+)
 
 
 def _paged_case(
@@ -108,6 +112,7 @@ def sweep_small_batch_splits() -> None:
     """Batch-1..4 decode is latency-bound: µs per call from a CUDA graph (as a decode step runs it)
     for each split count, at the rule's choice marked *."""
     from nanoserve.benchmarks.gemm import graph_us
+
     for hq, hkv in ((16, 8), (16, 4)):  # Qwen3-0.6B; Qwen3-8B per rank at tensor-parallel 2
         for batch, context in ((1, 1024), (1, 4096), (4, 1024)):
             k_cache, v_cache, tables, lens = _paged_case(
@@ -116,8 +121,11 @@ def sweep_small_batch_splits() -> None:
             q = torch.randn(batch, hq, 128, device="cuda", dtype=torch.bfloat16)
             rule = choose_num_splits(batch, hkv, tables.shape[1] * 256, q.device)
             times = {
-                n: graph_us(lambda n=n: paged_decode_attention(
-                    q, k_cache, v_cache, tables, lens, 128**-0.5, n))
+                n: graph_us(
+                    lambda n=n: paged_decode_attention(
+                        q, k_cache, v_cache, tables, lens, 128**-0.5, n
+                    )
+                )
                 for n in (1, 2, 4, 8, 16, 32)
             }
             row = "  ".join(f"{n}{'*' if n == rule else ''}: {t:5.1f}" for n, t in times.items())

@@ -4,6 +4,7 @@ decode latency, prefill throughput, and the CPU cost of one scheduler + block-ma
 
 Without --model the engine runs random weights (load_format=dummy) of a named Qwen3 shape.
 """
+
 import argparse
 import json
 import random
@@ -18,12 +19,18 @@ from nanoserve.benchmarks.shapes import H200_SPEED_OF_LIGHT, SHAPES, write_shape
 
 def make_llm(args):
     from nanoserve.worker import LLM
-    kw = dict(tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager,
-              max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, device=args.device,
-              attention_backend=args.attention_backend,
-              custom_all_reduce=not args.no_custom_all_reduce,
-              decode_lookahead={"auto": None, "on": True, "off": False}[args.decode_lookahead])
+
+    kw = dict(
+        tensor_parallel_size=args.tensor_parallel_size,
+        enforce_eager=args.enforce_eager,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        device=args.device,
+        attention_backend=args.attention_backend,
+        custom_all_reduce=not args.no_custom_all_reduce,
+        decode_lookahead={"auto": None, "on": True, "off": False}[args.decode_lookahead],
+    )
     if args.model:
         return LLM(args.model, **kw)
     model = write_shape_dir(args.shape, Path(tempfile.mkdtemp(prefix="nanoserve-bench-")))
@@ -32,6 +39,7 @@ def make_llm(args):
 
 def sync(llm) -> None:
     import torch
+
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
@@ -39,6 +47,7 @@ def sync(llm) -> None:
 def bench_throughput(llm, args) -> dict:
     """nano-vllm's bench.py workload: 256 seqs, prompt/output lengths uniform in [100, 1024]."""
     from nanoserve.worker import SamplingParams
+
     rng = random.Random(0)
     vocab = llm.model_config.vocab_size
     n, lo, hi = args.num_seqs, args.min_len, args.max_len
@@ -52,7 +61,9 @@ def bench_throughput(llm, args) -> dict:
     sync(llm)
     dt = time.perf_counter() - t
     out_tokens = sum(out_lens)
-    res: dict[str, Any] = dict(output_tokens=out_tokens, seconds=round(dt, 3), output_tok_s=round(out_tokens / dt))
+    res: dict[str, Any] = dict(
+        output_tokens=out_tokens, seconds=round(dt, 3), output_tok_s=round(out_tokens / dt)
+    )
     if args.breakdown:  # a second, instrumented run: where a step's time goes
         b = step_breakdown(llm)
         llm.generate(prompts[:n], params, use_tqdm=False)
@@ -66,6 +77,7 @@ def bench_throughput(llm, args) -> dict:
 def step_breakdown(llm) -> dict:
     """Wrap the engine's per-step stages with timers (ms per call, averaged over decode steps)."""
     import collections
+
     totals: dict[str, float] = collections.defaultdict(float)
     counts: dict[str, int] = collections.defaultdict(int)
     runner = getattr(llm.model_runner, "runner", llm.model_runner)
@@ -79,6 +91,7 @@ def step_breakdown(llm) -> dict:
             totals[label] += time.perf_counter() - t
             counts[label] += 1
             return out
+
         setattr(obj, name, wrapper)
 
     timed(llm.scheduler, "schedule", "schedule")
@@ -97,6 +110,7 @@ def report_breakdown(b: dict) -> dict:
 def bench_latency(llm, args) -> dict:
     """Batch-1 decode ms/token after a prompt of `context` tokens."""
     from nanoserve.worker import SamplingParams
+
     prompt = [random.Random(1).randrange(1000) for _ in range(args.context)]
     steps = args.decode_tokens
     # warm-up on the same prompt: both timed runs then find it in the prefix cache alike, and the
@@ -106,11 +120,15 @@ def bench_latency(llm, args) -> dict:
     timings = {}
     for n in (1, steps + 1):  # the difference removes the prefill time
         t = time.perf_counter()
-        llm.generate([prompt], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True),
-                     use_tqdm=False)
+        llm.generate(
+            [prompt], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False
+        )
         sync(llm)
         timings[n] = time.perf_counter() - t
-    return dict(context=args.context, ms_per_token=round(1000 * (timings[steps + 1] - timings[1]) / steps, 3))
+    return dict(
+        context=args.context,
+        ms_per_token=round(1000 * (timings[steps + 1] - timings[1]) / steps, 3),
+    )
 
 
 def bench_profile(llm, args) -> dict:
@@ -120,6 +138,7 @@ def bench_profile(llm, args) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from nanoserve.worker import SamplingParams
+
     rng = random.Random(3)
     b, steps = args.profile_batch, 32
     prompts = [[rng.randrange(1000) for _ in range(args.context)] for _ in range(b)]
@@ -143,15 +162,21 @@ def bench_profile(llm, args) -> dict:
             kernels.setdefault(e.name, []).append(e.device_time)
     busy = sum(sum(v) for v in kernels.values()) / n / 1000
     top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:14]
-    return dict(batch=b, steps=n, wall_ms_per_step=round(1000 * wall, 3),
-                gpu_busy_ms_per_step=round(busy, 3),
-                kernels_per_step=round(sum(len(v) for v in kernels.values()) / n, 1),
-                top_kernels_us_per_step={k[:60]: [round(sum(v) / n, 1), round(len(v) / n, 1)]
-                                         for k, v in top})
+    return dict(
+        batch=b,
+        steps=n,
+        wall_ms_per_step=round(1000 * wall, 3),
+        gpu_busy_ms_per_step=round(busy, 3),
+        kernels_per_step=round(sum(len(v) for v in kernels.values()) / n, 1),
+        top_kernels_us_per_step={
+            k[:60]: [round(sum(v) / n, 1), round(len(v) / n, 1)] for k, v in top
+        },
+    )
 
 
 def bench_prefill(llm, args) -> dict:
     from nanoserve.worker import SamplingParams
+
     rng = random.Random(2)
     n = max(1, args.prefill_tokens // args.context)
     prompts = [[rng.randrange(1000) for _ in range(args.context)] for _ in range(n)]
@@ -171,13 +196,18 @@ def bench_scheduler(args) -> dict:
     from nanoserve.worker.engine.scheduler import Scheduler
     from nanoserve.worker.engine.sequence import Sequence
     from nanoserve.worker.sampling_params import SamplingParams
+
     rng = random.Random(0)
     n = args.num_seqs
     bm = BlockManager(num_blocks=n * 8, block_size=256)
     sched = Scheduler(n, 1 << 30, 1 << 20, (151645,), bm)
     for _ in range(n):
-        sched.add(Sequence([rng.randrange(1000) for _ in range(rng.randint(100, 1024))],
-                           SamplingParams(max_tokens=100_000, ignore_eos=True)))
+        sched.add(
+            Sequence(
+                [rng.randrange(1000) for _ in range(rng.randint(100, 1024))],
+                SamplingParams(max_tokens=100_000, ignore_eos=True),
+            )
+        )
     seqs, _ = sched.schedule()  # the prefill step
     sched.postprocess(seqs, [1] * len(seqs))
     steps = 1000
@@ -190,45 +220,87 @@ def bench_scheduler(args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="nanoserve bench", description=__doc__,
-                                epilog="`nanoserve bench serving --help`: the served benchmark.")
-    p.add_argument("what", nargs="*", default=["throughput", "latency", "prefill"],
-                   choices=["throughput", "latency", "prefill", "scheduler", "profile"],
-                   help="benchmarks to run, in order (default: throughput latency prefill)")
-    p.add_argument("--model", default="",
-                   help="model directory (default: random weights of --shape)")
-    p.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES),
-                   help="Qwen3 shape of the random weights (load_format=dummy) without --model")
+    p = argparse.ArgumentParser(
+        prog="nanoserve bench",
+        description=__doc__,
+        epilog="`nanoserve bench serving --help`: the served benchmark.",
+    )
+    p.add_argument(
+        "what",
+        nargs="*",
+        default=["throughput", "latency", "prefill"],
+        choices=["throughput", "latency", "prefill", "scheduler", "profile"],
+        help="benchmarks to run, in order (default: throughput latency prefill)",
+    )
+    p.add_argument(
+        "--model", default="", help="model directory (default: random weights of --shape)"
+    )
+    p.add_argument(
+        "--shape",
+        default="qwen3-0.6b",
+        choices=sorted(SHAPES),
+        help="Qwen3 shape of the random weights (load_format=dummy) without --model",
+    )
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
-    p.add_argument("--tensor-parallel-size", type=int, default=1,
-                   help="ranks the model is split over")
+    p.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="ranks the model is split over"
+    )
     p.add_argument("--enforce-eager", action="store_true", help="never use CUDA graphs")
-    p.add_argument("--decode-lookahead", default="auto", choices=["auto", "on", "off"],
-                   help="forward decode step N+1 before N's ids reach the host (auto: one rank)")
-    p.add_argument("--no-custom-all-reduce", action="store_true",
-                   help="tensor parallel: NCCL for every all-reduce")
-    p.add_argument("--attention-backend", default="auto",
-                   help="auto (triton on cuda, torch on cpu), torch, triton or flash_attn")
-    p.add_argument("--max-model-len", type=int, default=4096,
-                   help="max prompt + completion tokens of a sequence")
+    p.add_argument(
+        "--decode-lookahead",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="forward decode step N+1 before N's ids reach the host (auto: one rank)",
+    )
+    p.add_argument(
+        "--no-custom-all-reduce",
+        action="store_true",
+        help="tensor parallel: NCCL for every all-reduce",
+    )
+    p.add_argument(
+        "--attention-backend",
+        default="auto",
+        help="auto (triton on cuda, torch on cpu), torch, triton or flash_attn",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=4096,
+        help="max prompt + completion tokens of a sequence",
+    )
     p.add_argument("--max-num-seqs", type=int, default=512, help="max sequences in one batch")
-    p.add_argument("--max-num-batched-tokens", type=int, default=16384,
-                   help="max tokens in one prefill step")
-    p.add_argument("--num-seqs", type=int, default=256,
-                   help="throughput: requests; scheduler: running sequences")
-    p.add_argument("--min-len", type=int, default=100,
-                   help="throughput: shortest prompt and output, in tokens")
-    p.add_argument("--max-len", type=int, default=1024,
-                   help="throughput: longest prompt and output, in tokens")
-    p.add_argument("--context", type=int, default=1024,
-                   help="latency, prefill, profile: prompt tokens")
+    p.add_argument(
+        "--max-num-batched-tokens", type=int, default=16384, help="max tokens in one prefill step"
+    )
+    p.add_argument(
+        "--num-seqs",
+        type=int,
+        default=256,
+        help="throughput: requests; scheduler: running sequences",
+    )
+    p.add_argument(
+        "--min-len", type=int, default=100, help="throughput: shortest prompt and output, in tokens"
+    )
+    p.add_argument(
+        "--max-len", type=int, default=1024, help="throughput: longest prompt and output, in tokens"
+    )
+    p.add_argument(
+        "--context", type=int, default=1024, help="latency, prefill, profile: prompt tokens"
+    )
     p.add_argument("--decode-tokens", type=int, default=128, help="latency: decode steps timed")
-    p.add_argument("--prefill-tokens", type=int, default=65536,
-                   help="prefill: total prompt tokens (prompts of --context tokens)")
+    p.add_argument(
+        "--prefill-tokens",
+        type=int,
+        default=65536,
+        help="prefill: total prompt tokens (prompts of --context tokens)",
+    )
     p.add_argument("--profile-batch", type=int, default=1, help="profile: decode batch size")
     p.add_argument("--json", action="store_true", help="one JSON line per benchmark")
-    p.add_argument("--breakdown", action="store_true",
-                   help="throughput: rerun with timers around each stage of a step")
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="throughput: rerun with timers around each stage of a step",
+    )
     return p
 
 
@@ -236,9 +308,11 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "serving":  # the gRPC path against offline: its own flags
         from nanoserve.benchmarks.serving import main as serving_main
+
         return serving_main(argv[1:])
     args = build_parser().parse_args(argv)
     from nanoserve.log import setup_logging
+
     setup_logging("bench", "INFO")
     llm = None
     for what in args.what:
@@ -246,12 +320,19 @@ def main(argv: list[str] | None = None) -> None:
             res = bench_scheduler(args)
         else:
             llm = llm or make_llm(args)
-            res = {"throughput": bench_throughput, "latency": bench_latency,
-                   "prefill": bench_prefill, "profile": bench_profile}[what](llm, args)
+            res = {
+                "throughput": bench_throughput,
+                "latency": bench_latency,
+                "prefill": bench_prefill,
+                "profile": bench_profile,
+            }[what](llm, args)
         label = args.model or args.shape
-        print(json.dumps({"bench": what, "model": label, "tp": args.tensor_parallel_size, **res})
-              if args.json else f"{what:<11} {label} tp={args.tensor_parallel_size}: {res}",
-              flush=True)
+        print(
+            json.dumps({"bench": what, "model": label, "tp": args.tensor_parallel_size, **res})
+            if args.json
+            else f"{what:<11} {label} tp={args.tensor_parallel_size}: {res}",
+            flush=True,
+        )
     if llm is not None:
         llm.shutdown()
 

@@ -6,6 +6,7 @@ Times are L2-cold, as in the model where every weight streams from HBM once per 
 through enough copies of W and x to touch >= COLD_BYTES (~5x the H200's 50 MB L2) between two reads of
 the same copy. GB/s counts the weight bytes read. One JSON line per (shape, M), then a summary table.
 """
+
 import argparse
 import itertools
 import json
@@ -26,8 +27,18 @@ SHAPES = {  # (N, K) of qkv, o, gate_up, down per rank
     "lm-head": [(151936, 1024), (151936, 4096), (75968, 4096)],  # 0.6B, 8B, 8B at tp 2: not swept
 }
 # (BLOCK_N, BLOCK_K, num_warps, LOOP_STAGES) at M = 1
-TILES = [(2, 512, 2, 1), (2, 512, 4, 1), (4, 512, 4, 1), (4, 1024, 4, 1), (2, 512, 4, 3),
-         (4, 512, 4, 3), (4, 1024, 4, 2), (8, 512, 4, 2), (8, 1024, 8, 2), (2, 2048, 8, 1)]
+TILES = [
+    (2, 512, 2, 1),
+    (2, 512, 4, 1),
+    (4, 512, 4, 1),
+    (4, 1024, 4, 1),
+    (2, 512, 4, 3),
+    (4, 512, 4, 3),
+    (4, 1024, 4, 2),
+    (8, 512, 4, 2),
+    (8, 1024, 8, 2),
+    (2, 2048, 8, 1),
+]
 
 
 def _replay_us(fn, calls: int, iters: int = 10) -> float:
@@ -39,8 +50,10 @@ def _replay_us(fn, calls: int, iters: int = 10) -> float:
         for i in range(calls):
             fn(i)
     graph.replay()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(iters)]
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(iters)
+    ]
     for start, end in events:
         start.record()
         graph.replay()
@@ -60,8 +73,9 @@ def sweep_configs(m: int, n: int, k: int) -> list[dict]:
     out = []
     for bn, bk, warps, stages in TILES:
         bk = min(bk, 8192 // (bm * bn))  # bounded registers at larger M
-        cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, LOOP_STAGES=stages, num_warps=warps,
-                   num_stages=1)
+        cfg = dict(
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, LOOP_STAGES=stages, num_warps=warps, num_stages=1
+        )
         if cfg not in out:
             out.append(cfg)
     return out
@@ -90,9 +104,20 @@ def bench_shape(shape: str, m: int, n: int, k: int, sweep: bool) -> dict:
     chosen = skinny_gemm_config(m, n, k)
     cublas_us = _replay_us(lambda i: F.linear(xk[i % copies], ws[i % copies]), calls)
     chosen_us = us(chosen)
-    row = dict(bench="gemm", shape=shape, m=m, n=n, k=k, copies=copies, cublas_us=round(cublas_us, 2),
-               cublas_gb_s=gb_s(cublas_us), chosen_us=round(chosen_us, 2), chosen_gb_s=gb_s(chosen_us),
-               chosen=chosen, max_abs_diff=err(chosen))
+    row = dict(
+        bench="gemm",
+        shape=shape,
+        m=m,
+        n=n,
+        k=k,
+        copies=copies,
+        cublas_us=round(cublas_us, 2),
+        cublas_gb_s=gb_s(cublas_us),
+        chosen_us=round(chosen_us, 2),
+        chosen_gb_s=gb_s(chosen_us),
+        chosen=chosen,
+        max_abs_diff=err(chosen),
+    )
     best_us, best = chosen_us, chosen
     if sweep and shape != "lm-head":
         failed = []
@@ -104,8 +129,13 @@ def bench_shape(shape: str, m: int, n: int, k: int, sweep: bool) -> dict:
                 continue
             if t < best_us:
                 best_us, best = t, cfg
-        row.update(best_us=round(best_us, 2), best_gb_s=gb_s(best_us), best=best,
-                   best_max_abs_diff=err(best), failed=failed)
+        row.update(
+            best_us=round(best_us, 2),
+            best_gb_s=gb_s(best_us),
+            best=best,
+            best_max_abs_diff=err(best),
+            failed=failed,
+        )
     del ws, xk
     torch.cuda.empty_cache()
     return row
@@ -115,7 +145,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m nanoserve.benchmarks.gemm", description=__doc__)
     p.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--m", type=int, nargs="*", default=[1, 2, 4, 8])
-    p.add_argument("--sweep", action="store_true", help="also time the candidate tiles (not LM heads)")
+    p.add_argument(
+        "--sweep", action="store_true", help="also time the candidate tiles (not LM heads)"
+    )
     args = p.parse_args(argv)
     torch.manual_seed(0)
     rows = []
@@ -123,13 +155,17 @@ def main(argv: list[str] | None = None) -> None:
         for (n, k), m in itertools.product(SHAPES[shape], args.m):
             rows.append(bench_shape(shape, m, n, k, args.sweep))
             print(json.dumps(rows[-1]), flush=True)
-    print(f"\n{'shape':<13} {'m':>2} {'N x K':>13} {'cuBLAS µs':>10} {'chosen':>8} {'best':>8} "
-          f"{'best/cuBLAS':>11}  best tile  (L2-cold; GB/s of W in the JSON)")
+    print(
+        f"\n{'shape':<13} {'m':>2} {'N x K':>13} {'cuBLAS µs':>10} {'chosen':>8} {'best':>8} "
+        f"{'best/cuBLAS':>11}  best tile  (L2-cold; GB/s of W in the JSON)"
+    )
     for r in rows:
         best = r.get("best_us", r["chosen_us"])
-        line = (f"{r['shape']:<13} {r['m']:>2} {r['n']:>6}x{r['k']:<6} {r['cublas_us']:>10.2f} "
-                f"{r['chosen_us']:>8.2f} {best:>8.2f} {best / r['cublas_us']:>11.2f}  "
-                f"{_short(r.get('best', r['chosen']))}")
+        line = (
+            f"{r['shape']:<13} {r['m']:>2} {r['n']:>6}x{r['k']:<6} {r['cublas_us']:>10.2f} "
+            f"{r['chosen_us']:>8.2f} {best:>8.2f} {best / r['cublas_us']:>11.2f}  "
+            f"{_short(r.get('best', r['chosen']))}"
+        )
         print(line)
 
 

@@ -3,6 +3,7 @@ the benchmarks, pytest's summary, each step's exit line), prints the figures tha
 judged by, and writes them all to results.json there. `python benchmarks/gpu_table.py DIR`
 (standard library only: it runs even where nanoserve does not import)
 """
+
 import json
 import re
 import sys
@@ -35,13 +36,18 @@ def fmt(p: dict | None) -> str:
 
 def serving_lines(r: dict) -> list[str]:
     head = f"serving {r.get('model')} tp={r.get('tp')} rate={r.get('request_rate')} ({r['step']})"
-    lines = [head, f"  {'path':<9} {'tok/s':>9} {'/offline':>8} {'1-stream ms/tok':>15} "
-                   f"{'TTFT ms':>8}  TTFT p50/p90/p99/max ms   ITL p50/p90/p99/max ms   "
-                   "loadgen cpu (busiest proc)"]
+    lines = [
+        head,
+        f"  {'path':<9} {'tok/s':>9} {'/offline':>8} {'1-stream ms/tok':>15} "
+        f"{'TTFT ms':>8}  TTFT p50/p90/p99/max ms   ITL p50/p90/p99/max ms   "
+        "loadgen cpu (busiest proc)",
+    ]
     if "offline" in r:
         o = r["offline"]
-        lines.append(f"  {'offline':<9} {o['tok_s']:>9,.0f} {'1':>8} "
-                     f"{o['one_stream_ms_per_token']:>15} {o['one_stream_ttft_ms']:>8}")
+        lines.append(
+            f"  {'offline':<9} {o['tok_s']:>9,.0f} {'1':>8} "
+            f"{o['one_stream_ms_per_token']:>15} {o['one_stream_ttft_ms']:>8}"
+        )
     for t in ("frontend", "worker"):
         if t not in r:
             continue
@@ -51,13 +57,17 @@ def serving_lines(r: dict) -> list[str]:
             f"{x.get('one_stream_ms_per_token', '-'):>15} {x.get('one_stream_ttft_ms', '-'):>8}  "
             f"{fmt(x['ttft_ms']):<24} {fmt(x['itl_ms']):<24} "
             f"{x['loadgen']['cpu_s']} s ({x['loadgen']['busiest_proc_cpu']})"
-            + (f"  ERRORS {x['errors']}: {x['first_error'][:80]}" if x["errors"] else ""))
-        lines.append("    TTFT by prompt length: " + ", ".join(
-            f"{b} {fmt(s)}" for b, s in x["ttft_ms_by_prompt_len"].items())
-            + f"; service CPU cores {x['service_cpu_cores']}")
+            + (f"  ERRORS {x['errors']}: {x['first_error'][:80]}" if x["errors"] else "")
+        )
+        lines.append(
+            "    TTFT by prompt length: "
+            + ", ".join(f"{b} {fmt(s)}" for b, s in x["ttft_ms_by_prompt_len"].items())
+            + f"; service CPU cores {x['service_cpu_cores']}"
+        )
     if "ttft_frontend_minus_worker_ms" in r:
-        lines.append("  one-stream TTFT frontend - worker: "
-                     f"{r['ttft_frontend_minus_worker_ms']} ms")
+        lines.append(
+            f"  one-stream TTFT frontend - worker: {r['ttft_frontend_minus_worker_ms']} ms"
+        )
     return lines
 
 
@@ -66,17 +76,24 @@ def roofline_lines(r: dict) -> list[str]:
         lines = [f"roofline {r['model']}: phase, steps, seconds, bound s, fraction of bound"]
         for name, p in r.items():
             if isinstance(p, dict):
-                lines.append(f"  {name:<17} {p.get('steps', ''):>5} {p.get('seconds', '-'):>8} "
-                             f"{p['bound_s']:>8} {p.get('fraction_of_bound', '-'):>6}")
+                lines.append(
+                    f"  {name:<17} {p.get('steps', ''):>5} {p.get('seconds', '-'):>8} "
+                    f"{p['bound_s']:>8} {p.get('fraction_of_bound', '-'):>6}"
+                )
         return lines
-    classes = ", ".join(f"{c} {x['us_per_step']}/{x.get('bound_us', '-')}"
-                        for c, x in r["classes"].items())
-    ops = ", ".join(f"{op} {x['us_per_step']}/{x.get('bound_us', '-')}"
-                    for op, x in r.get("gemm_ops", {}).items())
-    return [f"roofline decode B={r['batch']} ctx={r['context']}: wall {r['wall_us_per_step']} µs, "
-            f"GPU {r['gpu_busy_us_per_step']}, bound {r['step_bound_us']} "
-            f"({r['fraction_of_bound']}); µs/bound per class: {classes}",
-            f"  GEMMs, µs/bound a step: {ops}"]
+    classes = ", ".join(
+        f"{c} {x['us_per_step']}/{x.get('bound_us', '-')}" for c, x in r["classes"].items()
+    )
+    ops = ", ".join(
+        f"{op} {x['us_per_step']}/{x.get('bound_us', '-')}"
+        for op, x in r.get("gemm_ops", {}).items()
+    )
+    return [
+        f"roofline decode B={r['batch']} ctx={r['context']}: wall {r['wall_us_per_step']} µs, "
+        f"GPU {r['gpu_busy_us_per_step']}, bound {r['step_bound_us']} "
+        f"({r['fraction_of_bound']}); µs/bound per class: {classes}",
+        f"  GEMMs, µs/bound a step: {ops}",
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -89,10 +106,15 @@ def main(argv: list[str] | None = None) -> None:
         elif str(r.get("bench")).startswith("roofline"):
             print("\n".join(roofline_lines(r)))
         else:
-            figs = {k: v for k, v in r.items()
-                    if k not in ("bench", "model", "tp", "step", "top_kernels_us_per_step")}
-            print(f"{r.get('bench', r['step']):<11} {r.get('model', '-')!s:<11} "
-                  f"{r.get('tp', r.get('world_size', '-'))!s:<3} {figs}")
+            figs = {
+                k: v
+                for k, v in r.items()
+                if k not in ("bench", "model", "tp", "step", "top_kernels_us_per_step")
+            }
+            print(
+                f"{r.get('bench', r['step']):<11} {r.get('model', '-')!s:<11} "
+                f"{r.get('tp', r.get('world_size', '-'))!s:<3} {figs}"
+            )
     (out / "results.json").write_text(json.dumps(rows, indent=1))
 
 

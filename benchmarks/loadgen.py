@@ -3,6 +3,7 @@ WorkerService.GenerateTokens over plain grpc.aio and times every response messag
 processes (spawned, results back as JSON) when one event loop would be the bottleneck; each reports
 its own CPU time so that the figures say whether it was.
 """
+
 import asyncio
 import json
 import multiprocessing as mp
@@ -30,18 +31,28 @@ def _call(target: str, channel: grpc.aio.Channel, temperature: float):
         generate = frontend_grpc.FrontendServiceStub(channel).Generate
 
         def start(r: Request):
-            return generate(frontend_pb2.GenerateRequest(
-                prompt_token_ids=r.prompt_token_ids, request_id=r.request_id,
-                sampling_params=common_pb2.SamplingParams(
-                    temperature=temperature, max_tokens=r.max_tokens, ignore_eos=True)))
+            return generate(
+                frontend_pb2.GenerateRequest(
+                    prompt_token_ids=r.prompt_token_ids,
+                    request_id=r.request_id,
+                    sampling_params=common_pb2.SamplingParams(
+                        temperature=temperature, max_tokens=r.max_tokens, ignore_eos=True
+                    ),
+                )
+            )
     elif target == "worker":
         generate_tokens = worker_grpc.WorkerServiceStub(channel).GenerateTokens
 
         def start(r: Request):
-            return generate_tokens(worker_pb2.GenerateTokensRequest(
-                prompt_token_ids=r.prompt_token_ids, request_id=r.request_id,
-                sampling_params=common_pb2.SamplingParams(
-                    temperature=temperature, max_tokens=r.max_tokens, ignore_eos=True)))
+            return generate_tokens(
+                worker_pb2.GenerateTokensRequest(
+                    prompt_token_ids=r.prompt_token_ids,
+                    request_id=r.request_id,
+                    sampling_params=common_pb2.SamplingParams(
+                        temperature=temperature, max_tokens=r.max_tokens, ignore_eos=True
+                    ),
+                )
+            )
     else:
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
     return start
@@ -67,14 +78,28 @@ async def _one(start, r: Request, t0: float) -> dict:
     except grpc.RpcError as e:
         error = f"{e.code().name}: {e.details()}"
     end = time.perf_counter()
-    return dict(prompt_len=len(r.prompt_token_ids), max_tokens=r.max_tokens, tokens=tokens,
-                first_tokens=first_tokens, messages=len(times), sent=sent - t0, end=end - t0,
-                ttft=times[0] - sent if times else None,
-                gaps=[round(b - a, 6) for a, b in zip(times, times[1:])], error=error)
+    return dict(
+        prompt_len=len(r.prompt_token_ids),
+        max_tokens=r.max_tokens,
+        tokens=tokens,
+        first_tokens=first_tokens,
+        messages=len(times),
+        sent=sent - t0,
+        end=end - t0,
+        ttft=times[0] - sent if times else None,
+        gaps=[round(b - a, 6) for a, b in zip(times, times[1:])],
+        error=error,
+    )
 
 
-async def run(target: str, address: str, requests: list[Request], temperature: float,
-              sequential: bool = False, barrier=None) -> dict:
+async def run(
+    target: str,
+    address: str,
+    requests: list[Request],
+    temperature: float,
+    sequential: bool = False,
+    barrier=None,
+) -> dict:
     """Run `requests` on one channel: all concurrently at their arrival times, or one after another
     (each sent when the previous ends). `barrier` (multiprocessing) starts every client process's
     clock together, once all are connected."""
@@ -91,8 +116,12 @@ async def run(target: str, address: str, requests: list[Request], temperature: f
         else:
             results = await asyncio.gather(*(_one(start, r, t0) for r in requests))
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    return dict(results=list(results), wall_s=wall, cpu_s=cpu,
-                max_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return dict(
+        results=list(results),
+        wall_s=wall,
+        cpu_s=cpu,
+        max_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    )
 
 
 def _client_main(spec: str, barrier, out) -> None:
@@ -100,28 +129,42 @@ def _client_main(spec: str, barrier, out) -> None:
     s = json.loads(spec)
     requests = [Request(**r) for r in s["requests"]]
     try:
-        res = asyncio.run(run(s["target"], s["address"], requests, s["temperature"],
-                              barrier=barrier))
+        res = asyncio.run(
+            run(s["target"], s["address"], requests, s["temperature"], barrier=barrier)
+        )
     except Exception as e:  # reported, not raised: the parent must not wait forever
         barrier.abort()
         res = dict(error=f"{type(e).__name__}: {e}")
     out.put(json.dumps(res))
 
 
-def run_processes(target: str, address: str, requests: list[Request], temperature: float,
-                  procs: int, timeout_s: float = 1800.0) -> dict:
+def run_processes(
+    target: str,
+    address: str,
+    requests: list[Request],
+    temperature: float,
+    procs: int,
+    timeout_s: float = 1800.0,
+) -> dict:
     """`requests` dealt round-robin over `procs` spawned client processes that start together;
     their results merged (per-process CPU and wall listed). procs=1 runs in this process."""
     if procs <= 1:
         res = asyncio.run(run(target, address, requests, temperature))
-        return dict(results=res["results"], wall_s=res["wall_s"],
-                    clients=[{k: res[k] for k in CLIENT_KEYS}])
+        return dict(
+            results=res["results"], wall_s=res["wall_s"], clients=[{k: res[k] for k in CLIENT_KEYS}]
+        )
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(procs + 1), ctx.Queue()
     children = []
     for k in range(procs):
-        spec = json.dumps(dict(target=target, address=address, temperature=temperature,
-                               requests=[asdict(r) for r in requests[k::procs]]))
+        spec = json.dumps(
+            dict(
+                target=target,
+                address=address,
+                temperature=temperature,
+                requests=[asdict(r) for r in requests[k::procs]],
+            )
+        )
         p = ctx.Process(target=_client_main, args=(spec, barrier, out), daemon=True)
         p.start()
         children.append(p)
@@ -138,8 +181,9 @@ def run_processes(target: str, address: str, requests: list[Request], temperatur
             except queue.Empty:
                 dead = [p.exitcode for p in children if p.exitcode not in (None, 0)]
                 if dead or time.monotonic() > deadline:
-                    raise RuntimeError(f"client processes: exit codes {dead} or past "
-                                       f"{timeout_s:.0f} s") from None
+                    raise RuntimeError(
+                        f"client processes: exit codes {dead} or past {timeout_s:.0f} s"
+                    ) from None
     finally:
         for p in children:
             p.join(10)
@@ -148,6 +192,8 @@ def run_processes(target: str, address: str, requests: list[Request], temperatur
     errors = [p["error"] for p in parts if "error" in p]
     if errors:
         raise RuntimeError(f"client process failed: {errors[0]}")
-    return dict(results=[r for p in parts for r in p["results"]],
-                wall_s=max(p["wall_s"] for p in parts),
-                clients=[{k: p[k] for k in CLIENT_KEYS} for p in parts])
+    return dict(
+        results=[r for p in parts for r in p["results"]],
+        wall_s=max(p["wall_s"] for p in parts),
+        clients=[{k: p[k] for k in CLIENT_KEYS} for p in parts],
+    )

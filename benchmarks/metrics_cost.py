@@ -60,7 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     res = dict(
         bench="metrics_cost",
         record_add_per_chunk_us=round(per_call_us(lambda: fresh.add(chunk), args.requests), 3),
-        observe_per_request_us=round(per_call_us(lambda: metrics.observe(record), args.requests), 2),
+        observe_per_request_us=round(
+            per_call_us(lambda: metrics.observe(record), args.requests), 2
+        ),
         log_text_per_request_us=round(per_call_us(lambda: text_log(record), args.requests), 2),
         log_json_per_request_us=round(per_call_us(lambda: json_log(record), args.requests), 2),
         frontend_scrape_ms=round(

@@ -2,6 +2,7 @@
 settings as the served runs, in its own process (`python -m nanoserve.benchmarks.offline SPEC`) so
 that its GPU memory is free again before the worker starts. Prints one JSON line.
 """
+
 import json
 import statistics
 import sys
@@ -14,6 +15,7 @@ MARK = "offline-result "  # prefix of the result line, so that log lines on stdo
 
 def sync() -> None:
     import torch
+
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
@@ -22,6 +24,7 @@ def run(spec: dict) -> dict:
     """spec: settings (EngineConfig fields), shape [(prompt len, output len)], warmup_shape,
     temperature, one_stream {prompt_len, tokens, runs}."""
     from nanoserve.worker import LLM, SamplingParams
+
     settings = dict(spec["settings"])
     t = time.perf_counter()
     llm = LLM(settings.pop("model"), **settings)
@@ -29,8 +32,10 @@ def run(spec: dict) -> dict:
     vocab = llm.model_config.vocab_size
 
     def generate(requests, temperature: float) -> float:
-        params = [SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=r.max_tokens)
-                  for r in requests]
+        params = [
+            SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=r.max_tokens)
+            for r in requests
+        ]
         sync()
         t = time.perf_counter()
         llm.generate([r.prompt_token_ids for r in requests], params, use_tqdm=False)
@@ -54,10 +59,14 @@ def run(spec: dict) -> dict:
             ms_per_token.append((generate([long], 0.0) - t1) / one["tokens"])
     finally:
         llm.shutdown()
-    return dict(load_s=round(load_s, 1), seconds=round(seconds, 3), output_tokens=tokens,
-                tok_s=round(tokens / seconds, 1),
-                one_stream_ms_per_token=round(1000 * statistics.median(ms_per_token), 3),
-                one_stream_ttft_ms=round(1000 * statistics.median(ttft), 2))
+    return dict(
+        load_s=round(load_s, 1),
+        seconds=round(seconds, 3),
+        output_tokens=tokens,
+        tok_s=round(tokens / seconds, 1),
+        one_stream_ms_per_token=round(1000 * statistics.median(ms_per_token), 3),
+        one_stream_ttft_ms=round(1000 * statistics.median(ttft), 2),
+    )
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ around the same step, whose kernels are all queued before the GPU reaches the fi
 
     python -m nanoserve.benchmarks.prefill [--model DIR | --shape qwen3-0.6b] [--enforce-eager]
 """
+
 import argparse
 import json
 import random
@@ -25,6 +26,7 @@ def step_times(llm, prompt: list[int]) -> tuple[float, float]:
 
     from nanoserve.worker import SamplingParams
     from nanoserve.worker.engine.sequence import Sequence
+
     runner, bm = llm.model_runner, llm.block_manager
     seq = Sequence(prompt, SamplingParams())
     bm.allocate(seq)
@@ -46,16 +48,21 @@ def ttft_ms(llm, prompt: list[int]) -> float:
     import torch
 
     from nanoserve.worker import SamplingParams
+
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
-                 use_tqdm=False)
+    llm.generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True), use_tqdm=False
+    )
     return (time.perf_counter() - t0) * 1e3
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m nanoserve.benchmarks.prefill", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m nanoserve.benchmarks.prefill",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", default="", help="a Qwen3 checkpoint directory (default: --shape)")
     p.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES))
     p.add_argument("--lengths", default="37,600,1500,4000", help="prompt lengths, comma-separated")
@@ -64,11 +71,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-model-len", type=int, default=8192)
     args = p.parse_args(argv)
     import torch
+
     if not torch.cuda.is_available():
         sys.exit("benchmarks.prefill needs CUDA")
     from nanoserve.worker import LLM
-    kw = dict(enforce_eager=args.enforce_eager, max_model_len=args.max_model_len,
-              max_num_seqs=64, max_num_batched_tokens=8192)
+
+    kw = dict(
+        enforce_eager=args.enforce_eager,
+        max_model_len=args.max_model_len,
+        max_num_seqs=64,
+        max_num_batched_tokens=8192,
+    )
     started = time.perf_counter()
     if args.model:
         llm = LLM(args.model, **kw)
@@ -89,16 +102,32 @@ def main(argv: list[str] | None = None) -> None:
         host = statistics.median(h for h, _ in steps)
         gpu = statistics.median(g for _, g in steps)
         ttft = statistics.median(ttft_ms(llm, prompt(n)) for _ in range(args.repeats))
-        rows.append(dict(prompt_tokens=n, host_ms=round(host, 3), gpu_ms=round(gpu, 3),
-                         host_share_of_step=round(host / max(host, gpu), 3),
-                         host_over_gpu=round(host / gpu, 3), ttft_first_ms=round(first_ttft, 2),
-                         ttft_median_ms=round(ttft, 2)))
+        rows.append(
+            dict(
+                prompt_tokens=n,
+                host_ms=round(host, 3),
+                gpu_ms=round(gpu, 3),
+                host_share_of_step=round(host / max(host, gpu), 3),
+                host_over_gpu=round(host / gpu, 3),
+                ttft_first_ms=round(first_ttft, 2),
+                ttft_median_ms=round(ttft, 2),
+            )
+        )
     runner = llm.model_runner
-    print(json.dumps(dict(
-        model=args.model or args.shape, enforce_eager=args.enforce_eager,
-        prefill_graphs=getattr(runner, "prefill_graphs", None) is not None,
-        prefill_buckets=getattr(runner, "prefill_buckets", None), engine_start_s=round(start_s, 1),
-        gpu=torch.cuda.get_device_name(), steps=rows), indent=1))
+    print(
+        json.dumps(
+            dict(
+                model=args.model or args.shape,
+                enforce_eager=args.enforce_eager,
+                prefill_graphs=getattr(runner, "prefill_graphs", None) is not None,
+                prefill_buckets=getattr(runner, "prefill_buckets", None),
+                engine_start_s=round(start_s, 1),
+                gpu=torch.cuda.get_device_name(),
+                steps=rows,
+            ),
+            indent=1,
+        )
+    )
     llm.shutdown()
 
 

@@ -4,6 +4,7 @@ the GPU the time each phase (prefill, full decode batches, the shrinking tail) a
 of a decode step at B=256 and B=16 takes against its bound. `--analytic` (any machine) prints the bounds
 of the simulated schedule only.
 """
+
 import argparse
 import json
 import random
@@ -22,8 +23,9 @@ from nanoserve.benchmarks.step_cost import (  # noqa: F401
 )
 
 
-def nano_vllm_workload(num: int = 256, lo: int = 100, hi: int = 1024,
-                       seed: int = 0) -> list[tuple[int, int]]:
+def nano_vllm_workload(
+    num: int = 256, lo: int = 100, hi: int = 1024, seed: int = 0
+) -> list[tuple[int, int]]:
     """(prompt, output) lengths of `nanoserve bench throughput` (benchmarks.engine): the same
     draws in the same order (prompt ids are drawn in between)."""
     rng = random.Random(seed)
@@ -36,8 +38,9 @@ def nano_vllm_workload(num: int = 256, lo: int = 100, hi: int = 1024,
     return [(p, rng.randint(lo, hi)) for p in prompts]
 
 
-def simulate(work: list[tuple[int, int]], max_num_batched_tokens: int = 16384,
-             max_num_seqs: int = 512) -> list[dict]:
+def simulate(
+    work: list[tuple[int, int]], max_num_batched_tokens: int = 16384, max_num_seqs: int = 512
+) -> list[dict]:
     """The steps of a prefill-first engine with room for every sequence: prompts chunked to the
     token budget, then one decode step per output token after the first while any sequence runs.
     Each step: {"items": [(past, new)], "sampled": n}."""
@@ -84,8 +87,10 @@ def account(shape: Shape, steps: list[dict], tail_batch: int = 16) -> dict:
     phases: dict[str, dict] = {}
     for s in steps:
         c = step_cost(shape, s["items"], s.get("sampled"))
-        p = phases.setdefault(phase_of(s, full, tail_batch), dict(
-            steps=0, bytes=0.0, flops=0.0, bound_s=0.0, seconds=0.0, tokens=0))
+        p = phases.setdefault(
+            phase_of(s, full, tail_batch),
+            dict(steps=0, bytes=0.0, flops=0.0, bound_s=0.0, seconds=0.0, tokens=0),
+        )
         p["steps"] += 1
         p["bytes"] += c.bytes
         p["flops"] += c.flops
@@ -97,24 +102,36 @@ def account(shape: Shape, steps: list[dict], tail_batch: int = 16) -> dict:
         if name not in phases:
             continue
         p = phases[name]
-        row = dict(steps=p["steps"], output_tokens=p["tokens"], gbytes=round(p["bytes"] / 1e9, 1),
-                   tflop=round(p["flops"] / 1e12, 2), bound_s=round(p["bound_s"], 6))
+        row = dict(
+            steps=p["steps"],
+            output_tokens=p["tokens"],
+            gbytes=round(p["bytes"] / 1e9, 1),
+            tflop=round(p["flops"] / 1e12, 2),
+            bound_s=round(p["bound_s"], 6),
+        )
         if p["seconds"]:
-            row.update(seconds=round(p["seconds"], 4),
-                       fraction_of_bound=round(p["bound_s"] / p["seconds"], 3))
+            row.update(
+                seconds=round(p["seconds"], 4),
+                fraction_of_bound=round(p["bound_s"] / p["seconds"], 3),
+            )
         out[name] = row
     tokens = sum(p["tokens"] for p in phases.values())
     bound = sum(p["bound_s"] for p in phases.values())
     seconds = sum(p["seconds"] for p in phases.values())
-    out["total"] = dict(output_tokens=tokens, bound_s=round(bound, 6),
-                        speed_of_light_tok_s=round(tokens / bound))
+    out["total"] = dict(
+        output_tokens=tokens, bound_s=round(bound, 6), speed_of_light_tok_s=round(tokens / bound)
+    )
     if seconds:
-        out["total"].update(seconds=round(seconds, 4), tok_s=round(tokens / seconds),
-                            fraction_of_bound=round(bound / seconds, 3))
+        out["total"].update(
+            seconds=round(seconds, 4),
+            tok_s=round(tokens / seconds),
+            fraction_of_bound=round(bound / seconds, 3),
+        )
     return out
 
 
 # ------------------------------------------------------------------ measured on the GPU
+
 
 def record_steps(llm) -> list[dict]:
     """Wraps the engine's schedule() and step(): each step's (cached, new) tokens per sequence, the
@@ -125,9 +142,12 @@ def record_steps(llm) -> list[dict]:
     def recording_schedule(*a, **kw):
         out = schedule(*a, **kw)
         seqs = out[0]
-        steps.append(dict(
-            items=[(s.num_computed_tokens, s.num_scheduled_tokens) for s in seqs],
-            sampled=sum(bool(getattr(s, "samples_this_step", True)) for s in seqs)))
+        steps.append(
+            dict(
+                items=[(s.num_computed_tokens, s.num_scheduled_tokens) for s in seqs],
+                sampled=sum(bool(getattr(s, "samples_this_step", True)) for s in seqs),
+            )
+        )
         return out
 
     def timed_step(*a, **kw):
@@ -148,6 +168,7 @@ def measure_phases(llm, shape: Shape, work: list[tuple[int, int]]) -> dict:
     measured time."""
     from nanoserve.benchmarks.engine import sync
     from nanoserve.worker import SamplingParams
+
     rng = random.Random(0)  # benchmarks.engine's throughput workload: the same ids and lengths
     vocab = llm.model_config.vocab_size
     prompts = [[rng.randrange(vocab) for _ in range(p)] for p, _ in work]
@@ -155,8 +176,11 @@ def measure_phases(llm, shape: Shape, work: list[tuple[int, int]]) -> dict:
     # warm-up: every prompt length once (other ids: no prefix hits), so no kernel compiles in the
     # timed run and the account is of the steady state
     other = random.Random(1)
-    llm.generate([[other.randrange(vocab) for _ in range(p)] for p, _ in work],
-                 SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
+    llm.generate(
+        [[other.randrange(vocab) for _ in range(p)] for p, _ in work],
+        SamplingParams(max_tokens=2, ignore_eos=True),
+        use_tqdm=False,
+    )
     steps = record_steps(llm)
     try:
         sync(llm)
@@ -170,17 +194,33 @@ def measure_phases(llm, shape: Shape, work: list[tuple[int, int]]) -> dict:
     res["total"]["wall_s"] = round(wall, 4)
     return res
 
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m nanoserve.benchmarks.roofline", description=__doc__)
-    p.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES),
-                   help="Qwen3 shape (random weights, load_format=dummy)")
-    p.add_argument("--analytic", action="store_true",
-                   help="bounds of the simulated schedule only: no engine, no GPU")
-    p.add_argument("--max-num-batched-tokens", type=int, default=16384,
-                   help="prefill token budget a step (as the engine's)")
+    p.add_argument(
+        "--shape",
+        default="qwen3-0.6b",
+        choices=sorted(SHAPES),
+        help="Qwen3 shape (random weights, load_format=dummy)",
+    )
+    p.add_argument(
+        "--analytic",
+        action="store_true",
+        help="bounds of the simulated schedule only: no engine, no GPU",
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=16384,
+        help="prefill token budget a step (as the engine's)",
+    )
     p.add_argument("--max-num-seqs", type=int, default=512, help="most sequences a batch")
-    p.add_argument("--tail-batch", type=int, default=16,
-                   help="decode steps of at most this many sequences count as the tail")
+    p.add_argument(
+        "--tail-batch",
+        type=int,
+        default=16,
+        help="decode steps of at most this many sequences count as the tail",
+    )
     p.add_argument("--batches", default="256,16", help="decode batches to profile per kernel")
     p.add_argument("--context", type=int, default=1024, help="profiled decode: tokens a sequence")
     p.add_argument("--json", action="store_true", help="one JSON line per part")
@@ -194,8 +234,14 @@ def main(argv: list[str] | None = None) -> None:
     out = []
     if args.analytic:
         steps = simulate(work, args.max_num_batched_tokens, args.max_num_seqs)
-        out.append(dict(bench="roofline_phases", model=args.shape, simulated=True,
-                        **account(shape, steps, args.tail_batch)))
+        out.append(
+            dict(
+                bench="roofline_phases",
+                model=args.shape,
+                simulated=True,
+                **account(shape, steps, args.tail_batch),
+            )
+        )
     else:
         import tempfile
         from pathlib import Path
@@ -203,15 +249,26 @@ def main(argv: list[str] | None = None) -> None:
         from nanoserve.benchmarks import roofline_kernels
         from nanoserve.benchmarks.shapes import write_shape_dir
         from nanoserve.worker import LLM
+
         model = write_shape_dir(args.shape, Path(tempfile.mkdtemp(prefix="nanoserve-roofline-")))
-        llm = LLM(str(model), load_format="dummy", max_num_seqs=args.max_num_seqs,
-                  max_num_batched_tokens=args.max_num_batched_tokens)
+        llm = LLM(
+            str(model),
+            load_format="dummy",
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+        )
         try:
-            out.append(dict(bench="roofline_phases", model=args.shape,
-                            **measure_phases(llm, shape, work)))
+            out.append(
+                dict(bench="roofline_phases", model=args.shape, **measure_phases(llm, shape, work))
+            )
             for b in (int(x) for x in args.batches.split(",") if x):
-                out.append(dict(bench="roofline_decode", model=args.shape,
-                                **roofline_kernels.profile_decode(llm, shape, b, args.context)))
+                out.append(
+                    dict(
+                        bench="roofline_decode",
+                        model=args.shape,
+                        **roofline_kernels.profile_decode(llm, shape, b, args.context),
+                    )
+                )
         finally:
             llm.shutdown()
     for r in out:

@@ -2,6 +2,7 @@
 part): kernels sorted into classes by name, the GEMMs into the layer op they compute by the kernels
 around them, and each class's and op's bytes and FLOPs at a batch and context.
 """
+
 import random
 import time
 
@@ -11,12 +12,40 @@ KERNEL_CLASSES = (  # first match wins: (class, substrings of the lower-cased ke
     ("allreduce", ("allreduce", "all_reduce", "nccl", "symm")),
     ("rope_kv", ("rope", "rotary", "store_kv", "kv_store", "qk_norm")),
     ("attention", ("attn", "attention", "paged", "flash", "decode", "prefill")),
-    ("sampling", ("sampl", "argmax", "softmax", "topk", "top_k", "exponential", "gumbel", "sort",
-                  "distribution")),
+    (
+        "sampling",
+        (
+            "sampl",
+            "argmax",
+            "softmax",
+            "topk",
+            "top_k",
+            "exponential",
+            "gumbel",
+            "sort",
+            "distribution",
+        ),
+    ),
     ("norm", ("rms", "norm")),
     ("activation", ("silu", "swiglu", "act_and_mul", "gelu")),
-    ("gemm", ("gemm", "gemv", "matmul", "xmma", "cutlass", "cublas", "skinny", "splitk", "sm90",
-              "nvjet", "linear", "aten::mm", "addmm")),
+    (
+        "gemm",
+        (
+            "gemm",
+            "gemv",
+            "matmul",
+            "xmma",
+            "cutlass",
+            "cublas",
+            "skinny",
+            "splitk",
+            "sm90",
+            "nvjet",
+            "linear",
+            "aten::mm",
+            "addmm",
+        ),
+    ),
 )
 
 
@@ -31,16 +60,23 @@ def kernel_class(name: str) -> str:
 def class_costs(shape: Shape, batch: int, context: int) -> dict[str, Cost]:
     """Bytes and FLOPs of each kernel class in one decode step of `batch` sequences that each
     attend to `context` tokens."""
-    q, kv, h, L = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.hidden, \
-        shape.layers
+    q, kv, h, L = (
+        shape.heads * shape.head_dim,
+        shape.kv_heads * shape.head_dim,
+        shape.hidden,
+        shape.layers,
+    )
     b = batch
     w = (shape.linear_params + shape.lm_head_params) * BF16
     gemm_act = b * (L * (h + (q + 2 * kv) + q + h + h + 2 * shape.inter + shape.inter + h)) * BF16
     return {
-        "gemm": Cost(w + gemm_act + b * shape.vocab * 4,
-                     2 * b * (shape.linear_params + shape.lm_head_params)),
-        "attention": Cost(b * context * shape.kv_bytes_per_token + 2 * b * L * q * BF16,
-                          4 * b * context * shape.heads * shape.head_dim * L),
+        "gemm": Cost(
+            w + gemm_act + b * shape.vocab * 4, 2 * b * (shape.linear_params + shape.lm_head_params)
+        ),
+        "attention": Cost(
+            b * context * shape.kv_bytes_per_token + 2 * b * L * q * BF16,
+            4 * b * context * shape.heads * shape.head_dim * L,
+        ),
         "rope_kv": Cost(b * L * (2 * (q + kv) + 2 * kv) * BF16, 0),  # q, k in and out; k, v stored
         # residual add + RMSNorm: 2 reads, 2 writes
         "norm": Cost(b * (2 * L + 1) * 4 * h * BF16, 0),
@@ -49,15 +85,18 @@ def class_costs(shape: Shape, batch: int, context: int) -> dict[str, Cost]:
     }
 
 
-
 def gemm_op_costs(shape: Shape, batch: int) -> dict[str, Cost]:
     """Each GEMM of a decode step, all layers together: weights plus activations in and out (the
     LM head's logits in fp32)."""
     h, i = shape.hidden, shape.inter
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    dims = {"qkv": (h, q + 2 * kv, shape.layers), "o_proj": (q, h, shape.layers),
-            "gate_up": (h, 2 * i, shape.layers), "down": (i, h, shape.layers),
-            "lm_head": (h, shape.vocab, 1)}
+    dims = {
+        "qkv": (h, q + 2 * kv, shape.layers),
+        "o_proj": (q, h, shape.layers),
+        "gate_up": (h, 2 * i, shape.layers),
+        "down": (i, h, shape.layers),
+        "lm_head": (h, shape.vocab, 1),
+    }
     out = {}
     for op, (k, n, count) in dims.items():
         act = batch * (k * BF16 + n * (4 if op == "lm_head" else BF16))
@@ -103,7 +142,7 @@ def gemm_ops(seq: list[tuple[str, float]]) -> dict[str, dict]:
         else:
             op = "unknown"
         row = ops.setdefault(op, dict(us=0.0, calls=0))
-        row["us"] += sum(us for _, us in seq[i:end + 1])
+        row["us"] += sum(us for _, us in seq[i : end + 1])
         row["calls"] += 1
         i = end + 1
     return ops
@@ -116,6 +155,7 @@ def profile_decode(llm, shape: Shape, batch: int, context: int, steps: int = 16)
     from nanoserve.benchmarks.engine import sync
     from nanoserve.worker import SamplingParams
     from torch.profiler import ProfilerActivity, profile
+
     rng = random.Random(batch)
     prompts = [[rng.randrange(1000) for _ in range(context)] for _ in range(batch)]
     sp = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
@@ -147,8 +187,9 @@ def profile_decode(llm, shape: Shape, batch: int, context: int, steps: int = 16)
     op_bounds = gemm_op_costs(shape, batch)
     gemm = {}
     for op, row in sorted(gemm_ops([(n, us) for _, n, us in seq]).items()):
-        gemm[op] = dict(us_per_step=round(row["us"] / steps, 1),
-                        calls_per_step=round(row["calls"] / steps, 1))
+        gemm[op] = dict(
+            us_per_step=round(row["us"] / steps, 1), calls_per_step=round(row["calls"] / steps, 1)
+        )
         if op in op_bounds:
             b = op_bounds[op].bound_s * 1e6
             gemm[op].update(bound_us=round(b, 1), fraction_of_bound=round(b * steps / row["us"], 3))
@@ -168,16 +209,28 @@ def profile_decode(llm, shape: Shape, batch: int, context: int, steps: int = 16)
     top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:16]
     step_bound = sum(bounds.values(), Cost(0, 0)).bound_s * 1e6
     gpu = sum(c["us"] for c in classes.values())
-    return dict(batch=batch, context=context, wall_us_per_step=round(1e6 * wall, 1),
-                gpu_busy_us_per_step=round(gpu, 1), step_bound_us=round(step_bound, 1),
-                fraction_of_bound=round(step_bound / (1e6 * wall), 3), classes=by_class,
-                gemm_ops=gemm,
-                kernels=[dict(name=k[:70], cls=kernel_class(k),
-                              us_per_step=round(sum(v) / steps, 1),
-                              calls_per_step=round(len(v) / steps, 1),
-                              # the class's bound shared over its calls: the kernel's own
-                              bound_us_per_call=round(
-                                  bounds[kernel_class(k)].bound_s * 1e6
-                                  / classes[kernel_class(k)]["calls"], 2)
-                              if kernel_class(k) in bounds else None)
-                         for k, v in top])
+    return dict(
+        batch=batch,
+        context=context,
+        wall_us_per_step=round(1e6 * wall, 1),
+        gpu_busy_us_per_step=round(gpu, 1),
+        step_bound_us=round(step_bound, 1),
+        fraction_of_bound=round(step_bound / (1e6 * wall), 3),
+        classes=by_class,
+        gemm_ops=gemm,
+        kernels=[
+            dict(
+                name=k[:70],
+                cls=kernel_class(k),
+                us_per_step=round(sum(v) / steps, 1),
+                calls_per_step=round(len(v) / steps, 1),
+                # the class's bound shared over its calls: the kernel's own
+                bound_us_per_call=round(
+                    bounds[kernel_class(k)].bound_s * 1e6 / classes[kernel_class(k)]["calls"], 2
+                )
+                if kernel_class(k) in bounds
+                else None,
+            )
+            for k, v in top
+        ],
+    )

@@ -5,6 +5,7 @@ tokens over Qwen3's 151,936-token vocabulary.
     python -m nanoserve.benchmarks.sampling_step_cost [--seqs 256] [--prompt 1000] [--output 500]
         [--sample]
 """
+
 import argparse
 import random
 import time
@@ -29,9 +30,12 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     rng = random.Random(0)
-    cases = {"penalties": SamplingParams(temperature=1.0, repetition_penalty=1.1,
-                                         frequency_penalty=0.2, max_tokens=None),
-             "seeded": SamplingParams(temperature=1.0, seed=7, max_tokens=None)}
+    cases = {
+        "penalties": SamplingParams(
+            temperature=1.0, repetition_penalty=1.1, frequency_penalty=0.2, max_tokens=None
+        ),
+        "seeded": SamplingParams(temperature=1.0, seed=7, max_tokens=None),
+    }
     for name, sp in cases.items():
         inputs = SamplingInputs(device, args.vocab)
         seqs = []
@@ -54,9 +58,11 @@ def main(argv: list[str] | None = None) -> None:
             t2 = time.perf_counter()
             if step:  # the first step builds per-sequence state
                 prepare, sample_time = prepare + t1 - t0, sample_time + t2 - t1
-        print(f"{name:>9}: {args.seqs} seqs x {args.prompt + args.output} tokens, vocab "
-              f"{args.vocab} on {device.type}: prepare {prepare / args.steps * 1e3:.2f} ms/step, "
-              f"sample {sample_time / args.steps * 1e3:.2f} ms/step")
+        print(
+            f"{name:>9}: {args.seqs} seqs x {args.prompt + args.output} tokens, vocab "
+            f"{args.vocab} on {device.type}: prepare {prepare / args.steps * 1e3:.2f} ms/step, "
+            f"sample {sample_time / args.steps * 1e3:.2f} ms/step"
+        )
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 nanoserve.worker` / `nanoserve.frontend`) on loopback, their logs copied to stderr so that stdout
 keeps only figures; and the CPU time each one's process tree spends while a run goes on.
 """
+
 import os
 import re
 import signal
@@ -22,9 +23,15 @@ class Service:
         self.name = name
         self.address: str | None = None
         self._listening = threading.Event()
-        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True, bufsize=1, start_new_session=True,
-                                        env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        self.process = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
         threading.Thread(target=self._relay, daemon=True).start()
 
     def _relay(self) -> None:

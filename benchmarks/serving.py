@@ -4,6 +4,7 @@ a running one at --address), one gRPC stream per request from a load generator t
 CPU use. Prints throughput and the served/offline ratio, one-stream ms/token and TTFT, TTFT and
 inter-token latency percentiles, TTFT by prompt length. Figures only, never pass/fail.
 """
+
 import argparse
 import asyncio
 import dataclasses
@@ -33,47 +34,104 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nanoserve bench serving", description=__doc__)
     add_config_args(p, EngineConfig, title="engine settings (offline LLM and served worker alike)")
     g = p.add_argument_group("what to measure")
-    g.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES),
-                   help="without --model: random weights (load_format=dummy) of this Qwen3 shape")
-    g.add_argument("--address", default="", metavar="HOST:PORT",
-                   help="measure a running service there instead of starting one (no offline run)")
-    g.add_argument("--target", default="", choices=["", "frontend", "worker", "both"],
-                   help="which service to load: with --address what runs there (default "
-                   "frontend); without, default both (through the frontend, and straight to the "
-                   "worker)")
+    g.add_argument(
+        "--shape",
+        default="qwen3-0.6b",
+        choices=sorted(SHAPES),
+        help="without --model: random weights (load_format=dummy) of this Qwen3 shape",
+    )
+    g.add_argument(
+        "--address",
+        default="",
+        metavar="HOST:PORT",
+        help="measure a running service there instead of starting one (no offline run)",
+    )
+    g.add_argument(
+        "--target",
+        default="",
+        choices=["", "frontend", "worker", "both"],
+        help="which service to load: with --address what runs there (default "
+        "frontend); without, default both (through the frontend, and straight to the "
+        "worker)",
+    )
     g.add_argument("--num-prompts", type=int, default=256, help="requests in the throughput run")
     g.add_argument("--min-len", type=int, default=100, help="shortest prompt, in tokens")
     g.add_argument("--max-len", type=int, default=1024, help="longest prompt, in tokens")
     g.add_argument("--min-out", type=int, default=100, help="fewest output tokens of a request")
     g.add_argument("--max-out", type=int, default=1024, help="most output tokens of a request")
-    g.add_argument("--request-rate", type=float, default=float("inf"),
-                   help="Poisson arrivals at this many requests/s (default inf: all at once)")
-    g.add_argument("--temperature", type=float, default=0.6,
-                   help="sampling temperature of the throughput runs (nano-vllm's: 0.6)")
-    g.add_argument("--client-procs", type=int, default=2,
-                   help="load-generator processes for the throughput run (1: in this process)")
-    g.add_argument("--warmup", default="workload", choices=["workload", "light"],
-                   help="before each timed run (offline and each path alike), prefill prompts of "
-                   "other ids: workload = every prompt length of the run, 2 output tokens (the "
-                   "same kernels compiled for every path: fair ratios); light = --warmup-requests "
-                   "random lengths (compiles that happen while serving stay in the figures)")
-    g.add_argument("--warmup-requests", type=int, default=8,
-                   help="--warmup light: how many requests, of 8 output tokens")
-    g.add_argument("--one-stream-prompt-len", type=int, default=600,
-                   help="one-stream runs: prompt tokens (fresh ids each run: no prefix hits)")
-    g.add_argument("--one-stream-tokens", type=int, default=256,
-                   help="one-stream runs: output tokens (ms/token = decode time / tokens)")
-    g.add_argument("--one-stream-runs", type=int, default=3,
-                   help="one-stream runs per path, after one warm-up (medians are reported)")
-    g.add_argument("--ttft-buckets", default="256,512,768",
-                   help="comma-separated prompt lengths that split TTFT into buckets")
+    g.add_argument(
+        "--request-rate",
+        type=float,
+        default=float("inf"),
+        help="Poisson arrivals at this many requests/s (default inf: all at once)",
+    )
+    g.add_argument(
+        "--temperature",
+        type=float,
+        default=0.6,
+        help="sampling temperature of the throughput runs (nano-vllm's: 0.6)",
+    )
+    g.add_argument(
+        "--client-procs",
+        type=int,
+        default=2,
+        help="load-generator processes for the throughput run (1: in this process)",
+    )
+    g.add_argument(
+        "--warmup",
+        default="workload",
+        choices=["workload", "light"],
+        help="before each timed run (offline and each path alike), prefill prompts of "
+        "other ids: workload = every prompt length of the run, 2 output tokens (the "
+        "same kernels compiled for every path: fair ratios); light = --warmup-requests "
+        "random lengths (compiles that happen while serving stay in the figures)",
+    )
+    g.add_argument(
+        "--warmup-requests",
+        type=int,
+        default=8,
+        help="--warmup light: how many requests, of 8 output tokens",
+    )
+    g.add_argument(
+        "--one-stream-prompt-len",
+        type=int,
+        default=600,
+        help="one-stream runs: prompt tokens (fresh ids each run: no prefix hits)",
+    )
+    g.add_argument(
+        "--one-stream-tokens",
+        type=int,
+        default=256,
+        help="one-stream runs: output tokens (ms/token = decode time / tokens)",
+    )
+    g.add_argument(
+        "--one-stream-runs",
+        type=int,
+        default=3,
+        help="one-stream runs per path, after one warm-up (medians are reported)",
+    )
+    g.add_argument(
+        "--ttft-buckets",
+        default="256,512,768",
+        help="comma-separated prompt lengths that split TTFT into buckets",
+    )
     g.add_argument("--skip-offline", action="store_true", help="no offline run (and no ratios)")
-    g.add_argument("--worker-args", default="",
-                   help='extra worker flags as one string, e.g. "--max-queued-requests 8192"')
-    g.add_argument("--frontend-args", default="",
-                   help='extra frontend flags as one string, e.g. "--max-concurrent-requests 2048"')
-    g.add_argument("--start-timeout", type=float, default=900.0,
-                   help="seconds the offline run or a service may take to load the model")
+    g.add_argument(
+        "--worker-args",
+        default="",
+        help='extra worker flags as one string, e.g. "--max-queued-requests 8192"',
+    )
+    g.add_argument(
+        "--frontend-args",
+        default="",
+        help='extra frontend flags as one string, e.g. "--max-concurrent-requests 2048"',
+    )
+    g.add_argument(
+        "--start-timeout",
+        type=float,
+        default=900.0,
+        help="seconds the offline run or a service may take to load the model",
+    )
     g.add_argument("--json", action="store_true", help="print one JSON line instead of a summary")
     return p
 
@@ -87,6 +145,7 @@ def engine_settings(args: argparse.Namespace, tokenizer: bool = True) -> dict:
         out = write_shape_dir(args.shape, Path(tempfile.mkdtemp(prefix="nanoserve-bench-")))
         if tokenizer:
             from nanoserve.tiny.tokenizer import tokenizer_config, tokenizer_files_dir
+
             shutil.copyfile(tokenizer_files_dir() / "tokenizer.json", out / "tokenizer.json")
             (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(40960)))
         ns.model, ns.load_format = str(out), "dummy"
@@ -99,15 +158,27 @@ def worker_flags(settings: dict) -> list[str]:
 
 
 def run_offline(settings: dict, shape: list, warmup: list, args) -> dict:
-    spec = dict(settings=settings, shape=shape, warmup_shape=warmup, temperature=args.temperature,
-                one_stream=dict(prompt_len=args.one_stream_prompt_len,
-                                tokens=args.one_stream_tokens, runs=args.one_stream_runs))
-    proc = subprocess.run([sys.executable, "-m", "nanoserve.benchmarks.offline", json.dumps(spec)],
-                          stdout=subprocess.PIPE, text=True, timeout=args.start_timeout + 600)
+    spec = dict(
+        settings=settings,
+        shape=shape,
+        warmup_shape=warmup,
+        temperature=args.temperature,
+        one_stream=dict(
+            prompt_len=args.one_stream_prompt_len,
+            tokens=args.one_stream_tokens,
+            runs=args.one_stream_runs,
+        ),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "nanoserve.benchmarks.offline", json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=args.start_timeout + 600,
+    )
     lines = [x for x in proc.stdout.splitlines() if x.startswith(MARK)]
     if proc.returncode or not lines:
         raise RuntimeError(f"the offline run failed (exit code {proc.returncode})")
-    return json.loads(lines[-1][len(MARK):])
+    return json.loads(lines[-1][len(MARK) :])
 
 
 def model_info(target: str, address: str):
@@ -116,13 +187,16 @@ def model_info(target: str, address: str):
     from nanoserve.proto.v1 import frontend_service_pb2_grpc as fgrpc
     from nanoserve.proto.v1 import worker_service_pb2 as wpb
     from nanoserve.proto.v1 import worker_service_pb2_grpc as wgrpc
+
     with grpc.insecure_channel(address) as channel:
         if target == "frontend":
-            info = fgrpc.FrontendServiceStub(channel).GetModelInfo(fpb.GetModelInfoRequest(),
-                                                                   timeout=30)
+            info = fgrpc.FrontendServiceStub(channel).GetModelInfo(
+                fpb.GetModelInfoRequest(), timeout=30
+            )
         else:
             info = wgrpc.WorkerServiceStub(channel).GetModelInfo(
-                wpb.WorkerServiceGetModelInfoRequest(), timeout=30)
+                wpb.WorkerServiceGetModelInfoRequest(), timeout=30
+            )
     return info
 
 
@@ -131,43 +205,58 @@ def tpot(r: dict) -> float:
     return sum(r["gaps"]) / (r["tokens"] - r["first_tokens"])
 
 
-def measure(target: str, address: str, shape: list, warmup: list, args,
-            services: dict[str, int]) -> dict:
+def measure(
+    target: str, address: str, shape: list, warmup: list, args, services: dict[str, int]
+) -> dict:
     """Warm-up, the throughput run (CPU of the load generator and of each service process tree),
     then the one-stream runs, on one target."""
     vocab = model_info(target, address).vocab_size
-    loadgen.run_processes(target, address, workload.build(f"{target}-warmup", warmup, vocab),
-                          args.temperature, 1)
+    loadgen.run_processes(
+        target, address, workload.build(f"{target}-warmup", warmup, vocab), args.temperature, 1
+    )
     requests = workload.build(target, shape, vocab, args.request_rate)
     cpu0 = {name: tree_cpu_s(pid) for name, pid in services.items()}
     run = loadgen.run_processes(target, address, requests, args.temperature, args.client_procs)
-    cpu = {name: round((tree_cpu_s(pid) - cpu0[name]) / run["wall_s"], 2)
-           for name, pid in services.items()}
+    cpu = {
+        name: round((tree_cpu_s(pid) - cpu0[name]) / run["wall_s"], 2)
+        for name, pid in services.items()
+    }
     res = run["results"]
     ok = [r for r in res if not r["error"]]
     tokens = sum(r["tokens"] for r in ok)
     edges = [int(x) for x in args.ttft_buckets.split(",") if x]
     clients = run["clients"]
     out = dict(
-        tok_s=round(tokens / run["wall_s"], 1), seconds=round(run["wall_s"], 3),
-        output_tokens=tokens, requests=len(res), errors=len(res) - len(ok),
+        tok_s=round(tokens / run["wall_s"], 1),
+        seconds=round(run["wall_s"], 3),
+        output_tokens=tokens,
+        requests=len(res),
+        errors=len(res) - len(ok),
         first_error=next((r["error"] for r in res if r["error"]), ""),
         messages_per_token=round(sum(r["messages"] for r in ok) / max(1, tokens), 3),
         ttft_ms=summarize((r["ttft"] for r in ok if r["ttft"] is not None), 1000),
         itl_ms=summarize((g for r in ok for g in r["gaps"]), 1000),
         tpot_ms=summarize((tpot(r) for r in ok if r["tokens"] > r["first_tokens"]), 1000),
         ttft_ms_by_prompt_len=summarize_by_bucket(
-            ((r["prompt_len"], r["ttft"]) for r in ok if r["ttft"] is not None), edges, 1000),
-        loadgen=dict(procs=len(clients), cpu_s=round(sum(c["cpu_s"] for c in clients), 2),
-                     max_rss_mib=round(max(c["max_rss_mib"] for c in clients)),
-                     busiest_proc_cpu=round(max(c["cpu_s"] / c["wall_s"] for c in clients), 2)),
-        service_cpu_cores=cpu)
+            ((r["prompt_len"], r["ttft"]) for r in ok if r["ttft"] is not None), edges, 1000
+        ),
+        loadgen=dict(
+            procs=len(clients),
+            cpu_s=round(sum(c["cpu_s"] for c in clients), 2),
+            max_rss_mib=round(max(c["max_rss_mib"] for c in clients)),
+            busiest_proc_cpu=round(max(c["cpu_s"] / c["wall_s"] for c in clients), 2),
+        ),
+        service_cpu_cores=cpu,
+    )
     # a client process near one core is the bottleneck itself: raise --client-procs
     out["loadgen"]["saturated"] = out["loadgen"]["busiest_proc_cpu"] > SATURATED
     # one stream: a warm-up of the same prompt length, then the timed runs one after another
     one = [(args.one_stream_prompt_len, args.one_stream_tokens)] * (args.one_stream_runs + 1)
-    seq = asyncio.run(loadgen.run(
-        target, address, workload.build(f"{target}-one", one, vocab), 0.0, sequential=True))
+    seq = asyncio.run(
+        loadgen.run(
+            target, address, workload.build(f"{target}-one", one, vocab), 0.0, sequential=True
+        )
+    )
     timed = [r for r in seq["results"][1:] if not r["error"] and r["tokens"] > r["first_tokens"]]
     if timed:
         out["one_stream_ms_per_token"] = round(1000 * median(tpot(r) for r in timed), 3)
@@ -177,15 +266,35 @@ def measure(target: str, address: str, shape: list, warmup: list, args,
 
 def start_services(settings: dict, target: str, args) -> dict[str, Service]:
     py = [sys.executable, "-m"]
-    worker = Service("worker", [*py, "nanoserve.worker", "--port", "0", *worker_flags(settings),
-                                *shlex.split(args.worker_args)])
+    worker = Service(
+        "worker",
+        [
+            *py,
+            "nanoserve.worker",
+            "--port",
+            "0",
+            *worker_flags(settings),
+            *shlex.split(args.worker_args),
+        ],
+    )
     services = {"worker": worker}
     try:
         worker_address = worker.wait_serving(args.start_timeout)
         if target in ("frontend", "both"):
-            services["frontend"] = Service("frontend", [
-                *py, "nanoserve.frontend", "--model", settings["model"], "--port", "0",
-                "--worker-address", worker_address, *shlex.split(args.frontend_args)])
+            services["frontend"] = Service(
+                "frontend",
+                [
+                    *py,
+                    "nanoserve.frontend",
+                    "--model",
+                    settings["model"],
+                    "--port",
+                    "0",
+                    "--worker-address",
+                    worker_address,
+                    *shlex.split(args.frontend_args),
+                ],
+            )
             services["frontend"].wait_serving(120)
     except BaseException:
         for s in services.values():
@@ -197,15 +306,18 @@ def start_services(settings: dict, target: str, args) -> dict[str, Service]:
 def run(args: argparse.Namespace) -> dict:
     target = args.target or ("frontend" if args.address else "both")
     targets = ["frontend", "worker"] if target == "both" else [target]
-    shape = workload.lengths(args.num_prompts, args.min_len, args.max_len, args.min_out,
-                             args.max_out)
+    shape = workload.lengths(
+        args.num_prompts, args.min_len, args.max_len, args.min_out, args.max_out
+    )
     if args.warmup == "workload":
         warmup = [(p, 2) for p, _ in shape]  # every prefill chunk, and a full decode batch
     else:
         warmup = workload.lengths(args.warmup_requests, args.min_len, args.max_len, 8, 8, seed=1)
-    result: dict = dict(bench="serving", requests=args.num_prompts,
-                        request_rate=args.request_rate if args.request_rate != float("inf")
-                        else "inf")
+    result: dict = dict(
+        bench="serving",
+        requests=args.num_prompts,
+        request_rate=args.request_rate if args.request_rate != float("inf") else "inf",
+    )
     if args.address:
         if target == "both":
             raise SystemExit("--address takes one --target: frontend or worker")
@@ -215,11 +327,23 @@ def run(args: argparse.Namespace) -> dict:
             result[t] = measure(t, args.address, shape, warmup, args, {})
         return result
     settings = engine_settings(args, tokenizer=target != "worker")
-    result.update(model=args.model or args.shape, tp=settings["tensor_parallel_size"],
-                  settings={k: settings[k] for k in (
-                      "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-                      "gpu_memory_utilization", "kvcache_block_size", "enforce_eager",
-                      "decode_lookahead", "device")})
+    result.update(
+        model=args.model or args.shape,
+        tp=settings["tensor_parallel_size"],
+        settings={
+            k: settings[k]
+            for k in (
+                "max_num_seqs",
+                "max_num_batched_tokens",
+                "max_model_len",
+                "gpu_memory_utilization",
+                "kvcache_block_size",
+                "enforce_eager",
+                "decode_lookahead",
+                "device",
+            )
+        },
+    )
     if not args.skip_offline:
         result["offline"] = run_offline(settings, shape, warmup, args)
     services = start_services(settings, target, args)
@@ -238,37 +362,48 @@ def run(args: argparse.Namespace) -> dict:
         result[f"{t}_over_offline"] = round(result[t]["tok_s"] / offline["tok_s"], 3)
         if "one_stream_ms_per_token" in result[t]:
             result[f"{t}_ms_per_token_over_offline"] = round(
-                result[t]["one_stream_ms_per_token"] / offline["one_stream_ms_per_token"], 3)
+                result[t]["one_stream_ms_per_token"] / offline["one_stream_ms_per_token"], 3
+            )
     if "frontend" in result and "worker" in result and "one_stream_ttft_ms" in result["frontend"]:
         result["ttft_frontend_minus_worker_ms"] = round(
-            result["frontend"]["one_stream_ttft_ms"] - result["worker"]["one_stream_ttft_ms"], 2)
+            result["frontend"]["one_stream_ttft_ms"] - result["worker"]["one_stream_ttft_ms"], 2
+        )
     return result
 
 
 def summary(r: dict) -> str:
-    lines = [f"serving {r['model']} tp={r['tp']}: {r['requests']} requests, "
-             f"rate {r['request_rate']} req/s"]
+    lines = [
+        f"serving {r['model']} tp={r['tp']}: {r['requests']} requests, "
+        f"rate {r['request_rate']} req/s"
+    ]
     if "offline" in r:
         o = r["offline"]
-        lines.append(f"  offline   {o['tok_s']:>10,.0f} tok/s   one stream "
-                     f"{o['one_stream_ms_per_token']} ms/token, TTFT {o['one_stream_ttft_ms']} ms")
+        lines.append(
+            f"  offline   {o['tok_s']:>10,.0f} tok/s   one stream "
+            f"{o['one_stream_ms_per_token']} ms/token, TTFT {o['one_stream_ttft_ms']} ms"
+        )
     for t in ("frontend", "worker"):
         if t not in r:
             continue
         x = r[t]
         ratio = f" ({r[t + '_over_offline']} of offline)" if t + "_over_offline" in r else ""
-        lines.append(f"  {t:<9} {x['tok_s']:>10,.0f} tok/s{ratio}   one stream "
-                     f"{x.get('one_stream_ms_per_token')} ms/token, TTFT "
-                     f"{x.get('one_stream_ttft_ms')} ms; errors {x['errors']}")
+        lines.append(
+            f"  {t:<9} {x['tok_s']:>10,.0f} tok/s{ratio}   one stream "
+            f"{x.get('one_stream_ms_per_token')} ms/token, TTFT "
+            f"{x.get('one_stream_ttft_ms')} ms; errors {x['errors']}"
+        )
         lines.append(f"    TTFT ms {x['ttft_ms']}")
         lines.append(f"    ITL ms  {x['itl_ms']}")
         for bucket, s in x["ttft_ms_by_prompt_len"].items():
             lines.append(f"    TTFT ms, prompt {bucket}: {s}")
         if x["loadgen"]["saturated"]:
-            lines.append("    WARNING: a load-generator process was near one core: "
-                         "raise --client-procs")
-        lines.append(f"    load generator {x['loadgen']}; service CPU cores "
-                     f"{x['service_cpu_cores']}; messages/token {x['messages_per_token']}")
+            lines.append(
+                "    WARNING: a load-generator process was near one core: raise --client-procs"
+            )
+        lines.append(
+            f"    load generator {x['loadgen']}; service CPU cores "
+            f"{x['service_cpu_cores']}; messages/token {x['messages_per_token']}"
+        )
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 """Latency statistics of the benchmarks: percentiles of a list of samples, and the same per bucket
 of a key (TTFT by prompt length). Pure Python, so the load generator's results need no numpy.
 """
+
 from collections.abc import Iterable, Sequence
 
 PERCENTILES = (50, 90, 99)
@@ -42,8 +43,9 @@ def bucket_label(key: int, edges: Sequence[int]) -> str:
     return f">={edges[-1]}"
 
 
-def summarize_by_bucket(pairs: Iterable[tuple[int, float]], edges: Sequence[int],
-                        scale: float = 1.0) -> dict[str, dict]:
+def summarize_by_bucket(
+    pairs: Iterable[tuple[int, float]], edges: Sequence[int], scale: float = 1.0
+) -> dict[str, dict]:
     """(key, value) pairs -> {bucket label: summarize(values)}, buckets in ascending order, empty
     buckets left out."""
     edges = sorted(edges)
@@ -51,4 +53,6 @@ def summarize_by_bucket(pairs: Iterable[tuple[int, float]], edges: Sequence[int]
     order = {bucket_label(k, edges): i for i, k in enumerate([-1, *edges])}
     for key, value in pairs:
         groups.setdefault(bucket_label(key, edges), []).append(value)
-    return {label: summarize(groups[label], scale) for label in sorted(groups, key=order.__getitem__)}
+    return {
+        label: summarize(groups[label], scale) for label in sorted(groups, key=order.__getitem__)
+    }

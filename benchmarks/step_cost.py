@@ -24,15 +24,21 @@ class Shape:
     @classmethod
     def named(cls, name: str) -> "Shape":
         s = SHAPES[name]
-        return cls(s["hidden_size"], s["intermediate_size"], s["num_hidden_layers"],
-                   s["num_attention_heads"], s["num_key_value_heads"])
+        return cls(
+            s["hidden_size"],
+            s["intermediate_size"],
+            s["num_hidden_layers"],
+            s["num_attention_heads"],
+            s["num_key_value_heads"],
+        )
 
     @property
     def linear_params(self) -> int:
         """qkv, o, gate_up, down of all layers."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return self.layers * (self.hidden * (q + 2 * kv) + q * self.hidden
-                              + 3 * self.hidden * self.inter)
+        return self.layers * (
+            self.hidden * (q + 2 * kv) + q * self.hidden + 3 * self.hidden * self.inter
+        )
 
     @property
     def lm_head_params(self) -> int:
@@ -74,9 +80,16 @@ def step_cost(shape: Shape, items: list[tuple[int, int]], sampled: int | None = 
     s = len(items) if sampled is None else sampled
     kv_read = sum(past + new for past, new in items) * shape.kv_bytes_per_token
     weights = (shape.linear_params + shape.lm_head_params) * BF16
-    moved = weights + kv_read + n * shape.kv_bytes_per_token + n * shape.act_bytes_per_token \
+    moved = (
+        weights
+        + kv_read
+        + n * shape.kv_bytes_per_token
+        + n * shape.act_bytes_per_token
         + 2 * s * shape.vocab * 4
+    )
     # attention: QK^T and PV, 2 FLOPs a multiply-add, causal within the new tokens
-    attn = sum(4 * shape.heads * shape.head_dim * shape.layers * new * (past + (new + 1) / 2)
-               for past, new in items)
+    attn = sum(
+        4 * shape.heads * shape.head_dim * shape.layers * new * (past + (new + 1) / 2)
+        for past, new in items
+    )
     return Cost(moved, 2 * n * shape.linear_params + 2 * s * shape.lm_head_params + attn)

@@ -3,6 +3,7 @@
 start of publish() to the end of a rank's read(), with ranks busy (spinning: steps come faster than
 SPIN_S) and idle (asleep on the wake-up pipe). Prints one JSON line per case; figures, not pass/fail.
 """
+
 import argparse
 import json
 import multiprocessing as mp
@@ -28,8 +29,10 @@ def run_case(readers: int, words: int, steps: int, interval_us: float, max_words
     ctx = mp.get_context("spawn")
     box = StepMailbox(readers, max_words, ctx)
     results = ctx.Queue()
-    procs = [ctx.Process(target=_reader, args=(box.handle(r), steps, results), daemon=True)
-             for r in range(readers)]
+    procs = [
+        ctx.Process(target=_reader, args=(box.handle(r), steps, results), daemon=True)
+        for r in range(readers)
+    ]
     for p in procs:
         p.start()
     msg = np.arange(words, dtype=np.int64)
@@ -44,15 +47,20 @@ def run_case(readers: int, words: int, steps: int, interval_us: float, max_words
         time.sleep(max(0.0, due - time.perf_counter() - 2e-4))  # leave the cores to the readers
         while time.perf_counter() < due:
             pass
-    latencies = np.concatenate([results.get(timeout=120)[steps // 10:] for _ in procs])
+    latencies = np.concatenate([results.get(timeout=120)[steps // 10 :] for _ in procs])
     for p in procs:
         p.join(10)
     box.close(unlink=True)
     us = lambda a, q: round(float(np.percentile(a, q)) / 1000, 1)  # noqa: E731
-    return {"readers": readers, "words": words, "interval_us": interval_us,
-            "publish_us_p50": us(publish_ns[steps // 10:], 50),
-            "publish_us_p99": us(publish_ns[steps // 10:], 99),
-            "read_latency_us_p50": us(latencies, 50), "read_latency_us_p99": us(latencies, 99)}
+    return {
+        "readers": readers,
+        "words": words,
+        "interval_us": interval_us,
+        "publish_us_p50": us(publish_ns[steps // 10 :], 50),
+        "publish_us_p99": us(publish_ns[steps // 10 :], 99),
+        "read_latency_us_p50": us(latencies, 50),
+        "read_latency_us_p99": us(latencies, 99),
+    }
 
 
 def main() -> None:
@@ -67,8 +75,9 @@ def main() -> None:
         for words in sizes:
             for interval_us in (1000.0, 20000.0):  # busy (readers spin), idle (readers sleep)
                 steps = args.steps if interval_us < 5000 else args.steps // 10
-                print(json.dumps(run_case(readers, words, steps, interval_us, max_words)),
-                      flush=True)
+                print(
+                    json.dumps(run_case(readers, words, steps, interval_us, max_words)), flush=True
+                )
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 [100, 1024], random token ids, ignore_eos) with optional Poisson arrival times. Plain lists, so
 they travel to client processes as JSON.
 """
+
 import random
 from dataclasses import dataclass
 
@@ -14,8 +15,9 @@ class Request:
     arrival_s: float  # send time, seconds after the run's start
 
 
-def lengths(num: int, lo: int, hi: int, out_lo: int, out_hi: int,
-            seed: int = 0) -> list[tuple[int, int]]:
+def lengths(
+    num: int, lo: int, hi: int, out_lo: int, out_hi: int, seed: int = 0
+) -> list[tuple[int, int]]:
     """(prompt length, output length) of each request, the same for every path measured."""
     rng = random.Random(seed)
     return [(rng.randint(lo, hi), rng.randint(out_lo, out_hi)) for _ in range(num)]
@@ -36,11 +38,14 @@ def arrivals(num: int, rate: float, seed: int = 0) -> list[float]:
     return out
 
 
-def build(name: str, shape: list[tuple[int, int]], vocab: int, rate: float = float("inf"),
-          seed: int = 0) -> list[Request]:
+def build(
+    name: str, shape: list[tuple[int, int]], vocab: int, rate: float = float("inf"), seed: int = 0
+) -> list[Request]:
     """Requests of the given (prompt, output) lengths with random ids drawn from `seed`: each path
     measured uses its own seed, so none of them finds another's prompts in the prefix cache."""
     rng = random.Random(f"{name}-{seed}")
     times = arrivals(len(shape), rate, seed)
-    return [Request(f"{name}-{i}", [rng.randrange(vocab) for _ in range(p)], o, t)
-            for i, ((p, o), t) in enumerate(zip(shape, times))]
+    return [
+        Request(f"{name}-{i}", [rng.randrange(vocab) for _ in range(p)], o, t)
+        for i, ((p, o), t) in enumerate(zip(shape, times))
+    ]

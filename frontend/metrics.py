@@ -8,12 +8,74 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from nanoserve.frontend.request_log import RequestRecord
 
 # vLLM's buckets for the latency histograms (seconds)
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-               10.0, 20.0, 40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-               120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 
 class FrontendMetrics:
@@ -24,24 +86,57 @@ class FrontendMetrics:
         self.model_name = model_name
         self._children: dict[tuple, object] = {}
         r, m = self.registry, ["model_name"]
-        self.success = Counter("vllm:request_success", "Requests finished, by finish reason",
-                               m + ["finished_reason"], registry=r)
-        self.errors = Counter("nanoserve:request_errors", "Requests ended without finishing, by "
-                              "gRPC status code", m + ["code"], registry=r)
-        self.admission_refusals = Counter("nanoserve:admission_refusals", "Requests refused at "
-                                          "admission (RESOURCE_EXHAUSTED)", m, registry=r)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of finished requests",
-                                     m, registry=r)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens streamed to clients",
-                                         m, registry=r)
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token, as the "
-                              "frontend sees it", m, buckets=TTFT_BUCKETS, registry=r)
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Mean time between tokens, one "
-                             "sample per request", m, buckets=ITL_BUCKETS, registry=r)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Arrival to end of a finished "
-                             "request", m, buckets=E2E_BUCKETS, registry=r)
-        self.in_flight = Gauge("nanoserve:frontend_requests_in_flight", "Generate/Chat calls in "
-                               "flight on the frontend", m, registry=r)
+        self.success = Counter(
+            "vllm:request_success",
+            "Requests finished, by finish reason",
+            m + ["finished_reason"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "nanoserve:request_errors",
+            "Requests ended without finishing, by gRPC status code",
+            m + ["code"],
+            registry=r,
+        )
+        self.admission_refusals = Counter(
+            "nanoserve:admission_refusals",
+            "Requests refused at admission (RESOURCE_EXHAUSTED)",
+            m,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Prompt tokens of finished requests", m, registry=r
+        )
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Tokens streamed to clients", m, registry=r
+        )
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token, as the frontend sees it",
+            m,
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Mean time between tokens, one sample per request",
+            m,
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Arrival to end of a finished request",
+            m,
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "nanoserve:frontend_requests_in_flight",
+            "Generate/Chat calls in flight on the frontend",
+            m,
+            registry=r,
+        )
 
     def track_in_flight(self, read) -> None:
         """Reads the in-flight gauge from `read()` at scrape time."""

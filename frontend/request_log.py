@@ -67,7 +67,7 @@ class RequestRecord:
     @property
     def inter_token_latency(self) -> float | None:
         """Mean time between tokens after the first (None with fewer than 2 tokens)."""
-        if self.first_token_at is None or self.completion_tokens < 2:
+        if self.first_token_at is None or self.last_token_at is None or self.completion_tokens < 2:
             return None
         return (self.last_token_at - self.first_token_at) / (self.completion_tokens - 1)
 

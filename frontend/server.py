@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
@@ -50,6 +51,9 @@ from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.security import ServerSecurity
+
+if TYPE_CHECKING:  # prometheus_client loads only with a metrics port
+    from nanoserve.frontend.metrics import FrontendMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -229,10 +233,9 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                 pending.min_ids = self.config.stream_interval
                 if last is not None and last.error_code:
                     raise worker_status_error(last.error_code, last.error_message)
-                finished = last is not None
                 # A stop token's text stays out of the output, like a stop string's (vLLM).
                 skip_last = (
-                    finished
+                    last is not None
                     and last.HasField("stop_token_id")
                     and not include_stop
                     and len(ids) > 0
@@ -244,7 +247,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                     out = detokenizer.add(ids, skip_last)
                 completion_tokens += out.num_tokens
                 fields = {"text": out.text, "token_ids": ids[: out.num_tokens]}
-                if out.matched_stop is None and finished:
+                if out.matched_stop is None and last is not None:
                     tail = detokenizer.flush()
                     fields["text"] += tail.text
                     out.matched_stop = tail.matched_stop
@@ -289,7 +292,8 @@ class FrontendServer:
         )
         self.servicer = FrontendServicer(config, self.tokenizer, self.link)
         self.servicer.request_sinks.append(RequestLog(config.log_format))
-        self.metrics = self.metrics_server = None
+        self.metrics: FrontendMetrics | None = None
+        self.metrics_server: Any = None  # prometheus_client's HTTP server, when metrics_port is set
         if config.metrics_port:  # prometheus_client is imported (and paid for) only when asked for
             from nanoserve.frontend.metrics import FrontendMetrics
 
@@ -305,7 +309,9 @@ class FrontendServer:
         )
         options = server_options(config.max_message_bytes)
         if config.reuse_port:  # several frontend processes on one port
-            options = [o for o in options if o[0] != "grpc.so_reuseport"] + [("grpc.so_reuseport", 1)]
+            options = [o for o in options if o[0] != "grpc.so_reuseport"] + [
+                ("grpc.so_reuseport", 1)
+            ]
         self.server = grpc.aio.server(
             interceptors=self.security.interceptors(
                 config.max_prompt_bytes + REQUEST_OVERHEAD_BYTES, "max_prompt_bytes + 1 MiB"
@@ -342,7 +348,7 @@ class FrontendServer:
         if self.port == 0:
             raise RuntimeError(f"could not bind {host}:{self.config.port}")
         await self.server.start()
-        if self.config.metrics_port:
+        if self.config.metrics_port and self.metrics is not None:
             from nanoserve.metrics_endpoint import serve_metrics
 
             self.metrics_server = serve_metrics(

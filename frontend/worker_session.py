@@ -60,9 +60,7 @@ class WorkerSession:
         self.outbox: asyncio.Queue[worker_pb2.SessionRequest] = asyncio.Queue()
         self.tasks: list[asyncio.Task] = []
 
-    def start(
-        self, request: worker_pb2.GenerateTokensRequest, timeout_s: float | None
-    ) -> Pending:
+    def start(self, request: worker_pb2.GenerateTokensRequest, timeout_s: float | None) -> Pending:
         """Queues a request (its id unique within this process); its outputs arrive on Pending."""
         if self.call is None:
             self._open()
@@ -98,7 +96,9 @@ class WorkerSession:
             self.adds, self.aborts = [], []
 
     async def _write(self, call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue) -> None:
-        with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+        with contextlib.suppress(
+            grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError
+        ):
             while True:
                 message = await outbox.get()
                 while not outbox.empty():  # the previous write was slow: merge what queued up

@@ -91,7 +91,12 @@ def _serve_parser() -> argparse.ArgumentParser:
         parser, WorkerConfig, title="worker", skip={*SERVE_OWNS, "metrics_port"}, only_given=True
     )
     shared = {  # in the worker section, given to both services
-        "log_level", "grace_period_s", "max_message_bytes", "revision", "max_stop_token_ids"}
+        "log_level",
+        "grace_period_s",
+        "max_message_bytes",
+        "revision",
+        "max_stop_token_ids",
+    }
     add_config_args(
         parser, FrontendConfig, title="frontend", skip={*SERVE_OWNS, *shared}, only_given=True
     )

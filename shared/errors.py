@@ -225,7 +225,7 @@ def grpc_errors(handler: Callable) -> Callable:
             except Exception as e:  # noqa: BLE001 - every failure becomes a status
                 await on_error(context, e)
 
-        stream_wrapper.refuses_undecodable = True
+        setattr(stream_wrapper, "refuses_undecodable", True)  # read by request_decoding
         return stream_wrapper
 
     @functools.wraps(handler)
@@ -239,5 +239,5 @@ def grpc_errors(handler: Callable) -> Callable:
         except Exception as e:  # noqa: BLE001
             await on_error(context, e)
 
-    unary_wrapper.refuses_undecodable = True
+    setattr(unary_wrapper, "refuses_undecodable", True)
     return unary_wrapper

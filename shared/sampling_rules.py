@@ -1,6 +1,7 @@
 """The ranges of the sampling fields (vLLM's rules): one table that the frontend checks on the proto
 (frontend/validation.py) and the worker's SamplingParams checks again (worker/sampling_params.py).
 """
+
 import math
 from collections.abc import Callable, Iterator, Mapping
 
@@ -15,8 +16,9 @@ RULES: dict[str, tuple[Callable[[float], bool], str]] = {
     "presence_penalty": (lambda v: -2 <= v <= 2, "in [-2, 2]"),
     "frequency_penalty": (lambda v: -2 <= v <= 2, "in [-2, 2]"),
 }
-FLOAT_FIELDS = frozenset({"temperature", "top_p", "min_p", "repetition_penalty",
-                          "presence_penalty", "frequency_penalty"})
+FLOAT_FIELDS = frozenset(
+    {"temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"}
+)
 
 
 def violations(values: Mapping[str, float]) -> Iterator[tuple[str, str]]:
@@ -30,6 +32,9 @@ def violations(values: Mapping[str, float]) -> Iterator[tuple[str, str]]:
             yield name, "a finite number"
         elif not ok(value):
             yield name, rule
-    if "min_tokens" in values and "max_tokens" in values \
-            and values["min_tokens"] > values["max_tokens"]:
+    if (
+        "min_tokens" in values
+        and "max_tokens" in values
+        and values["min_tokens"] > values["max_tokens"]
+    ):
         yield "min_tokens", f"<= max_tokens ({values['max_tokens']})"

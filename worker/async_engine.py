@@ -4,6 +4,7 @@ adds and aborts in batches, and fans each step's frame out to the requests' stre
 Every stream keeps at most one pending delta: ids that arrive before its consumer runs are merged
 into it (vLLM's RequestOutputCollector). Streams owned by a Session are flushed once per frame.
 """
+
 import asyncio
 import collections
 import itertools
@@ -31,6 +32,7 @@ class RequestAborted(RuntimeError):
 @dataclass(slots=True)
 class EngineLimits:
     """What requests are validated against: the core process reports them once its model loaded."""
+
     max_model_len: int = 0
     vocab_size: int = 0
 
@@ -48,6 +50,7 @@ class Finish:
 class Stream:
     """One request: its caller's id (for logs and Abort), the engine's id (unique for the process:
     a reused request_id never receives an ended request's tokens) and its pending output."""
+
     request_id: str
     engine_id: int
     owner: "Collector | None" = None  # a Session flushes its streams together
@@ -80,15 +83,21 @@ class Collector:
 
 
 class AsyncEngine:
-
-    def __init__(self, config: WorkerConfig, loop: asyncio.AbstractEventLoop,
-                 on_fatal: Callable[[BaseException], None]):
+    def __init__(
+        self,
+        config: WorkerConfig,
+        loop: asyncio.AbstractEventLoop,
+        on_fatal: Callable[[BaseException], None],
+    ):
         self.config, self.loop, self.on_fatal = config, loop, on_fatal
         ctx = mp.get_context("spawn")  # CUDA; called from the main thread (PDEATHSIG is per thread)
         core_in, self.to_core = ctx.Pipe(duplex=False)
         self.from_core, core_out = ctx.Pipe(duplex=False)
-        self.process = ctx.Process(target=engine_core.run_engine_core, name="nanoserve-engine-core",
-                                   args=(config, core_in, core_out))
+        self.process = ctx.Process(
+            target=engine_core.run_engine_core,
+            name="nanoserve-engine-core",
+            args=(config, core_in, core_out),
+        )
         self.process.start()
         core_in.close()  # our copies: the core's death must read as EOF here
         core_out.close()
@@ -112,6 +121,7 @@ class AsyncEngine:
         loop.add_reader(self.from_core.fileno(), self._on_readable)
         # imports torch (seconds) while the core loads, not on the first request
         from nanoserve.worker.engine.llm_engine import LLMEngine
+
         self.engine_class = LLMEngine
 
     @property
@@ -120,11 +130,17 @@ class AsyncEngine:
 
     def validate(self, token_ids: list[int], sp: SamplingParams) -> None:
         """LLMEngine.validate against the limits the core reported (ValueError naming the field)."""
-        self.engine_class.validate_against(token_ids, sp, self.limits.max_model_len,
-                                           self.limits.vocab_size)
+        self.engine_class.validate_against(
+            token_ids, sp, self.limits.max_model_len, self.limits.vocab_size
+        )
 
-    def add(self, request_id: str, token_ids: list[int], sp: SamplingParams,
-            owner: Collector | None = None) -> Stream:
+    def add(
+        self,
+        request_id: str,
+        token_ids: list[int],
+        sp: SamplingParams,
+        owner: Collector | None = None,
+    ) -> Stream:
         """Validates (ValueError) and queues a request. Without an owner, request ids are unique
         among live requests (WorkerService.Abort names them)."""
         if self.error is not None:
@@ -192,7 +208,9 @@ class AsyncEngine:
             if self.stopping:
                 return
             self.process.join(timeout=1.0)
-            self.fail(EngineDead(f"the engine core process died (exit code {self.process.exitcode})"))
+            self.fail(
+                EngineDead(f"the engine core process died (exit code {self.process.exitcode})")
+            )
 
     def _on_ready(self, info: dict) -> None:
         self.info = info

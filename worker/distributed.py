@@ -4,6 +4,7 @@ The TP group is the default torch.distributed group (ModelRunner initialises it:
 on CPU); without it every helper degrades to world size 1, the plain single-process path. On CUDA,
 small all-reduces (every decode step's) go through SymmetricAllReduce instead of NCCL.
 """
+
 import logging
 
 import torch
@@ -45,9 +46,15 @@ class SymmetricAllReduce:
     the KiB-sized messages of a decode step, against ~10 µs for NCCL (nanoserve.benchmarks.allreduce).
     CUDA-graph safe: the buffer and the signal pads have fixed addresses and reset themselves."""
 
-    def __init__(self, device: torch.device, max_bytes: int, dtype: torch.dtype = torch.bfloat16,
-                 max_rows: int = 512):
+    def __init__(
+        self,
+        device: torch.device,
+        max_bytes: int,
+        dtype: torch.dtype = torch.bfloat16,
+        max_rows: int = 512,
+    ):
         import torch.distributed._symmetric_memory as symm_mem
+
         group = dist.group.WORLD
         assert group is not None  # init_process_group ran (ModelRunner under tensor parallelism)
         self.group_name = group.group_name
@@ -72,36 +79,61 @@ class SymmetricAllReduce:
 
     def fits(self, x: torch.Tensor) -> bool:
         # 16-byte vectors: the kernel's alignment of the element count and of the data pointer
-        return (x.dtype == self.dtype and x.numel() <= self.max_numel and x.is_contiguous()
-                and (x.numel() * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0)
+        return (
+            x.dtype == self.dtype
+            and x.numel() <= self.max_numel
+            and x.is_contiguous()
+            and (x.numel() * x.element_size()) % 16 == 0
+            and x.data_ptr() % 16 == 0
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Sum x over the ranks, in place (each thread overwrites only elements it copied out
         before the barrier)."""
-        symm = self.buffer[:x.numel()].view(x.shape)
+        symm = self.buffer[: x.numel()].view(x.shape)
         return torch.ops.symm_mem.one_shot_all_reduce_copy_out(symm, x, "sum", self.group_name, x)
 
-    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                     eps: float, slot: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, slot: int
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(rms_norm(sum_ranks(x) + residual), sum_ranks(x) + residual) in one kernel, or None
         when x does not fit. Consecutive calls must use different slots (0 or 1): a rank may
         overwrite a slot only once every peer is past the call that read it."""
-        if not (x.dtype == torch.bfloat16 and self.fits(x) and x.dim() == 2  # the kernel is bf16
-                and x.shape[0] <= min(self.max_rows, FUSED_MAX_ROWS)
-                and residual.shape == x.shape and residual.is_contiguous()):
+        if not (
+            x.dtype == torch.bfloat16
+            and self.fits(x)
+            and x.dim() == 2  # the kernel is bf16
+            and x.shape[0] <= min(self.max_rows, FUSED_MAX_ROWS)
+            and residual.shape == x.shape
+            and residual.is_contiguous()
+        ):
             return None
         from nanoserve.worker.kernels.allreduce_norm import allreduce_add_rms_norm
-        return allreduce_add_rms_norm(x, residual, weight, eps, self.buffer_ptrs, self.flag_ptrs,
-                                      slot, self.max_numel, self.rank, self.generations, self.error)
+
+        return allreduce_add_rms_norm(
+            x,
+            residual,
+            weight,
+            eps,
+            self.buffer_ptrs,
+            self.flag_ptrs,
+            slot,
+            self.max_numel,
+            self.rank,
+            self.generations,
+            self.error,
+        )
 
     def error_message(self) -> str | None:
         from nanoserve.worker.kernels.allreduce_norm import ERR_ARRIVED, ERR_GENERATION, ERR_TAKEN
+
         code = int(self.error[0])
-        return {0: None,
-                ERR_TAKEN.value: "a peer never took this rank's flag (it stopped or died)",
-                ERR_ARRIVED.value: "a peer never arrived (it stopped, died or ran another batch size)",
-                ERR_GENERATION.value: "a peer's flag was of another call (kernels ran out of order)",
-                }.get(code, f"error {code}")
+        return {
+            0: None,
+            ERR_TAKEN.value: "a peer never took this rank's flag (it stopped or died)",
+            ERR_ARRIVED.value: "a peer never arrived (it stopped, died or ran another batch size)",
+            ERR_GENERATION.value: "a peer's flag was of another call (kernels ran out of order)",
+        }.get(code, f"error {code}")
 
     def close(self) -> None:
         del self.handle, self.buffer, self.fused_handles, self.fused_buffer, self.flags
@@ -110,8 +142,9 @@ class SymmetricAllReduce:
 _symmetric: SymmetricAllReduce | None = None
 
 
-def init_symmetric_all_reduce(device: torch.device, max_bytes: int, dtype: torch.dtype,
-                              max_rows: int = 512) -> None:
+def init_symmetric_all_reduce(
+    device: torch.device, max_bytes: int, dtype: torch.dtype, max_rows: int = 512
+) -> None:
     """Every rank calls this after init_process_group (CUDA only). All ranks agree whether it
     works (a rank that used it while another used NCCL would wait forever), else NCCL stays."""
     global _symmetric
@@ -126,8 +159,10 @@ def init_symmetric_all_reduce(device: torch.device, max_bytes: int, dtype: torch
         _symmetric = comm
         logger.info("all-reduces up to %d KiB through symmetric memory", max_bytes // 1024)
     else:
-        logger.warning("symmetric-memory all-reduce unavailable (%s): NCCL for all sizes",
-                       error or "another rank failed")
+        logger.warning(
+            "symmetric-memory all-reduce unavailable (%s): NCCL for all sizes",
+            error or "another rank failed",
+        )
 
 
 def fused_all_reduce_error() -> str | None:
@@ -154,8 +189,9 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                            eps: float, slot: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+def all_reduce_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, slot: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The all-reduce of a row-parallel layer fused with the residual add + RMSNorm after it, or
     None where only the unfused path runs (one rank, no symmetric memory, too many rows)."""
     if _symmetric is None or get_tp_world_size() == 1:

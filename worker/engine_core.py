@@ -4,6 +4,7 @@ worker.server (gRPC, asyncio) <-- msgpack frames over a pipe --> run_engine_core
 In: batches of adds and aborts. Out: one frame per engine step with every request's new ids, so the
 engine never waits for an event loop, protobuf or gRPC; nothing crosses the pipe as pickle.
 """
+
 import logging
 import os
 import signal
@@ -40,6 +41,7 @@ class EngineCore:
 
     def __init__(self, config: WorkerConfig, inbox: Connection, outbox: Connection):
         from nanoserve.worker.engine.llm_engine import LLMEngine
+
         self.inbox, self.outbox = inbox, outbox
         self.send_lock = threading.Lock()  # the tensor-parallel watcher thread may send ERROR
         self.engine = LLMEngine(config)
@@ -55,20 +57,35 @@ class EngineCore:
 
     def info(self) -> dict:
         e = self.engine
-        return {"max_model_len": e.max_model_len, "vocab_size": e.model_config.vocab_size,
-                "eos_token_ids": list(e.eos_token_ids), "block_size": e.block_size,
-                "num_kvcache_blocks": e.num_kvcache_blocks,
-                "dtype": str(e.model_runner.dtype).removeprefix("torch."),
-                "device": str(e.model_runner.device)}
+        return {
+            "max_model_len": e.max_model_len,
+            "vocab_size": e.model_config.vocab_size,
+            "eos_token_ids": list(e.eos_token_ids),
+            "block_size": e.block_size,
+            "num_kvcache_blocks": e.num_kvcache_blocks,
+            "dtype": str(e.model_runner.dtype).removeprefix("torch."),
+            "device": str(e.model_runner.device),
+        }
 
     def load(self) -> list:
         e, s, bm = self.engine, self.engine.scheduler, self.engine.block_manager
-        return [time.monotonic(), e.num_prompt_tokens_done, e.num_generated_tokens, len(s.running),
-                len(s.waiting), bm.num_free_blocks, bm.num_blocks, bm.prefix_cache_hit_rate,
-                s.num_preemptions, bm.num_queried_tokens, bm.num_hit_tokens]
+        return [
+            time.monotonic(),
+            e.num_prompt_tokens_done,
+            e.num_generated_tokens,
+            len(s.running),
+            len(s.waiting),
+            bm.num_free_blocks,
+            bm.num_blocks,
+            bm.prefix_cache_hit_rate,
+            s.num_preemptions,
+            bm.num_queried_tokens,
+            bm.num_hit_tokens,
+        ]
 
     def apply(self, data: bytes) -> None:
         from nanoserve.worker.sampling_params import SamplingParams
+
         adds, aborts, exit_ = decode(data)
         for engine_id, token_ids, sp in adds:
             try:
@@ -103,8 +120,10 @@ class EngineCore:
                 continue
             self.stats.begin(self.load)  # a load report only when a window opens
             outputs = engine.step()
-            out = [[o.seq.request_id, o.new_token_ids, _finish(o.seq) if o.finished else None]
-                   for o in outputs]
+            out = [
+                [o.seq.request_id, o.new_token_ids, _finish(o.seq) if o.finished else None]
+                for o in outputs
+            ]
             load = self.load()
             self.send([STEP, load, out])
             self.load_dirty = False
@@ -123,8 +142,13 @@ class EngineCore:
 
 def _finish(seq) -> list:
     """[finish reason, prompt tokens, completion tokens, cached tokens, stop token id or None]"""
-    return [seq.finish_reason.value, seq.num_prompt_tokens, seq.num_completion_tokens,
-            seq.num_cached_tokens, seq.stop_token_id]
+    return [
+        seq.finish_reason.value,
+        seq.num_prompt_tokens,
+        seq.num_completion_tokens,
+        seq.num_cached_tokens,
+        seq.stop_token_id,
+    ]
 
 
 def run_engine_core(config: WorkerConfig, inbox: Connection, outbox: Connection) -> None:
@@ -138,8 +162,10 @@ def run_engine_core(config: WorkerConfig, inbox: Connection, outbox: Connection)
         # and the frontend need (measured on a busy 2-core box: a CPU step 3-10x slower)
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from nanoserve.worker.engine.tp import die_with_parent
+
     die_with_parent()  # a SIGKILLed server leaves no engine behind
     from nanoserve.log import setup_logging
+
     setup_logging("worker", config.log_level)
     try:
         core = EngineCore(config, inbox, outbox)

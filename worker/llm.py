@@ -1,5 +1,6 @@
 """Offline API, no gRPC (`from nanoserve.worker import LLM, SamplingParams`): prompts as token ids or
 as text (encoded with the model's tokenizer.json by nanoserve.prompt_text, loaded on first use)."""
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,12 +35,16 @@ class LLM(LLMEngine):
             return prompt
         if self._tokenizer is None:
             from nanoserve.prompt_text import load_prompt_tokenizer  # only text prompts need it
+
             self._tokenizer = load_prompt_tokenizer(self.config.model)
         return self._tokenizer.encode(prompt)
 
-    def generate(self, prompts: str | list[str] | list[list[int]],
-                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: str | list[str] | list[list[int]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order; a text prompt's output also carries `.text`."""
         if isinstance(prompts, str):
             prompts = [prompts]
@@ -65,7 +70,14 @@ class LLM(LLMEngine):
             if text:
                 assert self._tokenizer is not None  # a text prompt loaded it
                 decoded = self._tokenizer.decode(s.completion_token_ids)
-            outputs.append(RequestOutput(s.request_id, s.token_ids[:s.num_prompt_tokens],
-                                         s.completion_token_ids, s.finish_reason.value,
-                                         s.num_cached_tokens, decoded))
+            outputs.append(
+                RequestOutput(
+                    s.request_id,
+                    s.token_ids[: s.num_prompt_tokens],
+                    s.completion_token_ids,
+                    s.finish_reason.value,
+                    s.num_cached_tokens,
+                    decoded,
+                )
+            )
         return outputs

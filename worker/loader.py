@@ -3,6 +3,7 @@ listed in model.safetensors.index.json). Each parameter's weight_loader reads, t
 safetensors slice, only the shard its tensor-parallel rank keeps; the dtype is cast on copy.
 A tqdm bar on stderr counts the tensors (by default only when stderr is a terminal: logs stay clean).
 """
+
 import glob
 import json
 import os
@@ -50,15 +51,22 @@ def load_model(model: nn.Module, model_dir: str, progress: bool | None = False) 
     needed = _needed(model, mapping)
     loaded: set[tuple[str, object]] = set()
     files = checkpoint_files(model_dir)
-    bar = tqdm(total=0 if progress is False else _num_tensors(files), unit="tensor",
-               desc="Loading weights", disable=None if progress is None else not progress)
+    bar = tqdm(
+        total=0 if progress is False else _num_tensors(files),
+        unit="tensor",
+        desc="Loading weights",
+        disable=None if progress is None else not progress,
+    )
     with bar:
         for path in files:
             _load_file(path, params, mapping, tied, loaded, bar)
     missing = sorted(ckpt_name for key, ckpt_name in needed.items() if key not in loaded)
     if missing:
-        raise ValueError(f"checkpoint in {model_dir} is missing {len(missing)} tensor(s): "
-                         + ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else ""))
+        raise ValueError(
+            f"checkpoint in {model_dir} is missing {len(missing)} tensor(s): "
+            + ", ".join(missing[:8])
+            + (" ..." if len(missing) > 8 else "")
+        )
 
 
 def _num_tensors(files: list[str]) -> int:
@@ -69,8 +77,9 @@ def _num_tensors(files: list[str]) -> int:
     return total
 
 
-def _load_file(path: str, params: dict, mapping: dict, tied: bool,
-               loaded: set[tuple[str, object]], bar: tqdm) -> None:
+def _load_file(
+    path: str, params: dict, mapping: dict, tied: bool, loaded: set[tuple[str, object]], bar: tqdm
+) -> None:
     with safe_open(path, framework="pt") as f:
         for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
             if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
@@ -79,8 +88,10 @@ def _load_file(path: str, params: dict, mapping: dict, tied: bool,
             param_name, shard_id = _target(name, mapping)
             param = params.get(param_name)
             if param is None:
-                raise ValueError(f"unexpected tensor {name!r} in {os.path.basename(path)}: "
-                                 f"the model has no parameter {param_name!r}")
+                raise ValueError(
+                    f"unexpected tensor {name!r} in {os.path.basename(path)}: "
+                    f"the model has no parameter {param_name!r}"
+                )
             weight_loader = getattr(param, "weight_loader", load_whole)
             try:
                 if shard_id is None:
@@ -97,8 +108,10 @@ def _needed(model: nn.Module, mapping: dict) -> dict[tuple[str, object], str]:
     # (parameter, shard_id) that a complete checkpoint fills -> the checkpoint tensor's name
     needed: dict[tuple[str, object], str] = {}
     for name, _ in model.named_parameters():
-        shards = {shard_id: name.replace(f".{param_name}.", f".{ckpt_name}.")
-                  for ckpt_name, (param_name, shard_id) in mapping.items()
-                  if f".{param_name}." in name}
+        shards = {
+            shard_id: name.replace(f".{param_name}.", f".{ckpt_name}.")
+            for ckpt_name, (param_name, shard_id) in mapping.items()
+            if f".{param_name}." in name
+        }
         needed.update({(name, k): v for k, v in shards.items()} if shards else {(name, None): name})
     return needed

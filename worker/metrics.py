@@ -32,8 +32,19 @@ class WorkerLoad:
     def from_load(cls, load: list, num_finished: int) -> "WorkerLoad":
         """Reads an AsyncEngine's latest load report of the engine core process
         (engine_core.EngineCore.load: sent every step, and when the core goes idle)."""
-        (_, prompt_tokens, generation_tokens, running, waiting, free, total, _, preemptions,
-         queried, hits) = load
+        (
+            _,
+            prompt_tokens,
+            generation_tokens,
+            running,
+            waiting,
+            free,
+            total,
+            _,
+            preemptions,
+            queried,
+            hits,
+        ) = load
         return cls(
             num_running=running,
             num_waiting=waiting,
@@ -101,25 +112,28 @@ class WorkerCollector(Collector):
             yield family
         counters = {  # prometheus_client appends _total on exposition
             "vllm:prefix_cache_queries": (
-                "Prompt tokens looked up in the prefix cache", load.prefix_cache_queries),
+                "Prompt tokens looked up in the prefix cache",
+                load.prefix_cache_queries,
+            ),
             "vllm:prefix_cache_hits": (
-                "Prompt tokens found in the prefix cache", load.prefix_cache_hits),
+                "Prompt tokens found in the prefix cache",
+                load.prefix_cache_hits,
+            ),
             "vllm:num_preemptions": ("Sequences preempted", load.num_preemptions),
             "vllm:prompt_tokens": ("Prompt tokens prefilled", load.prompt_tokens),
             "vllm:generation_tokens": ("Tokens generated", load.generation_tokens),
             "nanoserve:worker_requests_finished": ("Requests finished", load.num_finished),
         }
         for name, (doc, number) in counters.items():
-            family = CounterMetricFamily(name, doc, labels=labels)
-            family.add_metric(value, float(number))
-            yield family
+            counter = CounterMetricFamily(name, doc, labels=labels)
+            counter.add_metric(value, float(number))
+            yield counter
 
 
 def worker_registry(model_name: str, read: Callable[[], WorkerLoad | None]) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(WorkerCollector(model_name, read))
     return registry
-
 
 
 def serve_worker_metrics(servicer, model_name: str, port: int, host: str) -> object | None:

@@ -3,6 +3,7 @@ generation_config.json). ModelRunner builds Qwen3ForCausalLM from it; the worker
 eos_token_ids and max_position_embeddings to the frontend; LLMEngine fills the unset sampling fields
 of each request from sampling_defaults (vLLM).
 """
+
 import json
 import os
 from dataclasses import dataclass
@@ -36,15 +37,24 @@ class ModelConfig:
     sampling_defaults: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim",
-                     "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be divisible "
-                             f"by num_key_value_heads ({self.num_key_value_heads})")
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be divisible "
+                f"by num_key_value_heads ({self.num_key_value_heads})"
+            )
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
         if not self.rms_norm_eps > 0:
@@ -56,8 +66,10 @@ class ModelConfig:
         # an id past vocab_size is allowed (transformers only warns): it is simply never sampled
         for token_id in (*self.eos_token_ids, self.bos_token_id):
             if token_id is not None and (not isinstance(token_id, int) or token_id < 0):
-                raise ValueError(f"token ids must be non-negative integers, got eos_token_ids="
-                                 f"{self.eos_token_ids!r}, bos_token_id={self.bos_token_id!r}")
+                raise ValueError(
+                    f"token ids must be non-negative integers, got eos_token_ids="
+                    f"{self.eos_token_ids!r}, bos_token_id={self.bos_token_id!r}"
+                )
 
     def max_len(self, requested: int) -> int:
         """`--max-model-len` (0: not set) capped by the positions the model was trained for; the
@@ -139,8 +151,10 @@ def _check_supported(hf: dict) -> None:
         rope = hf.get(key) or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
-            raise ValueError(f"unsupported rope scaling type {rope_type!r} in config.json "
-                             f"({key}); only the default rotary embedding is implemented")
+            raise ValueError(
+                f"unsupported rope scaling type {rope_type!r} in config.json "
+                f"({key}); only the default rotary embedding is implemented"
+            )
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; Qwen3 uses 'silu'")
     if hf.get("attention_bias", False):

@@ -1,14 +1,17 @@
 """A request's proto forms and the engine's: sampling params in, finish and usage out, and the
 status a stream ends with when its request did not finish. Used by GenerateTokens and Session.
 """
+
 from nanoserve.errors import Aborted, ServiceError, Unavailable
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.worker.async_engine import Finish, RequestAborted
 from nanoserve.worker.engine.sequence import FinishReason
 from nanoserve.worker.sampling_params import SamplingParams
 
-_FINISH = {FinishReason.STOP.value: common_pb2.FINISH_REASON_STOP,
-           FinishReason.LENGTH.value: common_pb2.FINISH_REASON_LENGTH}
+_FINISH = {
+    FinishReason.STOP.value: common_pb2.FINISH_REASON_STOP,
+    FinishReason.LENGTH.value: common_pb2.FINISH_REASON_LENGTH,
+}
 
 
 def set_finish(response, finish: Finish) -> None:
@@ -28,11 +31,26 @@ def stream_error(error: Exception) -> ServiceError:
     return Unavailable(f"the engine failed: {error}")
 
 
-def sampling_params_from_proto(p: common_pb2.SamplingParams, prompt_len: int,
-                               max_model_len: int) -> SamplingParams:
+def sampling_params_from_proto(
+    p: common_pb2.SamplingParams, prompt_len: int, max_model_len: int
+) -> SamplingParams:
     """Proto -> engine params; unset fields take vLLM's defaults, bad values raise ValueError."""
-    kw = {name: getattr(p, name) for name in (
-        "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens", "ignore_eos",
-        "repetition_penalty", "presence_penalty", "frequency_penalty") if p.HasField(name)}
+    kw = {
+        name: getattr(p, name)
+        for name in (
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "seed",
+            "max_tokens",
+            "min_tokens",
+            "ignore_eos",
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+        )
+        if p.HasField(name)
+    }
     kw.setdefault("max_tokens", max(1, max_model_len - prompt_len))  # unset: fill the context
     return SamplingParams(stop_token_ids=tuple(p.stop_token_ids), **kw)

@@ -6,6 +6,7 @@ without a host sync).
 Seeded rows draw their noise from their own generator, so a seed gives the same tokens whatever
 else is in the batch.
 """
+
 from dataclasses import dataclass
 
 import torch
@@ -33,11 +34,19 @@ class SamplingTensors:
 
 def apply_penalties(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     prompt_mask, counts = t.prompt_mask, t.output_counts
-    rep_penalties, presence, frequency = (t.repetition_penalties, t.presence_penalties,
-                                          t.frequency_penalties)
+    rep_penalties, presence, frequency = (
+        t.repetition_penalties,
+        t.presence_penalties,
+        t.frequency_penalties,
+    )
     # SamplingInputs sets the penalty fields together, and sample() calls this only when they are
-    assert (prompt_mask is not None and counts is not None and rep_penalties is not None
-            and presence is not None and frequency is not None)
+    assert (
+        prompt_mask is not None
+        and counts is not None
+        and rep_penalties is not None
+        and presence is not None
+        and frequency is not None
+    )
     if t.penalty_rows is not None:  # rows of the persistent statistics -> (B, V)
         prompt_mask, counts = prompt_mask[t.penalty_rows], counts[t.penalty_rows]
     # repetition penalty (CTRL / vLLM): shrink the logits of tokens seen in prompt or output
@@ -61,7 +70,9 @@ def filter_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
             probs = sorted_logits.softmax(dim=-1)
             # keep a token while the mass before it is < top_p (the first token is always kept)
             mass_before = probs.cumsum(dim=-1) - probs
-            sorted_logits = sorted_logits.masked_fill(mass_before >= t.top_ps[:, None], float("-inf"))
+            sorted_logits = sorted_logits.masked_fill(
+                mass_before >= t.top_ps[:, None], float("-inf")
+            )
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     if t.min_ps is not None:
         probs = logits.softmax(dim=-1)
@@ -70,8 +81,9 @@ def filter_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     return logits
 
 
-def sample(logits: torch.Tensor, t: SamplingTensors,
-           generator: torch.Generator | None = None) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor, t: SamplingTensors, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """logits: (B, V) -> (B,) int64 token ids; `generator` serves the unseeded rows."""
     logits = logits.float()
     if t.repetition_penalties is not None:

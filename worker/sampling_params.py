@@ -5,6 +5,7 @@ A field a model's generation_config.json may set is None when not given: it read
 default and is listed in `unset`, and LLMEngine.add_request fills it from the model's defaults
 (with_defaults).
 """
+
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -12,8 +13,7 @@ from typing import Any
 from nanoserve.sampling_rules import RULES, violations
 
 # vLLM's defaults of the fields that a model's generation_config.json may override
-FALLBACKS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
-             "repetition_penalty": 1.0}
+FALLBACKS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +48,11 @@ class SamplingParams:
     def as_fields(self) -> dict:
         """The init fields as plain values (unset ones as None): `SamplingParams(**d)` rebuilds
         these params on the far side of a msgpack frame (the engine-core process)."""
-        out = {f.name: None if f.name in self.unset else getattr(self, f.name)
-               for f in fields(self) if f.init}
+        out = {
+            f.name: None if f.name in self.unset else getattr(self, f.name)
+            for f in fields(self)
+            if f.init
+        }
         out["stop_token_ids"] = list(self.stop_token_ids)
         return out
 
@@ -73,5 +76,8 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
-                or self.frequency_penalty != 0.0)
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )

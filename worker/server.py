@@ -3,6 +3,7 @@
 The worker is a trust boundary: it re-validates every request. Health reports NOT_SERVING until the
 engine is loaded and while draining; a dead engine makes the process exit non-zero.
 """
+
 import asyncio
 import logging
 import signal
@@ -27,8 +28,8 @@ from nanoserve.worker.validation import check_request_sizes, max_request_bytes
 logger = logging.getLogger(__name__)
 SERVICE_NAME = "nanoserve.v1.WorkerService"
 
-class WorkerServicer(worker_grpc.WorkerServiceServicer):
 
+class WorkerServicer(worker_grpc.WorkerServiceServicer):
     def __init__(self, config: WorkerConfig):
         self.config = config
         self.engine: AsyncEngine | None = None  # set once the model is loaded
@@ -50,14 +51,17 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         """Stream the ids generated for one request; cancelling the call aborts it."""
         engine = self._ready()
         if engine.num_requests >= self.config.max_queued_requests:
-            raise ResourceExhausted(f"{engine.num_requests} requests are in flight "
-                                    f"(max_queued_requests={self.config.max_queued_requests})")
+            raise ResourceExhausted(
+                f"{engine.num_requests} requests are in flight "
+                f"(max_queued_requests={self.config.max_queued_requests})"
+            )
         check_request_sizes(request, engine.limits.max_model_len, self.config.max_stop_token_ids)
         token_ids = list(request.prompt_token_ids)
         request_id = request.request_id or uuid.uuid4().hex
         try:
-            sp = sampling_params_from_proto(request.sampling_params, len(token_ids),
-                                            engine.limits.max_model_len)
+            sp = sampling_params_from_proto(
+                request.sampling_params, len(token_ids), engine.limits.max_model_len
+            )
             stream = engine.add(request_id, token_ids, sp)
         except ValueError as e:
             raise InvalidArgument(str(e)) from None
@@ -82,8 +86,12 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
     @grpc_errors
     async def Session(self, request_iterator, context):
         """Many requests of one frontend on one stream; its end aborts them all (worker.session)."""
-        session = WorkerSession(self._ready(), self.config.max_queued_requests, self._ready,
-                                self.config.max_stop_token_ids)
+        session = WorkerSession(
+            self._ready(),
+            self.config.max_queued_requests,
+            self._ready,
+            self.config.max_stop_token_ids,
+        )
         self.sessions.add(session)
         try:
             async for response in run_session(session, request_iterator):
@@ -101,8 +109,11 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             num_aborted += engine.abort(request_id)
             num_aborted += sum(s.abort_by_operator(request_id) for s in self.sessions)
         if num_aborted:
-            logger.info("aborted %d requests by operator: %s", num_aborted,
-                        ", ".join(echo(r) for r in request.request_ids[:8]))
+            logger.info(
+                "aborted %d requests by operator: %s",
+                num_aborted,
+                ", ".join(echo(r) for r in request.request_ids[:8]),
+            )
         return worker_pb2.AbortResponse(num_aborted=num_aborted)
 
     @grpc_errors
@@ -110,13 +121,19 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         """The limits a frontend validates against."""
         info = self._ready().info
         return worker_pb2.WorkerServiceGetModelInfoResponse(
-            model_name=Path(self.config.model).name, max_model_len=info["max_model_len"],
-            vocab_size=info["vocab_size"], eos_token_ids=info["eos_token_ids"],
-            kvcache_block_size=info["block_size"], num_kvcache_blocks=info["num_kvcache_blocks"],
-            tensor_parallel_size=self.config.tensor_parallel_size, tokenizer_digest=self.digest,
+            model_name=Path(self.config.model).name,
+            max_model_len=info["max_model_len"],
+            vocab_size=info["vocab_size"],
+            eos_token_ids=info["eos_token_ids"],
+            kvcache_block_size=info["block_size"],
+            num_kvcache_blocks=info["num_kvcache_blocks"],
+            tensor_parallel_size=self.config.tensor_parallel_size,
+            tokenizer_digest=self.digest,
             max_num_seqs=self.config.max_num_seqs,
             max_num_batched_tokens=self.config.max_num_batched_tokens,
-            dtype=info["dtype"], device=info["device"])
+            dtype=info["dtype"],
+            device=info["device"],
+        )
 
     @grpc_errors
     async def GetLoad(self, request, context):
@@ -126,10 +143,16 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         running, waiting, free, total, hit_rate, preemptions = a.load[3:9]
         prompt_rate, gen_rate = a.rates()
         return worker_pb2.GetLoadResponse(
-            num_running=running, num_waiting=waiting, num_free_blocks=free, num_total_blocks=total,
-            prefix_cache_hit_rate=hit_rate, generation_tokens_per_s=gen_rate,
-            prompt_tokens_per_s=prompt_rate, num_preemptions=preemptions,
-            num_finished=a.num_finished)
+            num_running=running,
+            num_waiting=waiting,
+            num_free_blocks=free,
+            num_total_blocks=total,
+            prefix_cache_hit_rate=hit_rate,
+            generation_tokens_per_s=gen_rate,
+            prompt_tokens_per_s=prompt_rate,
+            num_preemptions=preemptions,
+            num_finished=a.num_finished,
+        )
 
 
 async def serve(config: WorkerConfig) -> int:
@@ -151,6 +174,7 @@ async def serve(config: WorkerConfig) -> int:
     print(f"worker listening on {config.host}:{port}", flush=True)
     if config.metrics_port:  # prometheus_client is imported only when asked for
         from nanoserve.worker.metrics import serve_worker_metrics
+
         serve_worker_metrics(servicer, Path(config.model).name, config.metrics_port, config.host)
 
     stop = asyncio.Event()

@@ -3,6 +3,7 @@
 Adds and aborts arrive in batches (SessionRequest); every frame of the engine core that touches the
 session's requests becomes one SessionResponse. When the stream ends, every live request is aborted.
 """
+
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -27,9 +28,13 @@ class WorkerSession:
     """The worker's side of one Session stream: its live requests, their deadlines, and the
     outputs not yet written."""
 
-    def __init__(self, engine: AsyncEngine, max_queued_requests: int,
-                 check_ready: Callable[[], AsyncEngine],
-                 max_stop_token_ids: int = DEFAULT_MAX_STOP_TOKEN_IDS):
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        max_queued_requests: int,
+        check_ready: Callable[[], AsyncEngine],
+        max_stop_token_ids: int = DEFAULT_MAX_STOP_TOKEN_IDS,
+    ):
         self.engine, self.max_queued_requests = engine, max_queued_requests
         self.max_stop_token_ids = max_stop_token_ids  # lists bounded before they are walked
         self.check_ready = check_ready  # raises UNAVAILABLE while draining or once the engine died
@@ -57,22 +62,27 @@ class WorkerSession:
         request_id = request.request_id
         try:
             if not request_id or len(request_id) > MAX_REQUEST_ID_CHARS:
-                raise InvalidArgument(f"must have 1 to {MAX_REQUEST_ID_CHARS} characters",
-                                      field="request_id")
+                raise InvalidArgument(
+                    f"must have 1 to {MAX_REQUEST_ID_CHARS} characters", field="request_id"
+                )
             if request_id in self.live:
-                raise InvalidArgument(f"{request_id!r} is already running in this session",
-                                      field="request_id")
+                raise InvalidArgument(
+                    f"{request_id!r} is already running in this session", field="request_id"
+                )
             if not add.timeout_s >= 0:
                 raise InvalidArgument(f"must be >= 0, got {add.timeout_s}", field="timeout_s")
             engine = self.check_ready()
             if engine.num_requests >= self.max_queued_requests:
-                raise ResourceExhausted(f"{engine.num_requests} requests are in flight "
-                                        f"(max_queued_requests={self.max_queued_requests})")
+                raise ResourceExhausted(
+                    f"{engine.num_requests} requests are in flight "
+                    f"(max_queued_requests={self.max_queued_requests})"
+                )
             check_list_sizes(request, engine.limits.max_model_len, self.max_stop_token_ids)
             token_ids = list(request.prompt_token_ids)
             try:
-                sp = sampling_params_from_proto(request.sampling_params, len(token_ids),
-                                                engine.limits.max_model_len)
+                sp = sampling_params_from_proto(
+                    request.sampling_params, len(token_ids), engine.limits.max_model_len
+                )
                 stream = engine.add(request_id, token_ids, sp, owner=self.collector)
             except ValueError as e:
                 raise InvalidArgument(str(e)) from None
@@ -84,8 +94,11 @@ class WorkerSession:
             self.timers[request_id] = self.loop.call_later(add.timeout_s, self.expire, request_id)
 
     def refuse(self, request_id: str, error: ServiceError) -> None:
-        self.refused.append(worker_pb2.SessionOutput(
-            request_id=request_id, error_code=error.code.value[0], error_message=str(error)))
+        self.refused.append(
+            worker_pb2.SessionOutput(
+                request_id=request_id, error_code=error.code.value[0], error_message=str(error)
+            )
+        )
         self.collector.event.set()
 
     def abort(self, request_id: str) -> bool:
@@ -103,8 +116,11 @@ class WorkerSession:
     def abort_by_operator(self, request_id: str) -> int:
         """WorkerService.Abort: ends the live requests named `request_id`, or `request_id#n` as
         the frontend names them, with ABORTED (their outputs are written as errors)."""
-        named = [stream for live_id, stream in self.live.items()
-                 if live_id == request_id or live_id.rpartition("#")[0] == request_id]
+        named = [
+            stream
+            for live_id, stream in self.live.items()
+            if live_id == request_id or live_id.rpartition("#")[0] == request_id
+        ]
         for stream in named:
             self.engine.abort_stream(stream)  # take_outputs ends it, and its timer
         return len(named)
@@ -154,8 +170,9 @@ class WorkerSession:
                 yield response
 
 
-async def run_session(session: WorkerSession, requests: AsyncIterator
-                      ) -> AsyncIterator[worker_pb2.SessionResponse]:
+async def run_session(
+    session: WorkerSession, requests: AsyncIterator
+) -> AsyncIterator[worker_pb2.SessionResponse]:
     reader = asyncio.create_task(session.read(requests), name="session-reader")
     try:
         async for response in session.responses():
@@ -165,4 +182,3 @@ async def run_session(session: WorkerSession, requests: AsyncIterator
         session.close()
         if not reader.done():
             await asyncio.gather(reader, return_exceptions=True)
-

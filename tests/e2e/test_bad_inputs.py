@@ -384,11 +384,14 @@ def test_worker_admission_refuses_past_max_queued_requests(tiny_model_dir) -> No
 
     worker = start_worker(tiny_model_dir, "--max-queued-requests", "2")
     try:
+
         async def main() -> None:
             async with grpc.aio.insecure_channel(worker.address) as channel:
                 stub = worker_grpc.WorkerServiceStub(channel)
-                calls = [stub.GenerateTokens(worker_request([5, 6, 7], max_tokens=3000), timeout=60)
-                         for _ in range(2)]
+                calls = [
+                    stub.GenerateTokens(worker_request([5, 6, 7], max_tokens=3000), timeout=60)
+                    for _ in range(2)
+                ]
                 for call in calls:
                     await call.read()  # both running
                 with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -401,8 +404,12 @@ def test_worker_admission_refuses_past_max_queued_requests(tiny_model_dir) -> No
                     call.cancel()
                 for _ in range(100):  # the cancelled streams give their places back
                     try:
-                        got = [r async for r in stub.GenerateTokens(
-                            worker_request([5], max_tokens=4), timeout=60)]
+                        got = [
+                            r
+                            async for r in stub.GenerateTokens(
+                                worker_request([5], max_tokens=4), timeout=60
+                            )
+                        ]
                         break
                     except grpc.aio.AioRpcError as e:
                         assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -1,6 +1,7 @@
 """`nanoserve bench serving` end to end on the tiny model with a handful of requests: the local
 mode (offline in its own process, then worker and frontend started by the benchmark) and --address
 mode against services this test session started. Checks the report's shape, not speed."""
+
 import json
 import subprocess
 import sys
@@ -11,13 +12,42 @@ from nanoserve.benchmarks import gpu_table, serving
 from tests.e2e.conftest import REPO_ROOT, assert_idle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-SMALL = ["--num-prompts", "6", "--min-len", "8", "--max-len", "40", "--min-out", "3",
-         "--max-out", "12", "--one-stream-prompt-len", "16",
-         "--one-stream-tokens", "5", "--one-stream-runs", "1", "--ttft-buckets", "16,32"]
-PATH_KEYS = {"tok_s", "seconds", "output_tokens", "requests", "errors", "messages_per_token",
-             "ttft_ms", "itl_ms", "tpot_ms", "ttft_ms_by_prompt_len", "loadgen",
-             "service_cpu_cores",
-             "one_stream_ms_per_token", "one_stream_ttft_ms"}
+SMALL = [
+    "--num-prompts",
+    "6",
+    "--min-len",
+    "8",
+    "--max-len",
+    "40",
+    "--min-out",
+    "3",
+    "--max-out",
+    "12",
+    "--one-stream-prompt-len",
+    "16",
+    "--one-stream-tokens",
+    "5",
+    "--one-stream-runs",
+    "1",
+    "--ttft-buckets",
+    "16,32",
+]
+PATH_KEYS = {
+    "tok_s",
+    "seconds",
+    "output_tokens",
+    "requests",
+    "errors",
+    "messages_per_token",
+    "ttft_ms",
+    "itl_ms",
+    "tpot_ms",
+    "ttft_ms_by_prompt_len",
+    "loadgen",
+    "service_cpu_cores",
+    "one_stream_ms_per_token",
+    "one_stream_ttft_ms",
+}
 PERCENTILE_KEYS = {"n", "p50", "p90", "p99", "max", "mean"}
 
 
@@ -35,10 +65,31 @@ def check_path(res: dict, requests: int, tokens: int) -> None:
 
 def test_bench_serving_offline_and_both_paths(tiny_model_dir, tmp_path, capsys):
     proc = subprocess.run(
-        [sys.executable, "-m", "nanoserve.cli", "bench", "serving", "--json", "--model",
-         str(tiny_model_dir), "--device", "cpu", "--kvcache-block-size", "16",
-         "--num-kvcache-blocks", "256", "--client-procs", "2", *SMALL],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "nanoserve.cli",
+            "bench",
+            "serving",
+            "--json",
+            "--model",
+            str(tiny_model_dir),
+            "--device",
+            "cpu",
+            "--kvcache-block-size",
+            "16",
+            "--num-kvcache-blocks",
+            "256",
+            "--client-procs",
+            "2",
+            *SMALL,
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])  # stdout: the JSON line alone
     tokens = sum(o for _, o in serving.workload.lengths(6, 8, 40, 3, 12))
@@ -69,8 +120,21 @@ def test_bench_serving_against_running_services(services):
     check_path(res["frontend"], 6, tokens)
     assert "offline" not in res and "worker" not in res
     assert res["tp"] == 1 and services.frontend.address in res["model"]
-    poisson = ["--address", services.worker.address, "--target", "worker", "--client-procs", "2",
-               "--request-rate", "50", "--warmup", "light", "--warmup-requests", "1", *SMALL]
+    poisson = [
+        "--address",
+        services.worker.address,
+        "--target",
+        "worker",
+        "--client-procs",
+        "2",
+        "--request-rate",
+        "50",
+        "--warmup",
+        "light",
+        "--warmup-requests",
+        "1",
+        *SMALL,
+    ]
     res = serving.run(serving.build_parser().parse_args(poisson))
     check_path(res["worker"], 6, tokens)
     assert res["request_rate"] == 50.0 and res["worker"]["loadgen"]["procs"] == 2

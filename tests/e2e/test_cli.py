@@ -84,6 +84,7 @@ def test_serve_generate_and_sigterm(tiny_model_dir: Path, services) -> None:
             serve.kill()
         for pid in children:  # its services run in their own sessions: end any left by pid
             if pid_running(pid) and any(
-                name in cmdline(pid) for name in ("-m nanoserve.worker", "-m nanoserve.frontend", "multiprocessing")
+                name in cmdline(pid)
+                for name in ("-m nanoserve.worker", "-m nanoserve.frontend", "multiprocessing")
             ):
                 os.kill(pid, signal.SIGKILL)

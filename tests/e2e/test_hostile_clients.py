@@ -100,8 +100,9 @@ def unary_status(call: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.OK, ""
 
 
-def session_status(stub: worker_grpc.WorkerServiceStub, request: worker_pb2.GenerateTokensRequest
-                   ) -> tuple[grpc.StatusCode, str]:
+def session_status(
+    stub: worker_grpc.WorkerServiceStub, request: worker_pb2.GenerateTokensRequest
+) -> tuple[grpc.StatusCode, str]:
     """Sends one add on a WorkerService.Session stream; the status its request ended with."""
     add = worker_pb2.SessionAdd(request=request)
     for response in stub.Session(iter([worker_pb2.SessionRequest(adds=[add])]), timeout=120):
@@ -173,7 +174,8 @@ def hostile_cases(frontend: grpc.Channel, worker: grpc.Channel) -> dict[str, Cal
         "worker session: 1M stop_token_ids": lambda: session_status(
             w,
             worker_pb2.GenerateTokensRequest(
-                request_id="s1", prompt_token_ids=[1, 2],
+                request_id="s1",
+                prompt_token_ids=[1, 2],
                 sampling_params=SP(stop_token_ids=[1] * 1_000_000),
             ),
         ),
@@ -211,8 +213,13 @@ def test_hostile_input_does_not_stall_health(services, channels, case) -> None:
     worst = prober.worst()
     print(
         f"\n{case}: {code.name if code else code} in {took:.2f} s; worst health probe "
-        + ", ".join(f"{name} {worst[a] * 1000:.0f} ms" for a, name in
-                    ((services.frontend.address, "frontend"), (services.worker.address, "worker")))
+        + ", ".join(
+            f"{name} {worst[a] * 1000:.0f} ms"
+            for a, name in (
+                (services.frontend.address, "frontend"),
+                (services.worker.address, "worker"),
+            )
+        )
     )
     want_code, want_text = EXPECTED[case]
     assert code == want_code, details[:300]

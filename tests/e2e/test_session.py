@@ -52,7 +52,9 @@ class Session:
         self.requests.put(None)
 
 
-def add(request_id: str, ids: list[int], timeout_s: float = 0.0, **sampling) -> worker_pb2.SessionAdd:
+def add(
+    request_id: str, ids: list[int], timeout_s: float = 0.0, **sampling
+) -> worker_pb2.SessionAdd:
     request = worker_pb2.GenerateTokensRequest(
         request_id=request_id,
         prompt_token_ids=ids,
@@ -75,8 +77,9 @@ def test_several_requests_share_one_stream_and_its_messages(services, stub, refe
     prompts = {f"r{i}": [5 + i, 6, 7] for i in range(4)}
     session = Session(stub)
     session.send(adds=[add(rid, ids, max_tokens=6, temperature=0) for rid, ids in prompts.items()])
-    outputs = session.read_until(lambda by_id: len(by_id) == 4 and all(
-        ended(outs[-1]) for outs in by_id.values()))
+    outputs = session.read_until(
+        lambda by_id: len(by_id) == 4 and all(ended(outs[-1]) for outs in by_id.values())
+    )
     session.close()
     want = reference(list(prompts.values()), max_tokens=6, temperature=0)
     for (rid, _), ids in zip(prompts.items(), want, strict=True):
@@ -116,14 +119,19 @@ def test_bad_adds_name_the_field_and_the_good_one_runs(services, stub) -> None:
 
 def test_abort_and_timeout_free_the_blocks(services, stub) -> None:
     session = Session(stub)
-    session.send(adds=[add("aborted", [1, 2, 3], max_tokens=3000, ignore_eos=True),
-                       add("timed", [4, 5, 6], timeout_s=1.0, max_tokens=3000, ignore_eos=True)])
+    session.send(
+        adds=[
+            add("aborted", [1, 2, 3], max_tokens=3000, ignore_eos=True),
+            add("timed", [4, 5, 6], timeout_s=1.0, max_tokens=3000, ignore_eos=True),
+        ]
+    )
     session.read_until(lambda by_id: "aborted" in by_id)  # running, holding blocks
     assert get_load(services.worker.address).num_free_blocks < 512
     session.send(aborts=["aborted"])
     start = time.monotonic()
-    outputs = session.read_until(lambda by_id: ended(by_id.get("timed", [None])[-1] or
-                                                     worker_pb2.SessionOutput()))
+    outputs = session.read_until(
+        lambda by_id: ended(by_id.get("timed", [None])[-1] or worker_pb2.SessionOutput())
+    )
     assert 0.5 < time.monotonic() - start < 10
     assert outputs["timed"][-1].error_code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
     assert not any(ended(out) for out in outputs["aborted"])  # an abort gets no further output
@@ -133,8 +141,9 @@ def test_abort_and_timeout_free_the_blocks(services, stub) -> None:
 
 def test_the_end_of_the_stream_aborts_its_requests(services, stub) -> None:
     session = Session(stub)
-    session.send(adds=[add(f"left{i}", [1, 2, 3 + i], max_tokens=3000, ignore_eos=True)
-                       for i in range(3)])
+    session.send(
+        adds=[add(f"left{i}", [1, 2, 3 + i], max_tokens=3000, ignore_eos=True) for i in range(3)]
+    )
     session.read_until(lambda by_id: len(by_id) == 3)
     assert get_load(services.worker.address).num_running == 3
     threading.Thread(target=session.call.cancel).start()  # the frontend goes away

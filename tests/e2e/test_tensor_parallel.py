@@ -150,8 +150,11 @@ def test_killed_rank_is_named_in_the_stream_error(rank_kill) -> None:
 def test_sigterm_to_the_process_group_drains_and_exits_0(tiny_model_dir: Path) -> None:
     """The ranks get the group's SIGTERM too: they ignore it, rank 0 drains, tells them to leave,
     and the worker exits 0 with no process left behind."""
-    setsid = [sys.executable, "-c",  # the worker leads its own process group: killpg spares pytest
-              "import os, sys; os.setsid(); os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"]
+    setsid = [
+        sys.executable,
+        "-c",  # the worker leads its own process group: killpg spares pytest
+        "import os, sys; os.setsid(); os.execv(sys.executable, [sys.executable, *sys.argv[1:]])",
+    ]
     argv = worker_argv(tiny_model_dir, "--tensor-parallel-size", "2")
     worker = Service("worker", setsid + argv[1:])
     try:

@@ -1,6 +1,7 @@
 """The engine on CUDA in bf16 at Qwen3-0.6B shapes (random weights): teacher-forced logits against
 transformers, and greedy tokens that do not change with CUDA graphs, attention backend, batch size
 (inside and outside the graph buckets), prefix-cache hits or preemption."""
+
 import math
 import random
 
@@ -8,18 +9,31 @@ import numpy as np
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
 
-SHAPE = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-             num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-             max_position_embeddings=40960, rope_theta=1e6, tie_word_embeddings=True,
-             eos_token_id=151645, bos_token_id=151643)
+SHAPE = dict(
+    vocab_size=151936,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    rope_theta=1e6,
+    tie_word_embeddings=True,
+    eos_token_id=151645,
+    bos_token_id=151643,
+)
 
 
 @pytest.fixture(scope="module")
 def hf_model(tmp_path_factory):
     from transformers import Qwen3Config, Qwen3ForCausalLM
+
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("qwen3-0.6b-random")
     cfg = Qwen3Config(**SHAPE, torch_dtype="bfloat16")
@@ -35,14 +49,22 @@ def hf_model(tmp_path_factory):
 
 def make_llm(path, **kw):
     from nanoserve.worker import LLM
-    args = dict(device="cuda", dtype="bfloat16", max_model_len=2048, max_num_seqs=64,
-                max_num_batched_tokens=8192, num_kvcache_blocks=256)
+
+    args = dict(
+        device="cuda",
+        dtype="bfloat16",
+        max_model_len=2048,
+        max_num_seqs=64,
+        max_num_batched_tokens=8192,
+        num_kvcache_blocks=256,
+    )
     args.update(kw)
     return LLM(path, **args)
 
 
 def free(llm) -> None:
     import gc
+
     llm.shutdown()
     del llm
     gc.collect()
@@ -52,6 +74,7 @@ def free(llm) -> None:
 def teacher_forced_logits(llm, prompt: list[int]) -> torch.Tensor:
     from nanoserve.worker import SamplingParams
     from nanoserve.worker.engine.sequence import Sequence
+
     seq = Sequence(prompt, SamplingParams())
     llm.block_manager.allocate(seq)
     seq.num_scheduled_tokens = len(prompt) - seq.num_computed_tokens
@@ -90,9 +113,11 @@ def test_logits_match_transformers(hf_model, capsys):
         scale = max(scale, ref.abs().max().item())
     free(llm)
     with capsys.disabled():
-        print(f"\n[gpu] bf16 teacher-forced top-1 agreement with transformers bf16 {agree / total:.4f}"
-              f" (with transformers fp32 {agree_hf32 / total:.4f}), max |logit diff| {max_err:.3f}"
-              f" (logits up to {scale:.1f}) over {total} positions")
+        print(
+            f"\n[gpu] bf16 teacher-forced top-1 agreement with transformers bf16 {agree / total:.4f}"
+            f" (with transformers fp32 {agree_hf32 / total:.4f}), max |logit diff| {max_err:.3f}"
+            f" (logits up to {scale:.1f}) over {total} positions"
+        )
     assert agree / total >= 0.99
     assert max_err <= 0.05 * scale  # a few bf16 ulps of the largest logit
 
@@ -100,6 +125,7 @@ def test_logits_match_transformers(hf_model, capsys):
 @pytest.fixture(scope="module")
 def reference_tokens(hf_model):
     from nanoserve.worker import SamplingParams
+
     path, _ = hf_model
     llm = make_llm(path, enforce_eager=True)
     ps = prompts(40, 10, 300, seed=2)
@@ -119,13 +145,17 @@ def first_divergence_is_a_near_tie(llm, prompt, ours, ref) -> float:
     return abs(a - b) / ulp
 
 
-@pytest.mark.parametrize("kw, exact", [
-    (dict(), True),  # CUDA graphs replay the eager kernels: bit-identical
-    (dict(kvcache_block_size=16), True),  # the same batches over another page size
-    (dict(attention_backend="torch", enforce_eager=True), False),
-    (dict(max_num_seqs=16), False),  # 40 sequences in batches of 16: other GEMM shapes
-    (dict(num_kvcache_blocks=12, kvcache_block_size=256), False),  # preemption
-], ids=["graphs", "block16", "torch_backend", "outside_buckets", "preemption"])
+@pytest.mark.parametrize(
+    "kw, exact",
+    [
+        (dict(), True),  # CUDA graphs replay the eager kernels: bit-identical
+        (dict(kvcache_block_size=16), True),  # the same batches over another page size
+        (dict(attention_backend="torch", enforce_eager=True), False),
+        (dict(max_num_seqs=16), False),  # 40 sequences in batches of 16: other GEMM shapes
+        (dict(num_kvcache_blocks=12, kvcache_block_size=256), False),  # preemption
+    ],
+    ids=["graphs", "block16", "torch_backend", "outside_buckets", "preemption"],
+)
 def test_greedy_tokens_stable(hf_model, reference_tokens, kw, exact, capsys):
     """bf16 GEMMs round differently for other batch shapes (no batch-invariant kernels), so where
     the batches differ a sequence may diverge — only at a near-tie of the two top logits."""
@@ -149,15 +179,20 @@ def test_greedy_tokens_stable(hf_model, reference_tokens, kw, exact, capsys):
     gaps = [first_divergence_is_a_near_tie(llm, ps[i], out[i], ref[i]) for i in differ]
     # a cached prefix shortens the prefill GEMMs: the same near-tie rule applies
     differ_again = [i for i, a in zip(rerun, again) if a != out[i]]
-    gaps += [first_divergence_is_a_near_tie(llm, ps[i], a, out[i])
-             for i, a in zip(rerun, again) if a != out[i]]
+    gaps += [
+        first_divergence_is_a_near_tie(llm, ps[i], a, out[i])
+        for i, a in zip(rerun, again)
+        if a != out[i]
+    ]
     free(llm)
     name = "-".join(f"{k}={v}" for k, v in kw.items()) or "graphs"
     with capsys.disabled():
-        print(f"\n[gpu] greedy {name}: {len(differ)} of {len(ref)} sequences diverge from eager, "
-              f"{len(differ_again)} of {len(rerun)} on reruns "
-              f"({hit_tokens} prefix-cache hit tokens); "
-              f"logit gaps at divergence (bf16 ulps) {[round(g, 3) for g in gaps]}")
+        print(
+            f"\n[gpu] greedy {name}: {len(differ)} of {len(ref)} sequences diverge from eager, "
+            f"{len(differ_again)} of {len(rerun)} on reruns "
+            f"({hit_tokens} prefix-cache hit tokens); "
+            f"logit gaps at divergence (bf16 ulps) {[round(g, 3) for g in gaps]}"
+        )
     if exact:
         assert not differ
     assert len(differ) <= len(ref) // 10 and len(differ_again) <= 1

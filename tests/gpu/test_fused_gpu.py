@@ -1,15 +1,19 @@
 """The fused q/k-norm + rotary kernel on CUDA at Qwen3 shapes equals the torch layers."""
+
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
 
 
 @pytest.mark.parametrize("n", [1, 257, 4096])
 def test_qk_norm_rope_matches_torch(n):
     from nanoserve.worker.kernels import qk_norm_rope
     from nanoserve.worker.layers.rotary_embedding import RotaryEmbedding, apply_rotary
+
     torch.manual_seed(0)
     hq, hkv, d, dev = 16, 8, 128, torch.device("cuda")
     qkv = torch.randn(n, (hq + 2 * hkv) * d, device=dev, dtype=torch.bfloat16)
@@ -38,6 +42,7 @@ def test_qk_norm_rope_matches_torch(n):
 def test_qk_norm_rope_fused_store_matches_separate_store(n, slot_dtype):
     from nanoserve.worker.kernels import qk_norm_rope, store_kvcache
     from nanoserve.worker.layers.rotary_embedding import RotaryEmbedding
+
     gen = torch.Generator(device="cuda").manual_seed(n)
     hq, hkv, d, block_size, dev = 32, 8, 128, 256, torch.device("cuda")
     num_blocks = n // block_size + 8
@@ -60,8 +65,19 @@ def test_qk_norm_rope_fused_store_matches_separate_store(n, slot_dtype):
     qk_norm_rope(ref_q, ref_k, w_q, w_k, cos_sin, positions, 1e-6)
     store_kvcache(ref_k, ref_v, ref_k_cache, ref_v_cache, slots)
     q, k, v = views(qkv)
-    qk_norm_rope(q, k, w_q, w_k, cos_sin, positions, 1e-6, v=v, k_cache=k_cache, v_cache=v_cache,
-                 slot_mapping=slots)
+    qk_norm_rope(
+        q,
+        k,
+        w_q,
+        w_k,
+        cos_sin,
+        positions,
+        1e-6,
+        v=v,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        slot_mapping=slots,
+    )
     torch.cuda.synchronize()
     assert torch.equal(qkv, ref_qkv)
     assert torch.equal(k_cache, ref_k_cache) and torch.equal(v_cache, ref_v_cache)
@@ -69,6 +85,7 @@ def test_qk_norm_rope_fused_store_matches_separate_store(n, slot_dtype):
 
 def _attention_layer(backend: str, k_cache: torch.Tensor, v_cache: torch.Tensor):
     from nanoserve.worker.models.qwen3 import Qwen3Attention
+
     torch.manual_seed(1)
     layer = Qwen3Attention(1024, 16, 8, 128, 1e-6, 1e6, 4096).cuda().bfloat16()
     with torch.no_grad():
@@ -84,6 +101,7 @@ def test_qwen3_attention_fused_store_matches_torch_backend(is_prefill):
     """Qwen3Attention on the Triton backend (k/v stored by the q/k-norm kernel, no second store)
     writes the same cache and attends like the torch backend (separate store)."""
     from nanoserve.worker.context import reset_context, set_context
+
     gen = torch.Generator(device="cuda").manual_seed(2)
     hkv, d, block_size, width = 8, 128, 256, 4
     context = [300, 1, 700, 256] if not is_prefill else [40, 1, 300, 256]
@@ -96,18 +114,25 @@ def test_qwen3_attention_fused_store_matches_torch_backend(is_prefill):
             slots.append(int(tables[i, pos // block_size]) * block_size + pos % block_size)
             positions.append(pos)
     slots_t = torch.tensor(slots, dtype=torch.int32, device="cuda")
-    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32,
-                      device="cuda")
+    cu = torch.tensor(
+        [0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda"
+    )
     hidden = torch.randn(len(slots), 1024, generator=gen, device="cuda").bfloat16()
     results = {}
     for backend in ("torch", "triton"):
         k_cache, v_cache = cache.clone(), cache.clone() * 0.5
         layer = _attention_layer(backend, k_cache, v_cache)
         assert layer.attn.fuses_kv_store == (backend == "triton")
-        set_context(is_prefill=is_prefill, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                    max_seqlen_q=max(q_lens), max_seqlen_k=max(context), slot_mapping=slots_t,
-                    context_lens=torch.tensor(context, dtype=torch.int32, device="cuda"),
-                    block_tables=tables)
+        set_context(
+            is_prefill=is_prefill,
+            cu_seqlens_q=cu,
+            cu_seqlens_k=cu,
+            max_seqlen_q=max(q_lens),
+            max_seqlen_k=max(context),
+            slot_mapping=slots_t,
+            context_lens=torch.tensor(context, dtype=torch.int32, device="cuda"),
+            block_tables=tables,
+        )
         with torch.no_grad():
             out = layer(torch.tensor(positions, device="cuda"), hidden)
         torch.cuda.synchronize()
@@ -124,14 +149,19 @@ def test_decode_layer_launches_no_separate_store_or_reduce():
     from torch.profiler import ProfilerActivity, profile
 
     from nanoserve.worker.context import reset_context, set_context
+
     gen = torch.Generator(device="cuda").manual_seed(3)
     cache = torch.randn(9, 256, 8, 128, generator=gen, device="cuda").bfloat16()
     layer = _attention_layer("triton", cache, cache.clone())
     tables = torch.arange(1, 9, dtype=torch.int32, device="cuda").view(1, 8)
-    set_context(is_prefill=False, cu_seqlens_q=torch.arange(2, dtype=torch.int32, device="cuda"),
-                max_seqlen_q=1, slot_mapping=torch.tensor([1500], dtype=torch.int32, device="cuda"),
-                context_lens=torch.tensor([1501], dtype=torch.int32, device="cuda"),
-                block_tables=tables)
+    set_context(
+        is_prefill=False,
+        cu_seqlens_q=torch.arange(2, dtype=torch.int32, device="cuda"),
+        max_seqlen_q=1,
+        slot_mapping=torch.tensor([1500], dtype=torch.int32, device="cuda"),
+        context_lens=torch.tensor([1501], dtype=torch.int32, device="cuda"),
+        block_tables=tables,
+    )
     hidden = torch.randn(1, 1024, generator=gen, device="cuda").bfloat16()
     positions = torch.tensor([1500], device="cuda")
     with torch.no_grad():

@@ -186,9 +186,7 @@ def test_decode_cuda_graph_replay(num_splits):
     # pattern); qkv is the raw projection, normed in place inside the graph
     raw = torch.zeros(batch, (hq + 2 * hkv) * d, dtype=torch.bfloat16, device="cuda")
     qkv = torch.zeros_like(raw)
-    q, key, value = (
-        x.view(batch, -1, d) for x in qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
-    )
+    q, key, value = (x.view(batch, -1, d) for x in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
     positions = torch.zeros(batch, dtype=torch.long, device="cuda")
     slots = torch.full((batch,), -1, dtype=torch.int32, device="cuda")
     lens = torch.zeros(batch, dtype=torch.int32, device="cuda")
@@ -196,8 +194,19 @@ def test_decode_cuda_graph_replay(num_splits):
 
     def step() -> torch.Tensor:
         qkv.copy_(raw)
-        qk_norm_rope(q, key, q_w, k_w, cos_sin, positions, 1e-6, v=value, k_cache=k_cache,
-                     v_cache=v_cache, slot_mapping=slots)
+        qk_norm_rope(
+            q,
+            key,
+            q_w,
+            k_w,
+            cos_sin,
+            positions,
+            1e-6,
+            v=value,
+            k_cache=k_cache,
+            v_cache=v_cache,
+            slot_mapping=slots,
+        )
         return paged_decode_attention(
             q, k_cache, v_cache, tables, lens, d**-0.5, num_splits=num_splits
         )

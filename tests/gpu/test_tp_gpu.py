@@ -1,19 +1,29 @@
 """Tensor parallelism on two GPUs (NCCL): bf16 logits and greedy tokens of size 2 agree with size 1."""
+
 import pytest
 import torch
 
-from tests.gpu.test_engine_gpu import (first_divergence_is_a_near_tie, free, make_llm, prompts,
-                                       teacher_forced_logits)
+from tests.gpu.test_engine_gpu import (
+    first_divergence_is_a_near_tie,
+    free,
+    make_llm,
+    prompts,
+    teacher_forced_logits,
+)
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                                 reason="needs 2 GPUs")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
+    ),
+]
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     from tests.gpu.test_engine_gpu import SHAPE
     from transformers import Qwen3Config, Qwen3ForCausalLM
+
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("qwen3-0.6b-tp")
     model = Qwen3ForCausalLM(Qwen3Config(**SHAPE, torch_dtype="bfloat16"))
@@ -25,6 +35,7 @@ def model_dir(tmp_path_factory):
 
 def run(path, tp: int, ps):
     from nanoserve.worker import SamplingParams
+
     llm = make_llm(path, tensor_parallel_size=tp, enforce_eager=False)
     logits = [teacher_forced_logits(llm, p) for p in ps[:3]]
     sp = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
@@ -45,9 +56,11 @@ def test_tp2_matches_tp1(model_dir, capsys):
     free(llm2)
     free(llm1)
     with capsys.disabled():
-        print(f"\n[gpu] tp2 vs tp1 bf16: top-1 agreement {agree / total:.4f}, max |logit diff| "
-              f"{max_err:.3f} (logits up to {scale:.1f}); greedy: {len(differ)} of {len(ps)} "
-              f"sequences diverge, gaps (bf16 ulps) {[round(g, 3) for g in gaps]}")
+        print(
+            f"\n[gpu] tp2 vs tp1 bf16: top-1 agreement {agree / total:.4f}, max |logit diff| "
+            f"{max_err:.3f} (logits up to {scale:.1f}); greedy: {len(differ)} of {len(ps)} "
+            f"sequences diverge, gaps (bf16 ulps) {[round(g, 3) for g in gaps]}"
+        )
     assert agree / total >= 0.99 and max_err <= 0.05 * scale
     assert len(differ) <= len(ps) // 10 and all(g <= 2 for g in gaps)
 
@@ -58,8 +71,22 @@ def test_all_reduce_paths_give_exact_sums():
     import json
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-m", "nanoserve.benchmarks.allreduce", "--rows", "1", "16",
-                          "--max-rows", "16"], capture_output=True, text=True, timeout=180)
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nanoserve.benchmarks.allreduce",
+            "--rows",
+            "1",
+            "16",
+            "--max-rows",
+            "16",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert [r["rows"] for r in rows] == [1, 16]

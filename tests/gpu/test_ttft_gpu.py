@@ -2,6 +2,7 @@
 prompt length compiles a Triton kernel, so a length the engine has never seen (primes, 1, the
 longest) reaches its first token as fast as a length it has; and the piecewise prefill graphs give
 the eager prefill's logits bit for bit."""
+
 import random
 import statistics
 import time
@@ -11,13 +12,33 @@ import torch
 
 from tests.gpu.test_engine_gpu import free, hf_model, make_llm, teacher_forced_logits  # noqa: F401
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
 
 MAX_MODEL_LEN = 4096
 # 600 is the length seen first; the rest are new to the engine
-UNSEEN = [1, 2, 3, 7, 13, 31, 37, 61, 127, 251, 509, 601, 777, 1021, 1499, 2039, 4000,
-          MAX_MODEL_LEN - 1]
+UNSEEN = [
+    1,
+    2,
+    3,
+    7,
+    13,
+    31,
+    37,
+    61,
+    127,
+    251,
+    509,
+    601,
+    777,
+    1021,
+    1499,
+    2039,
+    4000,
+    MAX_MODEL_LEN - 1,
+]
 
 
 def random_prompt(rng: random.Random, n: int) -> list[int]:
@@ -27,6 +48,7 @@ def random_prompt(rng: random.Random, n: int) -> list[int]:
 def ttft_ms(llm, prompt: list[int]) -> float:
     """One request alone, max_tokens=1: its prefill step, the sample and the engine's bookkeeping."""
     from nanoserve.worker import SamplingParams
+
     sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -36,10 +58,12 @@ def ttft_ms(llm, prompt: list[int]) -> float:
 
 def test_unseen_prompt_lengths_compile_nothing_and_are_as_fast(hf_model, capsys):
     import triton
+
     path, _ = hf_model
     started = time.perf_counter()
-    llm = make_llm(path, max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=8192,
-                   num_kvcache_blocks=64)
+    llm = make_llm(
+        path, max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=8192, num_kvcache_blocks=64
+    )
     start_s = time.perf_counter() - started
     rng = random.Random(0)
     ttft_ms(llm, random_prompt(rng, 600))  # a first request: lazy host-side state, not kernels
@@ -53,14 +77,18 @@ def test_unseen_prompt_lengths_compile_nothing_and_are_as_fast(hf_model, capsys)
     try:
         # distinct random prompts: no prefix-cache hit makes a repeat cheaper
         first = {n: ttft_ms(llm, random_prompt(rng, n)) for n in UNSEEN}
-        seen = {n: statistics.median(ttft_ms(llm, random_prompt(rng, n)) for _ in range(3))
-                for n in UNSEEN}
+        seen = {
+            n: statistics.median(ttft_ms(llm, random_prompt(rng, n)) for _ in range(3))
+            for n in UNSEEN
+        }
     finally:
         triton.knobs.runtime.jit_cache_hook = None
     free(llm)
     with capsys.disabled():
-        print(f"\n[gpu] engine start (weights, cache, graphs, kernels) {start_s:.1f} s; TTFT ms, "
-              "first of a length / median of 3 more:")
+        print(
+            f"\n[gpu] engine start (weights, cache, graphs, kernels) {start_s:.1f} s; TTFT ms, "
+            "first of a length / median of 3 more:"
+        )
         for n in UNSEEN:
             print(f"  {n:5d} tokens: {first[n]:7.2f} / {seen[n]:7.2f}")
         if compiled:

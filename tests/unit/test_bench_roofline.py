@@ -1,6 +1,7 @@
 """benchmarks/roofline.py's byte and FLOP accounting (checked against the hand count in
 ../shared/research/perf_anchors.md §5), its schedule simulation, and its step recorder on the real
 engine (tiny model, CPU). The GPU figures come from `python -m nanoserve.benchmarks.roofline`."""
+
 import json
 import math
 
@@ -64,7 +65,9 @@ def test_kernel_classes():
     assert kernel_class("_decode_attention_kernel") == "attention"
     # worker/kernels' own Triton kernels
     assert kernel_class("_decode_split_kernel") == "attention"
-    assert kernel_class("_qk_norm_rope_kernel") == kernel_class("_store_kvcache_kernel") == "rope_kv"
+    assert (
+        kernel_class("_qk_norm_rope_kernel") == kernel_class("_store_kvcache_kernel") == "rope_kv"
+    )
     assert kernel_class("_allreduce_add_rms_norm_kernel") == "allreduce"
     assert kernel_class("_skinny_gemm_kernel") == "gemm"
     assert kernel_class("_fused_qk_norm_rope_store_kernel") == "rope_kv"
@@ -82,6 +85,7 @@ def test_kernel_classes():
 
 def test_recorded_steps_of_the_real_engine(tiny_model_dir):
     from nanoserve.worker import LLM
+
     llm = LLM(str(tiny_model_dir), device="cpu", kvcache_block_size=16, num_kvcache_blocks=64)
     try:
         shape = Shape(hidden=64, inter=128, layers=2, heads=4, kv_heads=2, head_dim=32)
@@ -98,6 +102,7 @@ def test_recorded_steps_of_the_real_engine(tiny_model_dir):
 
 def test_profiled_decode_step_accounts_every_class(tiny_model_dir):
     from nanoserve.worker import LLM
+
     llm = LLM(str(tiny_model_dir), device="cpu", kvcache_block_size=16, num_kvcache_blocks=64)
     try:
         shape = Shape(hidden=64, inter=128, layers=2, heads=4, kv_heads=2, head_dim=32)
@@ -116,18 +121,37 @@ def test_profiled_decode_step_accounts_every_class(tiny_model_dir):
 
 
 def test_gemms_are_named_by_their_neighbours():
-    layer = ["rms_norm", "gemm_a", "splitKreduce", "qk_norm_rope_store", "decode_attention",
-             "gemm_b", "nccl_allreduce", "add_rms_norm", "gemm_c", "silu_and_mul", "gemm_d",
-             "elementwise_add"]
+    layer = [
+        "rms_norm",
+        "gemm_a",
+        "splitKreduce",
+        "qk_norm_rope_store",
+        "decode_attention",
+        "gemm_b",
+        "nccl_allreduce",
+        "add_rms_norm",
+        "gemm_c",
+        "silu_and_mul",
+        "gemm_d",
+        "elementwise_add",
+    ]
     fused_tp = ["gemm_b2", "allreduce_add_rms_norm", "gemm_c2", "silu_and_mul"]  # o, then gate_up
-    seq = [(name, 1.0) for name in ["embedding_gather", *layer, *layer, "rms_norm", "gemm_e",
-                                    "sample_argmax"]]
+    seq = [
+        (name, 1.0)
+        for name in ["embedding_gather", *layer, *layer, "rms_norm", "gemm_e", "sample_argmax"]
+    ]
     ops = gemm_ops(seq)
     assert gemm_ops([("decode_attention", 1.0)] + [(n, 1.0) for n in fused_tp]) == {
-        "o_proj": {"us": 1.0, "calls": 1}, "gate_up": {"us": 1.0, "calls": 1}}
-    assert ops == {"qkv": {"us": 4.0, "calls": 2}, "o_proj": {"us": 2.0, "calls": 2},
-                   "gate_up": {"us": 2.0, "calls": 2}, "down": {"us": 2.0, "calls": 2},
-                   "lm_head": {"us": 1.0, "calls": 1}}
+        "o_proj": {"us": 1.0, "calls": 1},
+        "gate_up": {"us": 1.0, "calls": 1},
+    }
+    assert ops == {
+        "qkv": {"us": 4.0, "calls": 2},
+        "o_proj": {"us": 2.0, "calls": 2},
+        "gate_up": {"us": 2.0, "calls": 2},
+        "down": {"us": 2.0, "calls": 2},
+        "lm_head": {"us": 1.0, "calls": 1},
+    }
     costs = gemm_op_costs(QWEN3_06B, 1)
     weights = sum(c.bytes for c in costs.values())
     # at batch 1 the GEMMs read every weight once, the 1.19 GB of perf_anchors §5, and the
@@ -139,6 +163,7 @@ def test_gemms_are_named_by_their_neighbours():
 
 def test_analytic_run_prints_json_that_the_gpu_table_reads(tmp_path, capsys):
     from nanoserve.benchmarks import gpu_table
+
     roofline.main(["--analytic", "--json"])
     line = capsys.readouterr().out.strip()
     assert json.loads(line)["total"]["speed_of_light_tok_s"] > 30_000

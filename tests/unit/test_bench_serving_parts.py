@@ -1,5 +1,6 @@
 """The serving benchmark's parts that need no service: percentiles, buckets, the workload, the
 worker flags that carry the offline engine settings, and help text on every bench flag."""
+
 import argparse
 import math
 
@@ -30,8 +31,14 @@ def test_summarize_scales_and_names_the_percentiles():
 
 def test_buckets_split_at_the_edges():
     edges = [256, 512]
-    assert [bucket_label(k, edges) for k in (100, 255, 256, 511, 512, 4000)] == \
-        ["<256", "<256", "256-511", "256-511", ">=512", ">=512"]
+    assert [bucket_label(k, edges) for k in (100, 255, 256, 511, 512, 4000)] == [
+        "<256",
+        "<256",
+        "256-511",
+        "256-511",
+        ">=512",
+        ">=512",
+    ]
     got = summarize_by_bucket([(600, 3.0), (100, 1.0), (300, 2.0), (120, 5.0)], edges)
     assert list(got) == ["<256", "256-511", ">=512"]
     assert got["<256"]["n"] == 2 and got["<256"]["max"] == 5.0
@@ -60,10 +67,24 @@ def test_poisson_arrivals_have_the_rate():
 
 
 def test_worker_flags_carry_the_offline_engine_settings(tiny_model_dir):
-    args = serving.build_parser().parse_args([
-        "--model", str(tiny_model_dir), "--max-num-seqs", "64", "--max-num-batched-tokens", "4096",
-        "--gpu-memory-utilization", "0.5", "--tensor-parallel-size", "2", "--enforce-eager",
-        "--no-decode-lookahead", "--device", "cpu"])
+    args = serving.build_parser().parse_args(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--max-num-seqs",
+            "64",
+            "--max-num-batched-tokens",
+            "4096",
+            "--gpu-memory-utilization",
+            "0.5",
+            "--tensor-parallel-size",
+            "2",
+            "--enforce-eager",
+            "--no-decode-lookahead",
+            "--device",
+            "cpu",
+        ]
+    )
     settings = serving.engine_settings(args)
     parser = add_config_args(argparse.ArgumentParser(), WorkerConfig)
     worker = config_from_args(WorkerConfig, parser.parse_args(serving.worker_flags(settings)))
@@ -77,8 +98,9 @@ def test_worker_flags_carry_the_offline_engine_settings(tiny_model_dir):
     assert set(settings) == {f for f in EngineConfig.__dataclass_fields__}
 
 
-@pytest.mark.parametrize("build", [engine.build_parser, serving.build_parser,
-                                   roofline.build_parser])
+@pytest.mark.parametrize(
+    "build", [engine.build_parser, serving.build_parser, roofline.build_parser]
+)
 def test_every_bench_flag_has_help(build):
     parser = build()
     missing = [a.dest for a in parser._actions if not a.help or not a.help.strip()]

@@ -1,5 +1,6 @@
 """The engine's compile_cache_dir becomes Triton's cache directory (TRITON_CACHE_DIR) before any
 kernel compiles; left empty, Triton keeps its own default."""
+
 import os
 from pathlib import Path
 
@@ -9,9 +10,11 @@ from nanoserve.worker import LLM
 from nanoserve.worker.config import EngineConfig
 
 
-def test_compile_cache_dir_sets_tritons_cache(tiny_model_dir: Path, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compile_cache_dir_sets_tritons_cache(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import triton
+
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     LLM(tiny_model_dir, device="cpu", num_kvcache_blocks=8)
     assert "TRITON_CACHE_DIR" not in os.environ

@@ -149,7 +149,9 @@ def test_worker_reserves_gpus_and_shared_memory(services) -> None:
 def test_model_directory_is_mounted_read_only_on_both(services, tmp_path) -> None:
     for name in ("worker", "frontend"):
         assert services[name]["volumes"][0] == "./models/Qwen3-0.6B:/model:ro"
-        assert services[name]["environment"][env_var("model", env_prefix(CONFIGS[name]))] == "/model"
+        assert (
+            services[name]["environment"][env_var("model", env_prefix(CONFIGS[name]))] == "/model"
+        )
     assert len(services["frontend"]["volumes"]) == 1
     moved = load_compose({"NANOSERVE_MODEL_DIR": str(tmp_path)})["services"]
     assert moved["worker"]["volumes"][0] == f"{tmp_path}:/model:ro"

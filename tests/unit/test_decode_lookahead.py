@@ -1,6 +1,7 @@
 """Decode lookahead (worker.engine.lookahead): forwarding step N+1 before step N's ids reach the host
 changes no token. Checked on CPU (the eager path) against transformers and against the engine without
 lookahead, under batches that shrink, stop tokens, seeded sampling, preemption, aborts and prefix hits."""
+
 import random
 
 import numpy as np
@@ -66,8 +67,16 @@ def test_same_tokens_with_and_without_lookahead(model, case):
     params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True) for _ in prompts]
     if case == "stop_tokens_and_seeds":
         # seeded sampling, and stop ids that end sequences at steps the lookahead cannot foresee
-        params = [SamplingParams(temperature=0.8, top_p=0.9, seed=i, max_tokens=30,
-                                 stop_token_ids=[7, 11, 13, 100 + i]) for i in range(len(prompts))]
+        params = [
+            SamplingParams(
+                temperature=0.8,
+                top_p=0.9,
+                seed=i,
+                max_tokens=30,
+                stop_token_ids=[7, 11, 13, 100 + i],
+            )
+            for i in range(len(prompts))
+        ]
     elif case == "preemption":
         kw = dict(num_kvcache_blocks=12)
     elif case == "aborts":
@@ -99,11 +108,20 @@ def decode_step(lens: list[int], tables: list[list[int]], block_size: int) -> St
     width = max(map(len, tables))
     bt = np.full((n, width), -1, dtype=np.int64)
     for i, t in enumerate(tables):
-        bt[i, :len(t)] = t
+        bt[i, : len(t)] = t
     last = bt[np.arange(n), (lens_a - 1) // block_size]
-    return StepInputs(False, np.zeros(n, dtype=np.int64), lens_a - 1,
-                      last * block_size + (lens_a - 1) % block_size, np.arange(n + 1), lens_a, bt,
-                      np.arange(n), 1, int(lens_a.max()))
+    return StepInputs(
+        False,
+        np.zeros(n, dtype=np.int64),
+        lens_a - 1,
+        last * block_size + (lens_a - 1) % block_size,
+        np.arange(n + 1),
+        lens_a,
+        bt,
+        np.arange(n),
+        1,
+        int(lens_a.max()),
+    )
 
 
 def seqs_of(lens: list[int], max_tokens: int = 100) -> list[Sequence]:
@@ -150,8 +168,10 @@ def test_tensor_parallel_ranks_follow_the_step_forwarded_ahead(model):
     tokens equal tp=1 without lookahead (seeded sampling, stops, a shrinking batch)."""
     path, _ = model
     prompts = prompts_of([5, 33, 18, 70], seed=5)
-    params = [SamplingParams(temperature=0.7, seed=i, max_tokens=8 + 5 * i,
-                             stop_token_ids=[7, 11, 13]) for i in range(len(prompts))]
+    params = [
+        SamplingParams(temperature=0.7, seed=i, max_tokens=8 + 5 * i, stop_token_ids=[7, 11, 13])
+        for i in range(len(prompts))
+    ]
     ref = make_llm(path, False)
     want = run_all(ref, prompts, params, {})
     llm = make_llm(path, True, tensor_parallel_size=2)
@@ -194,6 +214,7 @@ def test_lookahead_under_a_queue(model):
 def test_decode_follows_predicts_admission():
     from nanoserve.worker.engine.block_manager import BlockManager
     from nanoserve.worker.engine.scheduler import Scheduler
+
     s = Scheduler(2, 64, 1000, (0,), BlockManager(8, 4))
     a, b = (Sequence([1, 2, 3], SamplingParams(max_tokens=5)) for _ in range(2))
     s.add(a)

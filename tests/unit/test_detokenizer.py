@@ -192,6 +192,7 @@ def test_stop_string_does_not_end_the_output_before_min_tokens(tok: Tokenizer) -
     detok = Detokenizer(_decode(tok), stop=["one"], min_tokens=3)
     deltas, matched = _run(detok, [[i] for i in ids])
     assert matched == "one" and "".join(deltas) == "one two "  # the third id is the 2nd "one"
-    deltas, matched = _run(Detokenizer(_decode(tok), stop=["one"], min_tokens=len(ids) + 1),
-                           [[i] for i in ids])
+    deltas, matched = _run(
+        Detokenizer(_decode(tok), stop=["one"], min_tokens=len(ids) + 1), [[i] for i in ids]
+    )
     assert matched is None and "".join(deltas) == "one two one two one two"

@@ -1,6 +1,7 @@
 """nanoserve.worker.distributed over gloo on CPU: the ranks agree whether the symmetric-memory all-reduce is
 used (one rank without it means NCCL/gloo for all), and all_reduce / all_gather give the sum and the
 rank-ordered concatenation."""
+
 import multiprocessing as mp
 
 import pytest
@@ -28,8 +29,9 @@ def _rank_main(rank: int, world_size: int, port: int, fail_rank: int, results) -
         def close(self):
             pass
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
     distributed.SymmetricAllReduce = FakeSymmetric
     distributed.init_symmetric_all_reduce(torch.device("cpu"), 1024, torch.float32)
     used = distributed._symmetric is not None
@@ -45,7 +47,9 @@ def test_ranks_agree_on_the_all_reduce_path(fail_rank, expect_symmetric):
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, 2, port, fail_rank, results)) for r in range(2)]
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, 2, port, fail_rank, results)) for r in range(2)
+    ]
     for p in procs:
         p.start()
     out = sorted(results.get(timeout=60) for _ in procs)

@@ -1,6 +1,7 @@
 """EngineCore in-process over real pipes: msgpack frames in and out, one STEP frame per engine step
 carrying every request, adds and aborts applied between steps (an abort frees the blocks), a
 refused add named, the exit frame ends the loop."""
+
 import threading
 from multiprocessing import Pipe
 
@@ -17,8 +18,13 @@ NUM_BLOCKS = 32
 def core(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("engine_core_model")
     make_hf_model(tmp_path)
-    config = WorkerConfig(model=str(tmp_path), device="cpu", kvcache_block_size=16,
-                          num_kvcache_blocks=NUM_BLOCKS, max_model_len=512)
+    config = WorkerConfig(
+        model=str(tmp_path),
+        device="cpu",
+        kvcache_block_size=16,
+        num_kvcache_blocks=NUM_BLOCKS,
+        max_model_len=512,
+    )
     core_in, to_core = Pipe(duplex=False)
     from_core, core_out = Pipe(duplex=False)
     core = engine_core.EngineCore(config, core_in, core_out)
@@ -78,8 +84,9 @@ def test_one_frame_per_step_carries_every_request(core) -> None:
 
 def test_abort_frees_blocks_and_a_bad_add_is_refused(core) -> None:
     to_core, from_core, _ = core
-    to_core.send_bytes(engine_core.add_frame(
-        [[7, [1, 2, 3], params(max_tokens=400)], [8, [10**6], params()]], []))
+    to_core.send_bytes(
+        engine_core.add_frame([[7, [1, 2, 3], params(max_tokens=400)], [8, [10**6], params()]], [])
+    )
     frames = read_until(from_core, lambda fs: any(f[0] == engine_core.STEP for f in fs))
     refused = [f for f in frames if f[0] == engine_core.REFUSED]
     assert refused and refused[0][1] == 8 and "prompt_token_ids" in refused[0][2]

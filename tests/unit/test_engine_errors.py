@@ -1,4 +1,5 @@
 """Bad configuration and bad input raise a clear ValueError naming what is wrong."""
+
 import json
 
 import pytest
@@ -17,8 +18,9 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def llm(model_dir):
-    return LLM(model_dir, device="cpu", kvcache_block_size=16, num_kvcache_blocks=8,
-               max_model_len=512)
+    return LLM(
+        model_dir, device="cpu", kvcache_block_size=16, num_kvcache_blocks=8, max_model_len=512
+    )
 
 
 def test_missing_model_dir(tmp_path):
@@ -39,22 +41,35 @@ def test_not_qwen3(tmp_path, model_dir):
         LLM(tmp_path, device="cpu")
 
 
-@pytest.mark.parametrize("kw, field", [
-    (dict(kvcache_block_size=12), "kvcache_block_size"), (dict(max_num_seqs=0), "max_num_seqs"),
-    (dict(dtype="int8"), "dtype"), (dict(device="tpu"), "device"),
-    (dict(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
-])
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        (dict(kvcache_block_size=12), "kvcache_block_size"),
+        (dict(max_num_seqs=0), "max_num_seqs"),
+        (dict(dtype="int8"), "dtype"),
+        (dict(device="tpu"), "device"),
+        (dict(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
+    ],
+)
 def test_bad_engine_config(kw, field):
     with pytest.raises(ValueError, match=field):
         EngineConfig(**kw)
 
 
-@pytest.mark.parametrize("kw, field", [
-    (dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"), (dict(top_k=-2), "top_k"),
-    (dict(min_p=2), "min_p"), (dict(max_tokens=0), "max_tokens"),
-    (dict(min_tokens=5, max_tokens=2), "min_tokens"), (dict(temperature=float("nan")), "temperature"),
-    (dict(repetition_penalty=0), "repetition_penalty"), (dict(presence_penalty=3), "presence_penalty"),
-])
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        (dict(temperature=-1), "temperature"),
+        (dict(top_p=0), "top_p"),
+        (dict(top_k=-2), "top_k"),
+        (dict(min_p=2), "min_p"),
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(min_tokens=5, max_tokens=2), "min_tokens"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(repetition_penalty=0), "repetition_penalty"),
+        (dict(presence_penalty=3), "presence_penalty"),
+    ],
+)
 def test_bad_sampling_params(kw, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kw)

@@ -1,5 +1,6 @@
 """Greedy decoding of the offline engine equals transformers token for token (float32, CPU), also under
 prefix-cache hits, preemption, chunked prefill and aborts; every run returns all KV blocks."""
+
 import random
 
 import pytest
@@ -15,8 +16,13 @@ CONFIGS = {
     "untied_gqa2": dict(),
     "tied_gqa1": dict(tie_word_embeddings=True, num_key_value_heads=4),
     "gqa4_headdim16": dict(num_attention_heads=8, num_key_value_heads=2, head_dim=16),
-    "mha_rope1e6": dict(num_attention_heads=2, num_key_value_heads=2, head_dim=64, rope_theta=1e6,
-                        tie_word_embeddings=True),
+    "mha_rope1e6": dict(
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        rope_theta=1e6,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -62,7 +68,12 @@ def untied(tmp_path_factory):
 def test_prefix_cache_hits_give_same_tokens(untied):
     path, hf = untied
     shared_prefix = prompts_of([48], seed=1)[0]
-    prompts = [shared_prefix + [7, 8, 9], shared_prefix + [10], shared_prefix[:40], shared_prefix + [7, 8, 9]]
+    prompts = [
+        shared_prefix + [7, 8, 9],
+        shared_prefix + [10],
+        shared_prefix[:40],
+        shared_prefix + [7, 8, 9],
+    ]
     ref = hf_greedy(hf, prompts, MAX_NEW)
     llm = LLM(path, device="cpu", kvcache_block_size=16, num_kvcache_blocks=64)
     # first run fills the cache, second run hits it; within a run identical prompts share too
@@ -92,8 +103,9 @@ def test_chunked_prefill_same_tokens(untied):
     path, hf = untied
     prompts = prompts_of([100, 7, 64, 33], seed=3)
     ref = hf_greedy(hf, prompts, MAX_NEW)
-    llm = LLM(path, device="cpu", kvcache_block_size=16, num_kvcache_blocks=64,
-              max_num_batched_tokens=24)
+    llm = LLM(
+        path, device="cpu", kvcache_block_size=16, num_kvcache_blocks=64, max_num_batched_tokens=24
+    )
     chunks = []
     orig = llm.model_runner.run
 
@@ -132,8 +144,9 @@ def test_abort_mid_run_leaves_others_exact(untied):
 
 def test_abort_during_chunked_prefill_frees_blocks(untied):
     path, _ = untied
-    llm = LLM(path, device="cpu", kvcache_block_size=16, num_kvcache_blocks=64,
-              max_num_batched_tokens=16)
+    llm = LLM(
+        path, device="cpu", kvcache_block_size=16, num_kvcache_blocks=64, max_num_batched_tokens=16
+    )
     seq = llm.add_request(prompts_of([90], seed=6)[0], GREEDY)
     llm.step()
     assert seq.block_table and 0 < seq.num_computed_tokens < seq.num_tokens
@@ -148,19 +161,31 @@ def test_stop_token_and_eos_and_min_tokens(untied):
     llm = LLM(path, device="cpu", kvcache_block_size=16, num_kvcache_blocks=64)
     stop_at = ref[5]
     first = ref.index(stop_at)
-    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=MAX_NEW,
-                                                stop_token_ids=[stop_at]), use_tqdm=False)[0]
-    assert out.token_ids == ref[:first + 1] and out.finish_reason == "stop"
+    out = llm.generate(
+        [prompt],
+        SamplingParams(temperature=0, max_tokens=MAX_NEW, stop_token_ids=[stop_at]),
+        use_tqdm=False,
+    )[0]
+    assert out.token_ids == ref[: first + 1] and out.finish_reason == "stop"
     # min_tokens masks eos and the stop ids until 8 tokens are out (vLLM; transformers'
     # min_new_tokens does the same with its eos ids), so the output runs past the first stop_at
-    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=MAX_NEW, min_tokens=8,
-                                                stop_token_ids=[stop_at]), use_tqdm=False)[0]
+    out = llm.generate(
+        [prompt],
+        SamplingParams(temperature=0, max_tokens=MAX_NEW, min_tokens=8, stop_token_ids=[stop_at]),
+        use_tqdm=False,
+    )[0]
     with torch.no_grad():
-        want = hf.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW, min_new_tokens=8,
-                           do_sample=False, eos_token_id=[stop_at, EOS], pad_token_id=0)
-    want = want[0, len(prompt):].tolist()
+        want = hf.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=MAX_NEW,
+            min_new_tokens=8,
+            do_sample=False,
+            eos_token_id=[stop_at, EOS],
+            pad_token_id=0,
+        )
+    want = want[0, len(prompt) :].tolist()
     assert out.token_ids == want and stop_at not in out.token_ids[:8] and EOS not in want[:8]
-    assert out.token_ids[:first] == ref[:first] and out.token_ids != ref[:first + 1]
+    assert out.token_ids[:first] == ref[:first] and out.token_ids != ref[: first + 1]
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)[0]
     assert out.token_ids == ref[:3] and out.finish_reason == "length"
     assert_clean(llm)
@@ -173,8 +198,9 @@ def test_mixed_steps_match_transformers(untied):
     path, hf = untied
     prompts = prompts_of([5, 40, 17], seed=11)
     ref = hf_greedy(hf, prompts, 16)
-    llm = LLM(path, device="cpu", kvcache_block_size=16, num_kvcache_blocks=64,
-              max_num_batched_tokens=16)
+    llm = LLM(
+        path, device="cpu", kvcache_block_size=16, num_kvcache_blocks=64, max_num_batched_tokens=16
+    )
     sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     first = llm.add_request(prompts[0], sp)
     for _ in range(3):

@@ -84,7 +84,15 @@ def test_frontend_process_lifecycle(tiny_model_dir: Path) -> None:
 
 def test_bad_flag_is_a_clean_error() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "nanoserve.frontend", "--model", "tiny", "--max-concurrent-requests", "0"],
+        [
+            sys.executable,
+            "-m",
+            "nanoserve.frontend",
+            "--model",
+            "tiny",
+            "--max-concurrent-requests",
+            "0",
+        ],
         check=False,
         cwd=REPO_ROOT,
         capture_output=True,

@@ -16,12 +16,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def exported_series() -> set[str]:
     frontend = FrontendMetrics("m")  # labelled series appear once observed
-    finished = RequestRecord("r", "Generate", "p", start=0.0, end=1.0, code="OK",
-                             finish_reason="length", completion_tokens=2,
-                             first_token_at=0.5, last_token_at=0.6)
+    finished = RequestRecord(
+        "r",
+        "Generate",
+        "p",
+        start=0.0,
+        end=1.0,
+        code="OK",
+        finish_reason="length",
+        completion_tokens=2,
+        first_token_at=0.5,
+        last_token_at=0.6,
+    )
     frontend.observe(finished)
-    frontend.observe(RequestRecord("r", "Generate", "p", start=0.0, end=1.0,
-                                   code="RESOURCE_EXHAUSTED"))
+    frontend.observe(
+        RequestRecord("r", "Generate", "p", start=0.0, end=1.0, code="RESOURCE_EXHAUSTED")
+    )
     frontend.track_in_flight(lambda: 0)
     worker = worker_registry("m", lambda: WorkerLoad(0, 0, 1, 1, 0, 0, 0, 0, 0, 0))
     names = set()

@@ -2,6 +2,7 @@
 fused_add_rms_norm; two ranks are simulated from one rank's side (the peer's row and flag already
 pushed here), which checks the push to the peer, the sum in rank order, the flag handshake and the
 flags left clean."""
+
 import pytest
 import torch
 
@@ -17,8 +18,10 @@ def ptrs(*tensors: torch.Tensor) -> torch.Tensor:
 
 def inputs(seed: int) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(*shape, generator=g).bfloat16() for shape in
-                 [(M, HIDDEN), (M, HIDDEN), (M, HIDDEN), (HIDDEN,)])
+    return tuple(
+        torch.randn(*shape, generator=g).bfloat16()
+        for shape in [(M, HIDDEN), (M, HIDDEN), (M, HIDDEN), (HIDDEN,)]
+    )
 
 
 @pytest.mark.parametrize("slot", [0, 1])
@@ -27,8 +30,9 @@ def test_one_rank_is_the_fused_norm(slot):
     buffer = torch.zeros(2, M * HIDDEN, dtype=torch.bfloat16)
     flags = torch.zeros(M, dtype=torch.int32)
     gens, error = torch.zeros(M, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
-    out, new_residual = allreduce_add_rms_norm(x, residual, weight, 1e-6, ptrs(buffer), ptrs(flags),
-                                               slot, M * HIDDEN, 0, gens, error)
+    out, new_residual = allreduce_add_rms_norm(
+        x, residual, weight, 1e-6, ptrs(buffer), ptrs(flags), slot, M * HIDDEN, 0, gens, error
+    )
     ref_out, ref_residual = fused_add_rms_norm(x, residual, weight, 1e-6)
     assert torch.equal(out, ref_out) and torch.equal(new_residual, ref_residual)
     assert not buffer.any() and not flags.any()  # no peer: nothing pushed, no flag raised
@@ -46,8 +50,9 @@ def test_two_ranks_sum_in_rank_order_and_leave_the_flags_clean(rank):
     buffers[rank][1, peer] = peers.flatten()  # the peer has pushed its partial here and flagged it
     gens, error = torch.full((M,), 6, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
     flags[rank][:, peer] = 7  # the generation after the 6 calls each rank has made on these rows
-    out, new_residual = allreduce_add_rms_norm(mine, residual, weight, 1e-6, ptrs(*buffers),
-                                               ptrs(*flags), 1, M * HIDDEN, rank, gens, error)
+    out, new_residual = allreduce_add_rms_norm(
+        mine, residual, weight, 1e-6, ptrs(*buffers), ptrs(*flags), 1, M * HIDDEN, rank, gens, error
+    )
     assert torch.equal(buffers[peer][1, rank].view(M, HIDDEN), mine)  # pushed to the peer
     assert not buffers[peer][0].any() and not buffers[peer][1, peer].any()
     # rank order, rounded once to bf16 (by truncation: Triton's interpreter truncates where the
@@ -61,8 +66,11 @@ def test_two_ranks_sum_in_rank_order_and_leave_the_flags_clean(rank):
     assert gens.tolist() == [7] * M and not error.any()
 
 
-@pytest.mark.parametrize("peer_flag, code", [(0, 2), (6, 3), (8, 3)],
-                         ids=["peer_never_arrives", "peer_a_call_behind", "peer_a_call_ahead"])
+@pytest.mark.parametrize(
+    "peer_flag, code",
+    [(0, 2), (6, 3), (8, 3)],
+    ids=["peer_never_arrives", "peer_a_call_behind", "peer_a_call_ahead"],
+)
 def test_a_wait_that_cannot_succeed_ends_with_an_error_word(peer_flag, code):
     """Rank 0 of two at generation 7: a peer that never raises its flag, or raises one of another
     call (kernels out of order), ends the bounded wait with the error word set (on the GPU the
@@ -72,7 +80,19 @@ def test_a_wait_that_cannot_succeed_ends_with_an_error_word(peer_flag, code):
     flags = [torch.zeros(M, 2, dtype=torch.int32) for _ in range(2)]
     flags[0][:, 1] = peer_flag
     gens, error = torch.full((M,), 6, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
-    allreduce_add_rms_norm(x, residual, weight, 1e-6, ptrs(*buffers), ptrs(*flags), 0,
-                           M * HIDDEN, 0, gens, error, max_spins=20)
+    allreduce_add_rms_norm(
+        x,
+        residual,
+        weight,
+        1e-6,
+        ptrs(*buffers),
+        ptrs(*flags),
+        0,
+        M * HIDDEN,
+        0,
+        gens,
+        error,
+        max_spins=20,
+    )
     assert error.item() == code
     assert flags[1][:, 0].tolist() == [7] * M  # this rank's own flag went out

@@ -58,6 +58,7 @@ kernels = _import_kernels()
 def decode_module():
     return sys.modules["nanoserve.worker.kernels.decode_attention"]
 
+
 from nanoserve.worker.layers.attention import paged_attention_torch, store_kvcache_torch
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}

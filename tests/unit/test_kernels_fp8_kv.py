@@ -1,6 +1,7 @@
 """An fp8 (e4m3) KV cache with per-tensor scales, on CPU under the Triton interpreter: the stores
 round-trip k and v within fp8's precision, and the paged prefill / decode attention over the fp8 cache
 equal the torch reference over the same cache (kv_cache_dtype=fp8)."""
+
 import pytest
 import torch
 
@@ -54,8 +55,21 @@ def test_fused_qk_norm_rope_store_writes_the_scaled_fp8_cache():
     v_cache = torch.zeros_like(k_cache)
     slots = torch.tensor([0, 9, -1, 23, 4], dtype=torch.int32)
     ones = torch.ones(d)
-    kernels.qk_norm_rope(q, k, ones, ones, cos_sin, torch.arange(n), 0.0, v=v, k_cache=k_cache,
-                         v_cache=v_cache, slot_mapping=slots, k_scale=K_SCALE, v_scale=V_SCALE)
+    kernels.qk_norm_rope(
+        q,
+        k,
+        ones,
+        ones,
+        cos_sin,
+        torch.arange(n),
+        0.0,
+        v=v,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        slot_mapping=slots,
+        k_scale=K_SCALE,
+        v_scale=V_SCALE,
+    )
     ref_k, ref_v = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
     store_kvcache_torch(k, v, ref_k, ref_v, slots, K_SCALE, V_SCALE)  # k: normed in place
     assert torch.equal(v_cache.view(torch.uint8), ref_v.view(torch.uint8))
@@ -79,10 +93,21 @@ def test_prefill_over_fp8_cache_matches_torch(q_dtype):
     cu = torch.tensor([0, 5, 25, 26], dtype=torch.int32)
     lens = torch.tensor(ctx_lens, dtype=torch.int32)
     q = torch.randn(sum(q_lens), hq, d, generator=gen).to(q_dtype)
-    out = kernels.paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, max(q_lens),
-                                          d**-0.5, k_scale=K_SCALE, v_scale=V_SCALE)
-    ref = paged_attention_torch(q.float(), k_cache, v_cache, tables, cu, lens, d**-0.5,
-                                K_SCALE, V_SCALE)
+    out = kernels.paged_prefill_attention(
+        q,
+        k_cache,
+        v_cache,
+        tables,
+        cu,
+        lens,
+        max(q_lens),
+        d**-0.5,
+        k_scale=K_SCALE,
+        v_scale=V_SCALE,
+    )
+    ref = paged_attention_torch(
+        q.float(), k_cache, v_cache, tables, cu, lens, d**-0.5, K_SCALE, V_SCALE
+    )
     assert out.dtype == q_dtype
     assert rel_err(out, ref) < (1e-4 if q_dtype == torch.float32 else 2e-2)
 
@@ -96,10 +121,20 @@ def test_decode_over_fp8_cache_matches_torch(num_splits):
     tables = make_block_tables(ctx_lens, block_size, num_blocks, gen)
     lens = torch.tensor(ctx_lens, dtype=torch.int32)
     q = torch.randn(3, hq, d, generator=gen)
-    out = kernels.paged_decode_attention(q, k_cache, v_cache, tables, lens, d**-0.5, num_splits,
-                                         k_scale=K_SCALE, v_scale=V_SCALE)
-    ref = paged_attention_torch(q, k_cache, v_cache, tables, torch.arange(4, dtype=torch.int32),
-                                lens, d**-0.5, K_SCALE, V_SCALE)
+    out = kernels.paged_decode_attention(
+        q, k_cache, v_cache, tables, lens, d**-0.5, num_splits, k_scale=K_SCALE, v_scale=V_SCALE
+    )
+    ref = paged_attention_torch(
+        q,
+        k_cache,
+        v_cache,
+        tables,
+        torch.arange(4, dtype=torch.int32),
+        lens,
+        d**-0.5,
+        K_SCALE,
+        V_SCALE,
+    )
     assert rel_err(out, ref) < 1e-4
 
 
@@ -108,13 +143,22 @@ def test_engine_with_fp8_cache_allocates_fp8_and_generates(tiny_model_dir):
     bytes that the prompts' k/v reach; agreement with the unquantised cache is measured on the GPU
     (tests/gpu/test_fp8_kv_gpu.py)."""
     from nanoserve.worker import LLM, SamplingParams
+
     sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     prompts = [[5, 6, 7, 8, 9, 10, 11], [3] * 20]
     runs = {}
     for kv in ("auto", "fp8"):
-        llm = LLM(tiny_model_dir, device="cpu", kvcache_block_size=16, num_kvcache_blocks=16,
-                  kv_cache_dtype=kv)
-        runs[kv] = (llm.model_runner, [o.token_ids for o in llm.generate(prompts, sp, use_tqdm=False)])
+        llm = LLM(
+            tiny_model_dir,
+            device="cpu",
+            kvcache_block_size=16,
+            num_kvcache_blocks=16,
+            kv_cache_dtype=kv,
+        )
+        runs[kv] = (
+            llm.model_runner,
+            [o.token_ids for o in llm.generate(prompts, sp, use_tqdm=False)],
+        )
     (ref_runner, _), (runner, out) = runs["auto"], runs["fp8"]
     assert runner.kv_cache.dtype == FP8 and ref_runner.kv_cache.dtype == torch.float32
     assert runner.block_bytes * 4 == ref_runner.block_bytes

@@ -1,4 +1,5 @@
 """The fused q/k RMSNorm + rotary kernel (Triton interpreter on CPU) equals the torch layers."""
+
 import pytest
 import torch
 
@@ -24,12 +25,19 @@ def test_matches_torch_layers(dtype, tol, hq, hkv, d):
     q, k = q.view(n, hq, d), k.view(n, hkv, d)
     with torch.no_grad():
         ref_q, ref_k = rope(positions, q_norm(q.clone()), k_norm(k.clone()))
-    v_before = qkv[:, (hq + hkv) * d:].clone()
-    qk_norm_rope(q, k, q_norm.weight.data, k_norm.weight.data, rope.cache_on(torch.device("cpu")),
-                 positions, 1e-6)  # in place on the views of qkv
+    v_before = qkv[:, (hq + hkv) * d :].clone()
+    qk_norm_rope(
+        q,
+        k,
+        q_norm.weight.data,
+        k_norm.weight.data,
+        rope.cache_on(torch.device("cpu")),
+        positions,
+        1e-6,
+    )  # in place on the views of qkv
     assert torch.allclose(q.float(), ref_q.float(), atol=tol, rtol=tol)
     assert torch.allclose(k.float(), ref_k.float(), atol=tol, rtol=tol)
-    assert torch.equal(qkv[:, (hq + hkv) * d:], v_before)  # v untouched
+    assert torch.equal(qkv[:, (hq + hkv) * d :], v_before)  # v untouched
 
 
 def _qkv_case(dtype, n: int, hq: int, hkv: int, d: int, num_blocks: int, block_size: int):
@@ -54,6 +62,7 @@ def _views(qkv: torch.Tensor, hq: int, hkv: int, d: int):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_store_equals_norm_rope_then_store_kvcache(dtype, slot_dtype):
     from nanoserve.worker.kernels import store_kvcache
+
     n, hq, hkv, d, num_blocks, block_size = 6, 4, 2, 32, 5, 16
     qkv, q_w, k_w, k_cache, v_cache = _qkv_case(dtype, n, hq, hkv, d, num_blocks, block_size)
     cos_sin = RotaryEmbedding(d, 512, 10000.0).cache_on(torch.device("cpu"))
@@ -67,8 +76,19 @@ def test_fused_store_equals_norm_rope_then_store_kvcache(dtype, slot_dtype):
     store_kvcache(ref_k, ref_v, ref_k_cache, ref_v_cache, slots)
 
     q, k, v = _views(qkv, hq, hkv, d)
-    qk_norm_rope(q, k, q_w, k_w, cos_sin, positions, 1e-6, v=v, k_cache=k_cache,
-                 v_cache=v_cache, slot_mapping=slots)
+    qk_norm_rope(
+        q,
+        k,
+        q_w,
+        k_w,
+        cos_sin,
+        positions,
+        1e-6,
+        v=v,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        slot_mapping=slots,
+    )
     assert torch.equal(qkv, ref_qkv)  # q, k normed + rotated in place (the padded row too), v kept
     assert torch.equal(k_cache, ref_k_cache) and torch.equal(v_cache, ref_v_cache)
     stored = k_cache.view(-1, hkv, d)
@@ -77,8 +97,9 @@ def test_fused_store_equals_norm_rope_then_store_kvcache(dtype, slot_dtype):
 
 def test_fused_store_skips_padded_slots_and_leaves_other_slots_untouched():
     n, hq, hkv, d, num_blocks, block_size = 4, 2, 2, 16, 3, 16
-    qkv, q_w, k_w, k_cache, v_cache = _qkv_case(torch.float32, n, hq, hkv, d, num_blocks,
-                                                block_size)
+    qkv, q_w, k_w, k_cache, v_cache = _qkv_case(
+        torch.float32, n, hq, hkv, d, num_blocks, block_size
+    )
     cos_sin = RotaryEmbedding(d, 64, 10000.0).cache_on(torch.device("cpu"))
     positions = torch.tensor([3, 4, 5, 6])
     slots = torch.tensor([-1, 20, -1, -1], dtype=torch.int32)
@@ -87,8 +108,19 @@ def test_fused_store_skips_padded_slots_and_leaves_other_slots_untouched():
     qk_norm_rope(ref_q, ref_k, q_w, k_w, cos_sin, positions, 1e-6)
 
     q, k, v = _views(qkv, hq, hkv, d)
-    qk_norm_rope(q, k, q_w, k_w, cos_sin, positions, 1e-6, v=v, k_cache=k_cache,
-                 v_cache=v_cache, slot_mapping=slots)
+    qk_norm_rope(
+        q,
+        k,
+        q_w,
+        k_w,
+        cos_sin,
+        positions,
+        1e-6,
+        v=v,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        slot_mapping=slots,
+    )
     assert torch.equal(q, ref_q) and torch.equal(k, ref_k)  # padded rows still normed in place
     flat_k, flat_v = k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, d)
     assert torch.equal(flat_k[20], k[1]) and torch.equal(flat_v[20], v[1])
@@ -101,9 +133,28 @@ def test_fused_store_needs_all_of_v_caches_and_slots():
     q, k = torch.zeros(2, 2, 16), torch.zeros(2, 1, 16)
     cos_sin = RotaryEmbedding(16, 8, 10000.0).cache_on(torch.device("cpu"))
     with pytest.raises(ValueError, match="come together"):
-        qk_norm_rope(q, k, torch.ones(16), torch.ones(16), cos_sin, torch.zeros(2, dtype=torch.long),
-                     1e-6, v=k.clone(), slot_mapping=torch.zeros(2, dtype=torch.int32))
+        qk_norm_rope(
+            q,
+            k,
+            torch.ones(16),
+            torch.ones(16),
+            cos_sin,
+            torch.zeros(2, dtype=torch.long),
+            1e-6,
+            v=k.clone(),
+            slot_mapping=torch.zeros(2, dtype=torch.int32),
+        )
     with pytest.raises(ValueError, match="slot_mapping"):
-        qk_norm_rope(q, k, torch.ones(16), torch.ones(16), cos_sin, torch.zeros(2, dtype=torch.long),
-                     1e-6, v=k.clone(), k_cache=torch.zeros(1, 16, 1, 16),
-                     v_cache=torch.zeros(1, 16, 1, 16), slot_mapping=torch.zeros(3))
+        qk_norm_rope(
+            q,
+            k,
+            torch.ones(16),
+            torch.ones(16),
+            cos_sin,
+            torch.zeros(2, dtype=torch.long),
+            1e-6,
+            v=k.clone(),
+            k_cache=torch.zeros(1, 16, 1, 16),
+            v_cache=torch.zeros(1, 16, 1, 16),
+            slot_mapping=torch.zeros(3),
+        )

@@ -1,5 +1,6 @@
 """The small-M GEMM kernel (Triton interpreter on CPU) equals F.linear for the M the decode buckets use
 and for widths that do not divide its tiles."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -47,11 +48,14 @@ def test_bf16_and_strided_rows():
 def test_config_rule():
     # M = 1: the best tiles of the L2-cold H200 sweep (0.6B o_proj and down_proj, 8B qkv)
     assert skinny_gemm_config(1, 1024, 2048) == dict(
-        BLOCK_M=1, BLOCK_N=2, BLOCK_K=2048, LOOP_STAGES=1, num_warps=8, num_stages=1)
+        BLOCK_M=1, BLOCK_N=2, BLOCK_K=2048, LOOP_STAGES=1, num_warps=8, num_stages=1
+    )
     assert skinny_gemm_config(1, 1024, 3072) == dict(
-        BLOCK_M=1, BLOCK_N=2, BLOCK_K=512, LOOP_STAGES=3, num_warps=4, num_stages=1)
+        BLOCK_M=1, BLOCK_N=2, BLOCK_K=512, LOOP_STAGES=3, num_warps=4, num_stages=1
+    )
     assert skinny_gemm_config(1, 6144, 4096) == dict(
-        BLOCK_M=1, BLOCK_N=4, BLOCK_K=1024, LOOP_STAGES=2, num_warps=4, num_stages=1)
+        BLOCK_M=1, BLOCK_N=4, BLOCK_K=1024, LOOP_STAGES=2, num_warps=4, num_stages=1
+    )
     for n, k in [(48, 1000), (40, 2500)]:  # the narrow rules' tiles on widths they do not divide
         x, w = torch.randn(1, k), torch.randn(n, k)
         torch.testing.assert_close(skinny_gemm(x, w), F.linear(x, w), atol=1e-3, rtol=1e-4)

@@ -79,9 +79,18 @@ def test_worker_metrics_read_the_engine_at_scrape_time() -> None:
     load = None
     registry = worker_registry("tiny", lambda: load)
     assert samples(registry) == {("nanoserve:worker_ready", (M,)): 0.0}
-    load = WorkerLoad(num_running=2, num_waiting=1, num_free_blocks=384, num_total_blocks=512,
-                      prefix_cache_queries=100, prefix_cache_hits=32, num_preemptions=5,
-                      prompt_tokens=68, generation_tokens=40, num_finished=3)
+    load = WorkerLoad(
+        num_running=2,
+        num_waiting=1,
+        num_free_blocks=384,
+        num_total_blocks=512,
+        prefix_cache_queries=100,
+        prefix_cache_hits=32,
+        num_preemptions=5,
+        prompt_tokens=68,
+        generation_tokens=40,
+        num_finished=3,
+    )
     got = samples(registry)
     assert got[("nanoserve:worker_ready", (M,))] == 1
     assert got[("vllm:num_requests_running", (M,))] == 2

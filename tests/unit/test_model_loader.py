@@ -1,4 +1,5 @@
 """nanoserve.worker.loader.load_model: sharded checkpoints, dtype casting, clear errors naming the tensor."""
+
 import json
 
 import pytest
@@ -10,8 +11,15 @@ from nanoserve.worker.loader import load_model
 from nanoserve.worker.model_config import ModelConfig
 from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM
 
-SMALL = {"vocab_size": 200, "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
-             "num_key_value_heads": 2, "head_dim": 8, "with_tokenizer": False}
+SMALL = {
+    "vocab_size": 200,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "with_tokenizer": False,
+}
 
 
 def new_model(model_dir) -> Qwen3ForCausalLM:
@@ -29,10 +37,12 @@ def expected_params(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     out = dict(tensors)
     for i in range(2):
         attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-        out[attn + "qkv_proj.weight"] = torch.cat([out.pop(attn + p + ".weight")
-                                                   for p in ("q_proj", "k_proj", "v_proj")])
-        out[mlp + "gate_up_proj.weight"] = torch.cat([out.pop(mlp + p + ".weight")
-                                                      for p in ("gate_proj", "up_proj")])
+        out[attn + "qkv_proj.weight"] = torch.cat(
+            [out.pop(attn + p + ".weight") for p in ("q_proj", "k_proj", "v_proj")]
+        )
+        out[mlp + "gate_up_proj.weight"] = torch.cat(
+            [out.pop(mlp + p + ".weight") for p in ("gate_proj", "up_proj")]
+        )
     return out
 
 
@@ -65,8 +75,9 @@ def test_bf16_checkpoint_loads_into_float32_model(tmp_path):
     ckpt = load_file(model_dir / "model.safetensors")
     assert ckpt["model.norm.weight"].dtype is torch.bfloat16
     assert model.model.norm.weight.dtype is torch.float32
-    torch.testing.assert_close(model.model.norm.weight.data, ckpt["model.norm.weight"].float(),
-                               atol=0, rtol=0)
+    torch.testing.assert_close(
+        model.model.norm.weight.data, ckpt["model.norm.weight"].float(), atol=0, rtol=0
+    )
 
 
 def rewrite(model_dir, edit) -> None:
@@ -97,13 +108,20 @@ def test_unexpected_tensor_is_named(tmp_path):
         load_model(new_model(model_dir), str(model_dir))
 
 
-@pytest.mark.parametrize("name", ["model.layers.0.self_attn.v_proj.weight",
-                                  "model.layers.0.mlp.down_proj.weight",
-                                  "model.embed_tokens.weight", "model.norm.weight"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "model.layers.0.self_attn.v_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+        "model.embed_tokens.weight",
+        "model.norm.weight",
+    ],
+)
 def test_shape_mismatch_is_named(tmp_path, name):
     model_dir = make_tiny_model(tmp_path, **SMALL)
-    rewrite(model_dir, lambda t: t.update({name: torch.zeros(t[name].shape[0] + 2,
-                                                             *t[name].shape[1:])}))
+    rewrite(
+        model_dir, lambda t: t.update({name: torch.zeros(t[name].shape[0] + 2, *t[name].shape[1:])})
+    )
     with pytest.raises(ValueError, match=f"tensor '{name}'.*shape mismatch"):
         load_model(new_model(model_dir), str(model_dir))
 

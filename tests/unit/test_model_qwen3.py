@@ -1,5 +1,6 @@
 """Qwen3ForCausalLM against transformers' implementation: teacher-forced logits through a real paged
 KV cache (prefill, chunked prefill over a cached prefix, decode), and tensor parallelism (gloo)."""
+
 import os
 import random
 
@@ -21,17 +22,37 @@ ATOL = 1e-4
 CONFIGS = {
     # name: Qwen3Config kwargs
     "tied-mha": {
-        "num_attention_heads": 4, "num_key_value_heads": 4, "hidden_size": 64,
-        "tie_word_embeddings": True, "rope_theta": 10000.0},
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "hidden_size": 64,
+        "tie_word_embeddings": True,
+        "rope_theta": 10000.0,
+    },
     "untied-gqa2-headdim": {
-        "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64, "head_dim": 24,
-        "tie_word_embeddings": False, "rope_theta": 5000.0},
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "hidden_size": 64,
+        "head_dim": 24,
+        "tie_word_embeddings": False,
+        "rope_theta": 5000.0,
+    },
     "tied-gqa4-odd-vocab": {
-        "num_attention_heads": 8, "num_key_value_heads": 2, "hidden_size": 48, "head_dim": 12,
-        "tie_word_embeddings": True, "rope_theta": 1e6, "vocab_size": 101},
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "hidden_size": 48,
+        "head_dim": 12,
+        "tie_word_embeddings": True,
+        "rope_theta": 1e6,
+        "vocab_size": 101,
+    },
     "untied-mqa": {
-        "num_attention_heads": 4, "num_key_value_heads": 1, "hidden_size": 32, "head_dim": 16,
-        "tie_word_embeddings": False, "rope_theta": 20000.0},
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "hidden_size": 32,
+        "head_dim": 16,
+        "tie_word_embeddings": False,
+        "rope_theta": 20000.0,
+    },
 }
 
 
@@ -39,8 +60,14 @@ def make_hf_model(model_dir: str, seed: int = 0, **overrides):
     """A random HF Qwen3ForCausalLM saved to model_dir, weights scaled so that logits are O(1)."""
     from transformers import Qwen3Config
     from transformers import Qwen3ForCausalLM as HFQwen3ForCausalLM
-    kwargs = {"vocab_size": 96, "intermediate_size": 80, "num_hidden_layers": 2,
-              "rms_norm_eps": 1e-6, "max_position_embeddings": 128}
+
+    kwargs = {
+        "vocab_size": 96,
+        "intermediate_size": 80,
+        "num_hidden_layers": 2,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 128,
+    }
     kwargs.update(overrides)
     torch.manual_seed(seed)
     hf = HFQwen3ForCausalLM(Qwen3Config(**kwargs)).eval()
@@ -74,7 +101,7 @@ class PagedCache:
             attn.k_cache, attn.v_cache = torch.zeros(shape), torch.zeros(shape)
         blocks = random.Random(seed).sample(range(NUM_BLOCKS), NUM_BLOCKS)
         per_seq = NUM_BLOCKS // num_seqs
-        self.block_tables = [blocks[i * per_seq:(i + 1) * per_seq] for i in range(num_seqs)]
+        self.block_tables = [blocks[i * per_seq : (i + 1) * per_seq] for i in range(num_seqs)]
         self.lens = [0] * num_seqs
 
     def step(self, model: Qwen3ForCausalLM, chunks: list[list[int]], is_prefill: bool):
@@ -92,12 +119,16 @@ class PagedCache:
         for length in self.lens:
             cu_k.append(cu_k[-1] + length)
         int32 = {"dtype": torch.int32}
-        set_context(is_prefill=is_prefill, cu_seqlens_q=torch.tensor(cu_q, **int32),
-                    cu_seqlens_k=torch.tensor(cu_k, **int32),
-                    max_seqlen_q=max(map(len, chunks)), max_seqlen_k=max(self.lens),
-                    slot_mapping=torch.tensor(slots, **int32),
-                    context_lens=torch.tensor(self.lens, **int32),
-                    block_tables=torch.tensor(self.block_tables, **int32))
+        set_context(
+            is_prefill=is_prefill,
+            cu_seqlens_q=torch.tensor(cu_q, **int32),
+            cu_seqlens_k=torch.tensor(cu_k, **int32),
+            max_seqlen_q=max(map(len, chunks)),
+            max_seqlen_k=max(self.lens),
+            slot_mapping=torch.tensor(slots, **int32),
+            context_lens=torch.tensor(self.lens, **int32),
+            block_tables=torch.tensor(self.block_tables, **int32),
+        )
         try:
             with torch.no_grad():
                 hidden = model(torch.tensor(input_ids), torch.tensor(positions))
@@ -160,6 +191,7 @@ def test_tiny_model_from_shared_matches_transformers(tmp_path):
     from transformers import Qwen3ForCausalLM as HFQwen3ForCausalLM
 
     from nanoserve.tiny.model import make_tiny_model
+
     model_dir = make_tiny_model(tmp_path, vocab_size=256, with_tokenizer=False, shards=3)
     hf = HFQwen3ForCausalLM.from_pretrained(model_dir).eval()
     model = build_model(model_dir)
@@ -179,16 +211,19 @@ def run_model(model_dir: str) -> tuple[torch.Tensor, torch.Tensor]:
     seqs = random_seqs(model.config.vocab_size, TP_LENGTHS)
     cache = PagedCache(model, len(seqs))
     prefill = cache.step(model, seqs, is_prefill=True)
-    decode = cache.step(model, random_seqs(model.config.vocab_size, [1] * len(seqs), seed=1),
-                        is_prefill=False)
+    decode = cache.step(
+        model, random_seqs(model.config.vocab_size, [1] * len(seqs), seed=1), is_prefill=False
+    )
     return prefill, decode
 
 
 def _tp_rank_main(rank: int, world_size: int, port: int, model_dirs: list[str], out_dir: str):
     import torch.distributed as dist
+
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
     try:
         results = [run_model(d) for d in model_dirs]
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -233,6 +268,7 @@ def test_fused_all_reduce_slots_alternate_across_layers_and_steps(tmp_path, monk
     tensor parallelism); two calls in a row on the same slot would let a fast rank overwrite rows a
     peer is still reading, so the slots must alternate through a forward and into the next one."""
     from nanoserve.worker.layers import layernorm
+
     slots: list[int] = []
 
     def record(x, residual, weight, eps, slot):

@@ -1,5 +1,6 @@
 """Prefill token-count buckets (worker.engine.prefill_graph): which sizes exist, how a step is padded
 to one, and which prefill-attention tile sizes the start-up warm-up compiles."""
+
 import numpy as np
 import pytest
 
@@ -41,8 +42,18 @@ def step(n: int) -> StepInputs:
     ids = np.arange(1, n + 1)
     pos = np.concatenate([np.arange(3, 3 + n - 2), np.arange(2)])
     slots = np.arange(100, 100 + n)
-    return StepInputs(True, ids, pos, slots, np.array([0, n - 2, n]), np.array([n + 1, 2]),
-                      np.array([[0, 1], [2, -1]]), np.array([n - 3, n - 1]), n - 2, n + 1)
+    return StepInputs(
+        True,
+        ids,
+        pos,
+        slots,
+        np.array([0, n - 2, n]),
+        np.array([n + 1, 2]),
+        np.array([[0, 1], [2, -1]]),
+        np.array([n - 3, n - 1]),
+        n - 2,
+        n + 1,
+    )
 
 
 def test_pad_to_bucket_pads_outside_every_sequence():

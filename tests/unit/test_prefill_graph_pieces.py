@@ -1,6 +1,7 @@
 """The piecewise prefill forward (worker.engine.prefill_graph) run eagerly on CPU, its Triton kernels
 in the interpreter: the L + 1 pieces with the attention between them, over a step padded to a bucket,
 give the plain model forward's hidden states and KV cache (on CUDA the same pieces are captured)."""
+
 import torch
 
 from tests.unit.test_kernels_attention import kernels  # noqa: F401 (interpreter + numpy shim)
@@ -12,9 +13,16 @@ from nanoserve.worker.model_config import ModelConfig
 from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM
 
 BLOCK_SIZE, NUM_BLOCKS = 8, 8
-CONFIG = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                     max_position_embeddings=256)
+CONFIG = ModelConfig(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+)
 
 
 def fresh_caches(model: Qwen3ForCausalLM, backend: str) -> list[Attention]:
@@ -37,11 +45,20 @@ def test_pieces_with_attention_between_equal_the_model_forward():
     ids = torch.randint(0, CONFIG.vocab_size, (n,))
     positions = torch.cat([torch.arange(k) for k in lens])
     tables = torch.tensor([[0, -1], [3, 5]], dtype=torch.int32)
-    slots = torch.cat([tables[0, 0] * BLOCK_SIZE + torch.arange(7),
-                       tables[1, positions[7:] // BLOCK_SIZE] * BLOCK_SIZE + positions[7:] % BLOCK_SIZE])
-    ctx = dict(is_prefill=True, cu_seqlens_q=torch.tensor([0, 7, n], dtype=torch.int32),
-               context_lens=torch.tensor(lens, dtype=torch.int32), block_tables=tables,
-               max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+    slots = torch.cat(
+        [
+            tables[0, 0] * BLOCK_SIZE + torch.arange(7),
+            tables[1, positions[7:] // BLOCK_SIZE] * BLOCK_SIZE + positions[7:] % BLOCK_SIZE,
+        ]
+    )
+    ctx = dict(
+        is_prefill=True,
+        cu_seqlens_q=torch.tensor([0, 7, n], dtype=torch.int32),
+        context_lens=torch.tensor(lens, dtype=torch.int32),
+        block_tables=tables,
+        max_seqlen_q=max(lens),
+        max_seqlen_k=max(lens),
+    )
 
     with torch.no_grad():
         ref_layers = fresh_caches(model, "torch")
@@ -50,14 +67,18 @@ def test_pieces_with_attention_between_equal_the_model_forward():
         ref_k = [layer.k_cache.clone() for layer in ref_layers]
 
         layers = fresh_caches(model, "triton")
-        runner = PrefillGraphRunner(model, [16, 32], torch.float32, torch.device("cpu"),
-                                    capture=False)
+        runner = PrefillGraphRunner(
+            model, [16, 32], torch.float32, torch.device("cpu"), capture=False
+        )
         pad = 32 - n
         padded_slots = torch.cat([slots, torch.full((pad,), -1)]).int()
         set_context(slot_mapping=padded_slots, **ctx)
         assert runner.can_run(32) and not runner.can_run(n)
-        out = runner.run(torch.cat([ids, torch.zeros(pad, dtype=torch.long)]),
-                         torch.cat([positions, torch.zeros(pad, dtype=torch.long)]), padded_slots)
+        out = runner.run(
+            torch.cat([ids, torch.zeros(pad, dtype=torch.long)]),
+            torch.cat([positions, torch.zeros(pad, dtype=torch.long)]),
+            padded_slots,
+        )
         reset_context()
     assert out.shape == (32, CONFIG.hidden_size)
     torch.testing.assert_close(out[:n], ref, atol=1e-4, rtol=1e-4)

@@ -62,12 +62,16 @@ def test_stubs_import_with_relative_imports() -> None:
 BUF = Path(__file__).resolve().parents[2] / "protos" / "node_modules" / ".bin" / "buf"
 
 
-@pytest.mark.skipif(not BUF.exists(), reason="buf is installed by `npm ci --prefix protos` "
-                    "(scripts/test.sh does it when npm is present)")
+@pytest.mark.skipif(
+    not BUF.exists(),
+    reason="buf is installed by `npm ci --prefix protos` "
+    "(scripts/test.sh does it when npm is present)",
+)
 def test_buf_lint_standard():
     repo = BUF.parents[3]
-    result = subprocess.run([str(BUF), "lint"], cwd=repo, capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [str(BUF), "lint"], cwd=repo, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -86,7 +90,9 @@ def test_stub_versions_fit_the_pinned_lower_bounds() -> None:
     for path in sorted((COMMITTED / "v1").glob("*_pb2_grpc.py")):
         generated = re.search(r"GRPC_GENERATED_VERSION = '([\d.]+)'", path.read_text()).group(1)
         assert tuple(map(int, generated.split("."))) <= grpc_floor, (path.name, generated)
-    runtime_check = re.compile(r"ValidateProtobufRuntimeVersion\(\s*\S+,\s*(\d+),\s*(\d+),\s*(\d+),")
+    runtime_check = re.compile(
+        r"ValidateProtobufRuntimeVersion\(\s*\S+,\s*(\d+),\s*(\d+),\s*(\d+),"
+    )
     for path in sorted((COMMITTED / "v1").glob("*_pb2.py")):
         required = tuple(int(v) for v in runtime_check.search(path.read_text()).groups())
         assert required <= protobuf_floor, (path.name, required)

@@ -98,13 +98,15 @@ def test_worker_checks_sizes_before_copying() -> None:
         (worker_pb2.GenerateTokensRequest(prompt_token_ids=[1] * 4096), "prompt_token_ids"),
         (
             worker_pb2.GenerateTokensRequest(
-                prompt_token_ids=[1], sampling_params=common_pb2.SamplingParams(
-                    stop_token_ids=[1] * 129)
+                prompt_token_ids=[1],
+                sampling_params=common_pb2.SamplingParams(stop_token_ids=[1] * 129),
             ),
             "sampling_params.stop_token_ids",
         ),
-        (worker_pb2.GenerateTokensRequest(prompt_token_ids=[1], request_id="r" * 129),
-         "request_id"),
+        (
+            worker_pb2.GenerateTokensRequest(prompt_token_ids=[1], request_id="r" * 129),
+            "request_id",
+        ),
     ]:
         with pytest.raises(InvalidArgument) as refused:
             check_request_sizes(request, 4096)
@@ -174,8 +176,14 @@ def test_bearer_token_check() -> None:
     check = BearerTokenInterceptor({b"key-a": "alice", b"key-b": "bob"})
     assert check.tenant_of([("authorization", "Bearer key-a")]) == "alice"
     assert check.tenant_of([("x", "y"), ("authorization", "bearer key-b")]) == "bob"
-    for bad in ([], None, [("authorization", "key-a")], [("authorization", "Bearer key-c")],
-                [("authorization", "Basic key-a")], [("authorization", "Bearer ")]):
+    for bad in (
+        [],
+        None,
+        [("authorization", "key-a")],
+        [("authorization", "Bearer key-c")],
+        [("authorization", "Basic key-a")],
+        [("authorization", "Bearer ")],
+    ):
         assert check.tenant_of(bad) is None
     with pytest.raises(ValueError):
         BearerTokenInterceptor({})
@@ -183,8 +191,16 @@ def test_bearer_token_check() -> None:
 
 @pytest.mark.parametrize(
     ("host", "loopback"),
-    [("127.0.0.1", True), ("::1", True), ("[::1]", True), ("localhost", True),
-     ("0.0.0.0", False), ("::", False), ("10.0.0.5", False), ("example.com", False)],
+    [
+        ("127.0.0.1", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.0.0.5", False),
+        ("example.com", False),
+    ],
 )
 def test_is_loopback(host, loopback) -> None:
     assert is_loopback(host) is loopback

@@ -1,4 +1,5 @@
 """Sampler: greedy, filtered-softmax distributions, penalties, and seeds independent of the batch."""
+
 import pytest
 import torch
 
@@ -7,10 +8,16 @@ from nanoserve.worker import LLM, SamplingParams
 from nanoserve.worker.sampler import SamplingTensors, sample
 
 
-def tensors(b: int, temperature: float = 1.0, top_k=None, top_p=None, min_p=None) -> SamplingTensors:
+def tensors(
+    b: int, temperature: float = 1.0, top_k=None, top_p=None, min_p=None
+) -> SamplingTensors:
     full = lambda v, dt=torch.float32: None if v is None else torch.full((b,), v, dtype=dt)  # noqa: E731
-    return SamplingTensors(temperatures=full(temperature), top_ks=full(top_k, torch.long),
-                           top_ps=full(top_p), min_ps=full(min_p))
+    return SamplingTensors(
+        temperatures=full(temperature),
+        top_ks=full(top_k, torch.long),
+        top_ps=full(top_p),
+        min_ps=full(min_p),
+    )
 
 
 LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0, -3.0, 0.2])
@@ -37,8 +44,17 @@ def expected(temperature=1.0, top_k=None, top_p=None, min_p=None) -> torch.Tenso
     return q / q.sum()
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(temperature=0.7), dict(top_k=3), dict(top_p=0.8),
-                                dict(min_p=0.2), dict(top_k=5, top_p=0.9, temperature=1.3)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(temperature=0.7),
+        dict(top_k=3),
+        dict(top_p=0.8),
+        dict(min_p=0.2),
+        dict(top_k=5, top_p=0.9, temperature=1.3),
+    ],
+)
 def test_distribution_matches_filtered_softmax(kw):
     n = 40000
     gen = torch.Generator().manual_seed(0)
@@ -68,6 +84,7 @@ def test_penalties_shift_logits():
     t.prompt_mask = torch.tensor([[False, True, True, False]])
     t.output_counts = torch.tensor([[0.0, 0.0, 0.0, 2.0]])
     from nanoserve.worker.sampler import apply_penalties
+
     out = apply_penalties(logits, t)
     # token1 (prompt, >0): 2/2=1; token2 (prompt, <0): -1*2=-2; token3 (output x2): 0.5/2-0.5-0.5
     assert torch.allclose(out, torch.tensor([[1.0, 1.0, -2.0, 0.25 - 0.5 - 0.5]]))
@@ -86,29 +103,45 @@ def test_seed_is_reproducible_and_batch_independent(llm):
     alone = llm.generate([prompt], sp, use_tqdm=False)[0].token_ids
     others = [[11, 12, 13], [40] * 30, [7, 7, 7, 7]]
     noisy = SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True)
-    batch = llm.generate(others[:2] + [prompt] + others[2:], [noisy, noisy, sp, noisy],
-                         use_tqdm=False)
+    batch = llm.generate(
+        others[:2] + [prompt] + others[2:], [noisy, noisy, sp, noisy], use_tqdm=False
+    )
     assert batch[2].token_ids == alone
-    other_seed = SamplingParams(temperature=1.0, top_p=0.95, seed=99, max_tokens=20, ignore_eos=True)
+    other_seed = SamplingParams(
+        temperature=1.0, top_p=0.95, seed=99, max_tokens=20, ignore_eos=True
+    )
     assert llm.generate([prompt], other_seed, use_tqdm=False)[0].token_ids != alone
 
 
 def test_top_k_1_equals_greedy(llm):
     prompts = [[5, 9, 33], [100, 200, 300, 400]]
-    greedy = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
-                          use_tqdm=False)
-    top1 = llm.generate(prompts, SamplingParams(temperature=1.5, top_k=1, max_tokens=16,
-                                                ignore_eos=True), use_tqdm=False)
+    greedy = llm.generate(
+        prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False
+    )
+    top1 = llm.generate(
+        prompts,
+        SamplingParams(temperature=1.5, top_k=1, max_tokens=16, ignore_eos=True),
+        use_tqdm=False,
+    )
     assert [o.token_ids for o in greedy] == [o.token_ids for o in top1]
 
 
 def test_repetition_penalty_changes_greedy_output(llm):
     prompt = [5, 5, 5, 5, 6, 6, 6]
-    plain = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
-                         use_tqdm=False)[0].token_ids
-    penalized = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
-                                                      repetition_penalty=5.0,
-                                                      frequency_penalty=2.0), use_tqdm=False)
+    plain = llm.generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False
+    )[0].token_ids
+    penalized = llm.generate(
+        [prompt],
+        SamplingParams(
+            temperature=0,
+            max_tokens=24,
+            ignore_eos=True,
+            repetition_penalty=5.0,
+            frequency_penalty=2.0,
+        ),
+        use_tqdm=False,
+    )
     tokens = penalized[0].token_ids
     assert tokens != plain
     # a frequency penalty of 2 makes repeats rare
@@ -117,6 +150,7 @@ def test_repetition_penalty_changes_greedy_output(llm):
 
 def test_penalty_tensors_count_prompt_and_output_per_sequence(llm):
     from nanoserve.worker.engine.sequence import Sequence
+
     seqs = []
     for prompt, output in [([5, 5, 9], [9, 9, 3]), ([7], []), ([1, 2], [2, 8, 8, 8])]:
         seq = Sequence(prompt, SamplingParams(repetition_penalty=1.3, frequency_penalty=0.5))
@@ -124,12 +158,13 @@ def test_penalty_tensors_count_prompt_and_output_per_sequence(llm):
         seqs.append(seq)
     t = llm.model_runner.prepare_sample(seqs)
     for i, seq in enumerate(seqs):
-        prompt, output = seq.token_ids[:seq.num_prompt_tokens], seq.completion_token_ids
+        prompt, output = seq.token_ids[: seq.num_prompt_tokens], seq.completion_token_ids
         row = t.penalty_rows[i]  # the statistics persist between steps, one row per sequence
         assert set(t.prompt_mask[row].nonzero().flatten().tolist()) == set(prompt)
         counts = {tok: output.count(tok) for tok in output}
-        got = {int(k): int(t.output_counts[row, k])
-               for k in t.output_counts[row].nonzero().flatten()}
+        got = {
+            int(k): int(t.output_counts[row, k]) for k in t.output_counts[row].nonzero().flatten()
+        }
         assert got == counts
     assert torch.allclose(t.repetition_penalties, torch.tensor([1.3] * 3))
 
@@ -138,6 +173,7 @@ def test_min_tokens_masks_eos_and_stop_ids_until_reached(llm):
     """vLLM semantics: a row under min_tokens never samples eos or a stop id (before: the stop id
     was sampled and only the finish was refused, so it repeated inside the output)."""
     from nanoserve.worker.engine.sequence import Sequence
+
     eos = llm.model_config.eos_token_ids[0]
     under = Sequence([5, 6], SamplingParams(temperature=0, min_tokens=3, stop_token_ids=(7, 9)))
     done = Sequence([5, 6], SamplingParams(temperature=0, min_tokens=1, stop_token_ids=(7,)))
@@ -155,11 +191,15 @@ def test_min_tokens_masks_eos_and_stop_ids_until_reached(llm):
 
 def test_min_tokens_with_a_stop_id_the_model_emits(llm):
     prompt = [9, 11, 13, 0, 5, 77]
-    plain = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
-                         use_tqdm=False)[0].token_ids
+    plain = llm.generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False
+    )[0].token_ids
     stop = plain[1]
-    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, min_tokens=6,
-                                                stop_token_ids=[stop]), use_tqdm=False)[0]
+    out = llm.generate(
+        [prompt],
+        SamplingParams(temperature=0, max_tokens=8, min_tokens=6, stop_token_ids=[stop]),
+        use_tqdm=False,
+    )[0]
     assert stop not in out.token_ids[:6]
     assert out.token_ids[0] == plain[0] or plain[0] == stop
 
@@ -173,6 +213,7 @@ def test_penalty_counts_persist_and_follow_each_step():
 
     from nanoserve.worker.engine.sampling_inputs import SamplingInputs
     from nanoserve.worker.engine.sequence import Sequence
+
     rng, vocab = random.Random(3), 40
     inputs = SamplingInputs(torch.device("cpu"), vocab)
     penalized = SamplingParams(repetition_penalty=1.2, presence_penalty=0.3)
@@ -190,10 +231,11 @@ def test_penalty_counts_persist_and_follow_each_step():
         for i, seq in enumerate(batch):
             row = int(t.penalty_rows[i])
             mask = set(t.prompt_mask[row].nonzero().flatten().tolist())
-            counts = {k: int(t.output_counts[row, k])
-                      for k in range(vocab) if t.output_counts[row, k]}
+            counts = {
+                k: int(t.output_counts[row, k]) for k in range(vocab) if t.output_counts[row, k]
+            }
             if seq.sampling_params.has_penalties:
-                assert mask == set(seq.token_ids[:seq.num_prompt_tokens])
+                assert mask == set(seq.token_ids[: seq.num_prompt_tokens])
                 assert counts == dict(Counter(seq.completion_token_ids))
             else:
                 assert row == 0 and not mask and not counts

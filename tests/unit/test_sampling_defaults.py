@@ -1,5 +1,6 @@
 """A model's generation_config.json sampling defaults fill the fields a request leaves unset (vLLM),
 offline (LLM.generate) and through the worker's proto conversion; given fields always win."""
+
 import json
 
 import pytest
@@ -21,8 +22,9 @@ def test_unset_fields_read_as_vllm_defaults_and_take_the_model_defaults():
 
 
 def test_proto_leaves_unset_fields_unset():
-    sp = sampling_params_from_proto(common_pb2.SamplingParams(top_k=5), prompt_len=3,
-                                    max_model_len=64)
+    sp = sampling_params_from_proto(
+        common_pb2.SamplingParams(top_k=5), prompt_len=3, max_model_len=64
+    )
     assert "temperature" in sp.unset and "top_k" not in sp.unset
     assert sp.with_defaults({"temperature": 0.0, "top_k": 20}).top_k == 5
 
@@ -40,13 +42,17 @@ def greedy_by_default(tmp_path_factory):
 def test_model_default_temperature_zero_is_greedy(greedy_by_default):
     llm = greedy_by_default
     prompts = [[5, 9, 33, 2], [100, 7, 7]]
-    greedy = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
-                          use_tqdm=False)
+    greedy = llm.generate(
+        prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False
+    )
     unset = llm.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True), use_tqdm=False)
     assert [o.token_ids for o in unset] == [o.token_ids for o in greedy]
     # an explicit temperature is the caller's: sampling, not greedy
-    hot = llm.generate(prompts, SamplingParams(temperature=5.0, seed=3, max_tokens=12,
-                                               ignore_eos=True), use_tqdm=False)
+    hot = llm.generate(
+        prompts,
+        SamplingParams(temperature=5.0, seed=3, max_tokens=12, ignore_eos=True),
+        use_tqdm=False,
+    )
     assert [o.token_ids for o in hot] != [o.token_ids for o in greedy]
 
 

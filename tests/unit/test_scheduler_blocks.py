@@ -1,5 +1,6 @@
 """Scheduler + BlockManager without a model: reference counts, prefix hits and the hash table stay
 consistent under any interleaving of adds, steps, preemptions and aborts (hypothesis)."""
+
 import random
 
 from hypothesis import given, settings
@@ -82,8 +83,12 @@ def test_chain_hash_depends_on_whole_prefix():
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 10**6), num_blocks=st.integers(6, 24), block_size=st.sampled_from([2, 4, 8]),
-       budget=st.integers(4, 40))
+@given(
+    seed=st.integers(0, 10**6),
+    num_blocks=st.integers(6, 24),
+    block_size=st.sampled_from([2, 4, 8]),
+    budget=st.integers(4, 40),
+)
 def test_random_workload_keeps_invariants(seed, num_blocks, block_size, budget):
     rng = random.Random(seed)
     s = make(num_blocks, block_size, max_num_seqs=rng.randint(1, 6), max_tokens=budget)

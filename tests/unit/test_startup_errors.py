@@ -231,9 +231,18 @@ def test_serve_gives_each_service_its_metrics_port(qwen_dir: Path, monkeypatch) 
     bound (both services get it) and one port per service (they cannot share one)."""
     monkeypatch.setattr(cli, "check_port_free", lambda *a, **k: None)
     _, worker_argv, frontend_argv = cli.serve_argvs(
-        ["--model", str(qwen_dir), "--metrics-port", "9100", "--worker-metrics-port", "9101",
-         "--max-stop-token-ids", "64"]
+        [
+            "--model",
+            str(qwen_dir),
+            "--metrics-port",
+            "9100",
+            "--worker-metrics-port",
+            "9101",
+            "--max-stop-token-ids",
+            "64",
+        ]
     )
+
     def flags(argv: list[str]) -> dict[str, str]:
         return dict(zip(argv[6::2], argv[7::2]))
 

@@ -1,14 +1,30 @@
 """The tensor-parallel step message: encode/decode round trip, its length, versioning."""
+
 import numpy as np
 import pytest
 
-from nanoserve.worker.engine.step_inputs import (HEADER_LEN, StepInputs, exit_message, max_message_words,
-                                       message_len)
+from nanoserve.worker.engine.step_inputs import (
+    HEADER_LEN,
+    StepInputs,
+    exit_message,
+    max_message_words,
+    message_len,
+)
 
 
 def example() -> StepInputs:
-    return StepInputs(True, np.arange(5), np.arange(5) + 10, np.arange(5) + 20, np.array([0, 2, 5]),
-                      np.array([2, 5]), np.array([[3, -1, -1], [4, 5, -1]]), np.array([1, 4]), 3, 5)
+    return StepInputs(
+        True,
+        np.arange(5),
+        np.arange(5) + 10,
+        np.arange(5) + 20,
+        np.array([0, 2, 5]),
+        np.array([2, 5]),
+        np.array([[3, -1, -1], [4, 5, -1]]),
+        np.array([1, 4]),
+        3,
+        5,
+    )
 
 
 def test_round_trip_and_length():
@@ -16,8 +32,15 @@ def test_round_trip_and_length():
     msg = x.encode()
     assert message_len(msg[:HEADER_LEN]) == len(msg)
     y = StepInputs.decode(msg.copy())
-    for field in ("input_ids", "positions", "slot_mapping", "cu_seqlens_q", "context_lens",
-                  "block_tables", "logit_rows"):
+    for field in (
+        "input_ids",
+        "positions",
+        "slot_mapping",
+        "cu_seqlens_q",
+        "context_lens",
+        "block_tables",
+        "logit_rows",
+    ):
         assert np.array_equal(getattr(x, field), getattr(y, field)), field
     assert (y.is_prefill, y.max_seqlen_q, y.max_seqlen_k) == (True, 3, 5)
     assert len(msg) <= max_message_words(5, 2, 3)

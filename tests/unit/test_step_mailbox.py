@@ -1,6 +1,7 @@
 """The tensor-parallel step mailbox (worker.engine.step_mailbox): every reader gets every step, in
 order and whole, also when a reader is stopped (SIGSTOP, as cgroup CPU throttling does) while rank 0
 publishes many steps into a small ring; an overrun ring or a dead peer raises instead of hanging."""
+
 import multiprocessing as mp
 import os
 import random
@@ -39,10 +40,14 @@ def reader_main(handle, results) -> None:
 
 def test_a_stalled_reader_reads_every_step_in_order_and_whole():
     ctx = mp.get_context("spawn")
-    box = StepMailbox(2, 512, ctx, slots=2)  # two slots: rank 0 is soon held back by the stalled rank
+    box = StepMailbox(
+        2, 512, ctx, slots=2
+    )  # two slots: rank 0 is soon held back by the stalled rank
     results = ctx.Queue()
-    procs = [ctx.Process(target=reader_main, args=(box.handle(r), results), daemon=True)
-             for r in range(2)]
+    procs = [
+        ctx.Process(target=reader_main, args=(box.handle(r), results), daemon=True)
+        for r in range(2)
+    ]
     for p in procs:
         p.start()
 

@@ -108,9 +108,17 @@ def test_merges_alone_reach_every_vocab_entry(tokenizer_files_dir, qwen_referenc
 
 
 def test_added_tokens_at_qwen3_ids(hf_tokenizer):
-    expected = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,
-                "<|vision_start|>": 151652, "<tool_call>": 151657, "</tool_call>": 151658,
-                "<|fim_prefix|>": 151659, "<think>": 151667, "</think>": 151668}
+    expected = {
+        "<|endoftext|>": 151643,
+        "<|im_start|>": 151644,
+        "<|im_end|>": 151645,
+        "<|vision_start|>": 151652,
+        "<tool_call>": 151657,
+        "</tool_call>": 151658,
+        "<|fim_prefix|>": 151659,
+        "<think>": 151667,
+        "</think>": 151668,
+    }
     for content, token_id in expected.items():
         assert hf_tokenizer.token_to_id(content) == token_id
     assert hf_tokenizer.get_vocab_size(with_added_tokens=True) == 151669
@@ -128,7 +136,8 @@ def test_tokenizer_config_files(tiny_model_dir):
     assert decoder["151645"]["content"] == "<|im_end|>" and decoder["151645"]["special"] is True
     assert decoder["151667"]["content"] == "<think>" and decoder["151667"]["special"] is False
     assert (tiny_model_dir / "tokenizer.json").read_bytes() == (
-        tiny_model.tokenizer_files_dir() / "tokenizer.json").read_bytes()
+        tiny_model.tokenizer_files_dir() / "tokenizer.json"
+    ).read_bytes()
 
 
 # ---------------------------------------------------------------- chat template
@@ -140,18 +149,27 @@ def _render(messages, **kwargs) -> str:
 
 
 def test_chat_template_format():
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "2+2?"}]
-    body = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-            "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n")
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "2+2?"},
+    ]
+    body = (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+    )
     assert _render(msgs) == body
     assert _render(msgs, add_generation_prompt=True) == body + "<|im_start|>assistant\n"
     assert _render(msgs, add_generation_prompt=True, enable_thinking=True) == (
-        body + "<|im_start|>assistant\n")
+        body + "<|im_start|>assistant\n"
+    )
     assert _render(msgs, add_generation_prompt=True, enable_thinking=False) == (
-        body + "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        body + "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
     assert _render(msgs[1:2], add_generation_prompt=False, enable_thinking=False) == (
-        "<|im_start|>user\nHi<|im_end|>\n")
+        "<|im_start|>user\nHi<|im_end|>\n"
+    )
 
 
 def test_transformers_tokenizer_loads(tiny_model_dir, qwen_reference):
@@ -160,9 +178,15 @@ def test_transformers_tokenizer_loads(tiny_model_dir, qwen_reference):
     assert tok.eos_token_id == 151645 and tok.pad_token_id == 151643
     for text in SAMPLES:
         assert tok(text).input_ids == qwen_reference.encode(text), text
-    prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                     add_generation_prompt=True, enable_thinking=False)
-    assert prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}],
+        tokenize=False,
+        add_generation_prompt=True,
+        enable_thinking=False,
+    )
+    assert (
+        prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
 
 
 # ---------------------------------------------------------------- model dir
@@ -182,7 +206,8 @@ def test_config_fields(tiny_model_dir):
 def _load_hf(model_dir: Path):
     transformers = pytest.importorskip("transformers")
     model, info = transformers.Qwen3ForCausalLM.from_pretrained(
-        str(model_dir), output_loading_info=True)
+        str(model_dir), output_loading_info=True
+    )
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     return model.eval()
 
@@ -203,8 +228,11 @@ def test_tied_model_loads_and_runs(tiny_model_dir):
     assert logits.shape == (1, 5, 151936) and torch.isfinite(logits).all()
     # Norm weights are near 1 but not 1, so an implementation that drops one gets caught.
     q_norm = model.model.layers[0].self_attn.q_norm.weight
-    assert q_norm.shape == (32,) and 0.5 < q_norm.mean() < 1.5 and not torch.allclose(
-        q_norm, torch.ones_like(q_norm))
+    assert (
+        q_norm.shape == (32,)
+        and 0.5 < q_norm.mean() < 1.5
+        and not torch.allclose(q_norm, torch.ones_like(q_norm))
+    )
 
 
 def test_untied_sharded_matches_single_file(tmp_path):
@@ -247,13 +275,16 @@ def test_seed_is_deterministic_and_matters(tmp_path):
     assert 0.015 < a["model.layers.0.mlp.up_proj.weight"].std() < 0.025
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"dtype": "float16"}, "dtype"),
-    ({"shards": 0}, "shards"),
-    ({"shards": 99}, "shards"),
-    ({"num_attention_heads": 3}, "num_attention_heads"),
-    ({"vocab_size": 1000}, "vocab_size"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"dtype": "float16"}, "dtype"),
+        ({"shards": 0}, "shards"),
+        ({"shards": 99}, "shards"),
+        ({"num_attention_heads": 3}, "num_attention_heads"),
+        ({"vocab_size": 1000}, "vocab_size"),
+    ],
+)
 def test_bad_arguments_raise_value_error(tmp_path, kwargs, field):
     with pytest.raises(ValueError, match=field):
         make_tiny_model(tmp_path, **kwargs)
@@ -267,8 +298,12 @@ def test_default_model_dir_idempotent_and_race_safe(tmp_path, monkeypatch, token
     monkeypatch.setenv("NANOSERVE_CACHE", str(cache))
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     code = "from nanoserve.tiny.model import default_model_dir; print(default_model_dir())"
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=env,
-                              cwd=REPO_ROOT, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, env=env, cwd=REPO_ROOT, text=True
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs)
     path = default_model_dir()
@@ -276,23 +311,46 @@ def test_default_model_dir_idempotent_and_race_safe(tmp_path, monkeypatch, token
     mtime = (path / "model.safetensors").stat().st_mtime_ns
     assert default_model_dir() == path and (path / "model.safetensors").stat().st_mtime_ns == mtime
     assert sorted(p.name for p in cache.iterdir()) == sorted(
-        [tiny_model.DEFAULT_MODEL_NAME, qwen_tokenizer.TOKENIZER_CACHE_NAME])  # no temp dirs left
+        [tiny_model.DEFAULT_MODEL_NAME, qwen_tokenizer.TOKENIZER_CACHE_NAME]
+    )  # no temp dirs left
     assert {p.name for p in path.iterdir()} == {
-        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-        "tokenizer_config.json"}
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    }
 
 
 def test_module_does_not_import_torch():
-    code = ("import sys, nanoserve.tiny.model, tests.conftest; "
-            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
+    code = (
+        "import sys, nanoserve.tiny.model, tests.conftest; "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
 
 
 def test_cli_writes_model(tmp_path):
     out = tmp_path / "cli"
-    subprocess.run([sys.executable, "-m", "nanoserve.tiny.model", str(out), "--vocab-size", "256",
-                    "--no-tokenizer", "--untied", "--dtype", "bfloat16", "--shards", "2"],
-                   cwd=REPO_ROOT, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nanoserve.tiny.model",
+            str(out),
+            "--vocab-size",
+            "256",
+            "--no-tokenizer",
+            "--untied",
+            "--dtype",
+            "bfloat16",
+            "--shards",
+            "2",
+        ],
+        cwd=REPO_ROOT,
+        check=True,
+        capture_output=True,
+    )
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["vocab_size"] == 256 and cfg["tie_word_embeddings"] is False
     assert cfg["torch_dtype"] == "bfloat16" and not (out / "tokenizer.json").exists()

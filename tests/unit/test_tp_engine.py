@@ -1,5 +1,6 @@
 """Tensor parallelism on CPU (gloo): size 2 gives exactly the greedy tokens of size 1 through the
 offline API, with KV heads split and replicated; sizes that cannot split the heads are refused."""
+
 import pytest
 
 from tests.unit.hf_reference import hf_greedy, make_hf_model
@@ -13,8 +14,9 @@ PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 50)), [3] * 17, [400, 2, 77]]
 def test_tp2_equals_transformers(tmp_path, kv_heads):
     hf = make_hf_model(tmp_path, num_key_value_heads=kv_heads, vocab_size=501)
     ref = hf_greedy(hf, PROMPTS, 24)
-    llm = LLM(tmp_path, device="cpu", tensor_parallel_size=2, kvcache_block_size=16,
-              num_kvcache_blocks=32)
+    llm = LLM(
+        tmp_path, device="cpu", tensor_parallel_size=2, kvcache_block_size=16, num_kvcache_blocks=32
+    )
     try:
         out = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         assert [o.token_ids for o in out] == ref
@@ -35,19 +37,34 @@ def test_tp_size_must_divide_heads(tmp_path):
         LLM(tmp_path, device="cpu", tensor_parallel_size=4)
 
 
-@pytest.mark.parametrize("tp, kv_heads", [(4, 4), (4, 2), (8, 2)],
-                         ids=["tp4_kv_split", "tp4_kv_replicated", "tp8_kv_replicated"])
+@pytest.mark.parametrize(
+    "tp, kv_heads",
+    [(4, 4), (4, 2), (8, 2)],
+    ids=["tp4_kv_split", "tp4_kv_replicated", "tp8_kv_replicated"],
+)
 def test_tp_4_and_8_equal_transformers(tmp_path, tp, kv_heads):
     """More ranks than this machine has cores: slow, but the same tokens (gloo on CPU)."""
-    hf = make_hf_model(tmp_path, num_attention_heads=8, num_key_value_heads=kv_heads, head_dim=16,
-                       intermediate_size=128, vocab_size=509)
+    hf = make_hf_model(
+        tmp_path,
+        num_attention_heads=8,
+        num_key_value_heads=kv_heads,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=509,
+    )
     prompts = PROMPTS[:2]
     ref = hf_greedy(hf, prompts, 12)
-    llm = LLM(tmp_path, device="cpu", tensor_parallel_size=tp, kvcache_block_size=16,
-              num_kvcache_blocks=16)
+    llm = LLM(
+        tmp_path,
+        device="cpu",
+        tensor_parallel_size=tp,
+        kvcache_block_size=16,
+        num_kvcache_blocks=16,
+    )
     try:
-        out = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
-                           use_tqdm=False)
+        out = llm.generate(
+            prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False
+        )
         assert [o.token_ids for o in out] == ref
     finally:
         llm.shutdown()
@@ -67,9 +84,18 @@ def test_engine_built_in_a_thread_that_ends_survives_it_and_a_dead_rank_raises(t
     hf = make_hf_model(tmp_path, num_key_value_heads=2, vocab_size=501)
     ref = hf_greedy(hf, PROMPTS[:1], 24)
     built = {}
-    t = threading.Thread(target=lambda: built.setdefault("llm", LLM(
-        tmp_path, device="cpu", tensor_parallel_size=2, kvcache_block_size=16,
-        num_kvcache_blocks=32)))
+    t = threading.Thread(
+        target=lambda: built.setdefault(
+            "llm",
+            LLM(
+                tmp_path,
+                device="cpu",
+                tensor_parallel_size=2,
+                kvcache_block_size=16,
+                num_kvcache_blocks=32,
+            ),
+        )
+    )
     t.start()
     t.join()
     llm = built["llm"]
@@ -87,6 +113,7 @@ def test_engine_built_in_a_thread_that_ends_survives_it_and_a_dead_rank_raises(t
         llm.shutdown()
         assert time.monotonic() - start < 15.0
     import torch.distributed as dist
+
     assert not dist.is_initialized()  # the next engine of this process is not taken for a rank
 
 
@@ -105,8 +132,13 @@ def test_a_rank_that_dies_before_the_rendezvous_fails_the_start_instead_of_hangi
 
     def build():
         try:
-            outcome["llm"] = LLM(tmp_path, device="cpu", tensor_parallel_size=2,
-                                 kvcache_block_size=16, num_kvcache_blocks=32)
+            outcome["llm"] = LLM(
+                tmp_path,
+                device="cpu",
+                tensor_parallel_size=2,
+                kvcache_block_size=16,
+                num_kvcache_blocks=32,
+            )
         except BaseException as e:  # noqa: BLE001 - the test looks at it
             outcome["error"] = e
 
@@ -114,8 +146,13 @@ def test_a_rank_that_dies_before_the_rendezvous_fails_the_start_instead_of_hangi
     t = threading.Thread(target=build)
     start = time.monotonic()
     t.start()
-    while not (ranks := [p for p in mp.active_children() if p not in before
-                         and p.name.startswith("nanoserve-tp-rank")]):
+    while not (
+        ranks := [
+            p
+            for p in mp.active_children()
+            if p not in before and p.name.startswith("nanoserve-tp-rank")
+        ]
+    ):
         assert time.monotonic() - start < 60
         time.sleep(0.01)
     os.kill(ranks[0].pid, signal.SIGKILL)  # long before it reaches the store

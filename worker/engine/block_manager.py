@@ -4,6 +4,7 @@ A block is registered in the prefix cache only once its KV has been computed, un
 chained over all tokens before it, so a crafted prompt cannot alias another prompt's blocks. A freed
 block keeps its hash until it is reused, so a later identical prefix still hits it (LRU eviction).
 """
+
 import hashlib
 from array import array
 from collections import OrderedDict
@@ -32,7 +33,6 @@ def chain_hash(token_ids: list[int], prefix_hash: bytes | None) -> bytes:
 
 
 class BlockManager:
-
     def __init__(self, num_blocks: int, block_size: int):
         self.block_size = block_size
         self.blocks = [Block(i) for i in range(num_blocks)]

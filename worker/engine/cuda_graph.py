@@ -5,6 +5,7 @@ device buffer, laid out per bucket; ModelRunner.execute fills it with ONE host->
 pinned staging buffer and replays the smallest bucket that holds the batch. Padded rows have slot -1
 and context length 0, so they never touch live blocks.
 """
+
 import logging
 
 import torch
@@ -23,18 +24,25 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 
 
 class CudaGraphRunner:
-
-    def __init__(self, model: Qwen3ForCausalLM, max_num_seqs: int, max_model_len: int,
-                 max_num_blocks_per_seq: int, vocab_size: int, dtype: torch.dtype,
-                 device: torch.device):
+    def __init__(
+        self,
+        model: Qwen3ForCausalLM,
+        max_num_seqs: int,
+        max_model_len: int,
+        max_num_blocks_per_seq: int,
+        vocab_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         self.model = model
         max_bs = min(max_num_seqs, 512)
         dev, self.width = device, max_num_blocks_per_seq
         # per bucket bs: [input_ids | positions | slot_mapping | context_lens] (bs each), then the
         # (bs, width) block tables
         self.inputs = torch.zeros(max_bs * (4 + self.width), dtype=torch.int32, device=dev)
-        self.staging = [torch.empty(self.inputs.shape, dtype=torch.int32, pin_memory=True)
-                        for _ in range(2)]
+        self.staging = [
+            torch.empty(self.inputs.shape, dtype=torch.int32, pin_memory=True) for _ in range(2)
+        ]
         self.copied = [torch.cuda.Event() for _ in range(2)]
         self.flip = 0
         self.cu_seqlens_q = torch.arange(max_bs + 1, dtype=torch.int32, device=dev)
@@ -46,9 +54,15 @@ class CudaGraphRunner:
             ids, pos, slots, lens, tables = self._views(self.inputs, bs)
             slots.fill_(-1)
             graph = torch.cuda.CUDAGraph()
-            set_context(is_prefill=False, cu_seqlens_q=self.cu_seqlens_q[:bs + 1], max_seqlen_q=1,
-                        max_seqlen_k=max_model_len, slot_mapping=slots,
-                        context_lens=lens, block_tables=tables)
+            set_context(
+                is_prefill=False,
+                cu_seqlens_q=self.cu_seqlens_q[: bs + 1],
+                max_seqlen_q=1,
+                max_seqlen_k=max_model_len,
+                slot_mapping=slots,
+                context_lens=lens,
+                block_tables=tables,
+            )
             self._forward(bs, ids, pos)  # warm-up: compiles kernels, sizes their scratch
             with torch.cuda.graph(graph, pool):
                 self._forward(bs, ids, pos)
@@ -60,8 +74,8 @@ class CudaGraphRunner:
 
     def _views(self, flat, bs: int) -> list:
         """(ids, positions, slots, context_lens, block_tables (bs, width)) views of a flat buffer."""
-        parts = [flat[i * bs:(i + 1) * bs] for i in range(4)]
-        return parts + [flat[4 * bs:4 * bs + bs * self.width].reshape(bs, self.width)]
+        parts = [flat[i * bs : (i + 1) * bs] for i in range(4)]
+        return parts + [flat[4 * bs : 4 * bs + bs * self.width].reshape(bs, self.width)]
 
     def _forward(self, bs: int, ids: torch.Tensor, pos: torch.Tensor) -> None:
         hidden = self.model(ids, pos)
@@ -84,8 +98,12 @@ class CudaGraphRunner:
         done.synchronize()
         used = 4 * bs + n * self.width  # rows past n of the block tables are never read
         ids, pos, slots, lens, tables = self._views(staging.numpy(), bs)
-        ids[:n], pos[:n], slots[:n], lens[:n] = (x.input_ids, x.positions, x.slot_mapping,
-                                                 x.context_lens)
+        ids[:n], pos[:n], slots[:n], lens[:n] = (
+            x.input_ids,
+            x.positions,
+            x.slot_mapping,
+            x.context_lens,
+        )
         ids[n:], pos[n:], slots[n:], lens[n:] = 0, 0, -1, 0
         tables[:n, :w] = x.block_tables
         self.inputs[:used].copy_(staging[:used], non_blocking=True)

@@ -3,6 +3,7 @@
 Used directly by the offline LLM API and, from one engine thread, by the gRPC worker (worker.server).
 Token ids only: the worker never sees text.
 """
+
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -24,6 +25,7 @@ logger = logging.getLogger(__name__)
 @dataclass(slots=True)
 class StepOutput:
     """What one step produced for one request."""
+
     seq: Sequence
     new_token_ids: list[int]
     finished: bool
@@ -39,9 +41,11 @@ class LLMEngine:
         self.model_config = ModelConfig.from_model_dir(config.model)
         if config.tensor_parallel_size > 1:
             from nanoserve.worker.engine.tp import TensorParallelRunner
+
             self.model_runner = TensorParallelRunner(config, self.model_config)
         else:
             from nanoserve.worker.engine.model_runner import ModelRunner
+
             self.model_runner = ModelRunner(config, self.model_config)
         runner = self.model_runner
         self.block_size = config.kvcache_block_size
@@ -50,8 +54,13 @@ class LLMEngine:
         self.eos_token_ids = tuple(self.model_config.eos_token_ids)
         self.sampling_defaults = dict(self.model_config.sampling_defaults)
         self.block_manager = BlockManager(self.num_kvcache_blocks, self.block_size)
-        self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens,
-                                   self.max_model_len, self.eos_token_ids, self.block_manager)
+        self.scheduler = Scheduler(
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            self.max_model_len,
+            self.eos_token_ids,
+            self.block_manager,
+        )
         self.requests: dict[str, Sequence] = {}
         self.num_prompt_tokens_done = 0
         self.num_generated_tokens = 0
@@ -63,11 +72,19 @@ class LLMEngine:
         resolved = min(model_len, capacity)
         if self.config.max_model_len:
             if resolved < model_len:
-                logger.warning("max_model_len lowered from %d to %d: the KV cache holds %d tokens",
-                               model_len, resolved, capacity)
+                logger.warning(
+                    "max_model_len lowered from %d to %d: the KV cache holds %d tokens",
+                    model_len,
+                    resolved,
+                    capacity,
+                )
         elif resolved < model_len:
-            logger.info("max_model_len %d: the model's max_position_embeddings (%d) lowered to "
-                        "what the KV cache holds", resolved, model_len)
+            logger.info(
+                "max_model_len %d: the model's max_position_embeddings (%d) lowered to "
+                "what the KV cache holds",
+                resolved,
+                model_len,
+            )
         else:
             logger.info("max_model_len %d: the model's max_position_embeddings", resolved)
         return resolved
@@ -77,26 +94,36 @@ class LLMEngine:
         self.validate_against(token_ids, sp, self.max_model_len, self.model_config.vocab_size)
 
     @staticmethod
-    def validate_against(token_ids: list[int], sp: SamplingParams, max_model_len: int,
-                         vocab: int) -> None:
+    def validate_against(
+        token_ids: list[int], sp: SamplingParams, max_model_len: int, vocab: int
+    ) -> None:
         """validate() under given limits (AsyncEngine's: those its core process reported)."""
         if not token_ids:
             raise ValueError("prompt_token_ids: the prompt is empty")
         bad = next((t for t in token_ids if not 0 <= t < vocab), None)
         if bad is not None:
-            raise ValueError(f"prompt_token_ids: token id {bad} is outside the vocabulary [0, {vocab})")
+            raise ValueError(
+                f"prompt_token_ids: token id {bad} is outside the vocabulary [0, {vocab})"
+            )
         bad = next((t for t in sp.stop_token_ids if t >= vocab), None)
         if bad is not None:
-            raise ValueError(f"stop_token_ids: token id {bad} is outside the vocabulary [0, {vocab})")
+            raise ValueError(
+                f"stop_token_ids: token id {bad} is outside the vocabulary [0, {vocab})"
+            )
         if len(token_ids) >= max_model_len:
-            raise ValueError(f"prompt_token_ids: the prompt has {len(token_ids)} tokens; "
-                             f"max_model_len is {max_model_len} (room for 1 new token needed)")
+            raise ValueError(
+                f"prompt_token_ids: the prompt has {len(token_ids)} tokens; "
+                f"max_model_len is {max_model_len} (room for 1 new token needed)"
+            )
         if sp.max_tokens is not None and len(token_ids) + sp.max_tokens > max_model_len:
-            raise ValueError(f"max_tokens: prompt ({len(token_ids)}) + max_tokens ({sp.max_tokens}) "
-                             f"exceeds max_model_len ({max_model_len})")
+            raise ValueError(
+                f"max_tokens: prompt ({len(token_ids)}) + max_tokens ({sp.max_tokens}) "
+                f"exceeds max_model_len ({max_model_len})"
+            )
 
-    def add_request(self, token_ids: list[int], sampling_params: SamplingParams,
-                    request_id: str | None = None) -> Sequence:
+    def add_request(
+        self, token_ids: list[int], sampling_params: SamplingParams, request_id: str | None = None
+    ) -> Sequence:
         self.validate(token_ids, sampling_params)
         # fields the caller left unset take the model's generation_config.json defaults (vLLM)
         seq = Sequence(token_ids, sampling_params.with_defaults(self.sampling_defaults), request_id)
@@ -120,17 +147,22 @@ class LLMEngine:
             return []
         # the next step predictably decodes the same sequences again (no admission is possible):
         # the runner may forward it ahead (worker.engine.lookahead) into slots reserved now
-        lookahead = (not is_prefill and self.model_runner.uses_lookahead
-                     and self.scheduler.decode_follows(seqs))
+        lookahead = (
+            not is_prefill
+            and self.model_runner.uses_lookahead
+            and self.scheduler.decode_follows(seqs)
+        )
         if lookahead:
             for seq in seqs:
                 if seq.num_tokens + 1 < self.max_model_len:
                     self.block_manager.reserve_next(seq)
         token_ids = self.model_runner.run(seqs, is_prefill, lookahead=lookahead)
         if is_prefill:  # a mixed step: the decodes (first, one token each) are no prompt tokens
-            self.num_prompt_tokens_done += sum(s.num_scheduled_tokens for s in seqs
-                                               if s.num_computed_tokens < s.num_prompt_tokens
-                                               or s.num_scheduled_tokens > 1)
+            self.num_prompt_tokens_done += sum(
+                s.num_scheduled_tokens
+                for s in seqs
+                if s.num_computed_tokens < s.num_prompt_tokens or s.num_scheduled_tokens > 1
+            )
         self.scheduler.postprocess(seqs, token_ids)
         outputs = []
         for seq in seqs:

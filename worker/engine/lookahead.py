@@ -8,6 +8,7 @@ for the sequences it schedules (a subset, in order, when some stopped or were ab
 else forwards afresh. A foreseen forward writes only the KV its sequences would write anyway, into a
 slot of their own last block; a block freed meanwhile is rewritten by its next owner before it is read.
 """
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,21 +26,30 @@ class Foreseen:
     The logits may be a view of a CUDA graph's output buffer, valid until the next replay: they
     must be consumed before any other forward. `forward_index` is the runner's forward count right
     after this one; the runner refuses the logits when another forward came in between."""
+
     seq_ids: list[int]
     x: StepInputs
     logits: torch.Tensor
     forward_index: int
 
 
-def next_decode_inputs(x: StepInputs, seqs: list[Sequence], block_size: int,
-                       max_model_len: int) -> tuple[np.ndarray, StepInputs] | None:
+def next_decode_inputs(
+    x: StepInputs, seqs: list[Sequence], block_size: int, max_model_len: int
+) -> tuple[np.ndarray, StepInputs] | None:
     """The decode step after decode step x for the sequences that may go on: (their rows in x, the
     step). Sequences that surely stop by length (max_tokens, max_model_len) are left out; None when
     none is left or one's next slot has no block (LLMEngine reserves it: BlockManager.reserve_next)."""
-    keep = [i for i, seq in enumerate(seqs)
-            if not ((seq.sampling_params.max_tokens is not None
-                     and seq.num_completion_tokens + 1 >= seq.sampling_params.max_tokens)
-                    or seq.num_tokens + 1 >= max_model_len)]
+    keep = [
+        i
+        for i, seq in enumerate(seqs)
+        if not (
+            (
+                seq.sampling_params.max_tokens is not None
+                and seq.num_completion_tokens + 1 >= seq.sampling_params.max_tokens
+            )
+            or seq.num_tokens + 1 >= max_model_len
+        )
+    ]
     if not keep:
         return None
     rows = np.asarray(keep, dtype=np.int64)
@@ -53,27 +63,38 @@ def next_decode_inputs(x: StepInputs, seqs: list[Sequence], block_size: int,
         return None
     lens = positions + 1
     k = len(rows)
-    return rows, StepInputs(False, np.zeros(k, dtype=np.int64), positions,
-                            blocks * block_size + positions % block_size, np.arange(k + 1), lens,
-                            tables, np.arange(k), 1, int(lens.max()))
+    return rows, StepInputs(
+        False,
+        np.zeros(k, dtype=np.int64),
+        positions,
+        blocks * block_size + positions % block_size,
+        np.arange(k + 1),
+        lens,
+        tables,
+        np.arange(k),
+        1,
+        int(lens.max()),
+    )
 
 
-def foreseen_rows(f: Foreseen, seqs: list[Sequence], x: StepInputs,
-                  block_size: int) -> np.ndarray | None:
+def foreseen_rows(
+    f: Foreseen, seqs: list[Sequence], x: StepInputs, block_size: int
+) -> np.ndarray | None:
     """Rows of f's logits for the decode step x over seqs, or None when x is not (a subset in
     order of) the foreseen step: another sequence, position, slot, or block under its context (a
     block reserved since, past the context, changes nothing the step reads)."""
     if x.is_prefill or len(seqs) > len(f.seq_ids):
         return None
     where = {seq_id: i for i, seq_id in enumerate(f.seq_ids)}
-    rows = np.fromiter((where.get(seq.seq_id, -1) for seq in seqs), dtype=np.int64,
-                       count=len(seqs))
+    rows = np.fromiter((where.get(seq.seq_id, -1) for seq in seqs), dtype=np.int64, count=len(seqs))
     if (rows < 0).any() or (np.diff(rows) <= 0).any():
         return None
     fx = f.x
-    if not (np.array_equal(fx.positions[rows], x.positions)
-            and np.array_equal(fx.slot_mapping[rows], x.slot_mapping)
-            and np.array_equal(fx.context_lens[rows], x.context_lens)):
+    if not (
+        np.array_equal(fx.positions[rows], x.positions)
+        and np.array_equal(fx.slot_mapping[rows], x.slot_mapping)
+        and np.array_equal(fx.context_lens[rows], x.context_lens)
+    ):
         return None
     w = min(x.block_tables.shape[1], fx.block_tables.shape[1])
     read = np.arange(w)[None, :] < -(-x.context_lens[:, None] // block_size)  # (B, w) blocks read

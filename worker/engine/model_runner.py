@@ -4,6 +4,7 @@ model (decode through captured CUDA graphs), samples, and returns one token id p
 Owns the weights and the KV cache of its rank. Under tensor parallelism rank 0's runner drives the
 others through worker.engine.tp (every rank forwards the same batch; only rank 0 samples).
 """
+
 import importlib
 import logging
 import math
@@ -85,9 +86,9 @@ def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
 
 
 class ModelRunner:
-
-    def __init__(self, config: EngineConfig, model_config: ModelConfig, rank: int = 0,
-                 world_size: int = 1):
+    def __init__(
+        self, config: EngineConfig, model_config: ModelConfig, rank: int = 0, world_size: int = 1
+    ):
         if config.compile_cache_dir:  # before the first kernel compiles; the ranks inherit it
             os.environ["TRITON_CACHE_DIR"] = os.path.abspath(config.compile_cache_dir)
         self.config, self.model_config = config, model_config
@@ -136,20 +137,27 @@ class ModelRunner:
         self.graphs: CudaGraphRunner | None = None
         self.prefill_graphs: PrefillGraphRunner | None = None
         self.sample_generator = torch.Generator(self.device).manual_seed(config.seed)
-        self.sampling = SamplingInputs(self.device, model_config.vocab_size,
-                                       model_config.eos_token_ids)
-        self.publish: Callable[[np.ndarray], None] | None = None  # set by TensorParallelRunner on rank 0: sends each StepInputs out
+        self.sampling = SamplingInputs(
+            self.device, model_config.vocab_size, model_config.eos_token_ids
+        )
+        self.publish: Callable[[np.ndarray], None] | None = (
+            None  # set by TensorParallelRunner on rank 0: sends each StepInputs out
+        )
         # decode lookahead (worker.engine.lookahead): on by default on CUDA, with any number of
         # ranks (8B at tp=2 on two H200s: 3.93 -> 3.67 ms a token at batch 1)
-        self.lookahead = (config.decode_lookahead if config.decode_lookahead is not None
-                          else self.device.type == "cuda")
+        self.lookahead = (
+            config.decode_lookahead
+            if config.decode_lookahead is not None
+            else self.device.type == "cuda"
+        )
         self.foreseen: Foreseen | None = None
         self.num_foreseen_steps = 0  # decode steps whose logits came from a foreseen forward
         self.num_forwards = 0  # every execute(): the foreseen logits must be taken before the next
         self.on_rank_death = None  # tensor parallelism only (TensorParallelRunner)
         if self.device.type == "cuda":
-            words = max_message_words(config.max_num_batched_tokens, config.max_num_seqs,
-                                      self.max_num_blocks_per_seq)
+            words = max_message_words(
+                config.max_num_batched_tokens, config.max_num_seqs, self.max_num_blocks_per_seq
+            )
             self.pinned = [torch.empty(words, dtype=torch.long, pin_memory=True) for _ in range(2)]
             self.copied = [torch.cuda.Event() for _ in range(2)]
             self.flip = 0
@@ -161,21 +169,31 @@ class ModelRunner:
         (or loaded from the Triton cache) so that no request waits for a compile."""
         started = time.perf_counter()
         if not self.config.enforce_eager:
-            self.graphs = CudaGraphRunner(self.model, self.config.max_num_seqs, self.max_model_len,
-                                          self.max_num_blocks_per_seq,
-                                          self.model_config.vocab_size, self.dtype, self.device)
+            self.graphs = CudaGraphRunner(
+                self.model,
+                self.config.max_num_seqs,
+                self.max_model_len,
+                self.max_num_blocks_per_seq,
+                self.model_config.vocab_size,
+                self.dtype,
+                self.device,
+            )
             if self.prefill_buckets:
-                self.prefill_graphs = PrefillGraphRunner(self.model, self.prefill_buckets,
-                                                         self.dtype, self.device)
+                self.prefill_graphs = PrefillGraphRunner(
+                    self.model, self.prefill_buckets, self.dtype, self.device
+                )
         if backend == "triton":  # each tile size of the prefill attention (its one length-bound
             attn = self.attention_layers[0]  # constexpr), from a one-sequence step of slots -1
-            for x in attention_warmup_steps(attn.num_heads // attn.num_kv_heads,
-                                            self.dtype == torch.float32, self.block_size):
+            for x in attention_warmup_steps(
+                attn.num_heads // attn.num_kv_heads, self.dtype == torch.float32, self.block_size
+            ):
                 self.execute(pad_to_bucket(x, self.prefill_buckets))
             torch.cuda.synchronize(self.device)
-        logger.info("kernels compiled (or loaded from %s) and graphs captured in %.1f s",
-                    os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache"),
-                    time.perf_counter() - started)
+        logger.info(
+            "kernels compiled (or loaded from %s) and graphs captured in %.1f s",
+            os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache"),
+            time.perf_counter() - started,
+        )
 
     # ---- KV cache -------------------------------------------------------------------------------
 
@@ -193,15 +211,27 @@ class ModelRunner:
                 torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
                 num_blocks = int(t.item())
         if num_blocks < 1:
-            raise ValueError("not enough memory for a single KV-cache block; lower max_num_seqs / "
-                             "max_num_batched_tokens or raise gpu_memory_utilization")
-        shape = (2, len(self.attention_layers), num_blocks, self.block_size, self.num_kv_heads,
-                 self.head_dim)
+            raise ValueError(
+                "not enough memory for a single KV-cache block; lower max_num_seqs / "
+                "max_num_batched_tokens or raise gpu_memory_utilization"
+            )
+        shape = (
+            2,
+            len(self.attention_layers),
+            num_blocks,
+            self.block_size,
+            self.num_kv_heads,
+            self.head_dim,
+        )
         self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         for i, layer in enumerate(self.attention_layers):
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
-        logger.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, self.block_size,
-                    num_blocks * self.block_bytes / 2**30)
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%.2f GiB)",
+            num_blocks,
+            self.block_size,
+            num_blocks * self.block_bytes / 2**30,
+        )
         return num_blocks
 
     def _blocks_that_fit(self) -> int:
@@ -216,11 +246,21 @@ class ModelRunner:
         peak, current = stats["allocated_bytes.all.peak"], stats["allocated_bytes.all.current"]
         # CUDA graphs take their private pool after the cache exists: keep room for it
         graph_reserve = 0 if self.config.enforce_eager else 2 * 2**30
-        budget = (total * self.config.gpu_memory_utilization - (total - free) - (peak - current)
-                  - graph_reserve)
-        logger.info("GPU memory: total %.1f GiB, in use %.1f GiB, warm-up peak %.1f GiB over %.1f GiB "
-                    "resident -> %.1f GiB for the KV cache", total / 2**30, (total - free) / 2**30,
-                    peak / 2**30, current / 2**30, budget / 2**30)
+        budget = (
+            total * self.config.gpu_memory_utilization
+            - (total - free)
+            - (peak - current)
+            - graph_reserve
+        )
+        logger.info(
+            "GPU memory: total %.1f GiB, in use %.1f GiB, warm-up peak %.1f GiB over %.1f GiB "
+            "resident -> %.1f GiB for the KV cache",
+            total / 2**30,
+            (total - free) / 2**30,
+            peak / 2**30,
+            current / 2**30,
+            budget / 2**30,
+        )
         return int(budget) // self.block_bytes
 
     @torch.inference_mode()
@@ -231,15 +271,23 @@ class ModelRunner:
         lens = [num_tokens // num_seqs] * num_seqs
         lens[-1] += num_tokens - sum(lens)
         cu = torch.tensor([0] + list(np.cumsum(lens)), dtype=torch.int32, device=self.device)
-        set_context(is_prefill=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens),
-                    max_seqlen_k=max(lens))
+        set_context(
+            is_prefill=True,
+            cu_seqlens_q=cu,
+            cu_seqlens_k=cu,
+            max_seqlen_q=max(lens),
+            max_seqlen_k=max(lens),
+        )
         input_ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
         positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
         hidden = self.model(input_ids, positions)
         logits = self.model.compute_logits(hidden[cu[1:].long() - 1])
-        t = SamplingTensors(temperatures=torch.ones(num_seqs, device=self.device),
-                            top_ks=None, top_ps=torch.full((num_seqs,), 0.9, device=self.device),
-                            min_ps=None)
+        t = SamplingTensors(
+            temperatures=torch.ones(num_seqs, device=self.device),
+            top_ks=None,
+            top_ps=torch.full((num_seqs,), 0.9, device=self.device),
+            min_ps=None,
+        )
         sample(logits, t)
         reset_context()
         torch.cuda.synchronize()
@@ -250,7 +298,7 @@ class ModelRunner:
         width = max(len(seq.block_table) for seq in seqs)
         table = np.full((len(seqs), width), -1, dtype=np.int64)
         for i, seq in enumerate(seqs):
-            table[i, :len(seq.block_table)] = seq.block_table
+            table[i, : len(seq.block_table)] = seq.block_table
         return table
 
     def prepare_prefill(self, seqs: list[Sequence]) -> StepInputs:
@@ -268,22 +316,44 @@ class ModelRunner:
         cu_q = np.concatenate([[0], np.cumsum(q_lens)])
         # logits only for sequences whose prompt is complete after this step (not for a mid chunk)
         rows = [cu_q[i + 1] - 1 for i, seq in enumerate(seqs) if seq.samples_this_step]
-        return pad_to_bucket(StepInputs(
-            True, np.asarray(input_ids), np.concatenate(positions), np.concatenate(slots), cu_q,
-            np.asarray(k_lens), self._block_tables(seqs), np.asarray(rows, dtype=np.int64),
-            max(q_lens), max(k_lens)), self.prefill_buckets)
+        return pad_to_bucket(
+            StepInputs(
+                True,
+                np.asarray(input_ids),
+                np.concatenate(positions),
+                np.concatenate(slots),
+                cu_q,
+                np.asarray(k_lens),
+                self._block_tables(seqs),
+                np.asarray(rows, dtype=np.int64),
+                max(q_lens),
+                max(k_lens),
+            ),
+            self.prefill_buckets,
+        )
 
     def prepare_decode(self, seqs: list[Sequence]) -> StepInputs:
         bs, n = self.block_size, len(seqs)
         lens = np.fromiter((len(seq.token_ids) for seq in seqs), dtype=np.int64, count=n)
-        last_blocks = np.fromiter((seq.block_table[(k - 1) // bs] for seq, k in zip(seqs, lens)),
-                                  dtype=np.int64, count=n)
-        return StepInputs(False, np.fromiter((seq.token_ids[-1] for seq in seqs), np.int64, n),
-                          lens - 1, last_blocks * bs + (lens - 1) % bs, np.arange(n + 1), lens,
-                          self._block_tables(seqs), np.arange(n), 1, int(lens.max()))
+        last_blocks = np.fromiter(
+            (seq.block_table[(k - 1) // bs] for seq, k in zip(seqs, lens)), dtype=np.int64, count=n
+        )
+        return StepInputs(
+            False,
+            np.fromiter((seq.token_ids[-1] for seq in seqs), np.int64, n),
+            lens - 1,
+            last_blocks * bs + (lens - 1) % bs,
+            np.arange(n + 1),
+            lens,
+            self._block_tables(seqs),
+            np.arange(n),
+            1,
+            int(lens.max()),
+        )
 
-    def load_inputs(self, x: StepInputs, msg: np.ndarray | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def load_inputs(
+        self, x: StepInputs, msg: np.ndarray | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Copy a step's inputs (`msg`: x encoded, when the caller has it) to the device (on CUDA:
         one copy from pinned memory) and set the attention context."""
         msg = x.encode() if msg is None else msg
@@ -292,8 +362,8 @@ class ModelRunner:
             buf, done = self.pinned[self.flip], self.copied[self.flip]
             self.flip ^= 1
             done.synchronize()
-            buf[:len(msg)].numpy()[:] = msg
-            flat = buf[:len(msg)].to(self.device, non_blocking=True)
+            buf[: len(msg)].numpy()[:] = msg
+            flat = buf[: len(msg)].to(self.device, non_blocking=True)
             done.record()
         else:
             flat = torch.from_numpy(msg)
@@ -302,21 +372,33 @@ class ModelRunner:
         cu_k = None  # only the flash-attn prefill reads it
         if x.is_prefill and self.attention_layers[0].backend == "flash_attn":
             cu_k = torch.nn.functional.pad(ctx_lens.cumsum(0, dtype=torch.int32), (1, 0))
-        set_context(is_prefill=x.is_prefill, cu_seqlens_q=cu.int(), cu_seqlens_k=cu_k,
-                    max_seqlen_q=x.max_seqlen_q, max_seqlen_k=x.max_seqlen_k,
-                    slot_mapping=slots.int(), context_lens=ctx_lens, block_tables=tables.int())
+        set_context(
+            is_prefill=x.is_prefill,
+            cu_seqlens_q=cu.int(),
+            cu_seqlens_k=cu_k,
+            max_seqlen_q=x.max_seqlen_q,
+            max_seqlen_k=x.max_seqlen_k,
+            slot_mapping=slots.int(),
+            context_lens=ctx_lens,
+            block_tables=tables.int(),
+        )
         return ids, pos, rows
 
     @torch.inference_mode()
-    def execute(self, x: StepInputs, msg: np.ndarray | None = None,
-                input_ids: torch.Tensor | None = None) -> torch.Tensor | None:
+    def execute(
+        self, x: StepInputs, msg: np.ndarray | None = None, input_ids: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
         """Forward one step on this rank; returns the (R, vocab) logits (None when R = 0).
         input_ids: the step's token ids as a device tensor, overriding x.input_ids (lookahead)."""
         self.num_forwards += 1
         if not x.is_prefill and self.graphs is not None and self.graphs.can_run(len(x.input_ids)):
             return self.graphs.run(x, input_ids)  # decode: one copy in, one replay (+ LM head)
         ids, positions, rows = self.load_inputs(x, msg)
-        if x.is_prefill and self.prefill_graphs is not None and self.prefill_graphs.can_run(len(ids)):
+        if (
+            x.is_prefill
+            and self.prefill_graphs is not None
+            and self.prefill_graphs.can_run(len(ids))
+        ):
             # piecewise graphs: L + 1 replays, the attentions eager in between
             slot_mapping = get_context().slot_mapping
             assert slot_mapping is not None  # load_inputs set the context
@@ -354,8 +436,9 @@ class ModelRunner:
     # ---- step ---------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def run(self, seqs: list[Sequence], is_prefill: bool,
-            lookahead: bool = False) -> list[int | None]:
+    def run(
+        self, seqs: list[Sequence], is_prefill: bool, lookahead: bool = False
+    ) -> list[int | None]:
         """Forward one batch; returns the sampled id per sequence (None for a non-final chunk).
         lookahead: the caller expects the next step to decode the same sequences (nothing waits)."""
         x = self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
@@ -394,8 +477,10 @@ class ModelRunner:
         if f.forward_index != self.num_forwards:
             # another forward may have replayed the graph whose output buffer f.logits views
             between = self.num_forwards - f.forward_index
-            raise RuntimeError(f"decode lookahead: {between} forward(s) ran between the step "
-                               "forwarded ahead and its use")
+            raise RuntimeError(
+                f"decode lookahead: {between} forward(s) ran between the step "
+                "forwarded ahead and its use"
+            )
         rows = foreseen_rows(f, seqs, x, self.block_size)
         if rows is None:
             return None
@@ -404,8 +489,9 @@ class ModelRunner:
             return f.logits
         return f.logits[torch.from_numpy(rows).to(f.logits.device)]
 
-    def _forward_ahead(self, rows: np.ndarray, nxt: StepInputs, seqs: list[Sequence],
-                       ids: torch.Tensor) -> list[int]:
+    def _forward_ahead(
+        self, rows: np.ndarray, nxt: StepInputs, seqs: list[Sequence], ids: torch.Tensor
+    ) -> list[int]:
         """Start copying step N's ids (R,) to the host, forward step N+1 on those of `rows`, then
         wait for the copy: the GPU computes N+1 while the host processes N."""
         if self.device.type == "cuda":

@@ -10,6 +10,7 @@ one static buffer the attention reads, and the attention writes one static buffe
 reads. A step then costs L + 1 replays and L attention launches of host time instead of ~15 launches
 a layer.
 """
+
 import logging
 import math
 from typing import cast
@@ -36,8 +37,17 @@ def prefill_buckets(max_tokens: int) -> list[int]:
     sizes, n = [], MIN_BUCKET
     while n < max_tokens:
         sizes.append(n)
-        n += n if n < 256 else 128 if n < 512 else 256 if n < 2048 else 512 if n < 4096 else (
-            1024 if n < 8192 else 2048)
+        n += (
+            n
+            if n < 256
+            else 128
+            if n < 512
+            else 256
+            if n < 2048
+            else 512
+            if n < 4096
+            else (1024 if n < 8192 else 2048)
+        )
     return sizes + [max_tokens]
 
 
@@ -67,16 +77,32 @@ def attention_warmup_steps(group: int, fp32: bool, block_size: int) -> list[Step
     steps = []
     for n in prefill_block_q_lengths(group, fp32):
         blocks = math.ceil(n / block_size)
-        steps.append(StepInputs(True, np.zeros(n, np.int64), np.arange(n), np.full(n, -1),
-                                np.array([0, n]), np.array([n]), np.zeros((1, blocks), np.int64),
-                                np.array([n - 1]), n, n))
+        steps.append(
+            StepInputs(
+                True,
+                np.zeros(n, np.int64),
+                np.arange(n),
+                np.full(n, -1),
+                np.array([0, n]),
+                np.array([n]),
+                np.zeros((1, blocks), np.int64),
+                np.array([n - 1]),
+                n,
+                n,
+            )
+        )
     return steps
 
 
 class PrefillGraphRunner:
-
-    def __init__(self, model: Qwen3ForCausalLM, buckets: list[int], dtype: torch.dtype,
-                 device: torch.device, capture: bool = True):
+    def __init__(
+        self,
+        model: Qwen3ForCausalLM,
+        buckets: list[int],
+        dtype: torch.dtype,
+        device: torch.device,
+        capture: bool = True,
+    ):
         # an nn.ModuleList types its items as nn.Module
         self.layers = cast(list[Qwen3DecoderLayer], list(model.model.layers))
         self.embed, self.norm = model.model.embed_tokens, model.model.norm
@@ -152,8 +178,9 @@ class PrefillGraphRunner:
     def can_run(self, num_tokens: int) -> bool:
         return num_tokens in self.steps
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
-            slot_mapping: torch.Tensor) -> torch.Tensor:
+    def run(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> torch.Tensor:
         """Forward a prefill step of a bucket's token count (the attention context already set);
         returns its (T, hidden) hidden states, a view valid until the next replay of that bucket."""
         n = input_ids.shape[0]

@@ -2,6 +2,7 @@
 copy per field), the penalties' token statistics kept between steps, and the generators of seeded
 requests. ModelRunner.run hands them, with the logits, to worker.sampler.sample.
 """
+
 import numpy as np
 import torch
 
@@ -10,7 +11,6 @@ from nanoserve.worker.sampler import SamplingTensors
 
 
 class SamplingInputs:
-
     def __init__(self, device: torch.device, vocab_size: int, eos_token_ids: tuple[int, ...] = ()):
         self.device, self.vocab_size = device, vocab_size
         # ids past the vocabulary are never sampled: nothing to mask
@@ -20,8 +20,13 @@ class SamplingInputs:
 
     def prepare(self, seqs: list[Sequence]) -> SamplingTensors:
         params = [seq.sampling_params for seq in seqs]
-        t = SamplingTensors(temperatures=None, top_ks=None, top_ps=None, min_ps=None,
-                            all_greedy=all(p.greedy for p in params))
+        t = SamplingTensors(
+            temperatures=None,
+            top_ks=None,
+            top_ps=None,
+            min_ps=None,
+            all_greedy=all(p.greedy for p in params),
+        )
         if any(p.has_penalties for p in params):
             self._penalty_tensors(seqs, t)
         if any(p.min_tokens for p in params):
@@ -31,10 +36,15 @@ class SamplingInputs:
         vocab = self.vocab_size
         # one host->device copy: (4, B) rows of temperature, top-k, top-p, min-p
         knobs = [p.knobs for p in params]  # (temperature, top_k, top_p, min_p) per row
-        rows = torch.tensor([[0.0 if p.greedy else k[0] for p, k in zip(params, knobs)],
-                             [k[1] if k[1] > 0 else vocab for k in knobs],
-                             [k[2] for k in knobs], [k[3] for k in knobs]],
-                            dtype=torch.float32).to(self.device)
+        rows = torch.tensor(
+            [
+                [0.0 if p.greedy else k[0] for p, k in zip(params, knobs)],
+                [k[1] if k[1] > 0 else vocab for k in knobs],
+                [k[2] for k in knobs],
+                [k[3] for k in knobs],
+            ],
+            dtype=torch.float32,
+        ).to(self.device)
         t.temperatures = rows[0]
         if any(k[1] > 0 for k in knobs):
             t.top_ks = rows[1].long()
@@ -42,17 +52,24 @@ class SamplingInputs:
             t.top_ps = rows[2]
         if any(k[3] > 0 for k in knobs):
             t.min_ps = rows[3]
-        t.generators = {i: self._generator(seq) for i, seq in enumerate(seqs)
-                        if seq.sampling_params.seed is not None}
+        t.generators = {
+            i: self._generator(seq)
+            for i, seq in enumerate(seqs)
+            if seq.sampling_params.seed is not None
+        }
         return t
 
     def _penalty_tensors(self, seqs: list[Sequence], t: SamplingTensors) -> None:
         """Penalty factors (one copy for the batch) and the rows of the persistent token
         statistics (PenaltyCounts), which only count each step's new tokens."""
         params = [seq.sampling_params for seq in seqs]
-        factors = torch.tensor([[p.repetition_penalty for p in params],
-                                [p.presence_penalty for p in params],
-                                [p.frequency_penalty for p in params]]).to(self.device)
+        factors = torch.tensor(
+            [
+                [p.repetition_penalty for p in params],
+                [p.presence_penalty for p in params],
+                [p.frequency_penalty for p in params],
+            ]
+        ).to(self.device)
         t.repetition_penalties, t.presence_penalties, t.frequency_penalties = factors
         t.penalty_rows = self.penalty_counts.rows(seqs)
         t.prompt_mask = self.penalty_counts.prompt_mask
@@ -132,8 +149,9 @@ class PenaltyCounts:
             self._fill_prompts(new)
         if out_ids:
             index = (torch.tensor(out_slots).to(self.device), torch.tensor(out_ids).to(self.device))
-            self.output_counts.index_put_(index, torch.ones(len(out_ids), device=self.device),
-                                          accumulate=True)
+            self.output_counts.index_put_(
+                index, torch.ones(len(out_ids), device=self.device), accumulate=True
+            )
         return torch.tensor(slots).to(self.device)
 
     def _grow(self, num_slots: int) -> None:
@@ -142,10 +160,12 @@ class PenaltyCounts:
             return
         num_slots = max(num_slots, have + have // 2, 16)  # few regrowths as the batch fills
         extra = num_slots - have
-        self.prompt_mask = torch.cat([self.prompt_mask,
-                                      self.prompt_mask.new_zeros(extra, self.vocab_size)])
-        self.output_counts = torch.cat([self.output_counts,
-                                        self.output_counts.new_zeros(extra, self.vocab_size)])
+        self.prompt_mask = torch.cat(
+            [self.prompt_mask, self.prompt_mask.new_zeros(extra, self.vocab_size)]
+        )
+        self.output_counts = torch.cat(
+            [self.output_counts, self.output_counts.new_zeros(extra, self.vocab_size)]
+        )
 
     def _fill_prompts(self, new: list[tuple[int, Sequence]]) -> None:
         """Empty the new sequences' slots (a reused slot holds its last owner's) and mark their
@@ -154,10 +174,14 @@ class PenaltyCounts:
         self.prompt_mask[slots] = False
         self.output_counts[slots] = 0
         rows = np.repeat([slot for slot, _ in new], [seq.num_prompt_tokens for _, seq in new])
-        ids = np.fromiter((tok for _, seq in new for tok in seq.token_ids[:seq.num_prompt_tokens]),
-                          dtype=np.int64, count=len(rows))
-        self.prompt_mask[torch.from_numpy(rows).to(self.device),
-                         torch.from_numpy(ids).to(self.device)] = True
+        ids = np.fromiter(
+            (tok for _, seq in new for tok in seq.token_ids[: seq.num_prompt_tokens]),
+            dtype=np.int64,
+            count=len(rows),
+        )
+        self.prompt_mask[
+            torch.from_numpy(rows).to(self.device), torch.from_numpy(ids).to(self.device)
+        ] = True
 
     def release(self, seq: Sequence) -> None:
         slot = self.slot_of.pop(seq.seq_id, None)

@@ -5,6 +5,7 @@ running sequence decodes one token, and the token budget left is filled with pro
 chunks of long ones, recomputes after preemption) in the same forward, so arrivals never pause the
 running streams. A step without prompts is a pure decode step (the runner's CUDA graphs).
 """
+
 from collections import deque
 
 from nanoserve.worker.engine.block_manager import BlockManager, blocks_for
@@ -12,9 +13,14 @@ from nanoserve.worker.engine.sequence import FinishReason, Sequence, SequenceSta
 
 
 class Scheduler:
-
-    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-                 eos_token_ids: tuple[int, ...], block_manager: BlockManager):
+    def __init__(
+        self,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        eos_token_ids: tuple[int, ...],
+        block_manager: BlockManager,
+    ):
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -101,8 +107,9 @@ class Scheduler:
     def _ends_by_length(self, seq: Sequence) -> bool:
         """The token sampled this step surely ends seq (max_tokens or max_model_len)."""
         max_tokens = seq.sampling_params.max_tokens
-        return ((max_tokens is not None and seq.num_completion_tokens + 1 >= max_tokens)
-                or seq.num_tokens + 1 >= self.max_model_len)
+        return (
+            max_tokens is not None and seq.num_completion_tokens + 1 >= max_tokens
+        ) or seq.num_tokens + 1 >= self.max_model_len
 
     def preempt(self, seq: Sequence) -> None:
         """Free seq's blocks; it is recomputed (prompt + output so far) when blocks are available."""
@@ -134,11 +141,14 @@ class Scheduler:
         num_tokens = len(seq.token_ids)
         num_completion = num_tokens - seq.num_prompt_tokens
         if num_completion >= sp.min_tokens:
-            if (token_id in self.eos_token_ids and not sp.ignore_eos) or token_id in sp.stop_token_ids:
+            if (
+                token_id in self.eos_token_ids and not sp.ignore_eos
+            ) or token_id in sp.stop_token_ids:
                 seq.stop_token_id = token_id
                 return FinishReason.STOP
-        if (sp.max_tokens is not None and num_completion >= sp.max_tokens) \
-                or num_tokens >= self.max_model_len:
+        if (
+            sp.max_tokens is not None and num_completion >= sp.max_tokens
+        ) or num_tokens >= self.max_model_len:
             return FinishReason.LENGTH
         return None
 

@@ -2,6 +2,7 @@
 
 Created by LLMEngine.add_request, moved between queues by the Scheduler, read by the ModelRunner.
 """
+
 from enum import Enum, auto
 from itertools import count
 
@@ -9,7 +10,9 @@ from nanoserve.worker.sampling_params import SamplingParams
 
 
 class SequenceStatus(Enum):
-    WAITING = auto()  # not prefilled yet (or preempted); may hold blocks while a chunked prefill runs
+    WAITING = (
+        auto()
+    )  # not prefilled yet (or preempted); may hold blocks while a chunked prefill runs
     RUNNING = auto()  # prefilled, decoding
     FINISHED = auto()
 
@@ -23,8 +26,9 @@ class FinishReason(Enum):
 class Sequence:
     _counter = count()
 
-    def __init__(self, token_ids: list[int], sampling_params: SamplingParams,
-                 request_id: str | None = None):
+    def __init__(
+        self, token_ids: list[int], sampling_params: SamplingParams, request_id: str | None = None
+    ):
         self.seq_id = next(Sequence._counter)
         self.request_id = request_id if request_id is not None else str(self.seq_id)
         self.status = SequenceStatus.WAITING
@@ -50,7 +54,7 @@ class Sequence:
 
     @property
     def completion_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def is_finished(self) -> bool:
@@ -63,13 +67,13 @@ class Sequence:
         return self.num_computed_tokens + self.num_scheduled_tokens == len(self.token_ids)
 
     def block_token_ids(self, i: int, block_size: int) -> list[int]:
-        return self.token_ids[i * block_size:(i + 1) * block_size]
+        return self.token_ids[i * block_size : (i + 1) * block_size]
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
 
     def take_new_tokens(self) -> list[int]:
         """Completion tokens not yet handed to the caller."""
-        new = self.token_ids[self.num_prompt_tokens + self.num_emitted:]
+        new = self.token_ids[self.num_prompt_tokens + self.num_emitted :]
         self.num_emitted += len(new)
         return new

@@ -4,6 +4,7 @@ ModelRunner.prepare_* builds a StepInputs from the scheduled Sequences; under te
 writes its encoding into shared memory and the other ranks decode it (a versioned header and raw
 int64 arrays: no pickle).
 """
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,15 +31,33 @@ class StepInputs:
     @property
     def dims(self) -> tuple[int, int, int, int]:
         """(tokens N, sequences B, block-table width W, logit rows R): they size every field."""
-        return (len(self.input_ids), len(self.context_lens), self.block_tables.shape[1],
-                len(self.logit_rows))
+        return (
+            len(self.input_ids),
+            len(self.context_lens),
+            self.block_tables.shape[1],
+            len(self.logit_rows),
+        )
 
     def encode(self, cmd: int = CMD_STEP) -> np.ndarray:
         header = np.zeros(HEADER_LEN, dtype=np.int64)
-        header[:9] = [VERSION, cmd, int(self.is_prefill), *self.dims, self.max_seqlen_q,
-                      self.max_seqlen_k]
-        parts = [header, self.input_ids, self.positions, self.slot_mapping, self.cu_seqlens_q,
-                 self.context_lens, self.block_tables.reshape(-1), self.logit_rows]
+        header[:9] = [
+            VERSION,
+            cmd,
+            int(self.is_prefill),
+            *self.dims,
+            self.max_seqlen_q,
+            self.max_seqlen_k,
+        ]
+        parts = [
+            header,
+            self.input_ids,
+            self.positions,
+            self.slot_mapping,
+            self.cu_seqlens_q,
+            self.context_lens,
+            self.block_tables.reshape(-1),
+            self.logit_rows,
+        ]
         return np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
 
     @staticmethod
@@ -47,8 +66,9 @@ class StepInputs:
         if version != VERSION or cmd not in (CMD_STEP, CMD_STEP_AHEAD):
             raise ValueError(f"step message version {version} / command {cmd} not understood")
         ids, positions, slots, cu_q, context_lens, tables, rows = split_message(buf, (n, b, w, r))
-        return StepInputs(bool(is_prefill), ids, positions, slots, cu_q, context_lens, tables, rows,
-                          max_q, max_k)
+        return StepInputs(
+            bool(is_prefill), ids, positions, slots, cu_q, context_lens, tables, rows, max_q, max_k
+        )
 
 
 def field_sizes(n: int, b: int, w: int, r: int) -> list[int]:
@@ -56,7 +76,9 @@ def field_sizes(n: int, b: int, w: int, r: int) -> list[int]:
     return [n, n, n, b + 1, b, b * w, r]
 
 
-def max_message_words(max_num_batched_tokens: int, max_num_seqs: int, max_blocks_per_seq: int) -> int:
+def max_message_words(
+    max_num_batched_tokens: int, max_num_seqs: int, max_blocks_per_seq: int
+) -> int:
     """Upper bound of len(StepInputs.encode()) for an engine's limits."""
     n = max(max_num_batched_tokens, max_num_seqs)
     return HEADER_LEN + sum(field_sizes(n, max_num_seqs, max_blocks_per_seq, n))
@@ -67,7 +89,7 @@ def split_message(msg, dims: tuple[int, int, int, int]) -> list:
     positions, slot_mapping, cu_seqlens_q, context_lens, block_tables (B, W), logit_rows."""
     parts, at = [], HEADER_LEN
     for size in field_sizes(*dims):
-        parts.append(msg[at:at + size])
+        parts.append(msg[at : at + size])
         at += size
     parts[5] = parts[5].reshape(dims[1], dims[2])
     return parts

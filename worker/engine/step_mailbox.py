@@ -29,6 +29,7 @@ atomic instruction each way, no syscall).
 A process killed inside a critical section would leave the lock held: every acquire is bounded
 and checks, between attempts, that the other side still lives.
 """
+
 import logging
 import os
 import select
@@ -81,14 +82,27 @@ class StepMailbox:
 
     def handle(self, reader: int) -> tuple:
         """What reader `reader` needs to attach (picklable for a spawned process)."""
-        return (self.shm.name, self.lock, self.wake[reader][0], reader, self.num_readers,
-                self.stride, self.slots)
+        return (
+            self.shm.name,
+            self.lock,
+            self.wake[reader][0],
+            reader,
+            self.num_readers,
+            self.stride,
+            self.slots,
+        )
 
     @classmethod
-    def attach(cls, shm_name: str, lock, wake, reader: int, num_readers: int, stride: int,
-               slots: int) -> "StepMailbox":
+    def attach(
+        cls, shm_name: str, lock, wake, reader: int, num_readers: int, stride: int, slots: int
+    ) -> "StepMailbox":
         self = cls.__new__(cls)
-        self.shm, self.lock, self.wake_r, self.reader = SharedMemory(name=shm_name), lock, wake, reader
+        self.shm, self.lock, self.wake_r, self.reader = (
+            SharedMemory(name=shm_name),
+            lock,
+            wake,
+            reader,
+        )
         self.num_readers, self.stride, self.slots, self.step = num_readers, stride, slots, 0
         self._map()
         return self
@@ -98,8 +112,10 @@ class StepMailbox:
         base = LINE * self.num_readers
         self.acks = self.words[0:base:LINE]  # (readers,) steps read, one per control line
         self.asleep = self.words[1:base:LINE]
-        self.slot_views = [self.words[base + k * self.stride:base + (k + 1) * self.stride]
-                           for k in range(self.slots)]
+        self.slot_views = [
+            self.words[base + k * self.stride : base + (k + 1) * self.stride]
+            for k in range(self.slots)
+        ]
 
     def _acquire(self, alive: Callable[[], None]) -> None:
         """Bounded by `alive`, which raises when the other side is gone."""
@@ -122,13 +138,14 @@ class StepMailbox:
         i = self.step + 1
         slot = self.slot_views[(i - 1) % self.slots]
         if len(msg) > len(slot) - SLOT_HEADER:
-            raise ValueError(f"step message of {len(msg)} words; the mailbox holds "
-                             f"{len(slot) - SLOT_HEADER}")
+            raise ValueError(
+                f"step message of {len(msg)} words; the mailbox holds {len(slot) - SLOT_HEADER}"
+            )
         if i > self.slots and self.acked < i - self.slots:
             # (an older sufficient observation was followed by a publish's section already)
             self._wait_acks(i - self.slots, alive)
             self._sync(alive)  # the readers' copies of that step before this overwrite
-        slot[SLOT_HEADER:SLOT_HEADER + len(msg)] = msg
+        slot[SLOT_HEADER : SLOT_HEADER + len(msg)] = msg
         slot[1] = len(msg)
         self._acquire(alive)
         slot[0] = i  # after the message, before the "asleep" loads
@@ -158,9 +175,12 @@ class StepMailbox:
                 alive()
                 if now - warned > STALL_WARN_S:
                     warned = now
-                    logger.warning("tensor-parallel ranks %s have not read step %d for %.0f s",
-                                   [r + 1 for r, a in enumerate(self.acks.tolist()) if a < step],
-                                   step, now - start)
+                    logger.warning(
+                        "tensor-parallel ranks %s have not read step %d for %.0f s",
+                        [r + 1 for r, a in enumerate(self.acks.tolist()) if a < step],
+                        step,
+                        now - start,
+                    )
             self.acked = min(self.acks.tolist())
 
     # ---- ranks 1..N-1 -----------------------------------------------------------------------------
@@ -174,14 +194,16 @@ class StepMailbox:
             spin_until = time.perf_counter() + SPIN_S
             while slot[0] != i:
                 if slot[0] > i:
-                    raise RuntimeError(f"step mailbox: step {int(slot[0])} found where step {i} "
-                                       "was due (the ring was overrun)")
+                    raise RuntimeError(
+                        f"step mailbox: step {int(slot[0])} found where step {i} "
+                        "was due (the ring was overrun)"
+                    )
                 if time.perf_counter() > spin_until:
                     self._sleep(slot, i, alive)
                 else:
                     os.sched_yield()  # an oversubscribed host runs its other threads meanwhile
         self._sync(alive)  # rank 0's message stores before this copy
-        msg = slot[SLOT_HEADER:SLOT_HEADER + int(slot[1])].copy()
+        msg = slot[SLOT_HEADER : SLOT_HEADER + int(slot[1])].copy()
         self._acquire(alive)  # the copy before the acknowledgement
         overwritten = slot[0] != i  # excluded by the acknowledgements: a protocol bug
         self.acks[self.reader] = i

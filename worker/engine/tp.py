@@ -8,6 +8,7 @@ started from one long-lived spawner thread, ignore SIGINT/SIGTERM, and leave whe
 or dies. A rank that dies makes the next step raise RankDied (the offline API's caller gets it); only
 a service that sets `exit_on_rank_death` has its process ended (never a hang on a collective).
 """
+
 import atexit
 import ctypes
 import gc
@@ -56,12 +57,16 @@ def free_port() -> int:
 
 def rendezvous_store(world_size: int, port: int = 0) -> dist.TCPStore:
     """Rank 0 (port 0: any free port, then `.port`) hosts the store the ranks meet at."""
-    return dist.TCPStore("127.0.0.1", port, world_size, is_master=port == 0,
-                         wait_for_workers=False)
+    return dist.TCPStore("127.0.0.1", port, world_size, is_master=port == 0, wait_for_workers=False)
 
 
-def init_distributed(device: torch.device, rank: int, world_size: int, store: dist.TCPStore,
-                     alive: Callable[[], None] = lambda: None) -> None:
+def init_distributed(
+    device: torch.device,
+    rank: int,
+    world_size: int,
+    store: dist.TCPStore,
+    alive: Callable[[], None] = lambda: None,
+) -> None:
     """Rank 0 waits for every rank to reach the store, calling `alive` (which raises when a rank
     died on its way: a group signal during its start, a crash) instead of waiting for ever."""
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -80,13 +85,19 @@ def init_distributed(device: torch.device, rank: int, world_size: int, store: di
 
 
 def check_tp_size(config: EngineConfig, model_config: ModelConfig) -> None:
-    tp, heads, kv = config.tensor_parallel_size, model_config.num_attention_heads, \
-        model_config.num_key_value_heads
+    tp, heads, kv = (
+        config.tensor_parallel_size,
+        model_config.num_attention_heads,
+        model_config.num_key_value_heads,
+    )
     if heads % tp:
-        raise ValueError(f"tensor_parallel_size: {tp} does not divide num_attention_heads ({heads})")
+        raise ValueError(
+            f"tensor_parallel_size: {tp} does not divide num_attention_heads ({heads})"
+        )
     if kv % tp and tp % kv:
-        raise ValueError(f"tensor_parallel_size: {tp} and num_key_value_heads ({kv}) must divide "
-                         "one another")
+        raise ValueError(
+            f"tensor_parallel_size: {tp} and num_key_value_heads ({kv}) must divide one another"
+        )
     if resolve_device(config.device).type == "cuda" and torch.cuda.device_count() < tp:
         raise ValueError(f"tensor_parallel_size: {tp} ranks but {torch.cuda.device_count()} GPUs")
 
@@ -134,8 +145,14 @@ class Spawner:
                 done.set_result(None)
 
 
-def rank_main(config: EngineConfig, model_config: ModelConfig, rank: int, port: int,
-              mailbox: tuple, parent_pid: int) -> None:
+def rank_main(
+    config: EngineConfig,
+    model_config: ModelConfig,
+    rank: int,
+    port: int,
+    mailbox: tuple,
+    parent_pid: int,
+) -> None:
     """Entry point of ranks 1..N-1: run every step rank 0 publishes until told to exit."""
     # a signal to the process group (Ctrl-C, systemd stop, `timeout`, kill -- -PGID) reaches the
     # ranks too; rank 0 drains and then tells them to leave, so they must not die first
@@ -150,10 +167,12 @@ def rank_main(config: EngineConfig, model_config: ModelConfig, rank: int, port: 
             os._exit(1)
 
     from nanoserve.log import setup_logging
+
     setup_logging("worker", "WARNING", rank)
     world_size = config.tensor_parallel_size
-    init_distributed(resolve_device(config.device), rank, world_size,
-                     rendezvous_store(world_size, port))
+    init_distributed(
+        resolve_device(config.device), rank, world_size, rendezvous_store(world_size, port)
+    )
     runner = ModelRunner(config, model_config, rank, world_size)
     box = StepMailbox.attach(*mailbox)
     try:
@@ -191,8 +210,11 @@ class TensorParallelRunner:
         check_tp_size(config, model_config)
         world_size = config.tensor_parallel_size
         max_len = model_config.max_len(config.max_model_len)
-        words = max_message_words(config.max_num_batched_tokens, config.max_num_seqs,
-                                  -(-max_len // config.kvcache_block_size))
+        words = max_message_words(
+            config.max_num_batched_tokens,
+            config.max_num_seqs,
+            -(-max_len // config.kvcache_block_size),
+        )
         ctx = mp.get_context("spawn")
         self.mailbox = StepMailbox(world_size - 1, words, ctx)
         self.on_rank_death: Callable[[str], None] | None = None  # the server ends its streams
@@ -202,10 +224,15 @@ class TensorParallelRunner:
         self.dead: str | None = None  # why no step can run any more
         self.closed = False
         store = rendezvous_store(world_size)
-        self.procs = [ctx.Process(target=rank_main, name=f"nanoserve-tp-rank{r}", daemon=True,
-                                  args=(config, model_config, r, store.port, self.mailbox.handle(r - 1),
-                                        os.getpid()))
-                      for r in range(1, world_size)]
+        self.procs = [
+            ctx.Process(
+                target=rank_main,
+                name=f"nanoserve-tp-rank{r}",
+                daemon=True,
+                args=(config, model_config, r, store.port, self.mailbox.handle(r - 1), os.getpid()),
+            )
+            for r in range(1, world_size)
+        ]
         for p in self.procs:
             Spawner.start(p)
         self.watcher = threading.Thread(target=self._watch, name="tp-watch", daemon=True)
@@ -352,6 +379,7 @@ def shutdown_process_group(timeout_s: float = 10.0) -> None:
         return
     close_symmetric_all_reduce()
     if dist.get_backend() == "nccl":
+
         def teardown() -> None:  # the synchronize too: a dead peer can leave a kernel waiting
             torch.cuda.synchronize()
             dist.distributed_c10d._abort_process_group()

@@ -21,6 +21,7 @@ the trap, which ends the CUDA context): 1 = a peer never took my flag, 2 = a pee
 3 = a flag of another generation (calls out of order).
 Needs Triton's lowering of a scalar atomic to one thread and a broadcast (Triton 3.x).
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -74,8 +75,9 @@ def _allreduce_add_rms_norm_kernel(
                 old = tl.atomic_cas(flags + row * WORLD + rank, 0, gen, sem="release", scope="sys")
                 spins = 0
                 while (old != 0) & (spins < MAX_SPINS):
-                    old = tl.atomic_cas(flags + row * WORLD + rank, 0, gen, sem="release",
-                                        scope="sys")
+                    old = tl.atomic_cas(
+                        flags + row * WORLD + rank, 0, gen, sem="release", scope="sys"
+                    )
                     spins += 1
                 error = tl.where(old != 0, ERR_TAKEN, error)
         flags = tl.load(signal_ptrs + rank).to(tl.pointer_type(tl.int32))
@@ -86,8 +88,9 @@ def _allreduce_add_rms_norm_kernel(
                 old = tl.atomic_cas(flags + row * WORLD + peer, gen, 0, sem="acquire", scope="sys")
                 spins = 0
                 while (old == 0) & (spins < MAX_SPINS):
-                    old = tl.atomic_cas(flags + row * WORLD + peer, gen, 0, sem="acquire",
-                                        scope="sys")
+                    old = tl.atomic_cas(
+                        flags + row * WORLD + peer, gen, 0, sem="acquire", scope="sys"
+                    )
                     spins += 1
                 error = tl.where(old == gen, error, tl.where(old == 0, ERR_ARRIVED, ERR_GENERATION))
         tl.store(gen_ptr + row, gen)
@@ -95,8 +98,14 @@ def _allreduce_add_rms_norm_kernel(
             tl.store(error_addr.to(tl.pointer_type(tl.int32)), error)
             if TRAP:  # membar.sys: the error word reaches the host; the trap ends the CUDA
                 # context, so the rank's next CUDA call raises
-                tl.inline_asm_elementwise("membar.sys; trap; mov.b32 $0, $1;", "=r,r", [error],
-                                          dtype=tl.int32, is_pure=False, pack=1)
+                tl.inline_asm_elementwise(
+                    "membar.sys; trap; mov.b32 $0, $1;",
+                    "=r,r",
+                    [error],
+                    dtype=tl.int32,
+                    is_pure=False,
+                    pack=1,
+                )
         tl.debug_barrier()
     own = tl.load(buffer_ptrs + rank).to(tl.pointer_type(tl.bfloat16))
     acc = tl.zeros((BLOCK,), tl.float32)
@@ -107,7 +116,9 @@ def _allreduce_add_rms_norm_kernel(
             part = own + slot_offset + src * section + offs
             acc += tl.load(part, mask=mask, other=0.0, volatile=True).to(tl.float32)
     # the all-reduced partial is rounded to bf16 like an unfused all-reduce's output
-    h = acc.to(tl.bfloat16).to(tl.float32) + tl.load(residual_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    h = acc.to(tl.bfloat16).to(tl.float32) + tl.load(residual_ptr + offs, mask=mask, other=0.0).to(
+        tl.float32
+    )
     tl.store(new_residual_ptr + offs, h.to(tl.bfloat16), mask=mask)
     rstd = tl.rsqrt(tl.sum(h * h, 0) / hidden + eps)
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -115,11 +126,20 @@ def _allreduce_add_rms_norm_kernel(
     tl.store(out_ptr + offs, y.to(tl.bfloat16), mask=mask)
 
 
-def allreduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                           eps: float, buffer_ptrs: torch.Tensor, signal_ptrs: torch.Tensor,
-                           slot: int, section: int, rank: int, generations: torch.Tensor,
-                           error: torch.Tensor, max_spins: int = MAX_SPINS
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+def allreduce_add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    buffer_ptrs: torch.Tensor,
+    signal_ptrs: torch.Tensor,
+    slot: int,
+    section: int,
+    rank: int,
+    generations: torch.Tensor,
+    error: torch.Tensor,
+    max_spins: int = MAX_SPINS,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x, residual: (M, hidden) bf16, contiguous; x is this rank's partial sum. Returns
     (rms_norm(sum_ranks(x) + residual) * weight, sum_ranks(x) + residual). Each rank's buffer holds
     2 slots of world sections of `section` elements. The caller checks that M rows fit the
@@ -131,8 +151,24 @@ def allreduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torc
     if m:
         block = triton.next_power_of_2(hidden)
         _allreduce_add_rms_norm_kernel[(m,)](
-            x, residual, weight, out, new_residual, buffer_ptrs, signal_ptrs, generations,
-            error.data_ptr(), slot * buffer_ptrs.numel() * section, section, rank, hidden, eps,
-            WORLD=buffer_ptrs.numel(), BLOCK=block, MAX_SPINS=max_spins, TRAP=x.is_cuda,
-            num_warps=min(max(block // 256, 1), 8))
+            x,
+            residual,
+            weight,
+            out,
+            new_residual,
+            buffer_ptrs,
+            signal_ptrs,
+            generations,
+            error.data_ptr(),
+            slot * buffer_ptrs.numel() * section,
+            section,
+            rank,
+            hidden,
+            eps,
+            WORLD=buffer_ptrs.numel(),
+            BLOCK=block,
+            MAX_SPINS=max_spins,
+            TRAP=x.is_cuda,
+            num_warps=min(max(block // 256, 1), 8),
+        )
     return out, new_residual

@@ -4,6 +4,7 @@ also the KV-cache store of this step's k and v (Qwen3Attention, before Attention
 Replaces ~30 small torch kernels a layer (two norms, the cos/sin gather, rotate-half, store_kvcache)
 on the decode path, where launch count, not bytes, sets the time. Called on CUDA tensors.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -13,12 +14,34 @@ import triton.language as tl
 # count: their 16-byte alignment varies per step. Each program loads one scalar of each, so
 # alignment buys nothing and is not specialised on (an odd token count compiled a new kernel).
 @triton.jit(do_not_specialize_on_alignment=["pos_ptr", "slot_mapping_ptr"])
-def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_sin_ptr, pos_ptr,
-                         k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
-                         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                         stride_cb, stride_cs, stride_ch, eps, k_scale, v_scale,
-                         NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr,
-                         STORE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+def _qk_norm_rope_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    qw_ptr,
+    kw_ptr,
+    cos_sin_ptr,
+    pos_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_mapping_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    eps,
+    k_scale,
+    v_scale,
+    NUM_Q_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    STORE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
     # grid (num_tokens, num_q_heads + num_kv_heads): one program per (token, head)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -53,8 +76,11 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_sin_ptr, pos_p
             slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
             if slot >= 0:
                 kv_head = head - NUM_Q_HEADS
-                dst = ((slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs
-                       + kv_head * stride_ch)
+                dst = (
+                    (slot // BLOCK_SIZE) * stride_cb
+                    + (slot % BLOCK_SIZE) * stride_cs
+                    + kv_head * stride_ch
+                )
                 cache_dtype = k_cache_ptr.dtype.element_ty
                 # the cache holds k / k_scale, v / v_scale (fp8; scales of 1.0 change no bit)
                 k1 = (y1.to(tl.float32) / k_scale).to(cache_dtype)
@@ -68,12 +94,21 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_sin_ptr, pos_p
                 tl.store(v_cache_ptr + dst + HALF + dims, v2)
 
 
-def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-                 cos_sin_cache: torch.Tensor, positions: torch.Tensor, eps: float,
-                 v: torch.Tensor | None = None, k_cache: torch.Tensor | None = None,
-                 v_cache: torch.Tensor | None = None,
-                 slot_mapping: torch.Tensor | None = None, k_scale: float = 1.0,
-                 v_scale: float = 1.0) -> None:
+def qk_norm_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    eps: float,
+    v: torch.Tensor | None = None,
+    k_cache: torch.Tensor | None = None,
+    v_cache: torch.Tensor | None = None,
+    slot_mapping: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
     """In place. q: (N, Hq, D), k: (N, Hkv, D) (strided views of the qkv output are fine);
     cos_sin_cache: (max_position, D) fp32 as [cos | sin]; positions: (N,).
 
@@ -92,10 +127,16 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     if v is not None and k_cache is not None and v_cache is not None and slot_mapping is not None:
         if v.shape != k.shape or v.stride(-1) != 1:
             raise ValueError(f"qk_norm_rope: v {tuple(v.shape)} does not fit k {tuple(k.shape)}")
-        if (k_cache.shape != v_cache.shape or k_cache.shape[2:] != (num_kv_heads, head_dim)
-                or k_cache.stride(-1) != 1 or k_cache.stride() != v_cache.stride()):
-            raise ValueError(f"qk_norm_rope: k_cache {tuple(k_cache.shape)} / v_cache "
-                             f"{tuple(v_cache.shape)} do not fit k {tuple(k.shape)}")
+        if (
+            k_cache.shape != v_cache.shape
+            or k_cache.shape[2:] != (num_kv_heads, head_dim)
+            or k_cache.stride(-1) != 1
+            or k_cache.stride() != v_cache.stride()
+        ):
+            raise ValueError(
+                f"qk_norm_rope: k_cache {tuple(k_cache.shape)} / v_cache "
+                f"{tuple(v_cache.shape)} do not fit k {tuple(k.shape)}"
+            )
         if slot_mapping.shape != (n,):
             raise ValueError(f"qk_norm_rope: slot_mapping {tuple(slot_mapping.shape)} != ({n},)")
         cache_strides = k_cache.stride()[:3]
@@ -106,8 +147,29 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     if n == 0:
         return
     _qk_norm_rope_kernel[(n, num_q_heads + num_kv_heads)](
-        q, k, v, q_weight, k_weight, cos_sin_cache, positions, k_cache, v_cache, slot_mapping,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        *cache_strides, eps, k_scale, v_scale,
-        NUM_Q_HEADS=num_q_heads, HALF=head_dim // 2, STORE=all(store), BLOCK_SIZE=block_size,
-        num_warps=1)
+        q,
+        k,
+        v,
+        q_weight,
+        k_weight,
+        cos_sin_cache,
+        positions,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        *cache_strides,
+        eps,
+        k_scale,
+        v_scale,
+        NUM_Q_HEADS=num_q_heads,
+        HALF=head_dim // 2,
+        STORE=all(store),
+        BLOCK_SIZE=block_size,
+        num_warps=1,
+    )

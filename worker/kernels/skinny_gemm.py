@@ -6,6 +6,7 @@ pipelined LOOP_STAGES deep so several W tiles are in flight per program. fp32 ac
 differs from cuBLAS (ulps, not bugs). Tiles come from shapes only (skinny_gemm_config), chosen by
 nanoserve.benchmarks.gemm's L2-cold sweep (where splitting K never won: it is not implemented).
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -46,10 +47,15 @@ def _skinny_gemm_kernel(
         w = tl.load(w_ptrs + k, mask=k_mask[None, :], other=0.0)
         x = tl.load(x_ptrs + k, mask=k_mask[None, :], other=0.0)
         # (BM, 1, BK) * (1, BN, BK) summed over K: CUDA-core FMAs, W is read once
-        acc += tl.sum(tl.expand_dims(x.to(tl.float32), 1) * tl.expand_dims(w.to(tl.float32), 0), axis=2)
+        acc += tl.sum(
+            tl.expand_dims(x.to(tl.float32), 1) * tl.expand_dims(w.to(tl.float32), 0), axis=2
+        )
     out_mask = (ms < M)[:, None] & (rows < N)[None, :]
-    tl.store(y_ptr + ms[:, None] * stride_ym + rows[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=out_mask)
+    tl.store(
+        y_ptr + ms[:, None] * stride_ym + rows[None, :],
+        acc.to(y_ptr.dtype.element_ty),
+        mask=out_mask,
+    )
 
 
 def skinny_gemm_config(m: int, n: int, k: int) -> dict:
@@ -63,19 +69,23 @@ def skinny_gemm_config(m: int, n: int, k: int) -> dict:
     block_m, k_pow2 = triton.next_power_of_2(max(m, 1)), triton.next_power_of_2(max(k, 1))
     if m == 1 and n <= 2048:
         if k <= 2048:
-            return dict(BLOCK_M=1, BLOCK_N=2, BLOCK_K=k_pow2, LOOP_STAGES=1, num_warps=8,
-                        num_stages=1)
+            return dict(
+                BLOCK_M=1, BLOCK_N=2, BLOCK_K=k_pow2, LOOP_STAGES=1, num_warps=8, num_stages=1
+            )
         return dict(BLOCK_M=1, BLOCK_N=2, BLOCK_K=512, LOOP_STAGES=3, num_warps=4, num_stages=1)
     block_n = 4 if m == 1 else max(1, 8 // block_m)
     block_k = min(1024 if m == 1 else 512, k_pow2)
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, LOOP_STAGES=2, num_warps=4,
-                num_stages=1)
+    return dict(
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, LOOP_STAGES=2, num_warps=4, num_stages=1
+    )
 
 
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, config: dict | None = None) -> torch.Tensor:
     """x: (M, K) with M <= MAX_M; weight: (N, K) row-major -> (M, N) in x's dtype."""
     if x.dim() != 2 or weight.dim() != 2:
-        raise ValueError(f"skinny_gemm: x {tuple(x.shape)} and weight {tuple(weight.shape)} must be 2-D")
+        raise ValueError(
+            f"skinny_gemm: x {tuple(x.shape)} and weight {tuple(weight.shape)} must be 2-D"
+        )
     m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
     if m > MAX_M:
         raise ValueError(f"skinny_gemm: x has M={m} rows, the kernel takes M <= {MAX_M}")
@@ -93,5 +103,6 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, config: dict | None = Non
         return y.zero_()
     cfg["K_CHUNK"] = triton.cdiv(k, cfg["BLOCK_K"]) * cfg["BLOCK_K"]
     _skinny_gemm_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
-        x, weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0), **cfg)
+        x, weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0), **cfg
+    )
     return y

@@ -7,6 +7,7 @@ Backends: torch (gather the blocks, SDPA; the CPU path and the reference), Trito
 (worker.kernels), flash-attn when asked for (attention_backend=flash_attn). All read the batch layout from nanoserve.worker.context.
 KV cache layout: (num_blocks, block_size, num_kv_heads, head_dim), the flash-attn paged layout.
 """
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -16,9 +17,15 @@ from nanoserve.worker.context import get_context
 FP8_KV_DTYPE = torch.float8_e4m3fn  # kv_cache_dtype=fp8 (worker.kernels.dtypes names the same)
 
 
-def store_kvcache_torch(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                        v_cache: torch.Tensor, slot_mapping: torch.Tensor, k_scale: float = 1.0,
-                        v_scale: float = 1.0) -> None:
+def store_kvcache_torch(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
     # key, value: (num_tokens, num_kv_heads, head_dim); slot -1 marks a padded token. The cache
     # holds key / k_scale and value / v_scale (an fp8 cache; 1.0 otherwise)
     valid = slot_mapping >= 0
@@ -30,8 +37,9 @@ def store_kvcache_torch(key: torch.Tensor, value: torch.Tensor, k_cache: torch.T
     v_cache.view(-1, *v_cache.shape[2:])[slots] = v
 
 
-def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int, scale: float,
-               dtype: torch.dtype) -> torch.Tensor:
+def _gather_kv(
+    cache: torch.Tensor, block_table: torch.Tensor, length: int, scale: float, dtype: torch.dtype
+) -> torch.Tensor:
     # (num_blocks, block_size, H, D) -> (length, H, D) for one sequence, in dtype
     block_size = cache.shape[1]
     num_blocks = (length + block_size - 1) // block_size
@@ -47,15 +55,23 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
     v = v.repeat_interleave(group, dim=1)
     qpos = torch.arange(lk - lq, lk, device=q.device)[:, None]
     mask = torch.arange(lk, device=q.device)[None, :] <= qpos  # (Lq, Lk)
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                         attn_mask=mask, scale=scale)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
+    )
     return out.transpose(0, 1)
 
 
-def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                          block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                          context_lens: torch.Tensor, scale: float, k_scale: float = 1.0,
-                          v_scale: float = 1.0) -> torch.Tensor:
+def paged_attention_torch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> torch.Tensor:
     """Reference paged attention for prefill, extend and decode. q: (num_tokens, Hq, D)."""
     out = torch.empty_like(q)
     starts, lens = cu_seqlens_q.tolist(), context_lens.tolist()
@@ -69,8 +85,9 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     return out
 
 
-def varlen_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           cu_seqlens: torch.Tensor, scale: float) -> torch.Tensor:
+def varlen_attention_torch(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float
+) -> torch.Tensor:
     """Causal attention over the new tokens only (no cache yet: the warm-up forward)."""
     out = torch.empty_like(q)
     starts = cu_seqlens.tolist()
@@ -104,8 +121,9 @@ class Attention(nn.Module):
         passes kv_stored=True: the CUDA backends once the cache exists."""
         return self.k_cache.numel() > 0 and self.backend in ("triton", "flash_attn")
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_stored: bool = False) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_stored: bool = False
+    ) -> torch.Tensor:
         # q: (N, Hq * D) -> (N, Hq, D); k, v: (N, Hkv * D) -> (N, Hkv, D)
         # kv_stored: this step's k/v are already in k_cache/v_cache at ctx.slot_mapping
         ctx = get_context()
@@ -120,11 +138,26 @@ class Attention(nn.Module):
             o = self._flash_attn(q, k, v, ctx, kv_stored)
         else:
             if not kv_stored:
-                store_kvcache_torch(k, v, self.k_cache, self.v_cache, _given(ctx.slot_mapping),
-                                    self.k_scale, self.v_scale)
-            o = paged_attention_torch(q, self.k_cache, self.v_cache, _given(ctx.block_tables),
-                                      _given(ctx.cu_seqlens_q), _given(ctx.context_lens),
-                                      self.scale, self.k_scale, self.v_scale)
+                store_kvcache_torch(
+                    k,
+                    v,
+                    self.k_cache,
+                    self.v_cache,
+                    _given(ctx.slot_mapping),
+                    self.k_scale,
+                    self.v_scale,
+                )
+            o = paged_attention_torch(
+                q,
+                self.k_cache,
+                self.v_cache,
+                _given(ctx.block_tables),
+                _given(ctx.cu_seqlens_q),
+                _given(ctx.context_lens),
+                self.scale,
+                self.k_scale,
+                self.v_scale,
+            )
         return o.flatten(1, 2)
 
     def attend_stored(self, q: torch.Tensor, out: torch.Tensor) -> None:
@@ -132,43 +165,88 @@ class Attention(nn.Module):
         cache (Triton backend): the eager part between the piecewise prefill graphs."""
         ctx = get_context()
         from nanoserve.worker.kernels import paged_prefill_attention
-        paged_prefill_attention(q.view(-1, self.num_heads, self.head_dim), self.k_cache,
-                                self.v_cache, _given(ctx.block_tables), _given(ctx.cu_seqlens_q),
-                                _given(ctx.context_lens), ctx.max_seqlen_q, self.scale,
-                                out=out.view(-1, self.num_heads, self.head_dim),
-                                k_scale=self.k_scale, v_scale=self.v_scale)
 
-    def _triton(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx,
-                kv_stored: bool) -> torch.Tensor:
-        from nanoserve.worker.kernels import paged_decode_attention, paged_prefill_attention, store_kvcache
+        paged_prefill_attention(
+            q.view(-1, self.num_heads, self.head_dim),
+            self.k_cache,
+            self.v_cache,
+            _given(ctx.block_tables),
+            _given(ctx.cu_seqlens_q),
+            _given(ctx.context_lens),
+            ctx.max_seqlen_q,
+            self.scale,
+            out=out.view(-1, self.num_heads, self.head_dim),
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
+        )
+
+    def _triton(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx, kv_stored: bool
+    ) -> torch.Tensor:
+        from nanoserve.worker.kernels import (
+            paged_decode_attention,
+            paged_prefill_attention,
+            store_kvcache,
+        )
+
         if not kv_stored:
-            store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, self.k_scale,
-                          self.v_scale)
+            store_kvcache(
+                k, v, self.k_cache, self.v_cache, ctx.slot_mapping, self.k_scale, self.v_scale
+            )
         if ctx.is_prefill:
-            return paged_prefill_attention(q, self.k_cache, self.v_cache, ctx.block_tables,
-                                           ctx.cu_seqlens_q, ctx.context_lens, ctx.max_seqlen_q,
-                                           self.scale, k_scale=self.k_scale, v_scale=self.v_scale)
-        return paged_decode_attention(q, self.k_cache, self.v_cache, ctx.block_tables,
-                                      ctx.context_lens, self.scale, k_scale=self.k_scale,
-                                      v_scale=self.v_scale)
+            return paged_prefill_attention(
+                q,
+                self.k_cache,
+                self.v_cache,
+                ctx.block_tables,
+                ctx.cu_seqlens_q,
+                ctx.context_lens,
+                ctx.max_seqlen_q,
+                self.scale,
+                k_scale=self.k_scale,
+                v_scale=self.v_scale,
+            )
+        return paged_decode_attention(
+            q,
+            self.k_cache,
+            self.v_cache,
+            ctx.block_tables,
+            ctx.context_lens,
+            self.scale,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
+        )
 
-    def _flash_attn(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx,
-                    kv_stored: bool) -> torch.Tensor:
+    def _flash_attn(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx, kv_stored: bool
+    ) -> torch.Tensor:
         # flash-attn's paged kernels read the same (num_blocks, block_size, Hkv, D) layout; they
         # need block_size % 256 == 0 (checked by ModelRunner)
         from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 
         from nanoserve.worker.kernels import store_kvcache
+
         if not kv_stored:
             store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
         if ctx.is_prefill:
-            return flash_attn_varlen_func(q, self.k_cache, self.v_cache,
-                                          cu_seqlens_q=ctx.cu_seqlens_q,
-                                          cu_seqlens_k=ctx.cu_seqlens_k,
-                                          max_seqlen_q=ctx.max_seqlen_q,
-                                          max_seqlen_k=ctx.max_seqlen_k, softmax_scale=self.scale,
-                                          causal=True, block_table=ctx.block_tables)
-        return flash_attn_with_kvcache(q.unsqueeze(1), self.k_cache, self.v_cache,
-                                       cache_seqlens=ctx.context_lens,
-                                       block_table=ctx.block_tables, softmax_scale=self.scale,
-                                       causal=True).squeeze(1)
+            return flash_attn_varlen_func(
+                q,
+                self.k_cache,
+                self.v_cache,
+                cu_seqlens_q=ctx.cu_seqlens_q,
+                cu_seqlens_k=ctx.cu_seqlens_k,
+                max_seqlen_q=ctx.max_seqlen_q,
+                max_seqlen_k=ctx.max_seqlen_k,
+                softmax_scale=self.scale,
+                causal=True,
+                block_table=ctx.block_tables,
+            )
+        return flash_attn_with_kvcache(
+            q.unsqueeze(1),
+            self.k_cache,
+            self.v_cache,
+            cache_seqlens=ctx.context_lens,
+            block_table=ctx.block_tables,
+            softmax_scale=self.scale,
+            causal=True,
+        ).squeeze(1)

@@ -4,6 +4,7 @@ Rank r holds rows [r * per_rank, (r + 1) * per_rank) of the (vocab, hidden) tabl
 ceil(vocab / tp_size); the last rank's rows past the vocabulary stay zero. ParallelLMHead
 all-gathers the logits, so EVERY rank gets the full (B, vocab) logits and can sample identically.
 """
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -13,15 +14,15 @@ from nanoserve.worker.layers.linear import check_shape, narrow, set_weight_loade
 
 
 class VocabParallelEmbedding(nn.Module):
-
     def __init__(self, num_embeddings: int, embedding_dim: int):
         super().__init__()
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
         self.num_embeddings = num_embeddings
         self.num_embeddings_per_partition = -(-num_embeddings // self.tp_size)
         self.vocab_start_idx = min(self.tp_rank * self.num_embeddings_per_partition, num_embeddings)
-        self.vocab_end_idx = min(self.vocab_start_idx + self.num_embeddings_per_partition,
-                                 num_embeddings)
+        self.vocab_end_idx = min(
+            self.vocab_start_idx + self.num_embeddings_per_partition, num_embeddings
+        )
         self.weight = nn.Parameter(torch.zeros(self.num_embeddings_per_partition, embedding_dim))
         set_weight_loader(self.weight, self.weight_loader)
 
@@ -47,5 +48,5 @@ class ParallelLMHead(VocabParallelEmbedding):
         # x: (B, hidden) -> (B, per_rank) -> gathered (B, vocab) on every rank
         logits = F.linear(x, self.weight)
         if self.tp_size > 1:
-            logits = all_gather(logits, dim=-1)[:, :self.num_embeddings]
+            logits = all_gather(logits, dim=-1)[:, : self.num_embeddings]
         return logits

@@ -1,5 +1,6 @@
 """RMSNorm, optionally fused with the residual add that precedes it in every decoder layer and,
 under tensor parallelism, with the all-reduce of the row-parallel layer before that add."""
+
 import torch
 from torch import nn
 
@@ -8,7 +9,6 @@ from nanoserve.worker.layers.linear import load_whole, set_weight_loader
 
 
 class RMSNorm(nn.Module):
-
     def __init__(self, hidden_size: int, eps: float = 1e-6, all_reduce_slot: int | None = None):
         super().__init__()
         self.eps = eps
@@ -18,17 +18,21 @@ class RMSNorm(nn.Module):
         # then this rank's partial sum. Consecutive such norms must use different slots (0, 1).
         self.all_reduce_slot = all_reduce_slot
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
-                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         # x: (..., hidden). With residual: x + residual is normalised and also returned as the new
         # residual stream. The statistics are taken in float32, as Hugging Face's Qwen3RMSNorm.
         if residual is not None and self.all_reduce_slot is not None:
-            fused = all_reduce_add_rms_norm(x, residual, self.weight, self.eps, self.all_reduce_slot)
+            fused = all_reduce_add_rms_norm(
+                x, residual, self.weight, self.eps, self.all_reduce_slot
+            )
             if fused is not None:
                 return fused
             x = all_reduce(x)
         if x.is_cuda:  # one Triton kernel instead of ~8 small torch ones
             from nanoserve.worker.kernels import fused_add_rms_norm, rms_norm
+
             if residual is None:
                 return rms_norm(x, self.weight, self.eps)
             return fused_add_rms_norm(x, residual, self.weight, self.eps)

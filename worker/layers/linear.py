@@ -4,6 +4,7 @@ Each parameter carries weight_loader(param, loaded_weight, shard_id=None), calle
 with the FULL checkpoint tensor or a lazy safetensors slice: it checks the full shape and reads only
 this rank's shard, so no rank ever holds the whole weight.
 """
+
 from collections.abc import Callable
 
 import torch
@@ -37,8 +38,10 @@ def narrow(loaded, dim: int, start: int, size: int) -> torch.Tensor:
 
 def check_shape(loaded, expected: tuple[int, ...]) -> None:
     if full_shape(loaded) != tuple(expected):
-        raise ValueError(f"shape mismatch: checkpoint has {list(full_shape(loaded))}, "
-                         f"the model expects {list(expected)}")
+        raise ValueError(
+            f"shape mismatch: checkpoint has {list(full_shape(loaded))}, "
+            f"the model expects {list(expected)}"
+        )
 
 
 def set_weight_loader(param: nn.Parameter, weight_loader: Callable[..., None]) -> None:
@@ -56,15 +59,21 @@ def load_whole(param: nn.Parameter, loaded, shard_id=None) -> None:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear, except one row times a weight of at most SKINNY_MAX_N rows on CUDA (batch-1 decode
     of qkv/o/down_proj), where worker.kernels.skinny_gemm streams W faster than cuBLAS's tiles."""
-    if (x.is_cuda and bias is None and x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1
-            and weight.shape[0] <= SKINNY_MAX_N):
+    if (
+        x.is_cuda
+        and bias is None
+        and x.dim() == 2
+        and x.shape[0] == 1
+        and x.stride(1) == 1
+        and weight.shape[0] <= SKINNY_MAX_N
+    ):
         from nanoserve.worker.kernels.skinny_gemm import skinny_gemm
+
         return skinny_gemm(x, weight)
     return F.linear(x, weight, bias)
 
 
 class LinearBase(nn.Module):
-
     def __init__(self, input_size: int, output_size: int, bias: bool = False):
         super().__init__()
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
@@ -101,8 +110,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False):
         tp_size = get_tp_world_size()
-        self.shard_sizes = [divide(size, tp_size, f"output_sizes[{i}]")
-                            for i, size in enumerate(output_sizes)]
+        self.shard_sizes = [
+            divide(size, tp_size, f"output_sizes[{i}]") for i, size in enumerate(output_sizes)
+        ]
         super().__init__(input_size, sum(output_sizes), bias)
 
     def weight_loader(self, param, loaded, shard_id=None):
@@ -117,8 +127,14 @@ class QKVParallelLinear(LinearBase):
     kv heads too when there are at least tp_size of them, otherwise each rank holds a copy of the
     one kv head its query heads attend to (head rank * total_num_kv_heads // tp_size)."""
 
-    def __init__(self, hidden_size: int, head_size: int, total_num_heads: int,
-                 total_num_kv_heads: int, bias: bool = False):
+    def __init__(
+        self,
+        hidden_size: int,
+        head_size: int,
+        total_num_heads: int,
+        total_num_kv_heads: int,
+        bias: bool = False,
+    ):
         tp_size, tp_rank = get_tp_world_size(), get_tp_rank()
         self.head_size, self.total_num_kv_heads = head_size, total_num_kv_heads
         self.num_heads = divide(total_num_heads, tp_size, "num_attention_heads")
@@ -127,8 +143,10 @@ class QKVParallelLinear(LinearBase):
         elif tp_size % total_num_kv_heads == 0:
             self.num_kv_heads = 1  # replicated
         else:
-            raise ValueError(f"tensor-parallel size ({tp_size}) must be a multiple of "
-                             f"num_key_value_heads ({total_num_kv_heads}) when it exceeds it")
+            raise ValueError(
+                f"tensor-parallel size ({tp_size}) must be a multiple of "
+                f"num_key_value_heads ({total_num_kv_heads}) when it exceeds it"
+            )
         self.kv_head_start = tp_rank * total_num_kv_heads // tp_size
         output_size = (self.num_heads + 2 * self.num_kv_heads) * head_size
         super().__init__(hidden_size, output_size, bias)
@@ -152,8 +170,9 @@ class RowParallelLinear(LinearBase):
     """y = x W^T with W's columns split across ranks: x arrives split by features (the output of a
     column-parallel layer), each rank computes a partial sum, and an all-reduce completes it."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False,
-                 reduce_results: bool = True):
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool = False, reduce_results: bool = True
+    ):
         super().__init__(divide(input_size, get_tp_world_size(), "input_size"), output_size, bias)
         # False: return this rank's partial sum; the caller all-reduces it (fused into the RMSNorm
         # that follows, worker.layers.layernorm)

@@ -1,4 +1,5 @@
 """Rotary position embedding (neox / Hugging Face rotate_half layout), applied to q and k."""
+
 import functools
 
 import torch
@@ -12,7 +13,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 @functools.cache
-def cos_sin_table(head_dim: int, max_position: int, base: float, device: torch.device) -> torch.Tensor:
+def cos_sin_table(
+    head_dim: int, max_position: int, base: float, device: torch.device
+) -> torch.Tensor:
     """(max_position, head_dim) fp32 [cos | sin], one per shape and device, shared by all layers."""
     inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
     freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
@@ -20,7 +23,6 @@ def cos_sin_table(head_dim: int, max_position: int, base: float, device: torch.d
 
 
 class RotaryEmbedding(nn.Module):
-
     def __init__(self, head_dim: int, max_position: int, base: float):
         super().__init__()
         if head_dim % 2:
@@ -32,8 +34,9 @@ class RotaryEmbedding(nn.Module):
     def cache_on(self, device: torch.device) -> torch.Tensor:
         return cos_sin_table(*self.key, torch.device(device))
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         # positions: (N,); q: (N, Hq, D); k: (N, Hkv, D). Positions must be < max_position.
         cos, sin = self.cache_on(positions.device)[positions].unsqueeze(1).chunk(2, dim=-1)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
