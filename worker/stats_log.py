@@ -23,6 +23,8 @@ class Load(NamedTuple):
     num_total_blocks: int
     prefix_cache_hit_rate: float
     num_preemptions: int
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache since start
+    prefix_cache_hits: int = 0  # of which were found there
 
 
 def format_stats(start: Load, end: Load) -> str:

@@ -114,3 +114,16 @@ def test_sampling_fields_cross_the_pipe_with_unset_kept():
     rebuilt = SamplingParams(**fields)
     assert rebuilt == sp
     assert rebuilt.unset == sp.unset and "temperature" in rebuilt.unset
+
+
+def test_the_load_report_fits_both_of_its_readers(core) -> None:
+    """EngineCore.load() crosses the pipe as a list; the stats line (Load) and the metrics
+    (WorkerLoad) both unpack it: a field added on one side only killed the engine at its first
+    step on the GPU run."""
+    from nanoserve.worker.metrics import WorkerLoad
+    from nanoserve.worker.stats_log import Load
+
+    _, _, c = core
+    report = c.load()
+    assert Load(*report).num_total_blocks == report[6] == NUM_BLOCKS
+    assert WorkerLoad.from_load(report, 0).num_total_blocks == NUM_BLOCKS
