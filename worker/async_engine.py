@@ -189,8 +189,15 @@ class AsyncEngine:
         self.flush_scheduled = False
         if not (self.adds or self.aborts or exit_) or self.error is not None:
             return
-        frame = engine_core.add_frame(self.adds, self.aborts, exit_)
-        self.adds, self.aborts = [], []
+        adds, self.adds, aborts, self.aborts = self.adds, [], self.aborts, []
+        try:
+            frame = engine_core.add_frame(adds, aborts, exit_)
+        except (TypeError, ValueError) as e:  # a value msgpack cannot carry: a bug, but one that
+            # must end these requests with an error rather than leave their streams hanging
+            logger.error("requests could not be sent to the engine core: %s", e)
+            for engine_id, *_ in adds:
+                self._on_refused(engine_id, f"could not be sent to the engine core: {e}")
+            frame = engine_core.add_frame([], aborts, exit_)
         try:
             self.to_core.send_bytes(frame)
         except OSError as e:  # the core is gone; the reader sees EOF and fails the streams

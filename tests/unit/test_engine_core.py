@@ -127,3 +127,30 @@ def test_the_load_report_fits_both_of_its_readers(core) -> None:
     report = c.load()
     assert Load(*report).num_total_blocks == report[6] == NUM_BLOCKS
     assert WorkerLoad.from_load(report, 0).num_total_blocks == NUM_BLOCKS
+
+
+def test_an_add_that_cannot_be_framed_ends_its_stream_instead_of_hanging() -> None:
+    """A value msgpack cannot pack (a bug) refuses that request; nothing waits forever."""
+    import asyncio
+
+    from nanoserve.worker.async_engine import AsyncEngine
+
+    class Sink:
+        def __init__(self) -> None:
+            self.frames: list[bytes] = []
+
+        def send_bytes(self, data: bytes) -> None:
+            self.frames.append(data)
+
+    async def main() -> None:
+        engine = AsyncEngine.__new__(AsyncEngine)  # only the flush path: no engine process
+        engine.adds, engine.aborts, engine.flush_scheduled, engine.error = [], [7], True, None
+        engine.streams, engine.by_request_id, engine.to_core = {}, {}, Sink()
+        ended = []
+        engine._on_refused = lambda engine_id, reason: ended.append((engine_id, reason))
+        engine.adds.append([3, [1, 2], {"temperature": frozenset()}])
+        engine._flush()
+        assert ended and ended[0][0] == 3 and "could not be sent" in ended[0][1]
+        assert engine_core.decode(engine.to_core.frames[0]) == [[], [7], False]  # aborts still go
+
+    asyncio.run(main())
