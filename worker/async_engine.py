@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from nanoserve.worker import engine_core
 from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.sampling_params import SamplingParams
+from nanoserve.worker.stats_log import Load
 
 logger = logging.getLogger(__name__)
 
@@ -113,9 +114,7 @@ class AsyncEngine:
         self.error: BaseException | None = None
         self.stopping = False  # the core was told to exit: its EOF is no failure
         self.num_finished = 0
-        # engine_core.load(): time, prompt tokens done, generated tokens, running, waiting, free
-        # blocks, total blocks, prefix hit rate, preemptions, prefix-cache queried and hit tokens
-        self.load: list = [time.monotonic(), 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0]
+        self.load = Load(time.monotonic(), 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0)  # the core's latest
         # (time, prompt tokens done, generated tokens) samples for the rates in GetLoad
         self.history: collections.deque = collections.deque(maxlen=64)
         loop.add_reader(self.from_core.fileno(), self._on_readable)
@@ -226,7 +225,7 @@ class AsyncEngine:
         self.ready.set_result(info)
 
     def _on_load(self, load: list) -> None:
-        self.load = load
+        self.load = Load(*load)
         self.history.append(load[:3])
 
     def _on_step(self, load: list, outputs: list) -> None:

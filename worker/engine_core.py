@@ -15,7 +15,7 @@ from multiprocessing.connection import Connection
 import msgpack
 
 from nanoserve.worker.config import WorkerConfig
-from nanoserve.worker.stats_log import StatsLogger
+from nanoserve.worker.stats_log import Load, StatsLogger
 
 logger = logging.getLogger(__name__)
 
@@ -67,21 +67,21 @@ class EngineCore:
             "device": str(e.model_runner.device),
         }
 
-    def load(self) -> list:
+    def load(self) -> Load:
         e, s, bm = self.engine, self.engine.scheduler, self.engine.block_manager
-        return [
-            time.monotonic(),
-            e.num_prompt_tokens_done,
-            e.num_generated_tokens,
-            len(s.running),
-            len(s.waiting),
-            bm.num_free_blocks,
-            bm.num_blocks,
-            bm.prefix_cache_hit_rate,
-            s.num_preemptions,
-            bm.num_queried_tokens,
-            bm.num_hit_tokens,
-        ]
+        return Load(
+            time=time.monotonic(),
+            num_prompt_tokens=e.num_prompt_tokens_done,
+            num_generated_tokens=e.num_generated_tokens,
+            num_running=len(s.running),
+            num_waiting=len(s.waiting),
+            num_free_blocks=bm.num_free_blocks,
+            num_total_blocks=bm.num_blocks,
+            prefix_cache_hit_rate=bm.prefix_cache_hit_rate,
+            num_preemptions=s.num_preemptions,
+            prefix_cache_queries=bm.num_queried_tokens,
+            prefix_cache_hits=bm.num_hit_tokens,
+        )
 
     def apply(self, data: bytes) -> None:
         from nanoserve.worker.sampling_params import SamplingParams

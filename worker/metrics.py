@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from nanoserve.metrics_endpoint import serve_metrics
+from nanoserve.worker.stats_log import Load
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,49 +30,19 @@ class WorkerLoad:
     num_finished: int
 
     @classmethod
-    def from_load(cls, load: list, num_finished: int) -> "WorkerLoad":
+    def from_load(cls, load: Load, num_finished: int) -> "WorkerLoad":
         """Reads an AsyncEngine's latest load report of the engine core process
         (engine_core.EngineCore.load: sent every step, and when the core goes idle)."""
-        (
-            _,
-            prompt_tokens,
-            generation_tokens,
-            running,
-            waiting,
-            free,
-            total,
-            _,
-            preemptions,
-            queried,
-            hits,
-        ) = load
         return cls(
-            num_running=running,
-            num_waiting=waiting,
-            num_free_blocks=free,
-            num_total_blocks=total,
-            prefix_cache_queries=queried,
-            prefix_cache_hits=hits,
-            num_preemptions=preemptions,
-            prompt_tokens=prompt_tokens,
-            generation_tokens=generation_tokens,
-            num_finished=num_finished,
-        )
-
-    @classmethod
-    def from_engine(cls, engine, num_finished: int) -> "WorkerLoad":
-        """Reads an LLMEngine's scheduler and block manager (plain ints: safe from any thread)."""
-        scheduler, blocks = engine.scheduler, engine.block_manager
-        return cls(
-            num_running=len(scheduler.running),
-            num_waiting=len(scheduler.waiting),
-            num_free_blocks=blocks.num_free_blocks,
-            num_total_blocks=blocks.num_blocks,
-            prefix_cache_queries=blocks.num_queried_tokens,
-            prefix_cache_hits=blocks.num_hit_tokens,
-            num_preemptions=scheduler.num_preemptions,
-            prompt_tokens=engine.num_prompt_tokens_done,
-            generation_tokens=engine.num_generated_tokens,
+            num_running=load.num_running,
+            num_waiting=load.num_waiting,
+            num_free_blocks=load.num_free_blocks,
+            num_total_blocks=load.num_total_blocks,
+            prefix_cache_queries=load.prefix_cache_queries,
+            prefix_cache_hits=load.prefix_cache_hits,
+            num_preemptions=load.num_preemptions,
+            prompt_tokens=load.num_prompt_tokens,
+            generation_tokens=load.num_generated_tokens,
             num_finished=num_finished,
         )
 

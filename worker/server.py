@@ -140,17 +140,17 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         """Queue lengths, KV blocks, prefix-cache hit rate and recent throughput, as of the engine
         core's latest frame (sent every step, and when it goes idle)."""
         a = self._ready()
-        running, waiting, free, total, hit_rate, preemptions = a.load[3:9]
+        load = a.load
         prompt_rate, gen_rate = a.rates()
         return worker_pb2.GetLoadResponse(
-            num_running=running,
-            num_waiting=waiting,
-            num_free_blocks=free,
-            num_total_blocks=total,
-            prefix_cache_hit_rate=hit_rate,
+            num_running=load.num_running,
+            num_waiting=load.num_waiting,
+            num_free_blocks=load.num_free_blocks,
+            num_total_blocks=load.num_total_blocks,
+            prefix_cache_hit_rate=load.prefix_cache_hit_rate,
             generation_tokens_per_s=gen_rate,
             prompt_tokens_per_s=prompt_rate,
-            num_preemptions=preemptions,
+            num_preemptions=load.num_preemptions,
             num_finished=a.num_finished,
         )
 

@@ -12,7 +12,8 @@ logger = logging.getLogger(__name__)
 
 
 class Load(NamedTuple):
-    """EngineCore.load()'s report, as it crosses the pipe (a list in this order)."""
+    """EngineCore.load()'s report: built by name in the core, it crosses the pipe as a msgpack array
+    and every reader (stats line, GetLoad, metrics) rebuilds it with Load(*report)."""
 
     time: float  # time.monotonic()
     num_prompt_tokens: int  # prefilled since start
@@ -23,8 +24,8 @@ class Load(NamedTuple):
     num_total_blocks: int
     prefix_cache_hit_rate: float
     num_preemptions: int
-    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache since start
-    prefix_cache_hits: int = 0  # of which were found there
+    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache since start
+    prefix_cache_hits: int  # of which were found there
 
 
 def format_stats(start: Load, end: Load) -> str:
@@ -50,10 +51,10 @@ class StatsLogger:
         self.interval_s = interval_s
         self.start: Load | None = None  # None: no window open (idle or off)
 
-    def begin(self, load: Callable[[], list]) -> None:
+    def begin(self, load: Callable[[], Load]) -> None:
         """Before a step: opens a window at load() when none is open (load is called only then)."""
         if self.interval_s and self.start is None:
-            self.start = Load(*load())
+            self.start = load()
 
     def idle_wait_s(self) -> float | None:
         """How long the idle engine may block before the open window's line is due (None: none open)."""
@@ -61,11 +62,10 @@ class StatsLogger:
             return None
         return max(0.0, self.start.time + self.interval_s - time.monotonic())
 
-    def observe(self, load: list) -> None:
+    def observe(self, end: Load) -> None:
         """After a step, or idle: logs the open window's line once it is interval_s old."""
         if self.start is None:
             return
-        end = Load(*load)
         if end.time - self.start.time < self.interval_s:
             return
         logger.info("%s", format_stats(self.start, end))

@@ -7,12 +7,12 @@ from nanoserve.worker.stats_log import Load, StatsLogger, format_stats
 LOGGER = "nanoserve.worker.stats_log"
 
 
-def load(t, prompt=0, generated=0, running=0, waiting=0, free=100, hit=0.0, preempted=0) -> list:
-    return [t, prompt, generated, running, waiting, free, 100, hit, preempted]
+def load(t, prompt=0, generated=0, running=0, waiting=0, free=100, hit=0.0, preempted=0) -> Load:
+    return Load(t, prompt, generated, running, waiting, free, 100, hit, preempted, 0, 0)
 
 
 def test_format_stats():
-    start = Load(*load(100.0, prompt=1000, generated=50))
+    start = load(100.0, prompt=1000, generated=50)
     end = Load(
         *load(
             110.0, prompt=3000, generated=1050, running=3, waiting=2, free=75, hit=0.4, preempted=1
