@@ -20,11 +20,12 @@ from statistics import median
 
 import grpc
 from nanoserve.benchmarks import loadgen, workload
-from nanoserve.benchmarks.shapes import SHAPES, write_shape_dir
 from nanoserve.benchmarks.offline import MARK
 from nanoserve.benchmarks.services import Service, tree_cpu_s
+from nanoserve.benchmarks.serving_report import summary
+from nanoserve.benchmarks.shapes import SHAPES, write_shape_dir
 from nanoserve.benchmarks.stats import summarize, summarize_by_bucket
-from nanoserve.config import add_config_args, config_argv, config_from_args, flag
+from nanoserve.config import add_config_args, config_argv, config_from_args
 from nanoserve.worker.config import EngineConfig
 
 SATURATED = 0.8  # CPU cores a load-generator process may use before it may be the bottleneck
@@ -369,42 +370,6 @@ def run(args: argparse.Namespace) -> dict:
             result["frontend"]["one_stream_ttft_ms"] - result["worker"]["one_stream_ttft_ms"], 2
         )
     return result
-
-
-def summary(r: dict) -> str:
-    lines = [
-        f"serving {r['model']} tp={r['tp']}: {r['requests']} requests, "
-        f"rate {r['request_rate']} req/s"
-    ]
-    if "offline" in r:
-        o = r["offline"]
-        lines.append(
-            f"  offline   {o['tok_s']:>10,.0f} tok/s   one stream "
-            f"{o['one_stream_ms_per_token']} ms/token, TTFT {o['one_stream_ttft_ms']} ms"
-        )
-    for t in ("frontend", "worker"):
-        if t not in r:
-            continue
-        x = r[t]
-        ratio = f" ({r[t + '_over_offline']} of offline)" if t + "_over_offline" in r else ""
-        lines.append(
-            f"  {t:<9} {x['tok_s']:>10,.0f} tok/s{ratio}   one stream "
-            f"{x.get('one_stream_ms_per_token')} ms/token, TTFT "
-            f"{x.get('one_stream_ttft_ms')} ms; errors {x['errors']}"
-        )
-        lines.append(f"    TTFT ms {x['ttft_ms']}")
-        lines.append(f"    ITL ms  {x['itl_ms']}")
-        for bucket, s in x["ttft_ms_by_prompt_len"].items():
-            lines.append(f"    TTFT ms, prompt {bucket}: {s}")
-        if x["loadgen"]["saturated"]:
-            lines.append(
-                "    WARNING: a load-generator process was near one core: raise --client-procs"
-            )
-        lines.append(
-            f"    load generator {x['loadgen']}; service CPU cores "
-            f"{x['service_cpu_cores']}; messages/token {x['messages_per_token']}"
-        )
-    return "\n".join(lines)
 
 
 def _terminate(signum, frame) -> None:
