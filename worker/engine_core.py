@@ -9,7 +9,6 @@ import logging
 import os
 import signal
 import threading
-import time
 from multiprocessing.connection import Connection
 
 import msgpack
@@ -68,20 +67,7 @@ class EngineCore:
         }
 
     def load(self) -> Load:
-        e, s, bm = self.engine, self.engine.scheduler, self.engine.block_manager
-        return Load(
-            time=time.monotonic(),
-            num_prompt_tokens=e.num_prompt_tokens_done,
-            num_generated_tokens=e.num_generated_tokens,
-            num_running=len(s.running),
-            num_waiting=len(s.waiting),
-            num_free_blocks=bm.num_free_blocks,
-            num_total_blocks=bm.num_blocks,
-            prefix_cache_hit_rate=bm.prefix_cache_hit_rate,
-            num_preemptions=s.num_preemptions,
-            prefix_cache_queries=bm.num_queried_tokens,
-            prefix_cache_hits=bm.num_hit_tokens,
-        )
+        return Load.of(self.engine)
 
     def apply(self, data: bytes) -> None:
         from nanoserve.worker.sampling_params import SamplingParams

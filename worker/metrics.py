@@ -5,6 +5,7 @@ the rest are `nanoserve:`. Every series carries the label model_name, as vLLM's 
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -45,6 +46,11 @@ class WorkerLoad:
             generation_tokens=load.num_generated_tokens,
             num_finished=num_finished,
         )
+
+    @classmethod
+    def from_engine(cls, engine: Any, num_finished: int) -> "WorkerLoad":
+        """Reads an LLMEngine in this process (the offline API, tests)."""
+        return cls.from_load(Load.of(engine), num_finished)
 
 
 class WorkerCollector(Collector):

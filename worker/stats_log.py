@@ -6,7 +6,7 @@ generation throughput over the interval, and the prefix-cache hit rate, from its
 import logging
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +26,24 @@ class Load(NamedTuple):
     num_preemptions: int
     prefix_cache_queries: int  # prompt tokens looked up in the prefix cache since start
     prefix_cache_hits: int  # of which were found there
+
+    @classmethod
+    def of(cls, engine: Any) -> "Load":
+        """Reads an LLMEngine's counters, scheduler and block manager (plain ints)."""
+        s, bm = engine.scheduler, engine.block_manager
+        return cls(
+            time=time.monotonic(),
+            num_prompt_tokens=engine.num_prompt_tokens_done,
+            num_generated_tokens=engine.num_generated_tokens,
+            num_running=len(s.running),
+            num_waiting=len(s.waiting),
+            num_free_blocks=bm.num_free_blocks,
+            num_total_blocks=bm.num_blocks,
+            prefix_cache_hit_rate=bm.prefix_cache_hit_rate,
+            num_preemptions=s.num_preemptions,
+            prefix_cache_queries=bm.num_queried_tokens,
+            prefix_cache_hits=bm.num_hit_tokens,
+        )
 
 
 def format_stats(start: Load, end: Load) -> str:
