@@ -13,7 +13,14 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from nanoserve.errors import InvalidArgument, ResourceExhausted, Unavailable, echo, grpc_errors
+from nanoserve.errors import (
+    InvalidArgument,
+    ResourceExhausted,
+    ServiceError,
+    Unavailable,
+    echo,
+    grpc_errors,
+)
 from nanoserve.grpc_options import server_options
 from nanoserve.model_files import tokenizer_digest
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
@@ -21,6 +28,12 @@ from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 from nanoserve.request_decoding import DecodeErrorInterceptor
 from nanoserve.worker.async_engine import AsyncEngine
 from nanoserve.worker.config import WorkerConfig
+from nanoserve.worker.request_log import (
+    CANCELLED_BY_CALLER,
+    SESSION_ENDED,
+    SHUTTING_DOWN,
+    log_request_end,
+)
 from nanoserve.worker.request_proto import sampling_params_from_proto, set_finish, stream_error
 from nanoserve.worker.session import WorkerSession, run_session
 from nanoserve.worker.validation import check_request_sizes, max_request_bytes
@@ -49,29 +62,38 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
     @grpc_errors
     async def GenerateTokens(self, request, context):
         """Stream the ids generated for one request; cancelling the call aborts it."""
-        engine = self._ready()
-        if engine.num_requests >= self.config.max_queued_requests:
-            raise ResourceExhausted(
-                f"{engine.num_requests} requests are in flight "
-                f"(max_queued_requests={self.config.max_queued_requests})"
-            )
-        check_request_sizes(request, engine.limits.max_model_len, self.config.max_stop_token_ids)
-        token_ids = list(request.prompt_token_ids)
         request_id = request.request_id or uuid.uuid4().hex
         try:
-            sp = sampling_params_from_proto(
-                request.sampling_params, len(token_ids), engine.limits.max_model_len
+            engine = self._ready()
+            if engine.num_requests >= self.config.max_queued_requests:
+                raise ResourceExhausted(
+                    f"{engine.num_requests} requests are in flight "
+                    f"(max_queued_requests={self.config.max_queued_requests})"
+                )
+            check_request_sizes(
+                request, engine.limits.max_model_len, self.config.max_stop_token_ids
             )
-            stream = engine.add(request_id, token_ids, sp)
-        except ValueError as e:
-            raise InvalidArgument(str(e)) from None
+            token_ids = list(request.prompt_token_ids)
+            try:
+                sp = sampling_params_from_proto(
+                    request.sampling_params, len(token_ids), engine.limits.max_model_len
+                )
+                stream = engine.add(request_id, token_ids, sp)
+            except ValueError as e:
+                raise InvalidArgument(str(e)) from None
+        except ServiceError as e:
+            log_request_end(request_id, e.code.name, str(e))
+            raise
+        ended: tuple[str, str] | None = None  # (code, why) once it ended without finishing
         try:
             while True:
                 if not stream.has_output:
                     await stream.event.wait()
                 stream.event.clear()
                 if stream.error is not None:
-                    raise stream_error(stream.error)
+                    error = stream_error(stream.error)
+                    ended = (error.code.name, str(error))
+                    raise error
                 response = worker_pb2.GenerateTokensResponse(token_ids=stream.ids)
                 stream.ids = []  # everything that arrived while the client was slow, in one message
                 if stream.finish is not None:
@@ -82,6 +104,13 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         finally:
             if stream.finish is None:  # cancelled, deadline, error, abort: free the blocks now
                 engine.release(stream)
+                if ended is None:
+                    ended = SHUTTING_DOWN if self.draining else ("CANCELLED", CANCELLED_BY_CALLER)
+                log_request_end(request_id, *ended)
+
+    def _session_ended(self) -> tuple[str, str]:
+        """(code, why) logged for the requests cut when a Session stream ends."""
+        return SHUTTING_DOWN if self.draining else SESSION_ENDED
 
     @grpc_errors
     async def Session(self, request_iterator, context):
@@ -94,7 +123,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         )
         self.sessions.add(session)
         try:
-            async for response in run_session(session, request_iterator):
+            async for response in run_session(session, request_iterator, self._session_ended):
                 yield response
         finally:
             self.sessions.discard(session)

@@ -16,6 +16,11 @@ from nanoserve.errors import (
 )
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.worker.async_engine import AsyncEngine, Collector, Stream
+from nanoserve.worker.request_log import (
+    CANCELLED_BY_CALLER,
+    SESSION_ENDED,
+    log_request_end,
+)
 from nanoserve.worker.request_proto import sampling_params_from_proto, set_finish, stream_error
 from nanoserve.worker.validation import DEFAULT_MAX_STOP_TOKEN_IDS, check_list_sizes
 
@@ -50,7 +55,8 @@ class WorkerSession:
         try:
             async for message in requests:
                 for request_id in message.aborts:
-                    self.abort(request_id)
+                    if self.abort(request_id):
+                        log_request_end(request_id, "CANCELLED", CANCELLED_BY_CALLER)
                 for add in message.adds:
                     self.add(add)
         finally:
@@ -94,6 +100,7 @@ class WorkerSession:
             self.timers[request_id] = self.loop.call_later(add.timeout_s, self.expire, request_id)
 
     def refuse(self, request_id: str, error: ServiceError) -> None:
+        log_request_end(request_id, error.code.name, str(error))
         self.refused.append(
             worker_pb2.SessionOutput(
                 request_id=request_id, error_code=error.code.value[0], error_message=str(error)
@@ -130,10 +137,11 @@ class WorkerSession:
         if self.abort(request_id):
             self.refuse(request_id, DeadlineExceeded("the request's timeout_s passed"))
 
-    def close(self) -> None:
-        """The stream ended: abort whatever still runs."""
+    def close(self, ended: tuple[str, str] = SESSION_ENDED) -> None:
+        """The stream ended: abort whatever still runs, each logged with `ended` (code, why)."""
         for request_id in list(self.live):
             self.abort(request_id)
+            log_request_end(request_id, *ended)
         if self.live or self.timers:  # pragma: no cover - abort() empties both
             raise AssertionError("session requests left behind")
 
@@ -147,8 +155,9 @@ class WorkerSession:
             out = outputs.add(request_id=stream.request_id, token_ids=stream.ids)
             stream.ids = []
             if stream.error is not None:
-                error = stream_error(stream.error)
+                error = stream_error(stream.error)  # an operator's Abort, the engine refused it
                 out.error_code, out.error_message = error.code.value[0], str(error)
+                log_request_end(stream.request_id, error.code.name, str(error))
             elif stream.finish is not None:
                 set_finish(out, stream.finish)
             else:
@@ -171,14 +180,17 @@ class WorkerSession:
 
 
 async def run_session(
-    session: WorkerSession, requests: AsyncIterator
+    session: WorkerSession,
+    requests: AsyncIterator,
+    why_closed: Callable[[], tuple[str, str]] = lambda: SESSION_ENDED,
 ) -> AsyncIterator[worker_pb2.SessionResponse]:
+    """`why_closed()`: (code, why) logged for each request still live when the stream ends."""
     reader = asyncio.create_task(session.read(requests), name="session-reader")
     try:
         async for response in session.responses():
             yield response
     finally:
         reader.cancel()
-        session.close()
+        session.close(why_closed())
         if not reader.done():
             await asyncio.gather(reader, return_exceptions=True)

@@ -158,3 +158,17 @@ def test_one_log_line_per_terminal_state(observed) -> None:
     assert lines["ops-stop"][0]["finish_reason"] == stopped.finish_reason
     assert lines["ops-invalid"][0]["completion_tokens"] == 0
     assert lines["ops-invalid"][0]["ttft_s"] is None
+    # the worker logs the requests it aborted under the id it was sent, the frontend's `id#n`
+    aborted = {"ops-cancel": ("CANCELLED",), "ops-deadline": ("DEADLINE_EXCEEDED", "CANCELLED")}
+    while time.monotonic() < deadline and not all(worker_lines(pair, r) for r in aborted):
+        time.sleep(0.1)
+    for request_id, codes in aborted.items():
+        found = worker_lines(pair, request_id)
+        assert len(found) == 1, (request_id, pair.worker.output(60))
+        assert found[0].split("' ", 1)[1].split(":")[0] in codes, found
+    assert worker_lines(pair, "ops-ok") == []  # a request that finished leaves no worker line
+
+
+def worker_lines(pair: Pair, request_id: str) -> list[str]:
+    """The worker's `request 'ID#n' CODE: why` lines for the frontend's request id ID."""
+    return [line for line in pair.worker.lines if f"request '{request_id}#" in line]
