@@ -3,7 +3,9 @@ its gRPC health, check a port is free before binding it. Used by `nanoserve serv
 benchmark; imports neither service.
 """
 
+import ctypes
 import errno
+import os
 import re
 import signal
 import socket
@@ -20,18 +22,46 @@ WORKER_SERVICE = "nanoserve.v1.WorkerService"
 FRONTEND_SERVICE = "nanoserve.v1.FrontendService"
 LISTENING = re.compile(r"(worker|frontend) listening on (\S+):(\d+)")
 STOP_TIMEOUT_S = 40.0  # per child: its own drain grace (30 s by default) plus some slack
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent_preexec() -> Callable[[], None] | None:
+    """A Popen preexec_fn (run in the child between fork and exec) that has the kernel send the
+    child SIGTERM when the thread that forked it ends: a SIGKILLed `nanoserve serve` takes its
+    services with it, and they drain and close their ports as on `serve`'s own SIGTERM. The
+    signal follows the forking *thread*: fork from one that lives as long as the process.
+    None where prctl does not exist (not Linux)."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before fork, not in the child
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        if os.getppid() != parent:  # the parent died before prctl: no signal will ever come
+            os._exit(1)
+
+    return preexec
 
 
 class Child:
-    """A service process whose stdout is copied to ours, watching for its "listening on" line."""
+    """A service process whose stdout is copied to ours, watching for its "listening on" line.
+    It gets SIGTERM when the thread that made it ends (build it on the main thread): a parent
+    killed by any means leaves no service behind."""
 
     def __init__(self, name: str, argv: list[str]) -> None:
         self.name = name
         self.address: str | None = None
         self.listening = threading.Event()
         self.process = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True
-        )  # signals come from us, in order
+            argv,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            start_new_session=True,  # signals come from us, in order
+            preexec_fn=die_with_parent_preexec(),  # noqa: PLW1509 - only prctl and getppid
+        )
         threading.Thread(target=self._relay, args=(self.process.stdout,), daemon=True).start()
 
     def _relay(self, stream: IO[str]) -> None:

@@ -1,18 +1,22 @@
-"""The `nanoserve` console script end to end: `serve --port 0` runs a worker and a frontend, says where
-it serves, `generate` streams text from it, and SIGTERM stops it with exit 0 and no child left.
+"""The `nanoserve` console script end to end: `serve --port 0` runs a worker and a frontend, says
+where it serves, `generate` streams text from it, SIGTERM stops it with exit 0 and no child left,
+and a SIGKILLed `serve` takes its services with it.
 """
 
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from nanoserve.client import Client
+from nanoserve.process import check_port_free
 from tests.e2e.conftest import BLOCK_SIZE, REPO_ROOT, Service, cmdline, descendant_pids, pid_running
 
 pytestmark = pytest.mark.e2e
@@ -88,3 +92,56 @@ def test_serve_generate_and_sigterm(tiny_model_dir: Path, services) -> None:
                 for name in ("-m nanoserve.worker", "-m nanoserve.frontend", "multiprocessing")
             ):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_sigkilled_serve_takes_its_services_with_it(tiny_model_dir: Path) -> None:
+    """The kernel signals each service when `serve` dies (PR_SET_PDEATHSIG): no process is left
+    running and both ports can be bound again."""
+    port, worker_port = free_port(), free_port()
+    serve = Service(
+        "nanoserve serve",
+        [
+            *nanoserve(),
+            "serve",
+            "--port",
+            str(port),
+            "--worker-port",
+            str(worker_port),
+            "--model",
+            str(tiny_model_dir),
+            "--device",
+            "cpu",
+            "--kvcache-block-size",
+            str(BLOCK_SIZE),
+            "--num-kvcache-blocks",
+            "128",
+        ],
+        listening=SERVING,
+    )
+    children: list[int] = []
+    try:
+        serve.wait_listening()
+        children = descendant_pids(serve.pid)  # worker, frontend, the engine core
+        assert len(children) >= 3, [cmdline(pid) for pid in children]
+        assert serve.kill() == -signal.SIGKILL
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(pid_running(pid) for pid in children):
+            time.sleep(0.1)
+        assert not [cmdline(pid) for pid in children if pid_running(pid)]
+        check_port_free("127.0.0.1", port)  # raises ValueError while a process still binds it
+        check_port_free("127.0.0.1", worker_port)
+    finally:
+        if serve.alive():
+            serve.kill()
+        for pid in children:
+            if pid_running(pid) and any(
+                name in cmdline(pid)
+                for name in ("-m nanoserve.worker", "-m nanoserve.frontend", "multiprocessing")
+            ):
+                os.kill(pid, signal.SIGKILL)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
