@@ -6,76 +6,7 @@ apply), `nanoserve:` otherwise; every series carries the label model_name, as vL
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from nanoserve.frontend.request_log import RequestRecord
-
-# vLLM's buckets for the latency histograms (seconds)
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
-ITL_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-E2E_BUCKETS = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-)
+from nanoserve.metric_buckets import E2E_BUCKETS, FRONTEND_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
 
 
 class FrontendMetrics:
@@ -131,6 +62,14 @@ class FrontendMetrics:
             buckets=E2E_BUCKETS,
             registry=r,
         )
+        self.frontend_latency = Histogram(
+            "nanoserve:frontend_latency_seconds",
+            "The frontend's own part of a request's latency: arrival to the request sent to the "
+            "worker (tokenize, chat template, validate)",
+            m,
+            buckets=FRONTEND_BUCKETS,
+            registry=r,
+        )
         self.in_flight = Gauge(
             "nanoserve:frontend_requests_in_flight",
             "Generate/Chat calls in flight on the frontend",
@@ -165,5 +104,7 @@ class FrontendMetrics:
                 child(self.admission_refusals).inc()
         if record.ttft is not None:
             child(self.ttft).observe(record.ttft)
+        if record.frontend_latency is not None:
+            child(self.frontend_latency).observe(record.frontend_latency)
         if record.inter_token_latency is not None:
             child(self.itl).observe(record.inter_token_latency)

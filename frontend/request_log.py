@@ -6,6 +6,7 @@ final status, and hands it to the servicer's `request_sinks` (the log line, the 
 """
 
 import asyncio
+import contextvars
 import functools
 import json
 import logging
@@ -40,6 +41,7 @@ class RequestRecord:
     cached_tokens: int = 0
     first_token_at: float | None = None
     last_token_at: float | None = None
+    sent_at: float | None = None  # handed to the worker: the frontend's own latency ends here
     end: float | None = None
 
     def add(self, response: Any) -> None:
@@ -65,6 +67,11 @@ class RequestRecord:
         return (self.end if self.end is not None else time.perf_counter()) - self.start
 
     @property
+    def frontend_latency(self) -> float | None:
+        """Arrival to the worker request sent (tokenize, template, validate); None if never sent."""
+        return None if self.sent_at is None else self.sent_at - self.start
+
+    @property
     def inter_token_latency(self) -> float | None:
         """Mean time between tokens after the first (None with fewer than 2 tokens)."""
         if self.first_token_at is None or self.last_token_at is None or self.completion_tokens < 2:
@@ -73,6 +80,17 @@ class RequestRecord:
 
 
 RequestSink = Callable[[RequestRecord], None]
+# the record of the call this task serves (each grpc.aio call runs in its own task)
+_current: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
+    "nanoserve_request_record", default=None
+)
+
+
+def mark_sent_to_worker() -> None:
+    """Called as the request goes to the worker: ends the frontend's own part of its latency."""
+    record = _current.get()
+    if record is not None and record.sent_at is None:
+        record.sent_at = time.perf_counter()
 
 
 class RequestLog:
@@ -87,7 +105,7 @@ class RequestLog:
         ttft = record.ttft
         if self.log_format == "json":
             fields = asdict(record)
-            for name in ("start", "first_token_at", "last_token_at", "end"):
+            for name in ("start", "first_token_at", "last_token_at", "sent_at", "end"):
                 del fields[name]
             fields.update(
                 event="request_end",
@@ -128,6 +146,7 @@ def recorded(handler: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncI
         if not request.request_id:
             request.request_id = uuid.uuid4().hex
         record = RequestRecord(request.request_id, method, context.peer())
+        _current.set(record)
         if _metadata_safe(request.request_id):
             context.set_trailing_metadata(((REQUEST_ID_METADATA, request.request_id),))
         try:

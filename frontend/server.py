@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha import reflection
 
 from nanoserve.frontend.config import FrontendConfig
 from nanoserve.frontend.detokenizer import Detokenizer
-from nanoserve.frontend.request_log import RequestLog, RequestSink, recorded
+from nanoserve.frontend.request_log import RequestLog, RequestSink, mark_sent_to_worker, recorded
 from nanoserve.frontend.tokenizer import Tokenizer
 from nanoserve.frontend.validation import (
     Limits,
@@ -226,6 +226,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         await self.link.check_connected()
         session = self.link.session
         pending = session.start(worker_request, timeout)
+        mark_sent_to_worker()
         completion_tokens = 0
         try:
             while True:

@@ -13,11 +13,15 @@ import multiprocessing as mp
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from nanoserve.worker import engine_core
 from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.sampling_params import SamplingParams
 from nanoserve.worker.stats_log import Load
+
+if TYPE_CHECKING:
+    from nanoserve.worker.metrics import EngineHistograms
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +49,9 @@ class Finish:
     completion_tokens: int
     cached_tokens: int
     stop_token_id: int | None
+    queue_s: float = 0.0  # arrival -> first scheduled, in the engine core
+    prefill_s: float = 0.0  # first scheduled -> first token
+    decode_s: float = 0.0  # first token -> finish
 
 
 @dataclass(eq=False, slots=True)
@@ -114,6 +121,7 @@ class AsyncEngine:
         self.error: BaseException | None = None
         self.stopping = False  # the core was told to exit: its EOF is no failure
         self.num_finished = 0
+        self.histograms: "EngineHistograms | None" = None  # set when /metrics is served
         self.load = Load(time.monotonic(), 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0)  # the core's latest
         # (time, prompt tokens done, generated tokens) samples for the rates in GetLoad
         self.history: collections.deque = collections.deque(maxlen=64)
@@ -228,8 +236,20 @@ class AsyncEngine:
         self.load = Load(*load)
         self.history.append(load[:3])
 
-    def _on_step(self, load: list, outputs: list) -> None:
+    def _on_step(self, load: list, outputs: list, step_s: float = 0.0) -> None:
+        previous = self.load
         self._on_load(load)
+        histograms = self.histograms
+        if histograms is not None:  # a few observations per step, none per token
+            current = self.load
+            histograms.observe_step(
+                len(outputs),
+                current.num_prompt_tokens
+                - previous.num_prompt_tokens
+                + current.num_generated_tokens
+                - previous.num_generated_tokens,
+                step_s,
+            )
         streams, touched = self.streams, set()
         for engine_id, ids, finish in outputs:
             stream = streams.get(engine_id)
@@ -240,6 +260,8 @@ class AsyncEngine:
                 stream.finish = Finish(*finish)
                 self._forget(stream)
                 self.num_finished += 1
+                if histograms is not None:
+                    histograms.observe_finish(stream.finish)
             if stream.owner is None:
                 stream.event.set()
             else:

@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from multiprocessing.connection import Connection
 
 import msgpack
@@ -105,13 +106,15 @@ class EngineCore:
                 self.stats.observe(self.load())  # the last window of a burst of work
                 continue
             self.stats.begin(self.load)  # a load report only when a window opens
+            started = time.perf_counter()
             outputs = engine.step()
+            step_s = time.perf_counter() - started
             out = [
                 [o.seq.request_id, o.new_token_ids, _finish(o.seq) if o.finished else None]
                 for o in outputs
             ]
             load = self.load()
-            self.send([STEP, load, out])
+            self.send([STEP, load, out, step_s])
             self.load_dirty = False
             self.stats.observe(load)
 
@@ -127,13 +130,15 @@ class EngineCore:
 
 
 def _finish(seq) -> list:
-    """[finish reason, prompt tokens, completion tokens, cached tokens, stop token id or None]"""
+    """[finish reason, prompt tokens, completion tokens, cached tokens, stop token id or None,
+    queue s, prefill s, decode s] (async_engine.Finish)"""
     return [
         seq.finish_reason.value,
         seq.num_prompt_tokens,
         seq.num_completion_tokens,
         seq.num_cached_tokens,
         seq.stop_token_id,
+        *seq.timings(),
     ]
 
 

@@ -1,17 +1,26 @@
-"""The worker's Prometheus metrics, read when /metrics is scraped from the latest load report of the
-engine core process (AsyncEngine.load; no cost between scrapes). Names are vLLM's where vLLM has the metric, so its dashboards and alerts apply;
-the rest are `nanoserve:`. Every series carries the label model_name, as vLLM's do.
+"""The worker's Prometheus metrics: gauges and counters read when /metrics is scraped from the
+latest load report of the engine core process (AsyncEngine.load; no cost between scrapes), and
+histograms observed per engine step and per finished request as its frames arrive (EngineHistograms).
+Names are vLLM's where vLLM has the metric, so its dashboards and alerts apply; the rest are
+`nanoserve:`. Every series carries the label model_name, as vLLM's do.
 """
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from nanoserve.metric_buckets import (
+    BATCH_SIZE_BUCKETS,
+    E2E_BUCKETS,
+    ITERATION_TOKEN_BUCKETS,
+    STEP_BUCKETS,
+)
 from nanoserve.metrics_endpoint import serve_metrics
+from nanoserve.worker.async_engine import Finish
 from nanoserve.worker.stats_log import Load
 
 
@@ -107,6 +116,58 @@ class WorkerCollector(Collector):
             yield counter
 
 
+class EngineHistograms:
+    """Observed on the event loop as the engine core's STEP frames arrive (AsyncEngine._on_step):
+    three observations per step, three per finished request; prometheus_client locks each against
+    the scrape thread."""
+
+    def __init__(self, model_name: str, registry: CollectorRegistry) -> None:
+        def histogram(name: str, doc: str, buckets: tuple) -> Any:
+            family = Histogram(name, doc, ["model_name"], buckets=buckets, registry=registry)
+            return family.labels(model_name)  # the child: observe() without a label lookup
+
+        self.queue = histogram(
+            "vllm:request_queue_time_seconds",
+            "Arrival at the engine core to first scheduled, per finished request",
+            E2E_BUCKETS,
+        )
+        self.prefill = histogram(
+            "vllm:request_prefill_time_seconds",
+            "First scheduled to first token (all prompt chunks), per finished request",
+            E2E_BUCKETS,
+        )
+        self.decode = histogram(
+            "vllm:request_decode_time_seconds",
+            "First token to finish, per finished request",
+            E2E_BUCKETS,
+        )
+        self.iteration_tokens = histogram(
+            "vllm:iteration_tokens_total",
+            "Tokens computed per engine step (prompt tokens prefilled + tokens sampled)",
+            ITERATION_TOKEN_BUCKETS,
+        )
+        self.batch_size = histogram(
+            "nanoserve:batch_size",
+            "Sequences that sampled a token, per engine step",
+            BATCH_SIZE_BUCKETS,
+        )
+        self.step_time = histogram(
+            "nanoserve:engine_step_duration_seconds",
+            "Duration of one engine step (schedule, forward, sample, postprocess)",
+            STEP_BUCKETS,
+        )
+
+    def observe_step(self, num_seqs: int, num_tokens: int, step_s: float) -> None:
+        self.batch_size.observe(num_seqs)
+        self.iteration_tokens.observe(num_tokens)
+        self.step_time.observe(step_s)
+
+    def observe_finish(self, finish: Finish) -> None:
+        self.queue.observe(finish.queue_s)
+        self.prefill.observe(finish.prefill_s)
+        self.decode.observe(finish.decode_s)
+
+
 def worker_registry(model_name: str, read: Callable[[], WorkerLoad | None]) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(WorkerCollector(model_name, read))
@@ -124,4 +185,6 @@ def serve_worker_metrics(servicer, model_name: str, port: int, host: str) -> obj
             return None
         return WorkerLoad.from_load(engine.load, engine.num_finished)
 
-    return serve_metrics(worker_registry(model_name, read), port, host)
+    registry = worker_registry(model_name, read)
+    servicer.histograms = EngineHistograms(model_name, registry)  # handed to the engine once loaded
+    return serve_metrics(registry, port, host)

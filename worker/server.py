@@ -48,6 +48,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         self.engine: AsyncEngine | None = None  # set once the model is loaded
         self.draining = False
         self.sessions: set[WorkerSession] = set()  # open Session streams, for Abort
+        self.histograms = None  # worker.metrics.EngineHistograms, when /metrics is served
         self.digest = tokenizer_digest(config.model) if config.model else ""
 
     def _ready(self) -> AsyncEngine:
@@ -233,6 +234,7 @@ async def serve(config: WorkerConfig) -> int:
         await engine.stop()
         return 1
     servicer.engine = engine
+    engine.histograms = servicer.histograms
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     logger.info("serving %s (%d KV blocks)", config.model, engine.info["num_kvcache_blocks"])

@@ -97,6 +97,24 @@ def test_metrics_move_by_what_the_workload_implies(observed) -> None:
     assert value(after_w, "vllm:num_requests_waiting") == 0
     assert value(after_w, "nanoserve:worker_ready") == 1
     assert value(after_f, "nanoserve:frontend_requests_in_flight") == 0
+    # the frontend's own latency: once per request it sent to the worker (all five)
+    assert delta(after_f, before_f, "nanoserve:frontend_latency_seconds_count") == 5
+
+    # the engine's histograms: one sample per finished request for each phase ...
+    for phase in ("queue", "prefill", "decode"):
+        assert delta(after_w, before_w, f"vllm:request_{phase}_time_seconds_count") == 4, phase
+    # ... and one per engine step: every token computed lands in some step, and every sequence
+    # that sampled a token in a step counts once in that step's batch size
+    steps = delta(after_w, before_w, "nanoserve:engine_step_duration_seconds_count")
+    assert steps >= 8  # the longest request alone sampled 8 tokens, one per step
+    assert delta(after_w, before_w, "vllm:iteration_tokens_total_count") == steps
+    assert delta(after_w, before_w, "nanoserve:batch_size_count") == steps
+    worker_generated = delta(after_w, before_w, "vllm:generation_tokens_total")
+    assert delta(after_w, before_w, "vllm:iteration_tokens_total_sum") == worker_generated + delta(
+        after_w, before_w, "vllm:prompt_tokens_total"
+    )
+    assert delta(after_w, before_w, "nanoserve:batch_size_sum") == worker_generated
+    assert delta(after_w, before_w, "nanoserve:engine_step_duration_seconds_sum") > 0
 
 
 def request_lines(pair: Pair) -> dict[str, list[dict]]:

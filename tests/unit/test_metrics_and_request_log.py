@@ -15,7 +15,8 @@ from nanoserve.frontend.metrics import FrontendMetrics
 from nanoserve.frontend.request_log import RequestLog, RequestRecord, recorded
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
-from nanoserve.worker.metrics import WorkerLoad, worker_registry
+from nanoserve.worker.async_engine import Finish
+from nanoserve.worker.metrics import EngineHistograms, WorkerLoad, worker_registry
 
 
 def samples(registry) -> dict[tuple[str, tuple], float]:
@@ -41,6 +42,7 @@ def finished_record(tokens: int = 4, reason: int = common_pb2.FINISH_REASON_LENG
         record.add(response([i]))
     record.add(response([9], reason, prompt=7, completion=tokens))
     record.first_token_at, record.last_token_at, record.end = 0.5, 0.8, 1.0
+    record.sent_at = 0.002
     record.code = "OK"
     return record
 
@@ -73,6 +75,27 @@ def test_frontend_metrics_move_by_what_the_requests_imply() -> None:
     assert got[("vllm:inter_token_latency_seconds_count", (M,))] == 3  # >= 2 tokens
     assert got[("vllm:inter_token_latency_seconds_sum", (M,))] == pytest.approx(2 * 0.1, abs=0.05)
     assert got[("nanoserve:frontend_requests_in_flight", (M,))] == 3
+    # the frontend's own latency: once per request sent to the worker (not the refusal)
+    assert got[("nanoserve:frontend_latency_seconds_count", (M,))] == 3
+    assert got[("nanoserve:frontend_latency_seconds_sum", (M,))] == pytest.approx(3 * 0.002)
+
+
+def test_engine_histograms_per_step_and_per_finished_request() -> None:
+    registry = worker_registry("tiny", lambda: None)
+    histograms = EngineHistograms("tiny", registry)
+    histograms.observe_step(num_seqs=3, num_tokens=40, step_s=0.02)  # a prefill of 37 + 3 decodes
+    histograms.observe_step(num_seqs=4, num_tokens=4, step_s=0.004)
+    histograms.observe_finish(Finish("length", 7, 5, 0, None, 0.1, 0.2, 0.5))
+    got = samples(registry)
+    assert got[("vllm:iteration_tokens_total_count", (M,))] == 2
+    assert got[("vllm:iteration_tokens_total_sum", (M,))] == 44
+    assert got[("vllm:iteration_tokens_total_bucket", (("le", "32.0"), M))] == 1
+    assert got[("nanoserve:batch_size_sum", (M,))] == 7
+    assert got[("nanoserve:engine_step_duration_seconds_sum", (M,))] == pytest.approx(0.024)
+    assert got[("nanoserve:engine_step_duration_seconds_bucket", (("le", "0.005"), M))] == 1
+    for phase, seconds in (("queue", 0.1), ("prefill", 0.2), ("decode", 0.5)):
+        assert got[(f"vllm:request_{phase}_time_seconds_count", (M,))] == 1
+        assert got[(f"vllm:request_{phase}_time_seconds_sum", (M,))] == pytest.approx(seconds)
 
 
 def test_worker_metrics_read_the_engine_at_scrape_time() -> None:

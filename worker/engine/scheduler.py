@@ -6,6 +6,7 @@ chunks of long ones, recomputes after preemption) in the same forward, so arriva
 running streams. A step without prompts is a pure decode step (the runner's CUDA graphs).
 """
 
+import time
 from collections import deque
 
 from nanoserve.worker.engine.block_manager import BlockManager, blocks_for
@@ -75,6 +76,8 @@ class Scheduler:
             if not seq.block_table and not self.block_manager.allocate(seq):
                 break
             seq.num_scheduled_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
             budget -= seq.num_scheduled_tokens
             scheduled.append(seq)
             if not seq.samples_this_step:
@@ -121,6 +124,7 @@ class Scheduler:
     def postprocess(self, seqs: list[Sequence], token_ids: list[int | None]) -> None:
         """Account for the step's work, append the sampled tokens, finish what stopped."""
         num_finished = 0
+        now = time.monotonic()  # one clock read per step, for the sequences' phase marks
         for seq, token_id in zip(seqs, token_ids):
             seq.num_computed_tokens += seq.num_scheduled_tokens
             seq.num_scheduled_tokens = 0
@@ -128,9 +132,12 @@ class Scheduler:
             if seq.num_computed_tokens < len(seq.token_ids):
                 continue  # a non-final prefill chunk samples nothing
             assert token_id is not None  # ModelRunner.run samples every row that reached its end
+            if seq.first_token_time is None:
+                seq.first_token_time = now
             seq.append_token(token_id)
             reason = self._stop_reason(seq, token_id)
             if reason is not None:
+                seq.finished_time = now
                 self._end(seq, reason)
                 num_finished += 1
         if num_finished:  # one pass over `running`, not one removal per finished sequence

@@ -3,6 +3,7 @@
 Created by LLMEngine.add_request, moved between queues by the Scheduler, read by the ModelRunner.
 """
 
+import time
 from enum import Enum, auto
 from itertools import count
 
@@ -43,6 +44,11 @@ class Sequence:
         self.finish_reason: FinishReason | None = None
         self.stop_token_id: int | None = None
         self.num_emitted = 0  # completion tokens already handed to the caller
+        # time.monotonic() marks for the queue / prefill / decode time histograms (worker.metrics)
+        self.arrival_time = time.monotonic()
+        self.first_scheduled_time: float | None = None  # its first prompt chunk was scheduled
+        self.first_token_time: float | None = None  # its first completion token was sampled
+        self.finished_time: float | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -71,6 +77,15 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+
+    def timings(self) -> tuple[float, float, float]:
+        """(queue, prefill, decode) seconds of a finished sequence: arrival -> first scheduled ->
+        first token -> finish (vLLM's request phases; a preempted sequence keeps its first
+        marks)."""
+        scheduled = self.first_scheduled_time or self.arrival_time
+        first_token = self.first_token_time or scheduled
+        end = self.finished_time or first_token
+        return scheduled - self.arrival_time, first_token - scheduled, end - first_token
 
     def take_new_tokens(self) -> list[int]:
         """Completion tokens not yet handed to the caller."""
