@@ -128,15 +128,33 @@ def _worker(rank: int, world_size: int, port: int, args) -> None:
     dist.destroy_process_group()
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        prog="python -m nanoserve.benchmarks.allreduce", description=__doc__
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nanoserve bench allreduce", description=__doc__)
+    p.add_argument("--world-size", type=int, default=2, help="ranks, one GPU each (default: 2)")
+    p.add_argument(
+        "--hidden",
+        type=int,
+        default=4096,
+        help="hidden size: bf16 values in one row of a message (default: 4096)",
     )
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--hidden", type=int, default=4096)
-    p.add_argument("--rows", type=int, nargs="*", default=[1, 4, 16, 64, 256])
-    p.add_argument("--max-rows", type=int, default=256)
-    args = p.parse_args(argv)
+    p.add_argument(
+        "--rows",
+        type=int,
+        nargs="*",
+        default=[1, 4, 16, 64, 256],
+        help="message sizes timed, in rows (tokens) (default: 1 4 16 64 256)",
+    )
+    p.add_argument(
+        "--max-rows",
+        type=int,
+        default=256,
+        help="rows the symmetric-memory buffer and the fused kernel are sized for (default: 256)",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     from nanoserve.worker.engine.tp import free_port
 
     mp.spawn(_worker, args=(args.world_size, free_port(), args), nprocs=args.world_size)

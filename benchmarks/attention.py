@@ -4,6 +4,8 @@ nanoserve.benchmarks.attention`.
 Decode is bound by K/V bytes, so it reports achieved GB/s (K/V bytes read / median time); prefill reports TFLOP/s.
 """
 
+import argparse
+
 import torch
 import triton
 
@@ -132,7 +134,16 @@ def sweep_small_batch_splits() -> None:
             print(f"decode graph B={batch} ctx={context} Hq={hq} Hkv={hkv} us by splits  {row}")
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        prog="nanoserve bench attention",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # no flags: it sweeps a fixed grid of batches, contexts and head counts
+
+
+def main(argv: list[str] | None = None) -> None:
+    build_parser().parse_args(argv)
     torch.manual_seed(0)
     sweep_small_batch_splits()
     for hq in (16, 32):  # Qwen3-0.6B, Qwen3-8B

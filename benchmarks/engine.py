@@ -6,6 +6,7 @@ Without --model the engine runs random weights (load_format=dummy) of a named Qw
 """
 
 import argparse
+import importlib
 import json
 import random
 import sys
@@ -219,11 +220,27 @@ def bench_scheduler(args) -> dict:
     return dict(running=len(seqs), ms_per_step=round(1000 * dt, 4))
 
 
+# `nanoserve bench NAME ...`: the benchmarks with their own flags -> (module, what it measures)
+BENCHMARKS = {
+    "serving": ("serving", "the gRPC path (worker, frontend) against the offline engine"),
+    "attention": ("attention", "decode and prefill attention kernels (GPU)"),
+    "gemm": ("gemm", "small-M linear layers: cuBLAS against the skinny GEMM kernel (GPU)"),
+    "allreduce": ("allreduce", "tensor-parallel all-reduce: NCCL against one-shot (GPUs)"),
+    "roofline": ("roofline", "each step's bytes and FLOPs against the H200's bounds"),
+    "prefill-step": ("prefill", "host against GPU time of one prefill step, TTFT by length"),
+    "metrics-cost": ("metrics_cost", "what recording a request and a /metrics scrape cost"),
+    "sampling-step-cost": ("sampling_step_cost", "host cost of a step's sampling inputs"),
+    "step-mailbox": ("step_mailbox", "host cost of the tensor-parallel step mailbox"),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="nanoserve bench",
         description=__doc__,
-        epilog="`nanoserve bench serving --help`: the served benchmark.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="more benchmarks, each with its own flags (`nanoserve bench NAME --help`):\n"
+        + "\n".join(f"  {name:<19} {what}" for name, (_, what) in BENCHMARKS.items()),
     )
     p.add_argument(
         "what",
@@ -306,10 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "serving":  # the gRPC path against offline: its own flags
-        from nanoserve.benchmarks.serving import main as serving_main
-
-        return serving_main(argv[1:])
+    if argv and argv[0] in BENCHMARKS:  # its own module and flags (torch only where it needs it)
+        module = importlib.import_module(f"nanoserve.benchmarks.{BENCHMARKS[argv[0]][0]}")
+        return module.main(argv[1:])
     args = build_parser().parse_args(argv)
     from nanoserve.log import setup_logging
 

@@ -141,14 +141,30 @@ def bench_shape(shape: str, m: int, n: int, k: int, sweep: bool) -> dict:
     return row
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m nanoserve.benchmarks.gemm", description=__doc__)
-    p.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
-    p.add_argument("--m", type=int, nargs="*", default=[1, 2, 4, 8])
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nanoserve bench gemm", description=__doc__)
+    p.add_argument(
+        "--shapes",
+        nargs="*",
+        default=list(SHAPES),
+        choices=list(SHAPES),
+        help="model shapes whose linear layers are timed (default: all)",
+    )
+    p.add_argument(
+        "--m",
+        type=int,
+        nargs="*",
+        default=[1, 2, 4, 8],
+        help="rows (tokens) of the activations timed (default: 1 2 4 8)",
+    )
     p.add_argument(
         "--sweep", action="store_true", help="also time the candidate tiles (not LM heads)"
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     torch.manual_seed(0)
     rows = []
     for shape in args.shapes:

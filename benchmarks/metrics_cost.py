@@ -38,13 +38,22 @@ def per_call_us(fn, n: int) -> float:
     return 1e6 * (time.perf_counter() - start) / n
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        prog="python -m nanoserve.benchmarks.metrics_cost", description=__doc__
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nanoserve bench metrics-cost", description=__doc__)
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=20_000,
+        help="ended requests recorded, to average over (default: 20000)",
     )
-    p.add_argument("--requests", type=int, default=20_000)
-    p.add_argument("--tokens", type=int, default=128, help="streamed chunks per request")
-    args = p.parse_args(argv)
+    p.add_argument(
+        "--tokens", type=int, default=128, help="streamed chunks per request (default: 128)"
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     logging.getLogger("nanoserve.requests").addHandler(logging.NullHandler())
     logging.getLogger("nanoserve.requests").propagate = False
     logging.getLogger("nanoserve.requests").setLevel(logging.INFO)

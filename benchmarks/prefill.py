@@ -57,19 +57,35 @@ def ttft_ms(llm, prompt: list[int]) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m nanoserve.benchmarks.prefill",
+        prog="nanoserve bench prefill-step",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", default="", help="a Qwen3 checkpoint directory (default: --shape)")
-    p.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES))
+    p.add_argument(
+        "--shape",
+        default="qwen3-0.6b",
+        choices=sorted(SHAPES),
+        help="Qwen3 shape of the random weights without --model (default: qwen3-0.6b)",
+    )
     p.add_argument("--lengths", default="37,600,1500,4000", help="prompt lengths, comma-separated")
-    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument(
+        "--repeats", type=int, default=10, help="timed runs per prompt length (default: 10)"
+    )
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (decode, prefill)")
-    p.add_argument("--max-model-len", type=int, default=8192)
-    args = p.parse_args(argv)
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=8192,
+        help="max prompt + completion tokens of a sequence (default: 8192)",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():

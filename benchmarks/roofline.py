@@ -196,7 +196,7 @@ def measure_phases(llm, shape: Shape, work: list[tuple[int, int]]) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m nanoserve.benchmarks.roofline", description=__doc__)
+    p = argparse.ArgumentParser(prog="nanoserve bench roofline", description=__doc__)
     p.add_argument(
         "--shape",
         default="qwen3-0.6b",

@@ -18,16 +18,35 @@ from nanoserve.worker.sampler import sample
 from nanoserve.worker.sampling_params import SamplingParams
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seqs", type=int, default=256)
-    ap.add_argument("--prompt", type=int, default=1000)
-    ap.add_argument("--output", type=int, default=500)
-    ap.add_argument("--vocab", type=int, default=151936)
-    ap.add_argument("--steps", type=int, default=20)
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="nanoserve bench sampling-step-cost", description=__doc__)
+    ap.add_argument(
+        "--seqs", type=int, default=256, help="sequences in the decode batch (default: 256)"
+    )
+    ap.add_argument(
+        "--prompt", type=int, default=1000, help="prompt tokens of each sequence (default: 1000)"
+    )
+    ap.add_argument(
+        "--output",
+        type=int,
+        default=500,
+        help="tokens each sequence has generated before the timed steps (default: 500)",
+    )
+    ap.add_argument(
+        "--vocab", type=int, default=151936, help="vocabulary size (default: Qwen3's 151936)"
+    )
+    ap.add_argument("--steps", type=int, default=20, help="decode steps timed (default: 20)")
     ap.add_argument("--sample", action="store_true", help="also time sample() on random logits")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cpu or cuda (default: cuda when available)",
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     device = torch.device(args.device)
     rng = random.Random(0)
     cases = {

@@ -63,11 +63,23 @@ def run_case(readers: int, words: int, steps: int, interval_us: float, max_words
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--readers", type=int, nargs="+", default=[1, 3])
-    ap.add_argument("--steps", type=int, default=2000)
-    args = ap.parse_args()
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="nanoserve bench step-mailbox", description=__doc__)
+    ap.add_argument(
+        "--readers",
+        type=int,
+        nargs="+",
+        default=[1, 3],
+        help="rank processes reading each step, one run per count (default: 1 3)",
+    )
+    ap.add_argument(
+        "--steps", type=int, default=2000, help="steps published per run (default: 2000)"
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     max_words = max_message_words(16384, 256, 256)
     # a batch-1 decode step and a 256-sequence decode step with 64-block tables
     sizes = [max_message_words(1, 1, 1), max_message_words(256, 256, 64)]
