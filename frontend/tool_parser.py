@@ -75,11 +75,14 @@ class ToolCallParser:
 
     def feed(self, text: str) -> ToolCallDelta:
         delta = ToolCallDelta()
+        # A long block's body was already searched: look for the end tag only where it can be.
+        searched = max(0, len(self._held) - len(TOOL_CALL_END) + 1) if self._in_call else 0
         buffer = self._held + text
         self._held = ""
         while buffer:
             if self._in_call:
-                end = buffer.find(TOOL_CALL_END)
+                end = buffer.find(TOOL_CALL_END, searched)
+                searched = 0
                 if end < 0:
                     self._held = buffer
                     break
