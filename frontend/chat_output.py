@@ -1,7 +1,7 @@
 """Shapes a Chat reply's stream: the servicer's text deltas go through the reasoning split and the
 tool-call parser (each when the request asks for it) and come out as ChatResponse fields.
 
-detokenized text -> ReasoningParser -> (reasoning_content, answer) -> ToolCallParser -> (text, tool_calls)
+text -> ReasoningParser -> (reasoning_content, answer) -> ToolCallParser -> (text, tool_calls)
 """
 
 from collections.abc import Callable, Sequence

@@ -1,7 +1,7 @@
 """Chat tools and the reasoning split through the real frontend and worker with the tiny model.
 Random weights emit no tags, so this checks the plumbing: the tools and the tool-call history
 reach the prompt exactly as transformers renders them (usage.prompt_tokens), and the new fields
-flow back; the parsers themselves are tested on recorded replies (tests/unit/test_chat_parsers.py)."""
+flow back; the parsers are tested on recorded replies (tests/unit/test_chat_parsers.py)."""
 
 import pytest
 
