@@ -3,7 +3,9 @@ strings, validation, admission, cancellation, deadlines, worker loss, health."""
 
 import asyncio
 import contextlib
+import json
 import math
+import shutil
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
+from nanoserve.tiny.tokenizer import CHAT_TEMPLATE
 
 OUTPUT = "Hello, 世界! 😀 The end. STOP after"
 MAX_MODEL_LEN = 64
@@ -660,3 +663,42 @@ def test_chat_tools_and_reasoning(
         assert "tool_choice" in e.value.details()
 
     run(test, tokenizer, tiny_model_dir)
+
+
+def test_chat_reasoning_opened_by_the_template(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A template that opens the think block in the prompt (as Qwen3's thinking-only models do):
+    the reply has no opening tag and starts as reasoning; cut by max_tokens before </think>, all
+    of it is reasoning."""
+    opened = CHAT_TEMPLATE.replace(
+        "{{- '<|im_start|>assistant\\n' }}", "{{- '<|im_start|>assistant\\n<think>\\n' }}"
+    )
+    assert opened != CHAT_TEMPLATE
+    shutil.copyfile(tiny_model_dir / "tokenizer.json", tmp_path / "tokenizer.json")
+    config = json.loads((tiny_model_dir / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": opened}))
+    tokenizer = Tokenizer(tmp_path)
+    messages = [frontend_pb2.ChatMessage(role="user", content="2+2?")]
+
+    async def test(h: Harness) -> None:
+        h.fake.output_ids = tokenizer.encode("Add them.\n</think>\n\n4", False)
+        h.fake.stop_token_id = IM_END_ID
+        request = frontend_pb2.ChatRequest(messages=messages, separate_reasoning=True)
+        done = await _collect(h.stub.Chat(request))
+        assert "".join(r.reasoning_content for r in done) == "Add them."
+        assert "".join(r.text for r in done) == "4"
+        assert done[-1].finish_reason == common_pb2.FINISH_REASON_STOP
+
+        h.fake.output_ids = tokenizer.encode("Add them, then", False)
+        h.fake.stop_token_id = None
+        cut = await _collect(h.stub.Chat(request))
+        assert "".join(r.reasoning_content for r in cut) == "Add them, then"
+        assert "".join(r.text for r in cut) == ""
+        assert cut[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+
+        plain = await _collect(h.stub.Chat(frontend_pb2.ChatRequest(messages=messages)))
+        assert "".join(r.text for r in plain) == "Add them, then"  # off: text unchanged
+
+    try:
+        run(test, tokenizer, tmp_path)
+    finally:
+        tokenizer.close()
