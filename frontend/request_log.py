@@ -25,7 +25,11 @@ from nanoserve.request_decoding import Undecodable
 
 logger = logging.getLogger("nanoserve.requests")
 REQUEST_ID_METADATA = "x-request-id"
-_FINISH_NAMES = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGTH: "length"}
+_FINISH_NAMES = {
+    common_pb2.FINISH_REASON_STOP: "stop",
+    common_pb2.FINISH_REASON_LENGTH: "length",
+    common_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
+}
 
 
 @dataclass(slots=True)

@@ -20,14 +20,17 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from nanoserve.frontend.chat_output import ChatOutput, think_open_in_prompt
+from nanoserve.frontend.chat_request import chat_inputs
 from nanoserve.frontend.config import FrontendConfig
 from nanoserve.frontend.detokenizer import Detokenizer
+from nanoserve.frontend.reasoning_parser import ReasoningParser
 from nanoserve.frontend.request_log import RequestLog, RequestSink, mark_sent_to_worker, recorded
 from nanoserve.frontend.tokenizer import Tokenizer
+from nanoserve.frontend.tool_parser import ToolCallParser
 from nanoserve.frontend.validation import (
     Limits,
     resolve_max_tokens,
-    validate_messages,
     validate_prompt_token_ids,
     validate_request_id,
     validate_sampling_params,
@@ -147,21 +150,26 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         """Applies the chat template to the messages and streams the reply."""
         limits, _ = self._limits()
         validate_request_id(request.request_id)
-        validate_messages(request.messages, limits)  # counted before any message is read
-        messages = [(m.role, m.content) for m in request.messages]
+        inputs = chat_inputs(request, limits)  # messages counted before any is read
         validate_sampling_params(request.sampling_params, limits)
         if not self.tokenizer.has_chat_template:
             raise FailedPrecondition("the model's tokenizer_config.json has no chat template")
         enable_thinking = not request.HasField("enable_thinking") or request.enable_thinking
         with self._admit(request.request_id) as request_id:
             prompt_ids = await self.tokenizer.encode_chat_async(
-                [{"role": role, "content": content} for role, content in messages], enable_thinking
+                inputs.messages, enable_thinking, inputs.tools, inputs.size
             )
             validate_prompt_token_ids(prompt_ids, limits, "messages")
+            output = ChatOutput(
+                ReasoningParser(think_open_in_prompt(prompt_ids, self.tokenizer.token_to_id))
+                if request.separate_reasoning
+                else None,
+                ToolCallParser() if inputs.parse_tool_calls else None,
+            )
             async for fields in self._stream(
                 request_id, prompt_ids, request.sampling_params, limits, context, "messages"
             ):
-                yield frontend_pb2.ChatResponse(**fields)
+                yield frontend_pb2.ChatResponse(**output.update(fields))
 
     @grpc_errors
     async def Tokenize(

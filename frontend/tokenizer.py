@@ -6,7 +6,7 @@ and without the GIL, so a 4 MB prompt does not stall the event loop (health chec
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -102,13 +102,18 @@ class Tokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
+    def token_to_id(self, token: str) -> int | None:
+        return self._tokenizer.token_to_id(token)
+
     def apply_chat_template(
         self,
-        messages: Sequence[dict[str, str]],
+        messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
         enable_thinking: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
-        """Renders the conversation to prompt text; template errors name the `messages` field."""
+        """Renders the conversation (and the tools the model may call, OpenAI's shapes as in
+        transformers' apply_chat_template) to prompt text; template errors name `messages`."""
         if self._template is None:
             raise ValueError("the model has no chat template")
         try:
@@ -118,7 +123,7 @@ class Tokenizer:
                 enable_thinking=enable_thinking,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
-                tools=None,
+                tools=list(tools) if tools else None,
             )
         except jinja2.TemplateError as e:
             raise InvalidArgument(
@@ -126,10 +131,13 @@ class Tokenizer:
             ) from None
 
     def encode_chat(
-        self, messages: Sequence[dict[str, str]], enable_thinking: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        enable_thinking: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
         # The template writes every special token itself; adding them again would double a bos.
-        prompt = self.apply_chat_template(messages, enable_thinking=enable_thinking)
+        prompt = self.apply_chat_template(messages, enable_thinking=enable_thinking, tools=tools)
         return self.encode(prompt, add_special_tokens=False)
 
     async def _run_encode(self, size: int, fn: Any, *args: Any) -> list[int]:
@@ -148,10 +156,16 @@ class Tokenizer:
         return await self._run_encode(len(text), self.encode, text, add_special_tokens)
 
     async def encode_chat_async(
-        self, messages: Sequence[dict[str, str]], enable_thinking: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        enable_thinking: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        size: int | None = None,
     ) -> list[int]:
-        size = sum(len(m.get("content", "")) for m in messages)
-        return await self._run_encode(size, self.encode_chat, messages, enable_thinking)
+        """`size`: the rendered prompt's characters, about (default: the contents')."""
+        if size is None:
+            size = sum(len(m.get("content", "")) for m in messages)
+        return await self._run_encode(size, self.encode_chat, messages, enable_thinking, tools)
 
     async def run(self, fn: Any, *args: Any) -> Any:
         """Runs fn(*args) in the tokenizer's thread pool (large detokenizer steps)."""

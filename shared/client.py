@@ -23,6 +23,8 @@ from nanoserve.client_messages import (  # noqa: F401 - also the names users imp
     Chunk,
     Completion,
     ModelInfo,
+    ToolCall,
+    Tools,
     Usage,
     _model_info,
     chat_request,
@@ -122,10 +124,24 @@ class Client:
         timeout: float | None = None,
         request_id: str = "",
         enable_thinking: bool | None = None,
+        tools: Tools | None = None,
+        tool_choice: str = "",
+        separate_reasoning: bool | None = None,
         **sampling: Any,
     ) -> Iterator[Chunk]:
-        """Streams the reply to `messages` ({"role", "content"} dicts or (role, content) pairs)."""
-        request = chat_request(messages, request_id, enable_thinking, **sampling)
+        """Streams the reply to `messages` ({"role", "content"} dicts or (role, content) pairs).
+        `tools` (OpenAI's shape) are rendered by the model's chat template and the reply's calls
+        come back as Chunk.tool_calls (tool_choice "none": no tools); `separate_reasoning` moves
+        the model's <think> reasoning from `text` to Chunk.reasoning_content."""
+        request = chat_request(
+            messages,
+            request_id,
+            enable_thinking,
+            tools=tools,
+            tool_choice=tool_choice,
+            separate_reasoning=separate_reasoning,
+            **sampling,
+        )
         return self._stream(self._stub.Chat, request, timeout)
 
     def chat(self, messages: ChatMessages, **kwargs: Any) -> Completion:
@@ -249,10 +265,21 @@ class AsyncClient:
         timeout: float | None = None,
         request_id: str = "",
         enable_thinking: bool | None = None,
+        tools: Tools | None = None,
+        tool_choice: str = "",
+        separate_reasoning: bool | None = None,
         **sampling: Any,
     ) -> AsyncIterator[Chunk]:
         """Streams the reply to `messages`; see Client.chat_stream."""
-        request = chat_request(messages, request_id, enable_thinking, **sampling)
+        request = chat_request(
+            messages,
+            request_id,
+            enable_thinking,
+            tools=tools,
+            tool_choice=tool_choice,
+            separate_reasoning=separate_reasoning,
+            **sampling,
+        )
         return self._stream(self._stub.Chat, request, timeout)
 
     async def chat(self, messages: ChatMessages, **kwargs: Any) -> Completion:

@@ -1,6 +1,7 @@
 """The Python client's messages: FrontendService requests built from plain arguments, and the
 results (Chunk, Completion, ModelInfo) read from its responses. nanoserve.client sends them."""
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,10 +12,36 @@ from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 SERVICE_NAME = "nanoserve.v1.FrontendService"
-_FINISH_REASONS = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGTH: "length"}
+_FINISH_REASONS = {
+    common_pb2.FINISH_REASON_STOP: "stop",
+    common_pb2.FINISH_REASON_LENGTH: "length",
+    common_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
+}
 _SAMPLING_FIELDS = frozenset(common_pb2.SamplingParams.DESCRIPTOR.fields_by_name)
 
-ChatMessages = Iterable[Mapping[str, str] | tuple[str, str]]
+# {"role", "content"} dicts (OpenAI's shape: an assistant turn may add "tool_calls" and
+# "reasoning_content", a tool turn "tool_call_id" and "name") or (role, content) pairs.
+ChatMessages = Iterable[Mapping[str, Any] | tuple[str, str]]
+# OpenAI's tool shape: {"type": "function", "function": {"name", "description", "parameters"}},
+# parameters a JSON Schema dict (or its JSON string).
+Tools = Sequence[Mapping[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool call the model made; `arguments` is a JSON object as a string."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """OpenAI's shape, for an assistant message's "tool_calls" in the next request."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +61,9 @@ class Chunk:
     usage: Usage | None = None  # last chunk only
     matched_stop: str | None = None
     matched_stop_token_id: int | None = None
+    reasoning_content: str = ""  # Chat with separate_reasoning: the reasoning delta
+    tool_calls: tuple[ToolCall, ...] = ()  # Chat with tools: calls completed in this chunk
+    tool_call_parse_error: bool = False  # a <tool_call> block in `text` held no valid call
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +76,9 @@ class Completion:
     usage: Usage
     matched_stop: str | None = None
     matched_stop_token_id: int | None = None
+    reasoning_content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_parse_error: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,22 +119,71 @@ def generate_request(
     return request
 
 
+def _json_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _tool_call(call: ToolCall | Mapping[str, Any]) -> frontend_pb2.ToolCall:
+    if isinstance(call, ToolCall):
+        call = call.to_dict()
+    function = call.get("function", {})
+    return frontend_pb2.ToolCall(
+        id=call.get("id", ""),
+        type=call.get("type", "function"),
+        function=frontend_pb2.ToolCallFunction(
+            name=function.get("name", ""), arguments=_json_text(function.get("arguments", {}))
+        ),
+    )
+
+
+def _chat_message(message: Mapping[str, Any] | tuple[str, str]) -> frontend_pb2.ChatMessage:
+    if not isinstance(message, Mapping):
+        role, content = message
+        return frontend_pb2.ChatMessage(role=role, content=content)
+    return frontend_pb2.ChatMessage(
+        role=message["role"],
+        content=message.get("content") or "",
+        tool_calls=[_tool_call(c) for c in message.get("tool_calls") or ()],
+        tool_call_id=message.get("tool_call_id") or "",
+        name=message.get("name") or "",
+        reasoning_content=message.get("reasoning_content") or "",
+    )
+
+
+def _tool(tool: Mapping[str, Any]) -> frontend_pb2.Tool:
+    function = tool.get("function", {})
+    parameters = function.get("parameters")
+    return frontend_pb2.Tool(
+        type=tool.get("type", "function"),
+        function=frontend_pb2.ToolFunction(
+            name=function.get("name", ""),
+            description=function.get("description") or "",
+            parameters="" if parameters is None else _json_text(parameters),
+        ),
+    )
+
+
 def chat_request(
     messages: ChatMessages,
     request_id: str = "",
     enable_thinking: bool | None = None,
+    *,
+    tools: Tools | None = None,
+    tool_choice: str = "",
+    separate_reasoning: bool | None = None,
     **sampling: Any,
 ) -> frontend_pb2.ChatRequest:
     request = frontend_pb2.ChatRequest(
-        request_id=request_id, sampling_params=sampling_params(**sampling)
+        request_id=request_id,
+        sampling_params=sampling_params(**sampling),
+        messages=[_chat_message(m) for m in messages],
+        tools=[_tool(t) for t in tools or ()],
+        tool_choice=tool_choice,
     )
-    for message in messages:
-        role, content = (
-            (message["role"], message["content"]) if isinstance(message, Mapping) else message
-        )
-        request.messages.add(role=role, content=content)
     if enable_thinking is not None:
         request.enable_thinking = enable_thinking
+    if separate_reasoning is not None:
+        request.separate_reasoning = separate_reasoning
     return request
 
 
@@ -122,16 +204,35 @@ def to_chunk(response: frontend_pb2.GenerateResponse | frontend_pb2.ChatResponse
         matched_stop_token_id=response.matched_stop_token_id
         if response.HasField("matched_stop_token_id")
         else None,
+        **_chat_fields(response),
     )
+
+
+def _chat_fields(response: frontend_pb2.GenerateResponse | frontend_pb2.ChatResponse) -> dict:
+    if not isinstance(response, frontend_pb2.ChatResponse):
+        return {}
+    return {
+        "reasoning_content": response.reasoning_content,
+        "tool_calls": tuple(
+            ToolCall(c.id, c.function.name, c.function.arguments) for c in response.tool_calls
+        ),
+        "tool_call_parse_error": response.tool_call_parse_error,
+    }
 
 
 def join_chunks(chunks: Iterable[Chunk]) -> Completion:
     texts: list[str] = []
+    reasoning: list[str] = []
     token_ids: list[int] = []
+    tool_calls: list[ToolCall] = []
+    parse_error = False
     last = None
     for chunk in chunks:
         texts.append(chunk.text)
+        reasoning.append(chunk.reasoning_content)
         token_ids.extend(chunk.token_ids)
+        tool_calls.extend(chunk.tool_calls)
+        parse_error = parse_error or chunk.tool_call_parse_error
         last = chunk
     if last is None or last.finish_reason is None or last.usage is None:
         raise ServiceError("the stream ended without a finish reason")
@@ -142,6 +243,9 @@ def join_chunks(chunks: Iterable[Chunk]) -> Completion:
         last.usage,
         last.matched_stop,
         last.matched_stop_token_id,
+        "".join(reasoning),
+        tuple(tool_calls),
+        parse_error,
     )
 
 

@@ -24,7 +24,7 @@ from nanoserve.tiny.tokenizer import (
     tokenizer_files_dir,
 )
 
-DEFAULT_MODEL_NAME = "tiny-qwen3-v1"
+DEFAULT_MODEL_NAME = "tiny-qwen3-v2"  # v2: the real Qwen3 chat template
 DEFAULT_SEED = 0
 
 # ---------------------------------------------------------------- weights and config

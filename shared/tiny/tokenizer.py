@@ -63,20 +63,12 @@ _SPLIT_PATTERN = "|".join(
     ]
 )
 
-# Qwen3 chat format: `<|im_start|>{role}\n{content}<|im_end|>\n` per message. With
+# Qwen3's own chat template (Qwen/Qwen3-0.6B's tokenizer_config.json), tools section included:
+# `<|im_start|>{role}\n{content}<|im_end|>\n` per message, tools in the system turn, assistant tool
+# calls as <tool_call> blocks, tool results as <tool_response> blocks in a user turn. With
 # enable_thinking=false the generation prompt ends with an empty think block, so the model answers
 # directly (the Qwen3 convention for switching reasoning off).
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}"
-    "{{ '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and not enable_thinking -%}"
-    "{{ '<think>\\n\\n</think>\\n\\n' }}"
-    "{%- endif -%}"
-    "{%- endif -%}"
-)
+CHAT_TEMPLATE = (Path(__file__).parent / "qwen3_chat_template.jinja").read_text(encoding="utf-8")
 
 
 def cache_root() -> Path:

@@ -122,6 +122,15 @@ def chat_request(num_messages: int) -> frontend_pb2.ChatRequest:
     return request
 
 
+def chat_with_tools(num_tools: int, num_calls: int) -> frontend_pb2.ChatRequest:
+    tool = frontend_pb2.Tool(function=frontend_pb2.ToolFunction(name="f", parameters="{}"))
+    call = frontend_pb2.ToolCall(id="c", function=frontend_pb2.ToolCallFunction(name="f"))
+    request = chat_request(1)
+    request.tools.extend([tool] * num_tools)
+    request.messages.add(role="assistant").tool_calls.extend([call] * num_calls)
+    return request
+
+
 def hostile_cases(frontend: grpc.Channel, worker: grpc.Channel) -> dict[str, Callable[[], tuple]]:
     """name -> a call that sends the input and returns (code, details)."""
     f = frontend_grpc.FrontendServiceStub(frontend)
@@ -147,6 +156,23 @@ def hostile_cases(frontend: grpc.Channel, worker: grpc.Channel) -> dict[str, Cal
         ),
         "4 MB Tokenize x4": tokenize_x4,
         "300k chat messages": lambda: status_of(f.Chat(chat_request(300_000), timeout=120)),
+        "300k tools": lambda: status_of(f.Chat(chat_with_tools(300_000, 0), timeout=120)),
+        "300k tool calls in a message": lambda: status_of(
+            f.Chat(chat_with_tools(0, 300_000), timeout=120)
+        ),
+        "a 900 kB nested tool schema": lambda: status_of(
+            f.Chat(
+                frontend_pb2.ChatRequest(
+                    messages=[frontend_pb2.ChatMessage(role="user", content="hi")],
+                    tools=[
+                        frontend_pb2.Tool(
+                            function=frontend_pb2.ToolFunction(name="f", parameters="[" * 900_000)
+                        )
+                    ],
+                ),
+                timeout=120,
+            )
+        ),
         "15M prompt ids": lambda: status_of(
             f.Generate(frontend_pb2.GenerateRequest(prompt_token_ids=[1] * 15_000_000), timeout=120)
         ),
@@ -189,6 +215,9 @@ EXPECTED = {
     "4 MB prompt": (INVALID, "prompt"),
     "4 MB Tokenize x4": (grpc.StatusCode.OK, ""),
     "300k chat messages": (INVALID, "messages: at most 4096 messages"),
+    "300k tools": (INVALID, "tools: at most 128 tools"),
+    "300k tool calls in a message": (INVALID, "messages[1].tool_calls: at most 128 tool calls"),
+    "a 900 kB nested tool schema": (INVALID, "tools[0].function.parameters: 900000 bytes > 65536"),
     "15M prompt ids": (INVALID, "more than any valid request (max_prompt_bytes + 1 MiB)"),
     "3M stop_token_ids": (INVALID, "sampling_params.stop_token_ids"),
     "worker: 15M prompt ids": (INVALID, "more than any valid request (5 bytes * (max_model_len"),

@@ -2,6 +2,7 @@
 errors, early stop cancels the call, wait_ready."""
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -179,3 +180,72 @@ def test_async_client(server) -> None:
         assert await asyncio.to_thread(fake.ended.wait, 2)
 
     asyncio.run(main())
+
+
+def test_chat_request_tools_and_tool_call_history() -> None:
+    from nanoserve.client_messages import ToolCall, chat_request, join_chunks, to_chunk
+
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather now.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    earlier = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
+    request = chat_request(
+        [
+            ("user", "Weather in Paris?"),
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [earlier],
+                "reasoning_content": "r",
+            },
+            {"role": "tool", "content": "sunny", "tool_call_id": "call_1", "name": "get_weather"},
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": "c2", "function": {"name": "f", "arguments": {"a": 1}}}],
+            },
+        ],
+        tools=[weather],
+        tool_choice="auto",
+        separate_reasoning=True,
+        max_tokens=8,
+    )
+    assert request.separate_reasoning and request.tool_choice == "auto"
+    assert request.tools[0].function.name == "get_weather"
+    assert json.loads(request.tools[0].function.parameters) == weather["function"]["parameters"]
+    assistant, tool, second = request.messages[1], request.messages[2], request.messages[3]
+    assert (assistant.content, assistant.reasoning_content) == ("", "r")
+    assert assistant.tool_calls[0].function.arguments == '{"city": "Paris"}'
+    assert (tool.tool_call_id, tool.name) == ("call_1", "get_weather")
+    assert (second.tool_calls[0].type, second.tool_calls[0].function.arguments) == (
+        "function",
+        '{"a": 1}',
+    )
+    assert not chat_request([("user", "hi")]).HasField("separate_reasoning")
+
+    call = frontend_pb2.ToolCall(
+        id="call_9",
+        type="function",
+        function=frontend_pb2.ToolCallFunction(name="f", arguments="{}"),
+    )
+    chunks = [
+        to_chunk(frontend_pb2.ChatResponse(text="", reasoning_content="think", token_ids=[1])),
+        to_chunk(
+            frontend_pb2.ChatResponse(
+                text="<tool_call>x</tool_call>",
+                tool_calls=[call],
+                tool_call_parse_error=True,
+                finish_reason=common_pb2.FINISH_REASON_TOOL_CALLS,
+                usage=common_pb2.Usage(prompt_tokens=3, completion_tokens=2),
+            )
+        ),
+    ]
+    completion = join_chunks(chunks)
+    assert completion.finish_reason == "tool_calls" and completion.reasoning_content == "think"
+    assert completion.tool_calls == (ToolCall("call_9", "f", "{}"),)
+    assert completion.tool_call_parse_error
+    assert completion.tool_calls[0].to_dict()["function"] == {"name": "f", "arguments": "{}"}

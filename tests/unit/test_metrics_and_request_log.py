@@ -236,3 +236,12 @@ def test_recorded_sees_every_end() -> None:
     assert ok.ttft is not None and ok.end is not None and ok.peer == "ipv4:10.0.0.1:4242"
     assert (full.request_id, full.code, full.completion_tokens) == ("mine", "RESOURCE_EXHAUSTED", 0)
     assert (gone.code, gone.completion_tokens) == ("CANCELLED", 1)
+
+
+def test_tool_calls_finish_is_named() -> None:
+    metrics = FrontendMetrics("tiny")
+    record = finished_record(tokens=2, reason=common_pb2.FINISH_REASON_TOOL_CALLS)
+    assert record.finish_reason == "tool_calls"
+    metrics.observe(record)
+    got = samples(metrics.registry)
+    assert got[("vllm:request_success_total", (("finished_reason", "tool_calls"), M))] == 1

@@ -1,0 +1,79 @@
+"""Shapes a Chat reply's stream: the servicer's text deltas go through the reasoning split and the
+tool-call parser (each when the request asks for it) and come out as ChatResponse fields.
+
+text -> ReasoningParser -> (reasoning_content, answer) -> ToolCallParser -> (text, tool_calls)
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from nanoserve.frontend.reasoning_parser import THINK_END, THINK_START, ReasoningParser
+from nanoserve.frontend.tool_parser import ToolCallParser
+from nanoserve.proto.v1 import common_pb2
+from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
+
+TURN_START = "<|im_start|>"  # Qwen3's; the generation prompt's turn opens with it
+
+
+def think_open_in_prompt(prompt_ids: Sequence[int], token_id: Callable[[str], int | None]) -> bool:
+    """Whether the prompt ends inside a think block (a template that opens it for the model): in
+    the last turn (after the last <|im_start|>), the last think tag is <think>. `token_id` maps a
+    token's text to its id."""
+    start, end, turn = token_id(THINK_START), token_id(THINK_END), token_id(TURN_START)
+    for token in reversed(prompt_ids):
+        if token == start:
+            return True
+        if token == end or token == turn:
+            return False
+    return False
+
+
+class ChatOutput:
+    """One Chat request's output shaping; with neither parser, fields pass through unchanged."""
+
+    def __init__(
+        self, reasoning: ReasoningParser | None = None, tools: ToolCallParser | None = None
+    ) -> None:
+        self.reasoning = reasoning
+        self.tools = tools
+
+    def update(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """Rewrites one response's fields (text, finish_reason) in place and adds reasoning_content,
+        tool_calls and tool_call_parse_error; `finish_reason` marks the last message."""
+        final = "finish_reason" in fields
+        text = fields["text"]
+        if self.reasoning is not None:
+            split = self.reasoning.feed(text)
+            if final:
+                tail = self.reasoning.finish()
+                split.reasoning += tail.reasoning
+                split.content += tail.content
+            fields["reasoning_content"] = split.reasoning
+            text = split.content
+        if self.tools is not None:
+            delta = self.tools.feed(text)
+            if final:
+                end = self.tools.finish()
+                delta.text += end.text
+                delta.tool_calls += end.tool_calls
+                delta.parse_error = delta.parse_error or end.parse_error
+            text = delta.text
+            fields["tool_calls"] = [
+                frontend_pb2.ToolCall(
+                    id=call.id,
+                    type="function",
+                    function=frontend_pb2.ToolCallFunction(
+                        name=call.name, arguments=call.arguments
+                    ),
+                )
+                for call in delta.tool_calls
+            ]
+            fields["tool_call_parse_error"] = delta.parse_error
+            if (
+                final
+                and fields["finish_reason"] == common_pb2.FINISH_REASON_STOP
+                and self.tools.ends_with_tool_calls
+            ):
+                fields["finish_reason"] = common_pb2.FINISH_REASON_TOOL_CALLS
+        fields["text"] = text
+        return fields
