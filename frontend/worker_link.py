@@ -64,7 +64,7 @@ class WorkerLink:
         self.reason = ""  # why it is UNREACHABLE or REFUSED
         self.info: ModelInfo | None = None  # re-fetched after every UNREACHABLE
         self.report: worker_pb2.GetLoadResponse | None = None  # the latest GetLoad answer
-        self.sent_since_report = 0  # requests routed here since that answer
+        self.sent_since_report: set[str] = set()  # ids routed here since that answer
         self._watcher: asyncio.Task | None = None
 
     @property
@@ -73,12 +73,16 @@ class WorkerLink:
 
     @property
     def load(self) -> WorkerLoad:
+        """The worker's last report plus the requests this frontend sent it since, that still run
+        (the report is up to poll_interval_s old; a burst must not all go to one worker)."""
+        pending = self.session.pending
+        recent = sum(1 for request_id in self.sent_since_report if request_id in pending)
         r = self.report
         if r is None:  # a worker without GetLoad: only what this frontend sent it
-            return WorkerLoad(queue=self.sent_since_report, kv_usage=0.0)
+            return WorkerLoad(queue=len(pending), kv_usage=0.0)
         used = r.num_total_blocks - r.num_free_blocks
         return WorkerLoad(
-            queue=r.num_running + r.num_waiting + self.sent_since_report,
+            queue=r.num_running + r.num_waiting + recent,
             kv_usage=used / r.num_total_blocks if r.num_total_blocks else 0.0,
         )
 
@@ -111,7 +115,7 @@ class WorkerLink:
         self, request: worker_pb2.GenerateTokensRequest, timeout_s: float | None
     ) -> Pending:
         """WorkerSession.start, counted in this worker's load until its next report."""
-        self.sent_since_report += 1
+        self.sent_since_report.add(request.request_id)
         return self.session.start(request, timeout_s)
 
     def set_state(self, state: LinkState, reason: str = "") -> None:
@@ -169,7 +173,7 @@ class WorkerLink:
                 if e.code() != grpc.StatusCode.UNIMPLEMENTED:
                     raise
                 self.report = None  # an older worker: routed by prefix alone
-            self.sent_since_report = 0
+            self.sent_since_report = set()
         except grpc.aio.AioRpcError as e:
             self.info = None  # re-fetched when it answers: it may be another worker by then
             self.set_state(LinkState.UNREACHABLE, f"{e.code().name}: {e.details()}")
