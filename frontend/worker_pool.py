@@ -84,6 +84,7 @@ class WorkerPool:
         self.links: dict[str, WorkerLink] = {}
         self.retired: list[WorkerLink] = []  # gone from DNS, closed once their requests ended
         self.resolved: dict[tuple[str, int], set[str]] = {}  # the last answer per target
+        self._unresolvable: set[tuple[str, int]] = set()  # targets whose last lookup failed
         self.reference: ModelInfo | None = None  # what every worker must match (the first's)
         self.serving = False
         self._health_tasks: set[asyncio.Task[None]] = set()
@@ -163,12 +164,14 @@ class WorkerPool:
             try:
                 found = await resolve(*target)
             except OSError as e:  # keep the last answer: a DNS hiccup must not drop workers
-                if target not in self.resolved or self.resolved[target]:
+                if target not in self._unresolvable:  # logged once, until it resolves again
+                    self._unresolvable.add(target)
                     logger.warning("cannot resolve worker host %s: %s", target[0], e)
                 found = self.resolved.get(target, set())
             else:
-                if found != self.resolved.get(target) and len(self.targets) + len(found) > 2:
-                    logger.info("worker host %s resolves to %s", target[0], sorted(found))
+                self._unresolvable.discard(target)
+                if target in self.resolved and found != self.resolved[target]:
+                    logger.info("worker host %s now resolves to %s", target[0], sorted(found))
             self.resolved[target] = found
             addresses |= found
         return addresses

@@ -150,3 +150,41 @@ def test_a_foreign_tokenizer_alone_is_failed_precondition() -> None:
             await server.stop(0)
 
     run(main)
+
+
+def test_an_unresolvable_name_is_logged_once_and_added_when_it_resolves(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scaled service's name resolves to each replica; the set follows the answers."""
+    answers: list[set[str] | None] = [None, None, set(), set()]
+
+    async def main() -> None:
+        fakes = [FakeWorker(), FakeWorker()]
+        servers = [await serve(f) for f in fakes]
+        addresses = {a for _, a in servers}
+        answers[2] = {next(iter(sorted(addresses)))}
+        answers[3] = addresses
+
+        async def fake_resolve(host: str, port: int) -> set[str]:
+            answer = answers.pop(0) if len(answers) > 1 else answers[0]
+            if answer is None:
+                raise OSError("Name or service not known")
+            return answer
+
+        monkeypatch.setattr("nanoserve.frontend.worker_pool.resolve", fake_resolve)
+
+        async def on_serving(serving: bool) -> None:
+            pass
+
+        pool = WorkerPool("workers:50061", DIGEST, on_serving, resolve_interval_s=0.05)
+        pool.start()
+        try:
+            await until(lambda: set(pool.links) == addresses)
+            await until(lambda: all(link.usable for link in pool.links.values()))
+        finally:
+            await pool.close()
+            for server, _ in servers:
+                await server.stop(0)
+        assert caplog.text.count("cannot resolve worker host workers") == 1
+
+    run(main)
