@@ -183,6 +183,12 @@ def test_a_killed_worker_ends_only_its_streams(three: Workers) -> None:
     mark = len(three.frontend.lines)
     three.workers[victim].kill()
     killed.set()
+    killed_at = time.monotonic()
+    gone = f"worker at {three.workers[victim].address} is unreachable"
+    while gone not in "".join(three.frontend.lines[mark:]) and time.monotonic() - killed_at < 5:
+        time.sleep(0.01)
+    # the frontend knows within a second (its session to the worker broke): nothing new goes there
+    assert time.monotonic() - killed_at < 1.0, three.frontend.output()
 
     # new requests right after the kill succeed on the other two
     with Client(three.frontend.address, timeout=60) as client:
@@ -193,7 +199,7 @@ def test_a_killed_worker_ends_only_its_streams(three: Workers) -> None:
     assert results.count("UNAVAILABLE") == running[victim], (results, running)
     assert results.count("streaming") == num_streams - running[victim], (results, running)
     log = "".join(three.frontend.lines[mark:])
-    assert log.count(f"worker at {three.workers[victim].address} is unreachable") == 1, log
+    assert log.count(gone) == 1, log
     assert check_health(three.frontend.address, FRONTEND_SERVICE) == "SERVING"
 
 
