@@ -14,6 +14,18 @@ from nanoserve.log import parse_level
 from nanoserve.model_files import REVISION_HELP, check_model_name
 
 
+def parse_worker_address(worker_address: str) -> list[tuple[str, int]]:
+    """'a:1,b:2,[::1]:3' -> [(host, port)]; raises ValueError naming the bad entry."""
+    targets = []
+    for entry in worker_address.split(","):
+        host, sep, port = entry.strip().rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"worker_address: {entry.strip()!r} is not host:port")
+        targets.append((host, int(port)))
+    return targets
+
+
 @dataclass(frozen=True, slots=True)
 class FrontendConfig:
     """nanoserve frontend: validates, admits, tokenizes requests; streams text from the worker."""
@@ -31,7 +43,36 @@ class FrontendConfig:
     host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
     port: int = field(default=50051, metadata={"help": "port to bind (0 = any free port)"})
     worker_address: str = field(
-        default="127.0.0.1:50061", metadata={"help": "host:port of the worker's WorkerService"}
+        default="127.0.0.1:50061",
+        metadata={
+            "help": "host:port of the workers' WorkerService: several comma-separated, or a DNS "
+            "name that resolves to many (a scaled compose service, a Kubernetes headless Service)"
+        },
+    )
+    worker_resolve_interval_s: float = field(
+        default=5.0,
+        metadata={"help": "how often worker host names are resolved again (workers come and go)"},
+    )
+    worker_poll_interval_s: float = field(
+        default=0.25,
+        metadata={"help": "how often each worker's load and state are asked (GetLoad)"},
+    )
+    route_prefix_tokens: int = field(
+        default=256,
+        metadata={
+            "help": "prompts sharing their first this-many tokens (whole KV blocks) go to the "
+            "same worker, where that prefix is cached"
+        },
+    )
+    route_max_queue_gap: int = field(
+        default=8,
+        metadata={
+            "help": "a request leaves its prefix's worker when that worker's queue exceeds the "
+            "least-loaded worker's by more than this many requests and route_max_queue_ratio"
+        },
+    )
+    route_max_queue_ratio: float = field(
+        default=2.0, metadata={"help": "see route_max_queue_gap (a ratio of queue lengths)"}
     )
     max_concurrent_requests: int = field(
         default=1024,
@@ -135,9 +176,16 @@ class FrontendConfig:
         check_model_name(self.model)
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        host, sep, port = self.worker_address.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"worker_address must be host:port, got {self.worker_address!r}")
+        parse_worker_address(self.worker_address)
+        for name in ("worker_resolve_interval_s", "worker_poll_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.route_prefix_tokens < 1 or self.route_max_queue_gap < 0:
+            raise ValueError("route_prefix_tokens must be >= 1 and route_max_queue_gap >= 0")
+        if not self.route_max_queue_ratio >= 1:
+            raise ValueError(
+                f"route_max_queue_ratio must be >= 1, got {self.route_max_queue_ratio}"
+            )
         for name in (
             "max_concurrent_requests",
             "max_stop_string_length",

@@ -1,6 +1,6 @@
-"""FrontendServicer: the public FrontendService. Validates, admits, tokenizes, calls
-the worker over this process's WorkerService.Session and streams detokenized text deltas; FrontendServer wires it up with
-health, reflection and graceful shutdown.
+"""FrontendServicer: the public FrontendService. Validates, admits, tokenizes, routes each request
+to a worker of the pool (frontend.worker_pool), runs it over that worker's Session stream and streams
+detokenized text deltas; FrontendServer wires it up with health, reflection and graceful shutdown.
 """
 
 import asyncio
@@ -8,6 +8,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -37,7 +38,9 @@ from nanoserve.frontend.validation import (
     validate_text,
     worker_sampling_params,
 )
+from nanoserve.frontend.routing import BalanceRule
 from nanoserve.frontend.worker_link import WorkerLink
+from nanoserve.frontend.worker_pool import WorkerPool
 from nanoserve.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -70,20 +73,22 @@ REQUEST_OVERHEAD_BYTES = 1024 * 1024
 
 
 class FrontendServicer(frontend_grpc.FrontendServiceServicer):
-    def __init__(self, config: FrontendConfig, tokenizer: Tokenizer, link: WorkerLink) -> None:
+    def __init__(self, config: FrontendConfig, tokenizer: Tokenizer, pool: WorkerPool) -> None:
         self.config = config
         self.tokenizer = tokenizer
-        self.link = link
+        self.pool = pool
         self.num_in_flight = 0
         self.draining = False
         self._live_request_ids: set[str] = set()
         self._worker_ids = itertools.count()
+        # Workers may serve several frontends: this process's ids carry a random tag of its own.
+        self._id_tag = secrets.token_hex(4)
         self.request_sinks: list[RequestSink] = []  # called with each ended Generate/Chat call
 
     def _limits(self) -> tuple[Limits, worker_pb2.WorkerServiceGetModelInfoResponse]:
         if self.draining:
             raise Unavailable("frontend is shutting down")
-        info = self.link.ready_info()
+        info = self.pool.model_info()
         return Limits(
             max_model_len=info.max_model_len,
             vocab_size=info.vocab_size,
@@ -215,7 +220,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         worker_request = worker_pb2.GenerateTokensRequest(
             # unique in this process (the client's id alone may be reused by another client once
             # it ended here); it keeps the client's id for both services' logs
-            request_id=f"{request_id}#{next(self._worker_ids)}",
+            request_id=f"{request_id}#{self._id_tag}-{next(self._worker_ids)}",
             prompt_token_ids=prompt_ids,
             sampling_params=worker_sampling_params(params, max_tokens),
         )
@@ -231,9 +236,9 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         timeout = context.time_remaining()
         if timeout is None and self.config.request_timeout_s > 0:
             timeout = self.config.request_timeout_s
-        await self.link.check_connected()
-        session = self.link.session
-        pending = session.start(worker_request, timeout)
+        link = await self._connected_worker(prompt_ids)
+        session = link.session
+        pending = link.start_request(worker_request, timeout)
         mark_sent_to_worker()
         completion_tokens = 0
         try:
@@ -283,6 +288,18 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
             # a no-op once ended; on client cancel or deadline the worker frees the KV blocks
             session.abort(worker_request.request_id)
 
+    async def _connected_worker(self, prompt_ids: list[int]) -> WorkerLink:
+        """The routed worker, or the next choice when its connection just failed (a worker that
+        died since the last poll)."""
+        tried: list[WorkerLink] = []
+        while True:
+            link = self.pool.choose(prompt_ids, exclude=tried)  # UNAVAILABLE once none is left
+            try:
+                await link.check_connected()
+                return link
+            except Unavailable:
+                tried.append(link)
+
 
 class FrontendServer:
     """The frontend's grpc.aio server: FrontendService, health, reflection, and the worker link."""
@@ -292,14 +309,18 @@ class FrontendServer:
         self._owns_tokenizer = tokenizer is None
         self.tokenizer = tokenizer or Tokenizer(model_dir, config.tokenizer_threads)
         self.health = health_aio.HealthServicer()
-        self.link = WorkerLink(
+        self.pool = WorkerPool(
             config.worker_address,
             tokenizer_digest(model_dir),
             self._on_worker_ready,
             connect_timeout_s=config.worker_connect_timeout_s,
             max_message_bytes=config.max_message_bytes,
+            resolve_interval_s=config.worker_resolve_interval_s,
+            poll_interval_s=config.worker_poll_interval_s,
+            prefix_tokens=config.route_prefix_tokens,
+            rule=BalanceRule(config.route_max_queue_gap, config.route_max_queue_ratio),
         )
-        self.servicer = FrontendServicer(config, self.tokenizer, self.link)
+        self.servicer = FrontendServicer(config, self.tokenizer, self.pool)
         self.servicer.request_sinks.append(RequestLog(config.log_format))
         self.metrics: FrontendMetrics | None = None
         self.metrics_server: Any = None  # prometheus_client's HTTP server, when metrics_port is set
@@ -341,6 +362,9 @@ class FrontendServer:
         self.port: int | None = None
 
     async def _on_worker_ready(self, ready: bool) -> None:
+        """Health follows the pool: SERVING while some worker takes requests (not draining)."""
+        if self.servicer.draining:  # the frontend itself is stopping: stays NOT_SERVING
+            return
         status = (
             health_pb2.HealthCheckResponse.SERVING
             if ready
@@ -363,7 +387,7 @@ class FrontendServer:
             self.metrics_server = serve_metrics(
                 self.metrics.registry, self.config.metrics_port, self.config.host
             )
-        self.link.start()
+        self.pool.start()
         logger.info("frontend listening on %s:%d", host, self.port)
         return self.port
 
@@ -378,7 +402,7 @@ class FrontendServer:
         while self.servicer.num_in_flight > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         await self.server.stop(min(1.0, max(0.0, deadline - time.monotonic())))
-        await self.link.close()
+        await self.pool.close()
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
         if self._owns_tokenizer:

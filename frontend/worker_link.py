@@ -1,57 +1,93 @@
-"""The frontend's connection to the worker: one gRPC channel, the model info the worker reported,
-a watcher that re-fetches it whenever the connection drops (driving the frontend's health), and the
-Session stream that carries every request.
+"""The frontend's connection to one worker (one of WorkerPool's): its gRPC channel, the Session
+stream that carries the requests routed to it, and a watcher that polls GetLoad (GetModelInfo on
+each (re)connect) to keep its state and load current for routing and the frontend's health.
 """
 
 import asyncio
+import contextlib
+import enum
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import grpc
 import grpc.aio
 
-from nanoserve.errors import FailedPrecondition, Unavailable
-from nanoserve.frontend.worker_session import WorkerSession
+from nanoserve.errors import Unavailable
+from nanoserve.frontend.routing import WorkerLoad
+from nanoserve.frontend.worker_session import Pending, WorkerSession
 from nanoserve.grpc_options import channel_options
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 
 logger = logging.getLogger(__name__)
 
-RETRY_INTERVAL_S = 0.5
+DEFAULT_POLL_INTERVAL_S = 0.25
+# A worker's event loop answers GetLoad in milliseconds (the engine runs in its own process); one
+# that takes this long is treated as gone.
+POLL_TIMEOUT_S = 3.0
+
+ModelInfo = worker_pb2.WorkerServiceGetModelInfoResponse
+
+
+class LinkState(enum.Enum):
+    CONNECTING = "connecting"  # not answered yet
+    READY = "ready"  # takes new requests
+    DRAINING = "draining"  # finishes its requests, takes no new ones
+    UNREACHABLE = "unreachable"  # connection failed, or the worker is loading or failed
+    REFUSED = "refused"  # answered with a model or tokenizer other than the frontend's
 
 
 class WorkerLink:
-    """Holds the channel to the worker and its WorkerServiceGetModelInfoResponse.
-
-    `on_ready_change(ready)` is awaited whenever the worker becomes usable (answered GetModelInfo
-    with a tokenizer digest equal to ours) or stops being usable (connection lost, mismatch).
-    """
+    """One worker. `vet(info)` returns why a worker's model info is refused (None: accepted);
+    `on_change(link)` is called after every state change, each of which is logged once."""
 
     def __init__(
         self,
         address: str,
-        tokenizer_digest: str,
-        on_ready_change: Callable[[bool], Awaitable[None]],
+        vet: Callable[[ModelInfo], str | None],
+        on_change: Callable[["WorkerLink"], None],
         connect_timeout_s: float = 1.0,
         max_message_bytes: int = 16 * 1024 * 1024,
+        poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
     ) -> None:
         self.address = address
-        self._digest = tokenizer_digest
-        self._on_ready_change = on_ready_change
+        self._vet = vet
+        self._on_change = on_change
         self._connect_timeout_s = connect_timeout_s
+        self._poll_interval_s = poll_interval_s
         self.channel = grpc.aio.insecure_channel(
             address, options=channel_options(max_message_bytes)
         )
         self.stub = worker_grpc.WorkerServiceStub(self.channel)
-        self.session = WorkerSession(self.stub)
-        self.info: worker_pb2.WorkerServiceGetModelInfoResponse | None = None
-        self._mismatch: str | None = None
-        self._ready = False
+        self.session = WorkerSession(self.stub, on_broken=self._on_session_broken)
+        self.state = LinkState.CONNECTING
+        self.reason = ""  # why it is UNREACHABLE or REFUSED
+        self.info: ModelInfo | None = None  # re-fetched after every UNREACHABLE
+        self.report: worker_pb2.GetLoadResponse | None = None  # the latest GetLoad answer
+        self.sent_since_report: set[str] = set()  # ids routed here since that answer
         self._watcher: asyncio.Task | None = None
 
+    @property
+    def usable(self) -> bool:
+        return self.state is LinkState.READY
+
+    @property
+    def load(self) -> WorkerLoad:
+        """The worker's last report plus the requests this frontend sent it since, that still run
+        (the report is up to poll_interval_s old; a burst must not all go to one worker)."""
+        pending = self.session.pending
+        recent = sum(1 for request_id in self.sent_since_report if request_id in pending)
+        r = self.report
+        if r is None:  # a worker without GetLoad: only what this frontend sent it
+            return WorkerLoad(queue=len(pending), kv_usage=0.0)
+        used = r.num_total_blocks - r.num_free_blocks
+        return WorkerLoad(
+            queue=r.num_running + r.num_waiting + recent,
+            kv_usage=used / r.num_total_blocks if r.num_total_blocks else 0.0,
+        )
+
     def start(self) -> None:
-        self._watcher = asyncio.create_task(self._watch(), name="worker-link")
+        self._watcher = asyncio.create_task(self._watch(), name=f"worker-link {self.address}")
 
     async def close(self) -> None:
         if self._watcher is not None:
@@ -59,14 +95,6 @@ class WorkerLink:
             await asyncio.gather(self._watcher, return_exceptions=True)
         await self.session.close()
         await self.channel.close()
-
-    def ready_info(self) -> worker_pb2.WorkerServiceGetModelInfoResponse:
-        """The worker's model info; raises UNAVAILABLE or FAILED_PRECONDITION when not usable."""
-        if self._mismatch is not None:
-            raise FailedPrecondition(self._mismatch)
-        if not self._ready or self.info is None:
-            raise Unavailable(f"worker at {self.address} is not ready")
-        return self.info
 
     async def check_connected(self) -> None:
         """Fails fast (UNAVAILABLE) when the worker cannot be reached, instead of letting a call
@@ -83,68 +111,83 @@ class WorkerLink:
                 f"worker at {self.address} did not connect within {self._connect_timeout_s} s"
             ) from None
 
-    async def _set_ready(self, ready: bool) -> None:
-        if ready != self._ready:
-            self._ready = ready
-            await self._on_ready_change(ready)
+    def start_request(
+        self, request: worker_pb2.GenerateTokensRequest, timeout_s: float | None
+    ) -> Pending:
+        """WorkerSession.start, counted in this worker's load until its next report."""
+        self.sent_since_report.add(request.request_id)
+        return self.session.start(request, timeout_s)
 
-    async def _refresh(self) -> bool:
-        try:
-            info = await self.stub.GetModelInfo(
-                worker_pb2.WorkerServiceGetModelInfoRequest(), timeout=self._connect_timeout_s * 5
-            )
-        except grpc.aio.AioRpcError as e:
-            if self._ready:
-                logger.warning("worker at %s lost: %s", self.address, e.code().name)
-            await self._set_ready(False)
-            return False
-        self.info = info
-        if not info.tokenizer_digest and not self._ready:
-            logger.warning(
-                "worker at %s reports no tokenizer digest: cannot check that it uses "
-                "the frontend's tokenizer files",
-                self.address,
-            )
-        if info.tokenizer_digest and info.tokenizer_digest != self._digest:
-            if self._mismatch is None:
-                logger.error(
-                    "worker at %s serves %s with tokenizer digest %s, but the frontend's "
-                    "tokenizer files hash to %s: not serving until they match",
-                    self.address,
-                    info.model_name,
-                    info.tokenizer_digest,
-                    self._digest,
-                )
-            self._mismatch = (
-                f"the worker's tokenizer (digest {info.tokenizer_digest[:12]}) "
-                f"differs from the frontend's ({self._digest[:12]})"
-            )
-            await self._set_ready(False)
-            return True
-        if not self._ready:
+    def set_state(self, state: LinkState, reason: str = "") -> None:
+        """Logs the transition (once: polling the same state again says nothing)."""
+        if state is self.state and reason == self.reason:
+            return
+        before, self.state, self.reason = self.state, state, reason
+        if state is before:  # the same state for another reason: no new transition
+            return
+        if state is LinkState.READY:
+            info = self.info
+            assert info is not None
             logger.info(
-                "worker at %s ready: model %s, max_model_len %d, vocab_size %d, tp %d",
+                "worker at %s %s: model %s, max_model_len %d, KV block size %d, tp %d",
                 self.address,
+                "ready" if before is LinkState.CONNECTING else f"is back (was {before.value})",
                 info.model_name,
                 info.max_model_len,
-                info.vocab_size,
+                info.kvcache_block_size,
                 info.tensor_parallel_size,
             )
-        self._mismatch = None
-        await self._set_ready(True)
-        return True
+        elif state is LinkState.DRAINING:
+            logger.warning("worker at %s is draining: no new requests go to it", self.address)
+        elif state is LinkState.UNREACHABLE:
+            logger.warning(
+                "worker at %s is unreachable (%s): no new requests go to it until it answers",
+                self.address,
+                reason,
+            )
+        elif state is LinkState.REFUSED:
+            logger.error("worker at %s refused: %s", self.address, reason)
+        self._on_change(self)
+
+    def _on_session_broken(self, reason: str) -> None:
+        # a killed worker is known here at once, before the next poll
+        if self.state in (LinkState.READY, LinkState.DRAINING):
+            self.info = None
+            self.set_state(LinkState.UNREACHABLE, reason)
+
+    async def _poll(self) -> None:
+        timeout = max(POLL_TIMEOUT_S, self._connect_timeout_s)
+        try:
+            if self.info is None:
+                info = await self.stub.GetModelInfo(
+                    worker_pb2.WorkerServiceGetModelInfoRequest(), timeout=timeout
+                )
+                refusal = self._vet(info)
+                if refusal is not None:
+                    self.set_state(LinkState.REFUSED, refusal)
+                    return  # info stays None: asked again next time (it may be replaced)
+                self.info = info
+            try:
+                self.report = await self.stub.GetLoad(worker_pb2.GetLoadRequest(), timeout=timeout)
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                self.report = None  # an older worker: routed by prefix alone
+            self.sent_since_report = set()
+        except grpc.aio.AioRpcError as e:
+            self.info = None  # re-fetched when it answers: it may be another worker by then
+            self.set_state(LinkState.UNREACHABLE, f"{e.code().name}: {e.details()}")
+            return
+        draining = self.report is not None and self.report.draining
+        self.set_state(LinkState.DRAINING if draining else LinkState.READY)
 
     async def _watch(self) -> None:
-        """Polls GetModelInfo until the worker answers, then sleeps until the connection leaves
-        READY (worker restart, network) and starts over, so a restarted worker's info is used."""
+        """Polls every poll_interval_s, and at once when the connection changes state (a stopped
+        worker's GOAWAY is seen here before the next poll is due)."""
         while True:
-            if not await self._refresh():
-                await asyncio.sleep(RETRY_INTERVAL_S)
-                continue
+            await self._poll()
             state = self.channel.get_state()
-            if state != grpc.ChannelConnectivity.READY:
-                await asyncio.sleep(RETRY_INTERVAL_S)
-                continue
-            while state == grpc.ChannelConnectivity.READY:
-                await self.channel.wait_for_state_change(state)
-                state = self.channel.get_state()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self.channel.wait_for_state_change(state), self._poll_interval_s
+                )

@@ -6,6 +6,7 @@ message; each worker message (one engine step) is fanned out to the requests' Pe
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -50,8 +51,13 @@ class WorkerSession:
     """Opened on first use and again after it breaks; closing it (or losing it) makes the worker
     abort every request on it."""
 
-    def __init__(self, stub: worker_grpc.WorkerServiceStub) -> None:
+    def __init__(
+        self,
+        stub: worker_grpc.WorkerServiceStub,
+        on_broken: Callable[[str], None] | None = None,
+    ) -> None:
         self.stub = stub
+        self.on_broken = on_broken  # told why, when the worker side broke it (not on close)
         self.call: grpc.aio.StreamStreamCall | None = None
         self.pending: dict[str, Pending] = {}  # request id -> its output
         self.adds: list[worker_pb2.SessionAdd] = []
@@ -59,6 +65,7 @@ class WorkerSession:
         self.flush_scheduled = False
         self.outbox: asyncio.Queue[worker_pb2.SessionRequest] = asyncio.Queue()
         self.tasks: list[asyncio.Task] = []
+        self.closing = False
 
     def start(self, request: worker_pb2.GenerateTokensRequest, timeout_s: float | None) -> Pending:
         """Queues a request (its id unique within this process); its outputs arrive on Pending."""
@@ -144,8 +151,11 @@ class WorkerSession:
         self.pending.clear()
         self.adds, self.aborts = [], []
         call.cancel()
+        if self.on_broken is not None and not self.closing:
+            self.on_broken(reason)
 
     async def close(self) -> None:
+        self.closing = True
         if self.call is not None:
             self._broken(self.call, "the frontend is stopping")
         await asyncio.gather(*self.tasks, return_exceptions=True)

@@ -168,8 +168,14 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
     @grpc_errors
     async def GetLoad(self, request, context):
         """Queue lengths, KV blocks, prefix-cache hit rate and recent throughput, as of the engine
-        core's latest frame (sent every step, and when it goes idle)."""
-        a = self._ready()
+        core's latest frame (sent every step, and when it goes idle). It still answers while the
+        worker drains (draining=true), so a frontend tells "finishing, take no new requests" from
+        "gone"."""
+        a = self.engine
+        if a is None:
+            raise Unavailable("the worker is still loading the model")
+        if a.error is not None:
+            raise Unavailable("the engine has failed")
         load = a.load
         prompt_rate, gen_rate = a.rates()
         return worker_pb2.GetLoadResponse(
@@ -182,6 +188,9 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             prompt_tokens_per_s=prompt_rate,
             num_preemptions=load.num_preemptions,
             num_finished=a.num_finished,
+            prefix_cache_queries=load.prefix_cache_queries,
+            prefix_cache_hits=load.prefix_cache_hits,
+            draining=self.draining,
         )
 
 

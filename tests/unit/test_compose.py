@@ -337,3 +337,54 @@ def test_healthcheck_script_reports_through_its_exit_code(health_server) -> None
     assert run([*script, service, str(port)]).returncode == 0
     server_gone = run([*script, service, str(port)], NANOSERVE_FRONTEND_PORT="1")
     assert server_gone.returncode == 1 and "not SERVING" in server_gone.stderr
+
+
+# --- (c) the scaled-workers override -------------------------------------------------------------
+
+SCALED = ROOT / "docker-compose.scaled.yml"
+
+
+def merged(base: dict, override: dict) -> dict:
+    """Compose's merge of an override file, for the mappings these files use."""
+    out = dict(base)
+    for key, value in override.items():
+        both = isinstance(value, dict) and isinstance(base.get(key), dict)
+        out[key] = merged(base[key], value) if both else value
+    return out
+
+
+def load_scaled(env: dict[str, str] | None = None) -> dict:
+    env = env or {}
+    text = INTERPOLATION.sub(lambda m: env.get(m.group(1), m.group(2) or ""), SCALED.read_text())
+    return merged(load_compose(env), yaml.safe_load(text))
+
+
+def test_docker_compose_accepts_the_scaled_override(tmp_path) -> None:
+    done = run(
+        [*compose_v1(), "-f", str(SCALED), "config"],
+        NANOSERVE_WORKERS="3",
+        NANOSERVE_MODEL_DIR=str(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr
+    worker = yaml.safe_load(done.stdout)["services"]["worker"]
+    assert int(worker["deploy"]["replicas"]) == 3
+
+
+@pytest.mark.parametrize("name", ["worker", "frontend"])
+def test_scaled_override_builds_valid_configs(name: str, tmp_path, monkeypatch) -> None:
+    services = load_scaled()["services"]
+    for key in [k for k in os.environ if k.startswith("NANOSERVE_")]:
+        monkeypatch.delenv(key)
+    for key, value in services[name]["environment"].items():
+        monkeypatch.setenv(key, str(value))
+    monkeypatch.setenv(env_var("model", env_prefix(CONFIGS[name])), str(tmp_path))
+    config = parse_config(CONFIGS[name], [])
+    if name == "worker":
+        assert int(services["worker"]["deploy"]["replicas"]) == 2
+        # replicas on one host share its GPUs: two fit beside each other
+        assert config.gpu_memory_utilization * 2 <= 0.9
+        assert "ports" not in services["worker"]  # still internal: several replicas, no host port
+    else:
+        # the service name, which Docker's DNS answers with every replica, re-resolved
+        assert config.worker_address == f"worker:{int(services['worker']['expose'][0])}"
+        assert 0 < config.worker_resolve_interval_s <= 10

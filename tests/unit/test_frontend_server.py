@@ -5,6 +5,7 @@ import asyncio
 import contextlib
 import json
 import math
+import re
 import shutil
 import time
 from collections.abc import AsyncIterator, Callable
@@ -129,6 +130,9 @@ class FakeWorker(worker_grpc.WorkerServiceServicer):
 
     async def GetModelInfo(self, request, context):
         return self.info
+
+    async def GetLoad(self, request, context):
+        return worker_pb2.GetLoadResponse(num_free_blocks=64, num_total_blocks=64)
 
 
 @dataclass
@@ -550,7 +554,10 @@ def test_broken_session_ends_every_stream_unavailable(
             assert (await call.read()).token_ids
         # the worker sees the client's id (for its logs) made unique by the frontend
         assert sorted(r.request_id.partition("#")[0] for r in h.fake.requests) == ["c0", "c1", "c2"]
-        assert all(r.request_id.partition("#")[2].isdigit() for r in h.fake.requests)
+        assert all(
+            re.fullmatch(r"[0-9a-f]{8}-\d+", r.request_id.partition("#")[2])
+            for r in h.fake.requests
+        )
         await h.worker_server.stop(0)
         for call in calls:
             with pytest.raises(grpc.aio.AioRpcError) as exc:

@@ -118,7 +118,7 @@ class GetLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetLoadResponse(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "num_free_blocks", "num_total_blocks", "prefix_cache_hit_rate", "generation_tokens_per_s", "prompt_tokens_per_s", "num_preemptions", "num_finished")
+    __slots__ = ("num_running", "num_waiting", "num_free_blocks", "num_total_blocks", "prefix_cache_hit_rate", "generation_tokens_per_s", "prompt_tokens_per_s", "num_preemptions", "num_finished", "prefix_cache_queries", "prefix_cache_hits", "draining")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +128,9 @@ class GetLoadResponse(_message.Message):
     PROMPT_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     NUM_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     NUM_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_QUERIES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     num_free_blocks: int
@@ -137,4 +140,7 @@ class GetLoadResponse(_message.Message):
     prompt_tokens_per_s: float
     num_preemptions: int
     num_finished: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ..., num_preemptions: _Optional[int] = ..., num_finished: _Optional[int] = ...) -> None: ...
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    draining: bool
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ..., num_preemptions: _Optional[int] = ..., num_finished: _Optional[int] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
