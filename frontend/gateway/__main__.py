@@ -64,7 +64,7 @@ async def serve(config: GatewayConfig) -> None:
             log_level=config.log_level.lower(),
             access_log=config.log_level.upper() == "DEBUG",
             log_config=None,  # keep nanoserve's log format (setup_logging)
-            timeout_graceful_shutdown=30,
+            timeout_graceful_shutdown=max(1, round(config.grace_period_s)),
         )
     )
     host, port = sock.getsockname()[:2]

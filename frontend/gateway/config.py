@@ -58,6 +58,10 @@ class GatewayConfig:
     tls_client_key_file: str | None = field(
         default=None, metadata={"help": "PEM private key of tls_client_cert_file"}
     )
+    grace_period_s: float = field(
+        default=30.0,
+        metadata={"help": "on SIGTERM, how long in-flight requests may run before they are cut"},
+    )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
 
     def __post_init__(self) -> None:
@@ -70,8 +74,9 @@ class GatewayConfig:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
-        if not self.request_timeout_s >= 0:
-            raise ValueError(f"request_timeout_s must be >= 0, got {self.request_timeout_s}")
+        for name in ("request_timeout_s", "grace_period_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if (self.tls_client_cert_file is None) != (self.tls_client_key_file is None):
             raise ValueError("tls_client_cert_file and tls_client_key_file go together")
         if self.served_model_name is not None and not self.served_model_name.strip():
