@@ -103,8 +103,13 @@ class Gateway:
         return JSONResponse({"status": status}, status_code=200 if status == "SERVING" else 503)
 
     async def models(self, request: Request) -> dict:
+        """Asks the frontend every time, with the caller's token: the listing is not open."""
         client = self.client.with_token(caller_token(request))
-        name = await _until_disconnect(request, self.model_name(client))
+        try:
+            info = await _until_disconnect(request, client.model_info())
+        except ServiceError as e:
+            raise from_service_error(e) from None
+        name = self._model_name or info.model_name
         model = {"id": name, "object": "model", "created": 0, "owned_by": "nanoserve"}
         return {"object": "list", "data": [model]}
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from nanoserve import Client
-from tests.e2e.conftest import Pair, Service, assert_idle, start_pair
+from tests.e2e.conftest import Pair, Service, assert_idle, start_frontend, start_pair
 
 openai = pytest.importorskip("openai", reason="pip install openai (the dev extra)")
 pytestmark = pytest.mark.e2e
@@ -323,6 +323,9 @@ def test_admission_full_is_429_and_tokens_are_checked(guarded: tuple[Pair, Servi
     assert request_json("GET", base_url(gateway) + "/health")[0] == 200  # health stays open
     sdk = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0)
     (model,) = [m.id for m in sdk.models.list().data]
+    assert request_json("GET", url + "/models")[0] == 401  # still checked once the name is known
+    status, body = request_json("POST", url + "/completions", {"model": model, "prompt": "x"})
+    assert status == 401 and body["error"]["code"] == "unauthenticated"
     with Client(pair.frontend.address, token=KEY) as client:
         busy = client.generate_stream("Hi", max_tokens=3000, ignore_eos=True)
         next(busy)  # the one admitted request runs
@@ -342,3 +345,46 @@ def test_admission_full_is_429_and_tokens_are_checked(guarded: tuple[Pair, Servi
             assert time.monotonic() < deadline
             time.sleep(0.1)
     assert done.usage.completion_tokens <= 4
+
+
+def test_gateway_reaches_a_mutual_tls_frontend_with_the_callers_key(
+    services: Pair, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """One keys file for gRPC and HTTP; the gateway dials TLS with a client certificate."""
+    from tests.tls_certs import make_certs
+
+    certs = make_certs(tmp_path / "certs")
+    keys = tmp_path / "api_keys"
+    keys.write_text(f"tenant-a {KEY}\n")
+    frontend = start_frontend(
+        tiny_model_dir,
+        services.worker.address,
+        *("--tls-cert-file", str(certs.server_cert), "--tls-key-file", str(certs.server_key)),
+        *("--tls-client-ca-file", str(certs.ca), "--api-keys-file", str(keys)),
+        wait=False,
+    )
+    tls = {"root_certificates": certs.ca, "client_cert": certs.client_cert}
+    try:
+        with Client(frontend.wait_listening(), client_key=certs.client_key, **tls) as client:
+            client.wait_ready(timeout=90)
+        gateway = start_gateway(
+            f"localhost:{frontend.port}",  # the name the server certificate holds
+            *("--tls-root-certificates-file", str(certs.ca)),
+            *("--tls-client-cert-file", str(certs.client_cert)),
+            *("--tls-client-key-file", str(certs.client_key)),
+        )
+        try:
+            url = base_url(gateway) + "/v1"
+            sdk = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0)
+            (model,) = [m.id for m in sdk.models.list().data]
+            reply = sdk.completions.create(model=model, prompt="Hi", max_tokens=3)
+            assert reply.usage.completion_tokens == 3
+            with pytest.raises(openai.AuthenticationError):
+                openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).completions.create(
+                    model=model, prompt="Hi", max_tokens=3
+                )
+            assert request_json("GET", base_url(gateway) + "/health")[0] == 200
+        finally:
+            assert gateway.stop() == 0, gateway.output()
+    finally:
+        frontend.stop()
