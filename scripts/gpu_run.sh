@@ -100,6 +100,10 @@ case $mode in
     step serving_poisson 120 $serving --num-prompts 256 --request-rate 16 --skip-offline --warmup light
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step serving_tp2 200 $serving --num-prompts 256 \
       --tensor-parallel-size 2
+    # the OpenAI HTTP gateway beside the gRPC paths, where its wheels were carried (the `gateway`
+    # extra: fastapi, starlette, uvicorn, pydantic and their dependencies in .whl/)
+    $py -c "import fastapi, uvicorn" 2>/dev/null \
+      && step serving_gateway 240 $serving --num-prompts 256 --target all --skip-offline
     ;;
   tp)  # tensor parallel in their own processes: a collective that hangs must not take the rest down
     step gpu_tp_tests 150 $py -m pytest -q tests/gpu/test_tp_gpu.py -p no:cacheprovider -rA

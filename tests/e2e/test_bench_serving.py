@@ -156,3 +156,5 @@ def test_bench_serving_through_the_gateway_next_to_grpc(tiny_model_dir):
     assert set(res["gateway"]["service_cpu_cores"]) == {"worker", "frontend", "gateway"}
     assert res["gateway_over_frontend"] > 0
     assert f"({res['gateway_over_frontend']} of frontend)" in serving.summary(res)
+    table = "\n".join(gpu_table.serving_lines({**res, "step": "serving_gateway"}))
+    assert "  gateway " in table and "gateway (HTTP) / frontend (gRPC)" in table
