@@ -13,7 +13,7 @@ from nanoserve.frontend.gateway.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
-    _Request,
+    OpenAIRequest,
 )
 
 # OpenAI (or vLLM extra) parameter -> SamplingParams field.
@@ -70,7 +70,7 @@ class Mapped:
     include_usage: bool = False
 
 
-def _map_common(request: _Request) -> Mapped:
+def _map_common(request: OpenAIRequest) -> Mapped:
     given = {k: v for k, v in request if v is not None}
     for name, no_op in NOT_YET.items():
         if name in given and not no_op(given[name]):

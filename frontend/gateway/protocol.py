@@ -29,7 +29,7 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool | None = None  # vLLM's; only False is served
 
 
-class _Request(_Strict):
+class OpenAIRequest(_Strict):
     """Fields both endpoints share: the model, streaming and the sampling parameters."""
 
     model: Name
@@ -65,7 +65,7 @@ class _Request(_Strict):
     prompt_logprobs: Any = None
 
 
-class CompletionRequest(_Request):
+class CompletionRequest(OpenAIRequest):
     """POST /v1/completions. `prompt`: text, token ids, or a one-element list of either."""
 
     prompt: Text | Annotated[list[UInt32], Field(max_length=MAX_LIST)] | list[Any]
@@ -94,7 +94,7 @@ class ChatTemplateKwargs(_Strict):
     enable_thinking: bool | None = None
 
 
-class ChatCompletionRequest(_Request):
+class ChatCompletionRequest(OpenAIRequest):
     """POST /v1/chat/completions."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=65536)]
