@@ -48,7 +48,7 @@ def serving_lines(r: dict) -> list[str]:
             f"  {'offline':<9} {o['tok_s']:>9,.0f} {'1':>8} "
             f"{o['one_stream_ms_per_token']:>15} {o['one_stream_ttft_ms']:>8}"
         )
-    for t in ("frontend", "worker"):
+    for t in ("frontend", "worker", "gateway"):
         if t not in r:
             continue
         x = r[t]
@@ -64,6 +64,8 @@ def serving_lines(r: dict) -> list[str]:
             + ", ".join(f"{b} {fmt(s)}" for b, s in x["ttft_ms_by_prompt_len"].items())
             + f"; service CPU cores {x['service_cpu_cores']}"
         )
+    if "gateway_over_frontend" in r:
+        lines.append(f"  gateway (HTTP) / frontend (gRPC) tok/s: {r['gateway_over_frontend']}")
     if "ttft_frontend_minus_worker_ms" in r:
         lines.append(
             f"  one-stream TTFT frontend - worker: {r['ttft_frontend_minus_worker_ms']} ms"

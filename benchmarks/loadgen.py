@@ -1,10 +1,12 @@
 """The serving benchmark's load generator: streams requests to FrontendService.Generate or
-WorkerService.GenerateTokens over plain grpc.aio and times every response message. Several client
+WorkerService.GenerateTokens over plain grpc.aio, or to the OpenAI gateway's /v1/completions
+(gateway_stream.py), and times every response message. Several client
 processes (spawned, results back as JSON) when one event loop would be the bottleneck; each reports
 its own CPU time so that the figures say whether it was.
 """
 
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import queue
@@ -13,6 +15,7 @@ import time
 from dataclasses import asdict
 
 import grpc
+from nanoserve.benchmarks.gateway_stream import GatewayError, starter
 from nanoserve.benchmarks.workload import Request
 from nanoserve.grpc_options import channel_options
 from nanoserve.proto.v1 import common_pb2
@@ -21,7 +24,7 @@ from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 
-TARGETS = ("frontend", "worker")
+TARGETS = ("frontend", "worker", "gateway")
 CLIENT_KEYS = ("cpu_s", "wall_s", "max_rss_mib")  # what each client process reports of itself
 
 
@@ -77,6 +80,8 @@ async def _one(start, r: Request, t0: float) -> dict:
                 first_tokens = first_tokens or n
     except grpc.RpcError as e:
         error = f"{e.code().name}: {e.details()}"
+    except (GatewayError, OSError) as e:
+        error = f"{type(e).__name__}: {e}"
     end = time.perf_counter()
     return dict(
         prompt_len=len(r.prompt_token_ids),
@@ -103,9 +108,15 @@ async def run(
     """Run `requests` on one channel: all concurrently at their arrival times, or one after another
     (each sent when the previous ends). `barrier` (multiprocessing) starts every client process's
     clock together, once all are connected."""
-    async with grpc.aio.insecure_channel(address, options=channel_options()) as channel:
-        await asyncio.wait_for(channel.channel_ready(), 60)
-        start = _call(target, channel, temperature)
+    async with contextlib.AsyncExitStack() as stack:
+        if target == "gateway":  # HTTP: a connection per request, no channel
+            start = await starter(address, temperature)
+        else:
+            channel = await stack.enter_async_context(
+                grpc.aio.insecure_channel(address, options=channel_options())
+            )
+            await asyncio.wait_for(channel.channel_ready(), 60)
+            start = _call(target, channel, temperature)
         if barrier is not None:
             await asyncio.get_running_loop().run_in_executor(None, barrier.wait)
         cpu0, t0 = time.process_time(), time.perf_counter()

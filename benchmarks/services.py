@@ -1,21 +1,35 @@
-"""The services `nanoserve bench serving` measures, started as processes (`python -m
-nanoserve.worker` / `nanoserve.frontend`) on loopback, their logs copied to stderr so that stdout
-keeps only figures; and the CPU time each one's process tree spends while a run goes on.
+"""The services `nanoserve bench serving` measures, started as processes on loopback (`python -m
+nanoserve.worker` / `nanoserve.frontend` / `nanoserve.frontend.gateway`), their logs copied to
+stderr so that stdout keeps only figures; and the CPU time each one's process tree spends while a
+run goes on.
 """
 
+import argparse
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from nanoserve.process import FRONTEND_SERVICE, WORKER_SERVICE
 from nanoserve.process import is_serving as _serving
 
-LISTENING = re.compile(r"(worker|frontend) listening on (\S+):(\d+)")
+LISTENING = re.compile(r"(worker|frontend|gateway) listening on (\S+):(\d+)")
+
+
+def _http_ok(address: str | None) -> bool:
+    """The gateway's readiness: GET /health answers 200 (its frontend is SERVING)."""
+    try:
+        with urllib.request.urlopen(f"http://{address}/health", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 class Service:
@@ -46,8 +60,13 @@ class Service:
     def wait_serving(self, timeout_s: float) -> str:
         """Blocks until the health service says SERVING; returns the address."""
         service = WORKER_SERVICE if self.name == "worker" else FRONTEND_SERVICE
+        ready = (
+            (lambda: _http_ok(self.address))
+            if self.name == "gateway"
+            else (lambda: _serving(self.address, service))
+        )
         deadline = time.monotonic() + timeout_s
-        while not (self._listening.is_set() and _serving(self.address, service)):
+        while not (self._listening.is_set() and ready()):
             if self.process.poll() is not None:
                 raise RuntimeError(f"the {self.name} exited with code {self.process.returncode}")
             if time.monotonic() > deadline:
@@ -94,3 +113,60 @@ def tree_cpu_s(pid: int) -> float:
         tree.update(kids)
         frontier.extend(kids)
     return sum(cpu.get(p, 0.0) for p in tree)
+
+
+def start_services(
+    worker_flags: list[str], model: str, target: str, args: argparse.Namespace
+) -> dict[str, Service]:
+    """The worker, and for the frontend, gateway and all targets the frontend, and for the
+    gateway and all targets the gateway in front of it; each waited for until it serves."""
+    py = [sys.executable, "-m"]
+    worker = Service(
+        "worker",
+        [
+            *py,
+            "nanoserve.worker",
+            "--port",
+            "0",
+            *worker_flags,
+            *shlex.split(args.worker_args),
+        ],
+    )
+    services = {"worker": worker}
+    try:
+        worker_address = worker.wait_serving(args.start_timeout)
+        if target in ("frontend", "both", "gateway", "all"):
+            services["frontend"] = Service(
+                "frontend",
+                [
+                    *py,
+                    "nanoserve.frontend",
+                    "--model",
+                    model,
+                    "--port",
+                    "0",
+                    "--worker-address",
+                    worker_address,
+                    *shlex.split(args.frontend_args),
+                ],
+            )
+            frontend_address = services["frontend"].wait_serving(120)
+            if target in ("gateway", "all"):
+                services["gateway"] = Service(
+                    "gateway",
+                    [
+                        *py,
+                        "nanoserve.frontend.gateway",
+                        "--port",
+                        "0",
+                        "--frontend-address",
+                        frontend_address,
+                        *shlex.split(args.gateway_args),
+                    ],
+                )
+                services["gateway"].wait_serving(60)
+    except BaseException:
+        for s in services.values():
+            s.stop(10.0)
+        raise
+    return services

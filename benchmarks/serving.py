@@ -1,15 +1,15 @@
 """`nanoserve bench serving`: nano-vllm's workload offline (LLM.generate, in its own process) and
 through the services (worker and frontend started as processes with the same engine settings, or
-a running one at --address), one gRPC stream per request from a load generator that reports its own
-CPU use. Prints throughput and the served/offline ratio, one-stream ms/token and TTFT, TTFT and
-inter-token latency percentiles, TTFT by prompt length. Figures only, never pass/fail.
+a running one at --address; --target gateway or all adds the OpenAI HTTP gateway in front), one
+stream per request from a load generator that reports its own CPU use. Prints throughput and the
+served/offline ratio, one-stream ms/token and TTFT, TTFT and inter-token latency percentiles, TTFT
+by prompt length. Figures only, never pass/fail.
 """
 
 import argparse
 import asyncio
 import dataclasses
 import json
-import shlex
 import shutil
 import signal
 import subprocess
@@ -21,7 +21,7 @@ from statistics import median
 import grpc
 from nanoserve.benchmarks import loadgen, workload
 from nanoserve.benchmarks.offline import MARK
-from nanoserve.benchmarks.services import Service, tree_cpu_s
+from nanoserve.benchmarks.services import start_services, tree_cpu_s
 from nanoserve.benchmarks.serving_report import summary
 from nanoserve.benchmarks.shapes import SHAPES, write_shape_dir
 from nanoserve.benchmarks.stats import summarize, summarize_by_bucket
@@ -50,10 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--target",
         default="",
-        choices=["", "frontend", "worker", "both"],
+        choices=["", "frontend", "worker", "both", "gateway", "all"],
         help="which service to load: with --address what runs there (default "
         "frontend); without, default both (through the frontend, and straight to the "
-        "worker)",
+        "worker); gateway = the OpenAI HTTP gateway in front of the frontend (needs the "
+        "gateway extra); all = the three paths",
     )
     g.add_argument("--num-prompts", type=int, default=256, help="requests in the throughput run")
     g.add_argument("--min-len", type=int, default=100, help="shortest prompt, in tokens")
@@ -126,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--frontend-args",
         default="",
         help='extra frontend flags as one string, e.g. "--max-concurrent-requests 2048"',
+    )
+    g.add_argument(
+        "--gateway-args",
+        default="",
+        help='extra gateway flags as one string, e.g. "--max-body-bytes 16777216"',
     )
     g.add_argument(
         "--start-timeout",
@@ -207,11 +213,22 @@ def tpot(r: dict) -> float:
 
 
 def measure(
-    target: str, address: str, shape: list, warmup: list, args, services: dict[str, int]
+    target: str,
+    address: str,
+    shape: list,
+    warmup: list,
+    args,
+    services: dict[str, int],
+    frontend_address: str = "",
 ) -> dict:
     """Warm-up, the throughput run (CPU of the load generator and of each service process tree),
     then the one-stream runs, on one target."""
-    vocab = model_info(target, address).vocab_size
+    # the gateway's model is the frontend's (the HTTP API has no vocab_size)
+    vocab = (
+        model_info("frontend", frontend_address)
+        if target == "gateway"
+        else model_info(target, address)
+    ).vocab_size
     loadgen.run_processes(
         target, address, workload.build(f"{target}-warmup", warmup, vocab), args.temperature, 1
     )
@@ -265,48 +282,11 @@ def measure(
     return out
 
 
-def start_services(settings: dict, target: str, args) -> dict[str, Service]:
-    py = [sys.executable, "-m"]
-    worker = Service(
-        "worker",
-        [
-            *py,
-            "nanoserve.worker",
-            "--port",
-            "0",
-            *worker_flags(settings),
-            *shlex.split(args.worker_args),
-        ],
-    )
-    services = {"worker": worker}
-    try:
-        worker_address = worker.wait_serving(args.start_timeout)
-        if target in ("frontend", "both"):
-            services["frontend"] = Service(
-                "frontend",
-                [
-                    *py,
-                    "nanoserve.frontend",
-                    "--model",
-                    settings["model"],
-                    "--port",
-                    "0",
-                    "--worker-address",
-                    worker_address,
-                    *shlex.split(args.frontend_args),
-                ],
-            )
-            services["frontend"].wait_serving(120)
-    except BaseException:
-        for s in services.values():
-            s.stop(10.0)
-        raise
-    return services
-
-
 def run(args: argparse.Namespace) -> dict:
     target = args.target or ("frontend" if args.address else "both")
-    targets = ["frontend", "worker"] if target == "both" else [target]
+    targets = {"both": ["frontend", "worker"], "all": ["frontend", "worker", "gateway"]}.get(
+        target, [target]
+    )
     shape = workload.lengths(
         args.num_prompts, args.min_len, args.max_len, args.min_out, args.max_out
     )
@@ -320,8 +300,8 @@ def run(args: argparse.Namespace) -> dict:
         request_rate=args.request_rate if args.request_rate != float("inf") else "inf",
     )
     if args.address:
-        if target == "both":
-            raise SystemExit("--address takes one --target: frontend or worker")
+        if target not in ("frontend", "worker"):
+            raise SystemExit("--address takes one gRPC --target: frontend or worker")
         info = model_info(target, args.address)
         result.update(model=f"{info.model_name} at {args.address}", tp=info.tensor_parallel_size)
         for t in targets:
@@ -347,15 +327,17 @@ def run(args: argparse.Namespace) -> dict:
     )
     if not args.skip_offline:
         result["offline"] = run_offline(settings, shape, warmup, args)
-    services = start_services(settings, target, args)
+    services = start_services(worker_flags(settings), settings["model"], target, args)
     try:
         pids = {name: s.process.pid for name, s in services.items()}
         for t in targets:
             address = services[t].address
             assert address is not None  # start_services waited until it served
-            result[t] = measure(t, address, shape, warmup, args, pids)
+            frontend = services.get("frontend")
+            frontend_address = frontend.address if frontend is not None else None
+            result[t] = measure(t, address, shape, warmup, args, pids, frontend_address or "")
     finally:
-        for name in ("frontend", "worker"):  # the frontend first: its streams drain through it
+        for name in ("gateway", "frontend", "worker"):  # outermost first: streams drain inward
             if name in services:
                 services[name].stop(10.0)
     offline = result.get("offline") or {}
@@ -365,6 +347,10 @@ def run(args: argparse.Namespace) -> dict:
             result[f"{t}_ms_per_token_over_offline"] = round(
                 result[t]["one_stream_ms_per_token"] / offline["one_stream_ms_per_token"], 3
             )
+    if "gateway" in result and "frontend" in result:  # HTTP + JSON + SSE against gRPC
+        result["gateway_over_frontend"] = round(
+            result["gateway"]["tok_s"] / max(1e-9, result["frontend"]["tok_s"]), 3
+        )
     if "frontend" in result and "worker" in result and "one_stream_ttft_ms" in result["frontend"]:
         result["ttft_frontend_minus_worker_ms"] = round(
             result["frontend"]["one_stream_ttft_ms"] - result["worker"]["one_stream_ttft_ms"], 2

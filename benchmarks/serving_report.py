@@ -14,11 +14,13 @@ def summary(r: dict) -> str:
             f"  offline   {o['tok_s']:>10,.0f} tok/s   one stream "
             f"{o['one_stream_ms_per_token']} ms/token, TTFT {o['one_stream_ttft_ms']} ms"
         )
-    for t in ("frontend", "worker"):
+    for t in ("frontend", "worker", "gateway"):
         if t not in r:
             continue
         x = r[t]
         ratio = f" ({r[t + '_over_offline']} of offline)" if t + "_over_offline" in r else ""
+        if t == "gateway" and "gateway_over_frontend" in r:
+            ratio += f" ({r['gateway_over_frontend']} of frontend)"
         lines.append(
             f"  {t:<9} {x['tok_s']:>10,.0f} tok/s{ratio}   one stream "
             f"{x.get('one_stream_ms_per_token')} ms/token, TTFT "

@@ -3,11 +3,16 @@ is SERVING. Docker runs it inside the container, so it dials loopback on the por
 
 usage: healthcheck.py SERVICE DEFAULT_PORT   (the port is the service's own port variable when set:
 $NANOSERVE_WORKER_PORT for the worker, $NANOSERVE_FRONTEND_PORT for the frontend)
+       healthcheck.py http://127.0.0.1:PORT/health   (the gateway: HTTP 200; $NANOSERVE_GATEWAY_PORT
+replaces PORT when set)
 exit 0: SERVING; exit 1: anything else (NOT_SERVING while loading or draining, refused, timeout).
 """
 
 import os
 import sys
+import urllib.error
+import urllib.parse
+import urllib.request
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -30,7 +35,25 @@ def check(service: str, port: int, host: str = "127.0.0.1") -> bool:
     return response.status == health_pb2.HealthCheckResponse.SERVING
 
 
+def check_http(url: str) -> int:
+    """The gateway's probe: GET url answers 200 (its frontend is SERVING)."""
+    port = os.environ.get("NANOSERVE_GATEWAY_PORT")
+    if port:
+        parts = urllib.parse.urlsplit(url)
+        url = parts._replace(netloc=f"{parts.hostname}:{port}").geturl()
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
+            status = response.status
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        status = getattr(e, "code", None) or str(e)
+    if status != 200:
+        print(f"healthcheck: {url} answered {status}", file=sys.stderr)
+    return 0 if status == 200 else 1
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 1 and argv[0].startswith("http://"):
+        return check_http(argv[0])
     if len(argv) != 2:
         print("usage: healthcheck.py SERVICE DEFAULT_PORT", file=sys.stderr)
         return 1  # docker reserves exit codes other than 0 and 1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: GPU tests, engine and serving benchmarks, then a short table.
-# Usage: bash scripts/gpu_run.sh [full|quick|tests|serve|tp|kernels]   (on the GPU machine, ≤ 9 minutes)
+# Usage: bash scripts/gpu_run.sh [full|quick|tests|serve|tp|kernels|gateway]   (GPU machine, ≤ 9 min)
 #        bash scripts/gpu_run.sh wheels [NAME==VERSION...]    (here, before: fills .whl/ to carry)
 #   full:    tests/gpu (one GPU), 0.6B throughput + batch-1 latency, `nanoserve bench serving` at
 #            256 streams and at 16 req/s Poisson, benchmarks/prefill.py if present
@@ -10,6 +10,9 @@
 #   tp:      (two GPUs) tensor-parallel tests, 8B tp=2 batch-1 latency, bench serving tp=2
 #   kernels: the roofline account (benchmarks/roofline.py), attention and all-reduce sweeps, 8B
 #            tp=1 latency
+#   gateway: bench serving offline, through the frontend, straight to the worker and through the
+#            OpenAI HTTP gateway (--target all); carry the gateway extra's wheels first:
+#            bash scripts/gpu_run.sh wheels $(cat scripts/gateway_wheels.txt)
 # Every step has its own timeout, and all of them together stay inside $GPU_RUN_BUDGET_S (530 s).
 # Logs and results go to $OUT (else ./gpu-logs): a log per step, results.json, summary.txt.
 set -u
@@ -100,11 +103,18 @@ case $mode in
     step serving_poisson 120 $serving --num-prompts 256 --request-rate 16 --skip-offline --warmup light
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step serving_tp2 200 $serving --num-prompts 256 \
       --tensor-parallel-size 2
+    # the OpenAI HTTP gateway beside the gRPC paths, where its wheels were carried (the `gateway`
+    # extra: fastapi, starlette, uvicorn, pydantic and their dependencies in .whl/)
+    $py -c "import fastapi, uvicorn" 2>/dev/null \
+      && step serving_gateway 240 $serving --num-prompts 256 --target all --skip-offline
     ;;
   tp)  # tensor parallel in their own processes: a collective that hangs must not take the rest down
     step gpu_tp_tests 150 $py -m pytest -q tests/gpu/test_tp_gpu.py -p no:cacheprovider -rA
     step bench_8b_tp2 110 $bench latency --shape qwen3-8b --tensor-parallel-size 2
     step serving_tp2 230 $serving --num-prompts 256 --tensor-parallel-size 2
+    ;;
+  gateway)
+    step serving_gateway 480 $serving --num-prompts 256 --target all
     ;;
   kernels)
     step roofline 150 $py -m nanoserve.benchmarks.roofline --json
@@ -112,7 +122,8 @@ case $mode in
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|serve|tp|kernels|wheels]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|serve|tp|kernels|gateway|wheels]" >&2
+     exit 2 ;;
 esac
 
 $py benchmarks/gpu_table.py "$out" 2>&1 | tee -a "$out/summary.txt"  # no nanoserve import: runs whatever broke

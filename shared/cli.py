@@ -1,5 +1,5 @@
 """The `nanoserve` console script: `serve` runs a worker and a frontend as child processes on
-loopback; `worker` and `frontend` run one service; `generate` streams a completion from a running
+loopback; `worker`, `frontend` and `gateway` (OpenAI HTTP API) run one service; `generate` streams a completion from a running
 frontend; `bench` and `make-tiny-model` hand over to their modules.
 """
 
@@ -36,6 +36,7 @@ _serving = is_serving
 PASS_THROUGH = {
     "worker": "run the worker service (python -m nanoserve.worker ARGS)",
     "frontend": "run the frontend service (python -m nanoserve.frontend ARGS)",
+    "gateway": "run the OpenAI-compatible HTTP gateway (python -m nanoserve.frontend.gateway ARGS)",
     "bench": "run the benchmarks (nanoserve.benchmarks.engine)",
     "make-tiny-model": "write a tiny random Qwen3 model directory (nanoserve.tiny.model)",
 }
@@ -344,6 +345,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from nanoserve.frontend.__main__ import main as frontend_main
 
         frontend_main(rest, prog="nanoserve frontend")
+    elif command == "gateway":
+        from nanoserve.frontend.gateway.__main__ import main as gateway_main
+
+        gateway_main(rest, prog="nanoserve gateway")
     elif command == "bench":
         from nanoserve.benchmarks.engine import (
             main as bench_main,

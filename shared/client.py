@@ -9,6 +9,7 @@ and `client_key=` for mutual TLS; `token=` sends `authorization: Bearer <token>`
 """
 
 import asyncio
+import copy
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
@@ -208,6 +209,13 @@ class AsyncClient:
         )
         self._stub = frontend_grpc.FrontendServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def with_token(self, token: str | None) -> "AsyncClient":
+        """This client on the same channel, sending `token` instead of its own (a gateway forwards
+        each caller's token this way). Closing either closes the shared channel."""
+        view = copy.copy(self)
+        view._metadata = bearer_metadata(token)
+        return view
 
     async def __aenter__(self) -> "AsyncClient":
         return self

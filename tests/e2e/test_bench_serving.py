@@ -139,3 +139,22 @@ def test_bench_serving_against_running_services(services):
     check_path(res["worker"], 6, tokens)
     assert res["request_rate"] == 50.0 and res["worker"]["loadgen"]["procs"] == 2
     assert_idle(services.worker.address)  # every stream ended and freed its blocks
+
+
+def test_bench_serving_through_the_gateway_next_to_grpc(tiny_model_dir):
+    """--target all: the OpenAI gateway's figures beside the frontend's and the worker's."""
+    pytest.importorskip("fastapi", reason="the gateway extra: pip install '.[gateway]'")
+    argv = [
+        *("--model", str(tiny_model_dir), "--device", "cpu"),
+        *("--kvcache-block-size", "16", "--num-kvcache-blocks", "256"),
+        *("--target", "all", "--skip-offline", "--client-procs", "1", *SMALL),
+    ]
+    res = serving.run(serving.build_parser().parse_args(argv))
+    tokens = sum(o for _, o in serving.workload.lengths(6, 8, 40, 3, 12))
+    for path in ("frontend", "worker", "gateway"):
+        check_path(res[path], 6, tokens)
+    assert set(res["gateway"]["service_cpu_cores"]) == {"worker", "frontend", "gateway"}
+    assert res["gateway_over_frontend"] > 0
+    assert f"({res['gateway_over_frontend']} of frontend)" in serving.summary(res)
+    table = "\n".join(gpu_table.serving_lines({**res, "step": "serving_gateway"}))
+    assert "  gateway " in table and "gateway (HTTP) / frontend (gRPC)" in table

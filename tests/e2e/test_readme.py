@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from nanoserve import Client
 from tests.e2e.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
@@ -40,7 +41,7 @@ def run_python(code: str) -> str:
 
 
 def test_readme_has_the_examples_this_test_runs() -> None:
-    assert len(blocks("python")) == 2
+    assert len(blocks("python")) == 3
     assert "nanoserve generate --address 127.0.0.1:50051" in README.replace("\n", " ")
 
 
@@ -83,3 +84,44 @@ def test_grpcurl_example(services) -> None:
     done = subprocess.run(["bash", "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert '"finishReason"' in done.stdout
+
+
+GATEWAY_URL = "http://127.0.0.1:8000"
+
+
+@pytest.fixture(scope="module")
+def gateway(services):
+    pytest.importorskip("fastapi", reason="the gateway extra: pip install '.[gateway]'")
+    from tests.e2e.test_gateway import start_gateway
+
+    gateway = start_gateway(services.frontend.address)
+    yield gateway
+    gateway.stop()
+
+
+def test_gateway_sdk_example(gateway) -> None:
+    pytest.importorskip("openai", reason="pip install openai (the dev extra)")
+    (code,) = [b for b in blocks("python") if "OpenAI(" in b]
+    code = substituted(code, {GATEWAY_URL: f"http://127.0.0.1:{gateway.port}"})
+    out = run_python(code)
+    assert "completion_tokens=" in out, out
+
+
+def test_gateway_curl_example(gateway, services) -> None:
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed: the README's curl example is not run here")
+    (code,) = [b for b in blocks("bash") if "nanoserve gateway" in b]
+    start, *curls = code.strip().split("\n", 1)
+    assert start.startswith("nanoserve gateway --frontend-address 127.0.0.1:50051 --port 8000")
+    with Client(services.frontend.address) as client:
+        model = client.model_info().model_name
+    script = substituted(
+        curls[0],
+        {
+            GATEWAY_URL: f"http://127.0.0.1:{gateway.port}",
+            '"model": "tiny-qwen3-v1"': f'"model": "{model}"',
+        },
+    )
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert '"object":"list"' in done.stdout and '"chat.completion"' in done.stdout

@@ -249,3 +249,18 @@ def test_chat_request_tools_and_tool_call_history() -> None:
     assert completion.tool_calls == (ToolCall("call_9", "f", "{}"),)
     assert completion.tool_call_parse_error
     assert completion.tool_calls[0].to_dict()["function"] == {"name": "f", "arguments": "{}"}
+
+
+def test_async_client_with_token_shares_the_channel_with_another_token() -> None:
+    """The gateway's per-caller view: same channel and stubs, the caller's own bearer token."""
+
+    async def run() -> None:
+        client = AsyncClient("127.0.0.1:1", token="gateway-own")
+        view = client.with_token("caller")
+        assert view._channel is client._channel and view._stub is client._stub
+        assert view._metadata == (("authorization", "Bearer caller"),)
+        assert client._metadata == (("authorization", "Bearer gateway-own"),)  # unchanged
+        assert client.with_token(None)._metadata == ()
+        await client.close()
+
+    asyncio.run(run())

@@ -21,6 +21,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from nanoserve.frontend.config import FrontendConfig
+from nanoserve.frontend.gateway.config import GatewayConfig
 from nanoserve.config import env_prefix, env_var, parse_config
 from nanoserve.proto.v1 import frontend_service_pb2, worker_service_pb2
 from nanoserve.worker.config import WorkerConfig
@@ -32,8 +33,13 @@ COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILES = {
     "worker": ROOT / "docker/worker.Dockerfile",
     "frontend": ROOT / "docker/frontend.Dockerfile",
+    "gateway": ROOT / "docker/gateway.Dockerfile",
 }
-CONFIGS: dict[str, type] = {"worker": WorkerConfig, "frontend": FrontendConfig}
+CONFIGS: dict[str, type] = {
+    "worker": WorkerConfig,
+    "frontend": FrontendConfig,
+    "gateway": GatewayConfig,
+}
 GRPC_SERVICES = {
     "worker": worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
     "frontend": frontend_service_pb2.DESCRIPTOR.services_by_name["FrontendService"].full_name,
@@ -178,7 +184,7 @@ def test_frontend_is_published_and_waits_for_a_healthy_worker(services) -> None:
     ]
 
 
-@pytest.mark.parametrize("name", ["worker", "frontend"])
+@pytest.mark.parametrize("name", ["worker", "frontend", "gateway"])
 def test_environment_names_are_config_fields(services, name: str) -> None:
     cls = CONFIGS[name]
     fields = {env_var(f.name, env_prefix(cls)) for f in dataclasses.fields(cls)}
@@ -187,7 +193,7 @@ def test_environment_names_are_config_fields(services, name: str) -> None:
     assert used | image <= fields, f"not {cls.__name__} fields: {(used | image) - fields}"
 
 
-@pytest.mark.parametrize("name", ["worker", "frontend"])
+@pytest.mark.parametrize("name", ["worker", "frontend", "gateway"])
 def test_environment_builds_a_valid_config(services, name: str, tmp_path, monkeypatch) -> None:
     """The service's own flag parser reads the compose environment, as in the container."""
     service = services[name]
@@ -195,8 +201,8 @@ def test_environment_builds_a_valid_config(services, name: str, tmp_path, monkey
         monkeypatch.delenv(key)
     for key, value in service["environment"].items():
         monkeypatch.setenv(key, str(value))
-    # /model exists only in the container
-    monkeypatch.setenv(env_var("model", env_prefix(CONFIGS[name])), str(tmp_path))
+    if name != "gateway":  # /model exists only in the container
+        monkeypatch.setenv(env_var("model", env_prefix(CONFIGS[name])), str(tmp_path))
     config = parse_config(CONFIGS[name], [])
     assert config.host == "0.0.0.0"
     assert config.grace_period_s < seconds(service["stop_grace_period"]), (
@@ -205,25 +211,28 @@ def test_environment_builds_a_valid_config(services, name: str, tmp_path, monkey
     if name == "worker":
         assert config.port == int(service["expose"][0])
         assert config.tensor_parallel_size == 1 and config.device == "cuda"
+    elif name == "gateway":
+        assert config.port == int(service["ports"][0].rsplit(":", 1)[1])
+        host, port = config.frontend_address.rsplit(":", 1)
+        assert host == "frontend" and int(port) == default(FrontendConfig, "port")
     else:
         assert config.port == int(service["ports"][0].rsplit(":", 1)[1])
         host, port = config.worker_address.rsplit(":", 1)
         assert host == "worker" and int(port) == int(services["worker"]["expose"][0])
 
 
-@pytest.mark.parametrize("name", ["worker", "frontend"])
+@pytest.mark.parametrize("name", ["worker", "frontend", "gateway"])
 def test_services_restart_run_init_and_check_health(services, name: str) -> None:
     service = services[name]
     assert service["restart"] == "unless-stopped"
     assert service["init"] is True  # signals forwarded, spawned ranks reaped
     check = service["healthcheck"]
-    assert check["test"] == [
-        "CMD",
-        "python",
-        HEALTHCHECK_IN_IMAGE,
-        GRPC_SERVICES[name],
-        str(default(CONFIGS[name], "port")),
-    ]
+    probe = (
+        [f"http://127.0.0.1:{default(GatewayConfig, 'port')}/health"]
+        if name == "gateway"
+        else [GRPC_SERVICES[name], str(default(CONFIGS[name], "port"))]
+    )
+    assert check["test"] == ["CMD", "python", HEALTHCHECK_IN_IMAGE, *probe]
     assert seconds(check["timeout"]) > 3.0  # healthcheck.py gives up after 3 s and reports
     if name == "worker":  # weights, KV sizing and CUDA graph capture come before SERVING
         assert seconds(check["start_period"]) >= 300
@@ -250,7 +259,7 @@ def instructions(path: Path) -> list[tuple[str, str]]:
     ]
 
 
-@pytest.mark.parametrize("name", ["worker", "frontend"])
+@pytest.mark.parametrize("name", ["worker", "frontend", "gateway"])
 def test_dockerfile_house_rules(name: str) -> None:
     steps = instructions(DOCKERFILES[name])
     args = {a.split("=", 1)[0]: a.split("=", 1)[1] for op, a in steps if op == "ARG" and "=" in a}
@@ -263,10 +272,23 @@ def test_dockerfile_house_rules(name: str) -> None:
     users = [a for op, a in steps if op == "USER"]
     assert users and re.fullmatch(r"[1-9]\d*(:\d+)?", users[-1]), "run as a numeric non-root user"
     (check,) = [a for op, a in steps if op == "HEALTHCHECK"]
-    assert HEALTHCHECK_IN_IMAGE in check and GRPC_SERVICES[name] in check
+    probe = "/health" if name == "gateway" else GRPC_SERVICES[name]
+    assert HEALTHCHECK_IN_IMAGE in check and probe in check
     assert f"docker/healthcheck.py {HEALTHCHECK_IN_IMAGE}" in [a for op, a in steps if op == "COPY"]
     assert ("EXPOSE", str(default(CONFIGS[name], "port"))) in steps
-    assert steps[-1] == ("ENTRYPOINT", f'["python", "-m", "nanoserve.{name}"]')
+    module = "nanoserve.frontend.gateway" if name == "gateway" else f"nanoserve.{name}"
+    assert steps[-1] == ("ENTRYPOINT", f'["python", "-m", "{module}"]')
+
+
+def test_gateway_is_published_and_waits_for_a_healthy_frontend(services) -> None:
+    gateway = services["gateway"]
+    assert gateway["depends_on"] == {"frontend": {"condition": "service_healthy"}}
+    assert gateway["ports"] == ["8000:8000"] and gateway["networks"] == ["nanoserve"]
+    assert "volumes" not in gateway  # no tokenizer: the frontend does the text work
+    moved = load_compose({"NANOSERVE_GATEWAY_PORT": "9000"})["services"]["gateway"]
+    assert moved["ports"] == ["9000:8000"]
+    installs = re.findall(r"pip install [^\n]*", DOCKERFILES["gateway"].read_text())
+    assert installs and all("[gateway]" in line for line in installs)
 
 
 def test_frontend_image_installs_no_torch() -> None:
@@ -388,3 +410,37 @@ def test_scaled_override_builds_valid_configs(name: str, tmp_path, monkeypatch) 
         # the service name, which Docker's DNS answers with every replica, re-resolved
         assert config.worker_address == f"worker:{int(services['worker']['expose'][0])}"
         assert 0 < config.worker_resolve_interval_s <= 10
+
+
+def test_healthcheck_probes_the_gateway_over_http(monkeypatch) -> None:
+    """The gateway's probe: exit 0 only on HTTP 200 from /health; its port variable wins."""
+    import http.server
+    import threading
+
+    answer = {"status": 200}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+            self.send_response(answer["status"] if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        check = load_healthcheck()
+        monkeypatch.delenv("NANOSERVE_GATEWAY_PORT", raising=False)
+        assert check.main([f"http://127.0.0.1:{port}/health"]) == 0
+        answer["status"] = 503
+        assert check.main([f"http://127.0.0.1:{port}/health"]) == 1
+        answer["status"] = 200
+        monkeypatch.setenv("NANOSERVE_GATEWAY_PORT", str(port))
+        assert check.main(["http://127.0.0.1:1/health"]) == 0
+        monkeypatch.setenv("NANOSERVE_GATEWAY_PORT", "1")
+        assert check.main([f"http://127.0.0.1:{port}/health"]) == 1  # nothing listens on 1
+    finally:
+        server.shutdown()
+        server.server_close()

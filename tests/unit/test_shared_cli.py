@@ -93,16 +93,20 @@ def test_generate_chat_and_error(frontend, capsys) -> None:
 def test_pass_through_commands(monkeypatch: pytest.MonkeyPatch) -> None:
     """`nanoserve worker/frontend` run the service's main in this process, named for the usage."""
     import nanoserve.frontend.__main__ as frontend_main
+    import nanoserve.frontend.gateway.__main__ as gateway_main
     import nanoserve.worker.__main__ as worker_main
 
     calls: list = []
     monkeypatch.setattr(worker_main, "main", lambda argv, prog: calls.append((prog, argv)))
     monkeypatch.setattr(frontend_main, "main", lambda argv, prog: calls.append((prog, argv)))
+    monkeypatch.setattr(gateway_main, "main", lambda argv, prog: calls.append((prog, argv)))
     cli.main(["worker", "--port", "0", "--device", "cpu"])
     cli.main(["frontend", "--help"])
+    cli.main(["gateway", "--port", "0"])
     assert calls == [
         ("nanoserve worker", ["--port", "0", "--device", "cpu"]),
         ("nanoserve frontend", ["--help"]),
+        ("nanoserve gateway", ["--port", "0"]),
     ]
     import nanoserve.tiny.model
 

@@ -123,6 +123,7 @@ def test_wheel_holds_only_the_nanoserve_namespace(wheel: Path) -> None:
     }
     assert "nanoserve/proto/v1/frontend_service_pb2.py" in names
     assert "nanoserve/tiny/model.py" in names and "nanoserve/worker/__main__.py" in names
+    assert "nanoserve/frontend/gateway/__main__.py" in names
     assert not [n for n in names if "__pycache__" in n or n.startswith("nanoserve/tests")]
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "nanoserve = nanoserve.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

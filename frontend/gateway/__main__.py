@@ -1,0 +1,93 @@
+"""`python -m nanoserve.frontend.gateway --frontend-address HOST:PORT --port P`: serves the OpenAI
+HTTP API on uvicorn until SIGTERM or SIGINT, with one gRPC channel to the frontend.
+A gateway that cannot start (a busy port, a missing certificate) says why in one line, exit 1.
+"""
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+
+from nanoserve.config import parse_config
+from nanoserve.frontend.gateway.config import GatewayConfig
+from nanoserve.log import log_startup_error, setup_logging
+
+logger = logging.getLogger("nanoserve.gateway")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so that port 0 is known before uvicorn starts."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host.strip("[]"), port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(config: GatewayConfig) -> None:
+    import uvicorn  # the `gateway` extra
+
+    from nanoserve.client import AsyncClient
+    from nanoserve.frontend.gateway.app import build_app
+    from nanoserve.frontend.gateway.body_limit import BodyLimit
+
+    client = AsyncClient(
+        config.frontend_address,
+        timeout=config.request_timeout_s or None,
+        max_message_bytes=config.max_message_bytes,
+        root_certificates=config.root_certificates,
+        client_cert=config.tls_client_cert_file,
+        client_key=config.tls_client_key_file,
+    )
+    sock = bind(config.host, config.port)
+    app = BodyLimit(build_app(client, config.served_model_name), config.max_body_bytes)
+
+    class Server(uvicorn.Server):
+        """uvicorn's server with our signal handling: SIGTERM drains and the process exits 0
+        (uvicorn's own handlers re-raise the signal after shutdown, ending the process by it)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, lambda: setattr(self, "should_exit", True))
+            yield
+
+    server = Server(
+        uvicorn.Config(
+            app,
+            log_level=config.log_level.lower(),
+            access_log=config.log_level.upper() == "DEBUG",
+            log_config=None,  # keep nanoserve's log format (setup_logging)
+            timeout_graceful_shutdown=max(1, round(config.grace_period_s)),
+        )
+    )
+    host, port = sock.getsockname()[:2]
+    logger.info("gateway listening on %s:%d (frontend %s)", host, port, config.frontend_address)
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        await client.close()
+        logger.info("gateway stopped")
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m nanoserve.frontend.gateway") -> None:
+    config = parse_config(GatewayConfig, argv, prog=prog)
+    setup_logging("gateway", config.log_level)
+    try:
+        asyncio.run(serve(config))
+    except OSError as e:  # a busy port, an unreadable certificate
+        log_startup_error(logger, e)
+        sys.exit(1)
+    except ImportError as e:
+        log_startup_error(logger, ImportError(f"{e}: pip install 'nanoserve[gateway]'"))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""The gateway's HTTP routes (FastAPI): each OpenAI request is checked (protocol.py), mapped onto a
+FrontendService call (params.py) made through one shared nanoserve.AsyncClient with the caller's
+own bearer token, and its chunks are answered whole or as server-sent events (responses.py).
+"""
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from nanoserve.client import AsyncClient
+from nanoserve.client_messages import Chunk, join_chunks
+from nanoserve.errors import ServiceError
+from nanoserve.frontend.gateway.errors import OpenAIError, from_service_error
+from nanoserve.frontend.gateway.params import Mapped, map_chat, map_completion
+from nanoserve.frontend.gateway.protocol import ChatCompletionRequest, CompletionRequest
+from nanoserve.frontend.gateway.responses import DONE, Reply, sse
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+_BEARER = "bearer "
+
+
+def caller_token(request: Request) -> str | None:
+    """The caller's `Authorization: Bearer` token, forwarded as is: the frontend checks it."""
+    value = request.headers.get("authorization", "")
+    if value[: len(_BEARER)].lower() != _BEARER:
+        return None
+    return value[len(_BEARER) :].strip() or None
+
+
+def _param(loc: tuple[Any, ...]) -> str:
+    """A pydantic error location as the parameter path: ("body", "messages", 0, "role") ->
+    "messages[0].role"; union member names (pydantic adds them) are dropped."""
+    path = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif not (isinstance(part, str) and ("[" in part or part in ("str", "list", "int"))):
+            path += f".{part}" if path else str(part)
+    return path
+
+
+async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Runs `work` while watching for the caller hanging up, which cancels it (and so its gRPC
+    call). Used only before a streaming response starts: from then on Starlette watches."""
+    task = asyncio.ensure_future(work)
+
+    async def hung_up() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(hung_up())
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled():
+        raise OpenAIError(499, "client closed the request", "cancelled")
+    return task.result()
+
+
+class Gateway:
+    """Route handlers around one AsyncClient (one channel to the frontend)."""
+
+    def __init__(self, client: AsyncClient, served_model_name: str | None = None) -> None:
+        self.client = client
+        self._model_name = served_model_name
+
+    async def model_name(self, client: AsyncClient) -> str:
+        """The served model's name: the configured one, else the frontend's (asked once)."""
+        if self._model_name is None:
+            try:
+                self._model_name = (await client.model_info()).model_name
+            except ServiceError as e:
+                raise from_service_error(e) from None
+        return self._model_name
+
+    async def check_model(self, client: AsyncClient, model: str) -> str:
+        name = await self.model_name(client)
+        if model != name:
+            raise OpenAIError(
+                404,
+                f"the model `{model}` does not exist",
+                "not_found_error",
+                "model",
+                "model_not_found",
+            )
+        return name
+
+    async def health(self) -> Response:
+        try:
+            status = await self.client.health()
+        except ServiceError as e:
+            status = e.code.name
+        return JSONResponse({"status": status}, status_code=200 if status == "SERVING" else 503)
+
+    async def models(self, request: Request) -> dict:
+        """Asks the frontend every time, with the caller's token: the listing is not open."""
+        client = self.client.with_token(caller_token(request))
+        try:
+            info = await _until_disconnect(request, client.model_info())
+        except ServiceError as e:
+            raise from_service_error(e) from None
+        name = self._model_name or info.model_name
+        model = {"id": name, "object": "model", "created": 0, "owned_by": "nanoserve"}
+        return {"object": "list", "data": [model]}
+
+    async def completions(self, body: CompletionRequest, request: Request) -> Response:
+        client = self.client.with_token(caller_token(request))
+        prompt, mapped = map_completion(body)
+        reply = Reply(await _until_disconnect(request, self.check_model(client, body.model)), False)
+        return await self._answer(
+            request, reply, mapped, lambda: client.generate_stream(prompt, **mapped.sampling)
+        )
+
+    async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
+        client = self.client.with_token(caller_token(request))
+        messages, enable_thinking, mapped = map_chat(body)
+        reply = Reply(await _until_disconnect(request, self.check_model(client, body.model)), True)
+        return await self._answer(
+            request,
+            reply,
+            mapped,
+            lambda: client.chat_stream(
+                messages, enable_thinking=enable_thinking, **mapped.sampling
+            ),
+        )
+
+    async def _answer(
+        self,
+        request: Request,
+        reply: Reply,
+        mapped: Mapped,
+        start: Callable[[], AsyncIterator[Chunk]],
+    ) -> Response:
+        """The whole reply, or a stream of events once the first chunk came: a call refused at
+        the start (400, 401, 429, ...) gets its HTTP status, not a 200 stream with an error."""
+        chunks = start()
+        try:
+            if not mapped.stream:
+                whole = await _until_disconnect(request, _collect(chunks))
+                return JSONResponse(reply.whole(join_chunks(whole)))
+            first = await _until_disconnect(request, anext(chunks))
+        except ServiceError as e:
+            raise from_service_error(e, mapped.param_names) from None
+        except OpenAIError:
+            await chunks.aclose()  # type: ignore[attr-defined]
+            raise
+        return StreamingResponse(
+            _events(reply, mapped, first, chunks),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+
+async def _collect(chunks: AsyncIterator[Chunk]) -> list[Chunk]:
+    return [chunk async for chunk in chunks]
+
+
+async def _events(
+    reply: Reply, mapped: Mapped, first: Chunk, chunks: AsyncIterator[Chunk]
+) -> AsyncIterator[bytes]:
+    """The stream's events: (chat) the role, the text deltas, the finish reason, (include_usage)
+    the usage, then [DONE]. A failure mid-stream becomes an error event (the SDK raises it).
+    Cancelled (the caller hung up): closing `chunks` cancels the gRPC call."""
+    usage_nulls = mapped.include_usage
+    last = first
+    try:
+        if reply.chat:
+            yield reply.chunk(None, include_usage=usage_nulls)
+        chunk = first
+        while True:
+            if chunk.text or chunk.finish_reason is not None:
+                yield reply.chunk(chunk.text, chunk.finish_reason, usage_nulls)
+            last = chunk
+            if chunk.finish_reason is not None:
+                break
+            chunk = await anext(chunks)
+        if mapped.include_usage and last.usage is not None:
+            yield reply.usage_chunk(last.usage)
+    except StopAsyncIteration:
+        yield sse(
+            OpenAIError(500, "the stream ended without a finish reason", "internal_error").body()
+        )
+    except ServiceError as e:
+        yield sse(from_service_error(e, mapped.param_names).body())
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
+    yield DONE
+
+
+def _error_response(error: OpenAIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+def build_app(client: AsyncClient, served_model_name: str | None = None) -> FastAPI:
+    """The ASGI app; `client` is shared by every request (the caller closes it)."""
+    gateway = Gateway(client, served_model_name)
+    app = FastAPI(title="nanoserve OpenAI-compatible gateway", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(request: Request, error: OpenAIError) -> JSONResponse:
+        return _error_response(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0] if error.errors() else {"loc": (), "msg": "invalid body"}
+        param = _param(tuple(first.get("loc", ()))) or None
+        if first.get("type") == "extra_forbidden":
+            message = f"unrecognized request argument: {param}"
+        else:
+            message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+        code = str(first.get("type", "invalid_value"))
+        return _error_response(OpenAIError(400, message, param=param, code=code))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if error.status_code < 500 else "internal_error"
+        return _error_response(OpenAIError(error.status_code, str(error.detail), kind))
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, error: Exception) -> JSONResponse:
+        logger.exception("%s %s failed", request.method, request.url.path)
+        return _error_response(OpenAIError(500, "internal error", "internal_error"))
+
+    app.add_api_route("/health", gateway.health, methods=["GET"])
+    app.add_api_route("/v1/models", gateway.models, methods=["GET"])
+    app.add_api_route("/v1/completions", gateway.completions, methods=["POST"])
+    app.add_api_route("/v1/chat/completions", gateway.chat_completions, methods=["POST"])
+    return app

@@ -1,0 +1,390 @@
+"""The OpenAI-compatible gateway end to end: the official `openai` SDK (sync and async) against
+`python -m nanoserve.frontend.gateway` in front of the real frontend and worker (tiny model, CPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import re
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nanoserve import Client
+from tests.e2e.conftest import Pair, Service, assert_idle, start_frontend, start_pair
+
+openai = pytest.importorskip("openai", reason="pip install openai (the dev extra)")
+pytestmark = pytest.mark.e2e
+
+GATEWAY_LISTENING = re.compile(r"gateway listening on (?P<host>\S+):(?P<port>\d+)")
+KEY = "gateway-test-key"
+MESSAGES = [{"role": "user", "content": "Say something about the sea."}]
+
+
+def start_gateway(frontend_address: str, *args: str) -> Service:
+    gateway = Service(
+        "gateway",
+        [
+            sys.executable,
+            "-m",
+            "nanoserve.frontend.gateway",
+            *("--frontend-address", frontend_address, "--port", "0", *args),
+        ],
+        listening=GATEWAY_LISTENING,
+    )
+    try:
+        gateway.wait_listening()
+    except BaseException:
+        gateway.kill()
+        raise
+    return gateway
+
+
+def request_json(method: str, url: str, body: dict | bytes | None = None, token: str | None = None):
+    """(status, parsed JSON body) of one plain HTTP request."""
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def base_url(gateway: Service) -> str:
+    return f"http://127.0.0.1:{gateway.port}"
+
+
+@pytest.fixture(scope="module")
+def gateway(services: Pair) -> Iterator[Service]:
+    gateway = start_gateway(services.frontend.address)
+    yield gateway
+    assert gateway.stop() == 0, gateway.output()
+
+
+@pytest.fixture(scope="module")
+def model(gateway: Service) -> str:
+    client = openai.OpenAI(base_url=base_url(gateway) + "/v1", api_key="unused")
+    (model,) = client.models.list().data
+    return model.id
+
+
+@pytest.fixture(scope="module")
+def sdk(gateway: Service) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url(gateway) + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def guarded(tiny_model_dir: Path) -> Iterator[tuple[Pair, Service]]:
+    """A frontend with an API key and room for one request at a time, and its gateway."""
+    pair = start_pair(
+        tiny_model_dir, frontend_args=("--api-keys", KEY, "--max-concurrent-requests", "1")
+    )
+    gateway = start_gateway(pair.frontend.address)
+    yield pair, gateway
+    gateway.stop()
+    pair.stop()
+
+
+def test_models_lists_the_served_model(gateway: Service, model: str, services: Pair) -> None:
+    with Client(services.frontend.address) as client:
+        assert model == client.model_info().model_name
+    status, body = request_json("GET", base_url(gateway) + "/v1/models")
+    assert status == 200 and body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == [model]
+    assert request_json("GET", base_url(gateway) + "/health") == (200, {"status": "SERVING"})
+
+
+def test_sync_streams_completion_and_chat_with_usage(sdk: openai.OpenAI, model: str) -> None:
+    stream = sdk.completions.create(
+        model=model,
+        prompt="The sea is",
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 12
+    assert chunks[-2].choices[0].finish_reason == "length"
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    whole = sdk.completions.create(
+        model=model,
+        prompt="The sea is",
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert whole.choices[0].text == text and whole.usage.completion_tokens == 12
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + 12
+
+    chat = list(
+        sdk.chat.completions.create(
+            model=model,
+            messages=MESSAGES,
+            max_completion_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}},
+        )
+    )
+    assert chat[0].choices[0].delta.role == "assistant"
+    assert chat[-1].choices == [] and chat[-1].usage.completion_tokens == 10
+    assert chat[-2].choices[0].finish_reason == "length"
+    assert all(c.usage is None for c in chat[:-1])
+
+
+def test_async_streams_completion_and_chat_with_usage(gateway: Service, model: str) -> None:
+    async def run() -> tuple[str, str, int, int]:
+        client = openai.AsyncOpenAI(base_url=base_url(gateway) + "/v1", api_key="unused")
+        try:
+            texts, counts = [], []
+            for stream in (
+                await client.completions.create(
+                    model=model,
+                    prompt="Waves",
+                    max_tokens=8,
+                    temperature=0,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    extra_body={"ignore_eos": True},
+                ),
+                await client.chat.completions.create(
+                    model=model,
+                    messages=MESSAGES,
+                    max_tokens=8,
+                    temperature=0,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    extra_body={"ignore_eos": True},
+                ),
+            ):
+                parts, usage = [], None
+                async for chunk in stream:
+                    if chunk.usage is not None:
+                        usage = chunk.usage
+                    for choice in chunk.choices:
+                        parts.append(getattr(choice, "text", None) or choice.delta.content or "")
+                texts.append("".join(parts))
+                counts.append(usage.completion_tokens)
+            return texts[0], texts[1], counts[0], counts[1]
+        finally:
+            await client.close()
+
+    completion_text, chat_text, n_completion, n_chat = asyncio.run(run())
+    assert (n_completion, n_chat) == (8, 8)
+    assert completion_text and chat_text
+
+
+def test_stop_strings_end_the_reply(sdk: openai.OpenAI, model: str) -> None:
+    free = sdk.completions.create(
+        model=model,
+        prompt="The sea is",
+        max_tokens=24,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    text = free.choices[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    assert stop.strip(), f"need a visible stop string in {text!r}"
+    for stop_param in (stop, [stop, "\x00never"]):
+        stopped = sdk.completions.create(
+            model=model, prompt="The sea is", max_tokens=24, temperature=0, stop=stop_param
+        )
+        assert stopped.choices[0].finish_reason == "stop"
+        assert stopped.choices[0].text == text[: text.index(stop)]
+    chunks = sdk.completions.create(
+        model=model, prompt="The sea is", max_tokens=24, temperature=0, stop=stop, stream=True
+    )
+    assert "".join(c.choices[0].text for c in chunks) == text[: text.index(stop)]
+
+
+def test_chat_text_equals_the_grpc_chat_reply(
+    sdk: openai.OpenAI, model: str, services: Pair
+) -> None:
+    with Client(services.frontend.address) as client:
+        expected = client.chat(MESSAGES, max_tokens=20, temperature=0, enable_thinking=False)
+    reply = sdk.chat.completions.create(
+        model=model,
+        messages=MESSAGES,
+        max_tokens=20,
+        temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    assert reply.choices[0].message.content == expected.text
+    assert reply.choices[0].finish_reason == expected.finish_reason
+    assert reply.usage.prompt_tokens == expected.usage.prompt_tokens
+    streamed = sdk.chat.completions.create(
+        model=model,
+        messages=MESSAGES,
+        max_tokens=20,
+        temperature=0,
+        stream=True,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == expected.text
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"logprobs": 3}, "logprobs"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"extra_body": {"top_k": -5}}, "top_k"),
+        ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
+        ({"extra_body": {"best_of": 3}}, "best_of"),
+        ({"stop": ["ok", ""]}, "stop[1]"),
+    ],
+)
+def test_a_bad_parameter_is_400_in_openai_shape(
+    sdk: openai.OpenAI, model: str, kwargs: dict, param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as raised:
+        sdk.completions.create(model=model, prompt="Hi", **kwargs)
+    error = raised.value.body
+    assert raised.value.status_code == 400
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert param.split("[")[0] in error["message"]
+
+
+def test_chat_refuses_tools_and_response_format_by_name(sdk: openai.OpenAI, model: str) -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    for kwargs, param in (
+        ({"tools": [tool]}, "tools"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ):
+        with pytest.raises(openai.BadRequestError) as raised:
+            sdk.chat.completions.create(model=model, **{"messages": MESSAGES, **kwargs})
+        assert raised.value.body["param"] == param
+
+
+def test_plain_http_errors_keep_openai_shape(gateway: Service, model: str) -> None:
+    url = base_url(gateway)
+    status, body = request_json("POST", url + "/v1/completions", b"{not json")
+    assert status == 400 and set(body["error"]) == {"message", "type", "param", "code"}
+    status, body = request_json("POST", url + "/v1/completions", {"model": "other", "prompt": "x"})
+    assert status == 404 and body["error"]["param"] == "model"
+    # a body past --max-body-bytes (default 8 MiB) is refused by its Content-Length, unread
+    connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=30)
+    connection.putrequest("POST", "/v1/completions")
+    connection.putheader("Content-Type", "application/json")
+    connection.putheader("Content-Length", str(9 * 1024 * 1024))
+    connection.endheaders()
+    response = connection.getresponse()
+    assert response.status == 413
+    assert json.loads(response.read())["error"]["code"] == "request_too_large"
+    connection.close()
+    status, body = request_json("GET", url + "/v1/nothing")
+    assert status == 404 and "error" in body
+
+
+def test_client_disconnect_cancels_the_grpc_call(
+    gateway: Service, model: str, services: Pair
+) -> None:
+    request = {
+        "model": model,
+        "prompt": "Hi",
+        "max_tokens": 3000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    data = json.dumps(request).encode()
+    http_request = urllib.request.Request(base_url(gateway) + "/v1/completions", data=data)
+    http_request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(http_request, timeout=60) as response:
+        assert response.readline().startswith(b"data: ")
+    assert_idle(services.worker.address, timeout=10.0)
+
+
+def test_admission_full_is_429_and_tokens_are_checked(guarded: tuple[Pair, Service]) -> None:
+    pair, gateway = guarded
+    url = base_url(gateway) + "/v1"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).models.list()
+    status, body = request_json("GET", url + "/models")
+    assert status == 401 and body["error"]["type"] == "authentication_error"
+    assert request_json("GET", base_url(gateway) + "/health")[0] == 200  # health stays open
+    sdk = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0)
+    (model,) = [m.id for m in sdk.models.list().data]
+    assert request_json("GET", url + "/models")[0] == 401  # still checked once the name is known
+    status, body = request_json("POST", url + "/completions", {"model": model, "prompt": "x"})
+    assert status == 401 and body["error"]["code"] == "unauthenticated"
+    with Client(pair.frontend.address, token=KEY) as client:
+        busy = client.generate_stream("Hi", max_tokens=3000, ignore_eos=True)
+        next(busy)  # the one admitted request runs
+        try:
+            with pytest.raises(openai.RateLimitError) as raised:
+                sdk.completions.create(model=model, prompt="Hi", max_tokens=4)
+            assert raised.value.status_code == 429
+            assert raised.value.body["type"] == "rate_limit_error"
+        finally:
+            busy.close()
+    deadline = time.monotonic() + 10
+    while True:  # the slot frees once the cancelled call has ended on the frontend
+        try:
+            done = sdk.completions.create(model=model, prompt="Hi", max_tokens=4)
+            break
+        except openai.RateLimitError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    assert done.usage.completion_tokens <= 4
+
+
+def test_gateway_reaches_a_mutual_tls_frontend_with_the_callers_key(
+    services: Pair, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """One keys file for gRPC and HTTP; the gateway dials TLS with a client certificate."""
+    from tests.tls_certs import make_certs
+
+    certs = make_certs(tmp_path / "certs")
+    keys = tmp_path / "api_keys"
+    keys.write_text(f"tenant-a {KEY}\n")
+    frontend = start_frontend(
+        tiny_model_dir,
+        services.worker.address,
+        *("--tls-cert-file", str(certs.server_cert), "--tls-key-file", str(certs.server_key)),
+        *("--tls-client-ca-file", str(certs.ca), "--api-keys-file", str(keys)),
+        wait=False,
+    )
+    tls = {"root_certificates": certs.ca, "client_cert": certs.client_cert}
+    try:
+        with Client(frontend.wait_listening(), client_key=certs.client_key, **tls) as client:
+            client.wait_ready(timeout=90)
+        gateway = start_gateway(
+            f"localhost:{frontend.port}",  # the name the server certificate holds
+            *("--tls-root-certificates-file", str(certs.ca)),
+            *("--tls-client-cert-file", str(certs.client_cert)),
+            *("--tls-client-key-file", str(certs.client_key)),
+        )
+        try:
+            url = base_url(gateway) + "/v1"
+            sdk = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0)
+            (model,) = [m.id for m in sdk.models.list().data]
+            reply = sdk.completions.create(model=model, prompt="Hi", max_tokens=3)
+            assert reply.usage.completion_tokens == 3
+            with pytest.raises(openai.AuthenticationError):
+                openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).completions.create(
+                    model=model, prompt="Hi", max_tokens=3
+                )
+            assert request_json("GET", base_url(gateway) + "/health")[0] == 200
+        finally:
+            assert gateway.stop() == 0, gateway.output()
+    finally:
+        frontend.stop()

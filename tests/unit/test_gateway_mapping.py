@@ -1,0 +1,248 @@
+"""The gateway's request mapping (OpenAI body -> gRPC client arguments), its error mapping (gRPC
+status -> OpenAI error body and HTTP status) and its body-size limit, without any service."""
+
+import asyncio
+
+import grpc
+import pytest
+
+pytest.importorskip("fastapi", reason="the gateway extra: pip install 'nanoserve[gateway]'")
+
+from pydantic import ValidationError
+
+from nanoserve.errors import error_for_code
+from nanoserve.frontend.gateway.body_limit import BodyLimit, BodyTooLarge
+from nanoserve.frontend.gateway.errors import (
+    STATUS_BY_CODE,
+    OpenAIError,
+    from_service_error,
+)
+from nanoserve.frontend.gateway.params import (
+    NOT_YET,
+    SAMPLING,
+    map_chat,
+    map_completion,
+)
+from nanoserve.frontend.gateway.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+from nanoserve.proto.v1 import common_pb2
+
+
+def completion(**fields) -> CompletionRequest:
+    return CompletionRequest.model_validate({"model": "m", "prompt": "Hi", **fields})
+
+
+def chat(**fields) -> ChatCompletionRequest:
+    messages = [{"role": "user", "content": "Hi"}]
+    return ChatCompletionRequest.model_validate({"model": "m", "messages": messages, **fields})
+
+
+def test_every_sampling_target_is_a_sampling_params_field() -> None:
+    fields = set(common_pb2.SamplingParams.DESCRIPTOR.fields_by_name)
+    assert set(SAMPLING.values()) <= fields
+    assert not set(SAMPLING) & set(NOT_YET)
+
+
+def test_openai_and_vllm_parameters_map_onto_sampling_params() -> None:
+    given = {
+        "max_tokens": 7,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "seed": 3,
+        "stop": "END",
+        "presence_penalty": 0.1,
+        "frequency_penalty": -0.2,
+        "top_k": 40,
+        "min_p": 0.05,
+        "repetition_penalty": 1.1,
+        "min_tokens": 2,
+        "ignore_eos": True,
+        "skip_special_tokens": False,
+        "stop_token_ids": [5, 6],
+    }
+    prompt, mapped = map_completion(completion(**given))
+    assert prompt == "Hi"
+    assert mapped.sampling == {**given, "stop": ["END"]}
+    common_pb2.SamplingParams(**mapped.sampling)  # every value fits its proto field
+    assert mapped.param_names["sampling_params.max_tokens"] == "max_tokens"
+    assert not mapped.stream and not mapped.include_usage
+
+
+def test_stop_list_stream_options_and_token_prompts() -> None:
+    prompt, mapped = map_completion(
+        completion(
+            prompt=[1, 2, 3], stop=["a", "b"], stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert prompt == [1, 2, 3] and mapped.sampling == {"stop": ["a", "b"]}
+    assert mapped.stream and mapped.include_usage
+    assert map_completion(completion(prompt=["one"]))[0] == "one"
+    assert map_completion(completion(prompt=[[4, 5]]))[0] == [4, 5]
+
+
+def test_chat_maps_messages_parts_thinking_and_max_completion_tokens() -> None:
+    request = chat(
+        messages=[
+            {"role": "developer", "content": "Be brief."},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            },
+        ],
+        max_completion_tokens=9,
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    messages, thinking, mapped = map_chat(request)
+    assert messages == [("system", "Be brief."), ("user", "ab")]
+    assert thinking is False and mapped.sampling == {"max_tokens": 9}
+    assert mapped.param_names["sampling_params.max_tokens"] == "max_completion_tokens"
+    assert map_chat(chat())[1] is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"best_of": 2}, "best_of"),
+        ({"logprobs": 1}, "logprobs"),
+        ({"echo": True}, "echo"),
+        ({"suffix": "x"}, "suffix"),
+        ({"logit_bias": {"1": 5}}, "logit_bias"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": [[1, "x"]]}, "prompt"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ],
+)
+def test_what_the_grpc_api_lacks_is_a_400_naming_it(fields: dict, param: str) -> None:
+    with pytest.raises(OpenAIError) as raised:
+        map_completion(completion(**fields))
+    assert raised.value.status == 400 and raised.value.param == param
+    assert raised.value.body()["error"]["param"] == param
+
+
+def test_no_op_values_of_missing_parameters_are_served() -> None:
+    _, mapped = map_completion(
+        completion(n=1, best_of=1, echo=False, suffix="", logit_bias={}, logprobs=None)
+    )
+    assert mapped.sampling == {}
+    _, _, mapped = map_chat(
+        chat(logprobs=False, response_format={"type": "text"}, tools=[], tool_choice="none")
+    )
+    assert mapped.sampling == {}
+
+
+def test_chat_refuses_tools_images_and_both_max_tokens() -> None:
+    tool = {"type": "function", "function": {"name": "f"}}
+    for fields, param in (
+        ({"tools": [tool]}, "tools"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"max_tokens": 3, "max_completion_tokens": 4}, "max_completion_tokens"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages[0].content[0]",
+        ),
+        ({"messages": [{"role": "assistant", "tool_calls": []}]}, "messages[0].tool_calls"),
+    ):
+        with pytest.raises(OpenAIError) as raised:
+            map_chat(chat(**fields))
+        assert raised.value.param == param, fields
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"max_tokens": 2**31},
+        {"seed": 2**63},
+        {"stop": ["x"] * 257},
+        {"frobnicate": 1},
+        {"chat_template_kwargs": {"unknown": True}},
+        {"messages": []},
+    ],
+)
+def test_pydantic_refuses_out_of_range_and_unknown_fields(fields: dict) -> None:
+    with pytest.raises(ValidationError):
+        chat(**fields)
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "kind"),
+    [
+        (grpc.StatusCode.INVALID_ARGUMENT, 400, "invalid_request_error"),
+        (grpc.StatusCode.UNAUTHENTICATED, 401, "authentication_error"),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "rate_limit_error"),
+        (grpc.StatusCode.UNAVAILABLE, 503, "service_unavailable_error"),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, 504, "timeout_error"),
+        (grpc.StatusCode.INTERNAL, 500, "internal_error"),
+        (grpc.StatusCode.UNKNOWN, 500, "internal_error"),
+        (grpc.StatusCode.DATA_LOSS, 500, "internal_error"),
+    ],
+)
+def test_grpc_status_maps_to_http_status_and_openai_type(
+    code: grpc.StatusCode, status: int, kind: str
+) -> None:
+    service_error = error_for_code(code, "the details")  # as the client raises it
+    error = from_service_error(service_error)
+    assert (error.status, error.type) == (status, kind)
+    assert set(error.body()["error"]) == {"message", "type", "param", "code"}
+    assert error.code == service_error.code.name.lower()
+    # a bug's details stay on the server
+    assert ("the details" in error.message) == (status < 500 or status in (503, 504))
+    assert STATUS_BY_CODE.get(code, (500, "internal_error")) == (status, kind)
+
+
+def test_invalid_argument_names_the_openai_parameter_the_caller_sent() -> None:
+    names = {"sampling_params.max_tokens": "max_completion_tokens", "prompt_token_ids": "prompt"}
+    for details, param in (
+        ("sampling_params.max_tokens: must be >= 1, got 0", "max_completion_tokens"),
+        ("sampling_params.stop[1]: must not be empty", "stop[1]"),
+        ("sampling_params.top_k: must be -1", "top_k"),
+        ("messages[2].role: must be one of", "messages[2].role"),
+        ("prompt_token_ids[3]: token id 99 >= vocab_size 10", "prompt[3]"),
+        ("worker: sampling_params.seed: bad", "seed"),
+        ("nothing to name here", None),
+    ):
+        error = from_service_error(error_for_code(grpc.StatusCode.INVALID_ARGUMENT, details), names)
+        assert error.param == param, details
+
+
+def run_limited(max_bytes: int, headers: list, chunks: list[bytes]) -> tuple[list[dict], list]:
+    """Runs BodyLimit around an app that reads the whole body; returns (sent messages, errors)."""
+    sent: list[dict] = []
+    errors: list = []
+    queue = [
+        {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+        for i, c in enumerate(chunks)
+    ]
+
+    async def receive() -> dict:
+        return queue.pop(0)
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async def app(scope, receive, send) -> None:
+        try:
+            while (await receive()).get("more_body"):
+                pass
+        except BodyTooLarge as e:
+            errors.append(e)
+            raise
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    scope = {"type": "http", "headers": headers}
+    asyncio.run(BodyLimit(app, max_bytes)(scope, receive, send))
+    return sent, errors
+
+
+def test_body_limit_by_content_length_and_by_counted_chunks() -> None:
+    sent, _ = run_limited(1024, [(b"content-length", b"4096")], [b"x" * 4096])
+    assert sent[0]["status"] == 413 and b"request_too_large" in sent[1]["body"]
+    sent, errors = run_limited(1024, [], [b"x" * 600, b"x" * 600])  # chunked: no length
+    assert sent[0]["status"] == 413 and errors and errors[0].status_code == 413
+    sent, _ = run_limited(1024, [(b"content-length", b"1000")], [b"x" * 500, b"x" * 500])
+    assert sent[0]["status"] == 200
