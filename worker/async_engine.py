@@ -13,15 +13,12 @@ import multiprocessing as mp
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from nanoserve.worker import engine_core
 from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.sampling_params import SamplingParams
 from nanoserve.worker.stats_log import Load
-
-if TYPE_CHECKING:
-    from nanoserve.worker.metrics import EngineHistograms
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +49,15 @@ class Finish:
     queue_s: float = 0.0  # arrival -> first scheduled, in the engine core
     prefill_s: float = 0.0  # first scheduled -> first token
     decode_s: float = 0.0  # first token -> finish
+
+
+class StepObserver(Protocol):
+    """What the engine's histograms take (metrics.EngineHistograms; a protocol keeps metrics -> here
+    the only import between the two modules)."""
+
+    def observe_step(self, num_seqs: int, num_tokens: int, step_s: float) -> None: ...
+
+    def observe_finish(self, finish: Finish) -> None: ...
 
 
 @dataclass(eq=False, slots=True)
@@ -121,7 +127,7 @@ class AsyncEngine:
         self.error: BaseException | None = None
         self.stopping = False  # the core was told to exit: its EOF is no failure
         self.num_finished = 0
-        self.histograms: "EngineHistograms | None" = None  # set when /metrics is served
+        self.histograms: StepObserver | None = None  # set when /metrics is served
         self.load = Load(time.monotonic(), 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0)  # the core's latest
         # (time, prompt tokens done, generated tokens) samples for the rates in GetLoad
         self.history: collections.deque = collections.deque(maxlen=64)
