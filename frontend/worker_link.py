@@ -35,13 +35,19 @@ class WorkerLink:
         on_ready_change: Callable[[bool], Awaitable[None]],
         connect_timeout_s: float = 1.0,
         max_message_bytes: int = 16 * 1024 * 1024,
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
+        """`credentials`: TLS to the worker (nanoserve.security.channel_credentials), None for
+        plaintext."""
         self.address = address
         self._digest = tokenizer_digest
         self._on_ready_change = on_ready_change
         self._connect_timeout_s = connect_timeout_s
-        self.channel = grpc.aio.insecure_channel(
-            address, options=channel_options(max_message_bytes)
+        options = channel_options(max_message_bytes)
+        self.channel = (
+            grpc.aio.insecure_channel(address, options=options)
+            if credentials is None
+            else grpc.aio.secure_channel(address, credentials, options=options)
         )
         self.stub = worker_grpc.WorkerServiceStub(self.channel)
         self.session = WorkerSession(self.stub)
