@@ -1,8 +1,11 @@
 """The frontend -> worker link over mutual TLS, against a real worker and frontend: the frontend with
 its client certificate serves requests; a caller of the worker without a certificate the worker's
-client CA signed (or in plaintext) is refused at the handshake.
+client CA signed (or in plaintext) is refused at the handshake. `nanoserve serve` passes the flags
+to both services.
 """
 
+import re
+import sys
 from collections.abc import Iterator
 
 import grpc
@@ -11,7 +14,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nanoserve.client import Client
 from nanoserve.security import channel_credentials
-from tests.e2e.conftest import FRONTEND_SERVICE, WORKER_SERVICE, Pair, start_frontend, start_worker
+from tests.e2e.conftest import (
+    BLOCK_SIZE,
+    FRONTEND_SERVICE,
+    WORKER_SERVICE,
+    Pair,
+    Service,
+    start_frontend,
+    start_worker,
+)
 from tests.tls_certs import Certs, make_certs
 
 pytestmark = pytest.mark.e2e
@@ -81,3 +92,27 @@ def test_the_worker_refuses_callers_without_a_client_certificate(mtls_pair, cert
     signed_elsewhere = channel_credentials(certs.ca, stranger.client_cert, stranger.client_key)
     assert worker_health(address, signed_elsewhere) == "UNAVAILABLE"
     assert not any("in plaintext" in line for line in mtls_pair.worker.lines)
+
+
+def test_serve_runs_the_worker_link_over_mtls(tiny_model_dir, certs) -> None:
+    argv = [
+        sys.executable, "-m", "nanoserve.cli", "serve", "--port", "0",
+        "--model", str(tiny_model_dir), "--device", "cpu",
+        "--kvcache-block-size", str(BLOCK_SIZE), "--num-kvcache-blocks", "128",
+        "--worker-tls-cert-file", str(certs.server_cert),
+        "--worker-tls-key-file", str(certs.server_key),
+        "--worker-tls-client-ca-file", str(certs.ca),
+        "--worker-tls-ca-file", str(certs.ca),
+        "--worker-tls-client-cert-file", str(certs.client_cert),
+        "--worker-tls-client-key-file", str(certs.client_key),
+    ]  # fmt: skip
+    serving = re.compile(r"nanoserve serving \S+ on (?P<host>\S+):(?P<port>\d+) \(worker on ")
+    serve = Service("nanoserve serve", argv, listening=serving)
+    try:
+        address = serve.wait_listening()  # printed once both services are SERVING
+        with Client(address, timeout=30) as client:
+            assert len(client.generate("hello", max_tokens=3).token_ids) == 3
+        worker = next(m for line in serve.lines if (m := re.search(r"\(worker on (\S+)\)", line)))
+        assert worker_health(worker.group(1), channel_credentials(certs.ca)) == "UNAVAILABLE"
+    finally:
+        serve.stop(timeout=60)
