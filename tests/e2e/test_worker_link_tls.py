@@ -6,6 +6,7 @@ to both services.
 
 import re
 import sys
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -91,7 +92,15 @@ def test_the_worker_refuses_callers_without_a_client_certificate(mtls_pair, cert
     stranger = make_certs(certs.ca.parent / "stranger", ca_name="someone else's CA")
     signed_elsewhere = channel_credentials(certs.ca, stranger.client_cert, stranger.client_key)
     assert worker_health(address, signed_elsewhere) == "UNAVAILABLE"
-    assert not any("in plaintext" in line for line in mtls_pair.worker.lines)
+
+
+def test_a_plaintext_worker_on_a_public_address_warns(tiny_model_dir) -> None:
+    worker = start_worker(tiny_model_dir, "--host", "0.0.0.0", wait=False)
+    try:
+        time.sleep(0.2)
+        assert any("in plaintext" in line for line in worker.lines), worker.output()
+    finally:
+        worker.stop()
 
 
 def test_serve_runs_the_worker_link_over_mtls(tiny_model_dir, certs) -> None:
