@@ -79,12 +79,16 @@ def _serve_parser() -> argparse.ArgumentParser:
         default=0,
         help="worker /metrics port on 127.0.0.1, 0 = off (--metrics-port is the frontend's)",
     )
-    for name in WORKER_TLS:
-        parser.add_argument(
-            "--worker-" + name.replace("_", "-"),
-            help=f"the worker's --{name.replace('_', '-')} (its link to the frontend: with "
-            "--worker-tls-ca-file and the frontend's client certificate, mutual TLS)",
-        )
+    for name, what in zip(
+        WORKER_TLS,
+        (
+            "PEM certificate chain: the worker serves TLS (give the frontend --worker-tls-ca-file)",
+            "PEM private key of --worker-tls-cert-file",
+            "PEM CA bundle: the worker requires a client certificate it signed (mutual TLS: give "
+            "the frontend --worker-tls-client-cert-file and --worker-tls-client-key-file)",
+        ),
+    ):
+        parser.add_argument("--worker-" + name.replace("_", "-"), metavar="FILE", help=what)
     parser.add_argument(
         "--demo",
         metavar="PROMPT",
