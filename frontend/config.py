@@ -152,6 +152,31 @@ class FrontendConfig:
         default=None,
         metadata={"help": "comma-separated accepted bearer tokens (prefer the env variable)"},
     )
+    worker_tls_ca_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "PEM CA bundle that signed the worker's certificate: connect to the worker "
+            "over TLS (the worker's --tls-cert-file must name worker_address's host)"
+        },
+    )
+    worker_tls_client_cert_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "PEM certificate chain the frontend presents to the worker (mutual TLS; "
+            "with worker_tls_client_key_file and worker_tls_ca_file)"
+        },
+    )
+    worker_tls_client_key_file: str | None = field(
+        default=None, metadata={"help": "PEM private key of worker_tls_client_cert_file"}
+    )
+    cache_isolation: str = field(
+        default="tenant",
+        metadata={
+            "help": "tenant: with api keys, each tenant's prompts get their own prefix-cache "
+            "blocks (a tenant cannot time another's prompts through TTFT); none: one cache "
+            "shared by all callers. Without api keys there is one tenant"
+        },
+    )
     metrics_port: int = field(
         default=0, metadata={"help": "port of the Prometheus /metrics HTTP endpoint (0 = off)"}
     )
@@ -169,6 +194,16 @@ class FrontendConfig:
             raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file")
         if not 0 <= self.metrics_port < 65536:
             raise ValueError(f"metrics_port must be in [0, 65535], got {self.metrics_port}")
+        if (self.worker_tls_client_cert_file is None) != (self.worker_tls_client_key_file is None):
+            raise ValueError(
+                "worker_tls_client_cert_file and worker_tls_client_key_file go together"
+            )
+        if self.worker_tls_client_cert_file is not None and self.worker_tls_ca_file is None:
+            raise ValueError("worker_tls_client_cert_file needs worker_tls_ca_file")
+        if self.cache_isolation not in ("tenant", "none"):
+            raise ValueError(
+                f"cache_isolation must be tenant or none, got {self.cache_isolation!r}"
+            )
         if self.log_format not in ("text", "json"):
             raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
 

@@ -56,7 +56,7 @@ from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
-from nanoserve.security import ServerSecurity
+from nanoserve.security import ServerSecurity, channel_credentials, tenant_cache_salt
 
 if TYPE_CHECKING:  # prometheus_client loads only with a metrics port
     from nanoserve.frontend.metrics import FrontendMetrics
@@ -223,6 +223,8 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
             request_id=f"{request_id}#{self._id_tag}-{next(self._worker_ids)}",
             prompt_token_ids=prompt_ids,
             sampling_params=worker_sampling_params(params, max_tokens),
+            # from the authenticated caller, never from the request
+            cache_salt=tenant_cache_salt() if self.config.cache_isolation == "tenant" else "",
         )
         skip_special = not params.HasField("skip_special_tokens") or params.skip_special_tokens
         include_stop = params.include_stop_str_in_output
@@ -319,6 +321,11 @@ class FrontendServer:
             poll_interval_s=config.worker_poll_interval_s,
             prefix_tokens=config.route_prefix_tokens,
             rule=BalanceRule(config.route_max_queue_gap, config.route_max_queue_ratio),
+            credentials=channel_credentials(
+                config.worker_tls_ca_file,
+                config.worker_tls_client_cert_file,
+                config.worker_tls_client_key_file,
+            ),
         )
         self.servicer = FrontendServicer(config, self.tokenizer, self.pool)
         self.servicer.request_sinks.append(RequestLog(config.log_format))

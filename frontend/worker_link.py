@@ -8,6 +8,7 @@ import contextlib
 import enum
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -49,14 +50,24 @@ class WorkerLink:
         connect_timeout_s: float = 1.0,
         max_message_bytes: int = 16 * 1024 * 1024,
         poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
+        credentials: grpc.ChannelCredentials | None = None,
+        server_name: str | None = None,
     ) -> None:
+        """`credentials`: TLS to the worker (nanoserve.security.channel_credentials), None for
+        plaintext; `server_name`: the host name its certificate must carry when `address` is the
+        IP address that name resolved to."""
         self.address = address
         self._vet = vet
         self._on_change = on_change
         self._connect_timeout_s = connect_timeout_s
         self._poll_interval_s = poll_interval_s
-        self.channel = grpc.aio.insecure_channel(
-            address, options=channel_options(max_message_bytes)
+        options: list[tuple[str, Any]] = list(channel_options(max_message_bytes))
+        if credentials is not None and server_name and server_name != address.rpartition(":")[0]:
+            options.append(("grpc.ssl_target_name_override", server_name))
+        self.channel = (
+            grpc.aio.insecure_channel(address, options=options)
+            if credentials is None
+            else grpc.aio.secure_channel(address, credentials, options=options)
         )
         self.stub = worker_grpc.WorkerServiceStub(self.channel)
         self.session = WorkerSession(self.stub, on_broken=self._on_session_broken)

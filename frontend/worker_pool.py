@@ -12,6 +12,8 @@ import socket
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+import grpc
+
 from nanoserve.errors import FailedPrecondition, Unavailable
 from nanoserve.frontend.config import parse_worker_address
 from nanoserve.frontend.routing import BalanceRule, choose, prefix_key
@@ -66,6 +68,7 @@ class WorkerPool:
         poll_interval_s: float = 0.25,
         prefix_tokens: int = 256,
         rule: BalanceRule | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self.targets = parse_worker_address(worker_address)
         self._digest = tokenizer_digest
@@ -77,6 +80,7 @@ class WorkerPool:
             connect_timeout_s=connect_timeout_s,
             max_message_bytes=max_message_bytes,
             poll_interval_s=poll_interval_s,
+            credentials=credentials,
         )
         self._resolve_interval_s = resolve_interval_s
         self.prefix_tokens = prefix_tokens
@@ -84,6 +88,7 @@ class WorkerPool:
         self.links: dict[str, WorkerLink] = {}
         self.retired: list[WorkerLink] = []  # gone from DNS, closed once their requests ended
         self.resolved: dict[tuple[str, int], set[str]] = {}  # the last answer per target
+        self._host_of: dict[str, str] = {}  # address -> the name it was found under (TLS checks it)
         self._unresolvable: set[tuple[str, int]] = set()  # targets whose last lookup failed
         self.reference: ModelInfo | None = None  # what every worker must match (the first's)
         self.serving = False
@@ -173,12 +178,13 @@ class WorkerPool:
                 if target in self.resolved and found != self.resolved[target]:
                     logger.info("worker host %s now resolves to %s", target[0], sorted(found))
             self.resolved[target] = found
+            self._host_of.update(dict.fromkeys(found, target[0]))
             addresses |= found
         return addresses
 
     async def _update(self, addresses: set[str]) -> None:
         for address in sorted(addresses - self.links.keys()):
-            link = self._new_link(address)
+            link = self._new_link(address, server_name=self._host_of.get(address))
             self.links[address] = link
             link.start()
         for address in sorted(self.links.keys() - addresses):

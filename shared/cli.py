@@ -27,6 +27,7 @@ from nanoserve.process import (
     is_serving,
     wait_until,
 )
+from nanoserve.security import channel_credentials
 from nanoserve.worker.config import WorkerConfig
 
 # Child, the service names and the health probe moved to nanoserve.process; this keeps
@@ -41,6 +42,8 @@ PASS_THROUGH = {
     "make-tiny-model": "write a tiny random Qwen3 model directory (nanoserve.tiny.model)",
 }
 SERVE_OWNS = ("model", "host", "port", "worker_address")  # set by `serve` itself, per service
+# the worker's TLS fields, given to `serve` as --worker-<field> (the frontend's own are --<field>)
+WORKER_TLS = ("tls_cert_file", "tls_key_file", "tls_client_ca_file")
 SERVE_NEEDS = {
     "torch": "worker",
     "safetensors": "worker",
@@ -77,6 +80,16 @@ def _serve_parser() -> argparse.ArgumentParser:
         default=0,
         help="worker /metrics port on 127.0.0.1, 0 = off (--metrics-port is the frontend's)",
     )
+    for name, what in zip(
+        WORKER_TLS,
+        (
+            "PEM certificate chain: the worker serves TLS (give the frontend --worker-tls-ca-file)",
+            "PEM private key of --worker-tls-cert-file",
+            "PEM CA bundle: the worker requires a client certificate it signed (mutual TLS: give "
+            "the frontend --worker-tls-client-cert-file and --worker-tls-client-key-file)",
+        ),
+    ):
+        parser.add_argument("--worker-" + name.replace("_", "-"), metavar="FILE", help=what)
     parser.add_argument(
         "--demo",
         metavar="PROMPT",
@@ -89,7 +102,11 @@ def _serve_parser() -> argparse.ArgumentParser:
     )
     # metrics_port: the frontend section's; the worker's is --worker-metrics-port
     add_config_args(
-        parser, WorkerConfig, title="worker", skip={*SERVE_OWNS, "metrics_port"}, only_given=True
+        parser,
+        WorkerConfig,
+        title="worker",
+        skip={*SERVE_OWNS, "metrics_port", *WORKER_TLS},
+        only_given=True,
     )
     shared = {  # in the worker section, given to both services
         "log_level",
@@ -122,6 +139,15 @@ def serve_argvs(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], lis
     worker_values.pop("metrics_port", None)
     if args.worker_metrics_port:
         worker_values["metrics_port"] = args.worker_metrics_port
+    for name in WORKER_TLS:  # the namespace's `tls_*` are the frontend's
+        worker_values.pop(name, None)
+        if getattr(args, "worker_" + name) is not None:
+            worker_values[name] = getattr(args, "worker_" + name)
+    if args.worker_tls_cert_file and not getattr(args, "worker_tls_ca_file", None):
+        _serve_parser().error(
+            "--worker-tls-cert-file needs --worker-tls-ca-file: the CA the frontend (and serve's "
+            "health probe) checks the worker's certificate with"
+        )
     worker_argv = [
         *("--model", args.model, "--host", "127.0.0.1", "--port", str(args.worker_port)),
         *config_argv(worker_values),
@@ -166,6 +192,12 @@ def _installed(module: str) -> bool:
 
 def serve(argv: Sequence[str]) -> int:
     args, worker_argv, frontend_argv = serve_argvs(argv)
+    # the worker's health, probed as the frontend connects: over TLS when the link uses it
+    link = channel_credentials(
+        getattr(args, "worker_tls_ca_file", None),
+        getattr(args, "worker_tls_client_cert_file", None),
+        getattr(args, "worker_tls_client_key_file", None),
+    )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -176,7 +208,10 @@ def serve(argv: Sequence[str]) -> int:
         if not wait_until(worker.listening.is_set, children, stop, "starting"):
             return 0 if stop.is_set() else 1
         if not wait_until(
-            lambda: is_serving(worker.address, WORKER_SERVICE), children, stop, "loading the model"
+            lambda: is_serving(worker.address, WORKER_SERVICE, link),
+            children,
+            stop,
+            "loading the model",
         ):
             return 0 if stop.is_set() else 1
         assert worker.address is not None

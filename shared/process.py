@@ -109,11 +109,19 @@ def wait_until(
     return True
 
 
-def is_serving(address: str | None, service: str) -> bool:
-    """True when `service` at `address` answers the gRPC health check with SERVING."""
+def is_serving(
+    address: str | None, service: str, credentials: grpc.ChannelCredentials | None = None
+) -> bool:
+    """True when `service` at `address` answers the gRPC health check with SERVING (over TLS
+    with `credentials`)."""
     if address is None:
         return False
-    with grpc.insecure_channel(address) as channel:
+    channel = (
+        grpc.insecure_channel(address)
+        if credentials is None
+        else grpc.secure_channel(address, credentials)
+    )
+    with channel:
         try:
             response = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=1.0

@@ -38,6 +38,15 @@ def current_tenant() -> str | None:
     return _tenant.get()
 
 
+def tenant_cache_salt() -> str:
+    """The prefix-cache salt of the call being served: a digest of its authenticated tenant (64
+    hex characters), so tenants never share cached blocks; "" (the shared cache) without auth."""
+    tenant = _tenant.get()
+    if tenant is None:
+        return ""
+    return hashlib.sha256(b"nanoserve tenant\0" + tenant.encode("utf-8")).hexdigest()
+
+
 def read_pem(source: PemSource | None) -> bytes | None:
     """PEM bytes from a path (or the bytes themselves)."""
     if source is None or isinstance(source, bytes):
@@ -195,7 +204,7 @@ class ServerSecurity:
             if not is_loopback(host):
                 logger.warning(
                     "serving %s in plaintext: set tls_cert_file and tls_key_file "
-                    "(and api_keys) before exposing this port",
+                    "before exposing this port",
                     host,
                 )
             return server.add_insecure_port(f"{address}:{port}")

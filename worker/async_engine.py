@@ -153,9 +153,11 @@ class AsyncEngine:
         token_ids: list[int],
         sp: SamplingParams,
         owner: Collector | None = None,
+        cache_salt: str | None = None,
     ) -> Stream:
         """Validates (ValueError) and queues a request. Without an owner, request ids are unique
-        among live requests (WorkerService.Abort names them)."""
+        among live requests (WorkerService.Abort names them). `cache_salt`: prefix-cache isolation
+        (LLMEngine.add_request)."""
         if self.error is not None:
             raise EngineDead(str(self.error))
         if owner is None and request_id in self.by_request_id:
@@ -165,7 +167,7 @@ class AsyncEngine:
         self.streams[stream.engine_id] = stream
         if owner is None:
             self.by_request_id[request_id] = stream
-        self.adds.append([stream.engine_id, token_ids, sp.as_fields()])
+        self.adds.append([stream.engine_id, token_ids, sp.as_fields(), cache_salt or None])
         self._schedule_flush()
         return stream
 

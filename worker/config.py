@@ -178,9 +178,27 @@ class WorkerConfig(EngineConfig):
     metrics_port: int = field(
         default=0, metadata={"help": "port of the Prometheus /metrics HTTP endpoint (0 = off)"}
     )
+    # ---- the frontend link: TLS, mutual with a client CA ----
+    tls_cert_file: str | None = field(
+        default=None, metadata={"help": "PEM certificate chain: serve TLS (with tls_key_file)"}
+    )
+    tls_key_file: str | None = field(
+        default=None, metadata={"help": "PEM private key of tls_cert_file"}
+    )
+    tls_client_ca_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "PEM CA bundle: require frontends to present a client certificate it signed "
+            "(mutual TLS)"
+        },
+    )
 
     def __post_init__(self):
         super(WorkerConfig, self).__post_init__()
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file")
         if self.max_stop_token_ids < 0:
             raise ValueError(f"max_stop_token_ids must be >= 0, got {self.max_stop_token_ids}")
         if not 0 <= self.metrics_port < 65536:

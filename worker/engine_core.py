@@ -32,7 +32,8 @@ def decode(data: bytes) -> list:
 
 
 def add_frame(adds: list[list], aborts: list[int], exit_: bool = False) -> bytes:
-    """Server -> engine core: adds are [engine_id, prompt ids, sampling params as a dict]."""
+    """Server -> engine core: adds are [engine_id, prompt ids, sampling params as a dict,
+    cache salt or None]."""
     return encode([adds, aborts, exit_])
 
 
@@ -74,9 +75,9 @@ class EngineCore:
         from nanoserve.worker.sampling_params import SamplingParams
 
         adds, aborts, exit_ = decode(data)
-        for engine_id, token_ids, sp in adds:
+        for engine_id, token_ids, sp, cache_salt in adds:
             try:
-                self.engine.add_request(token_ids, SamplingParams(**sp), engine_id)
+                self.engine.add_request(token_ids, SamplingParams(**sp), engine_id, cache_salt)
             except ValueError as e:  # validated by the server already; ends the stream all the same
                 logger.warning("request %s refused by the engine: %s", engine_id, e)
                 self.send([REFUSED, engine_id, str(e)])

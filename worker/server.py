@@ -25,7 +25,7 @@ from nanoserve.grpc_options import server_options
 from nanoserve.model_files import tokenizer_digest
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
-from nanoserve.request_decoding import DecodeErrorInterceptor
+from nanoserve.security import ServerSecurity
 from nanoserve.worker.async_engine import AsyncEngine
 from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.request_log import (
@@ -79,7 +79,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                 sp = sampling_params_from_proto(
                     request.sampling_params, len(token_ids), engine.limits.max_model_len
                 )
-                stream = engine.add(request_id, token_ids, sp)
+                stream = engine.add(request_id, token_ids, sp, cache_salt=request.cache_salt)
             except ValueError as e:
                 raise InvalidArgument(str(e)) from None
         except ServiceError as e:
@@ -198,15 +198,23 @@ async def serve(config: WorkerConfig) -> int:
     """Run the worker until SIGTERM/SIGINT (exit 0) or an engine failure (exit 1)."""
     loop = asyncio.get_running_loop()
     too_large = max_request_bytes(config.max_model_len, config.max_stop_token_ids)
-    guard = DecodeErrorInterceptor(too_large, "5 bytes * (max_model_len + max_stop_token_ids)")
-    server = grpc.aio.server(interceptors=[guard], options=server_options(config.max_message_bytes))
+    # TLS (mutual with a client CA) on the frontend link; no tokens: its only client is a frontend
+    security = ServerSecurity.load(
+        config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
+    )
+    interceptors = security.interceptors(
+        too_large, "5 bytes * (max_model_len + max_stop_token_ids)"
+    )
+    server = grpc.aio.server(
+        interceptors=interceptors, options=server_options(config.max_message_bytes)
+    )
     servicer = WorkerServicer(config)
     worker_grpc.add_WorkerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    port = security.add_port(server, config.host, config.port)
     if port == 0:
         raise ValueError(f"port: cannot bind {config.host}:{config.port}")
     await server.start()

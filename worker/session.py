@@ -89,7 +89,9 @@ class WorkerSession:
                 sp = sampling_params_from_proto(
                     request.sampling_params, len(token_ids), engine.limits.max_model_len
                 )
-                stream = engine.add(request_id, token_ids, sp, owner=self.collector)
+                stream = engine.add(
+                    request_id, token_ids, sp, owner=self.collector, cache_salt=request.cache_salt
+                )
             except ValueError as e:
                 raise InvalidArgument(str(e)) from None
         except ServiceError as e:

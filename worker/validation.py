@@ -8,6 +8,7 @@ from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 
 DEFAULT_MAX_STOP_TOKEN_IDS = 128
 MAX_REQUEST_ID_LENGTH = 128
+MAX_CACHE_SALT_LENGTH = 256  # the frontend sends a 64-character digest of the tenant
 _VARINT_BYTES = 5  # the most a uint32 token id takes on the wire
 _REQUEST_OVERHEAD_BYTES = 64 * 1024  # request id, sampling parameters, tags
 
@@ -32,8 +33,8 @@ def check_request_sizes(
 def check_list_sizes(
     request: worker_pb2.GenerateTokensRequest, max_model_len: int, max_stop_token_ids: int
 ) -> None:
-    """The prompt ids and stop ids by their length alone (Session adds: their request ids have
-    the session's own bound, as the frontend suffixes the client's id)."""
+    """The prompt ids, stop ids and cache salt by their length alone (Session adds: their request
+    ids have the session's own bound, as the frontend suffixes the client's id)."""
     num_ids = len(request.prompt_token_ids)
     if num_ids >= max_model_len:
         raise InvalidArgument(
@@ -47,3 +48,5 @@ def check_list_sizes(
             f"at most {max_stop_token_ids} stop token ids, got {num_stop}",
             field="sampling_params.stop_token_ids",
         )
+    if len(request.cache_salt) > MAX_CACHE_SALT_LENGTH:
+        raise InvalidArgument(f"longer than {MAX_CACHE_SALT_LENGTH} characters", field="cache_salt")

@@ -1,13 +1,17 @@
 """A client in another language, written from the .proto files alone: clients/node/generate.js
-(@grpc/grpc-js + @grpc/proto-loader) streams the same text as the Python client."""
+(@grpc/grpc-js + @grpc/proto-loader) streams the same text as the Python client, in plaintext and
+over TLS with a bearer token."""
 
+import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 
 import pytest
 
 from nanoserve.client import Client
-from tests.e2e.conftest import REPO_ROOT
+from tests.e2e.conftest import REPO_ROOT, Service, start_frontend
+from tests.tls_certs import Certs, make_certs
 
 pytestmark = pytest.mark.e2e
 
@@ -24,13 +28,14 @@ def node() -> str:
     return node
 
 
-def run_node(node: str, *args: str) -> subprocess.CompletedProcess:
+def run_node(node: str, *args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [node, str(NODE_CLIENT / "generate.js"), *args],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("NANOSERVE_")} | env,
     )
 
 
@@ -47,3 +52,57 @@ def test_node_client_reports_the_status(node, services) -> None:
     result = run_node(node, "--address", services.frontend.address, "--max-tokens", "0", "hi")
     assert result.returncode == 1
     assert "INVALID_ARGUMENT" in result.stderr and "sampling_params.max_tokens" in result.stderr
+
+
+TOKEN = "node-client-key-0123456789"
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture(scope="module")
+def tls_frontend(node, services, tiny_model_dir, certs) -> Iterator[Service]:
+    """TLS and one token, in front of the shared worker."""
+    frontend = start_frontend(
+        tiny_model_dir,
+        services.worker.address,
+        "--tls-cert-file", str(certs.server_cert),
+        "--tls-key-file", str(certs.server_key),
+        "--api-keys", TOKEN,
+        wait=False,
+    )  # fmt: skip
+    try:
+        with Client(frontend.wait_listening(), root_certificates=certs.ca) as client:
+            client.wait_ready(timeout=90)
+    except BaseException:
+        frontend.kill()
+        raise
+    yield frontend
+    frontend.stop()
+
+
+def test_node_client_with_tls_and_a_token(node, tls_frontend, certs) -> None:
+    prompt = "The capital of France is"
+    with Client(tls_frontend.address, timeout=30, root_certificates=certs.ca, token=TOKEN) as c:
+        want = c.generate(prompt, temperature=0, max_tokens=12).text + "\n"
+    address = ("--address", tls_frontend.address, "--max-tokens", "12")
+    by_flags = run_node(node, *address, "--ca", str(certs.ca), "--token", TOKEN, prompt)
+    assert by_flags.returncode == 0, by_flags.stderr
+    assert by_flags.stdout == want
+    by_env = run_node(
+        node, *address, prompt, NANOSERVE_CA_FILE=str(certs.ca), NANOSERVE_TOKEN=TOKEN
+    )
+    assert by_env.returncode == 0, by_env.stderr
+    assert by_env.stdout == want
+
+
+def test_node_client_without_the_token_or_the_ca_is_refused(node, tls_frontend, certs) -> None:
+    address = ("--address", tls_frontend.address, "--max-tokens", "4")
+    no_token = run_node(node, *address, "--ca", str(certs.ca), "hi")
+    assert no_token.returncode == 1 and "UNAUTHENTICATED" in no_token.stderr
+    wrong = run_node(node, *address, "--ca", str(certs.ca), "--token", TOKEN + "x", "hi")
+    assert wrong.returncode == 1 and "UNAUTHENTICATED" in wrong.stderr
+    plaintext = run_node(node, *address, "--token", TOKEN, "hi")
+    assert plaintext.returncode == 1 and "UNAVAILABLE" in plaintext.stderr

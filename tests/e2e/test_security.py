@@ -1,9 +1,11 @@
 """The public port with TLS, mutual TLS and bearer tokens, against real frontends in front of the
 shared worker: handshakes succeed with the right certificates and fail without; a wrong or missing
-token gets UNAUTHENTICATED; health answers without one. Plaintext on a public address warns.
+token gets UNAUTHENTICATED; health answers without one. Plaintext on a public address warns. Two
+tenants never share prefix-cache blocks.
 """
 
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -191,3 +193,23 @@ def test_async_client_with_tls_and_a_token(tls_frontend, certs) -> None:
             assert await client.health() == "SERVING"
 
     asyncio.run(main())
+
+
+def test_tenants_do_not_share_the_prefix_cache(tls_frontend, certs) -> None:
+    """--cache-isolation tenant (the default): the second tenant's first call of a prompt hits
+    nothing, though the first tenant's blocks are cached; each tenant's repeat hits its own."""
+    # unique, and longer than a few 16-token blocks
+    prompt = f"{uuid.uuid4().hex} " + "the same long shared system prompt " * 8
+
+    def cached(token: str) -> int:
+        with Client(
+            tls_frontend.address, timeout=30, root_certificates=certs.ca, token=token
+        ) as client:
+            done = client.generate(prompt, max_tokens=1, temperature=0)
+        assert done.usage is not None and done.usage.prompt_tokens > 48
+        return done.usage.cached_tokens
+
+    assert cached(TOKEN_A) == 0
+    assert cached(TOKEN_B) == 0  # tenant a's blocks are cached, but not for tenant b
+    assert cached(TOKEN_A) > 0
+    assert cached(TOKEN_B) > 0

@@ -120,7 +120,7 @@ def test_docker_compose_interpolates_tp_into_gpus_and_ranks(tmp_path) -> None:
     assert int(device["count"]) == 2
     assert int(worker["environment"]["NANOSERVE_WORKER_TENSOR_PARALLEL_SIZE"]) == 2
     assert worker["volumes"][0] == frontend["volumes"][0] == f"{tmp_path}:/model:ro"
-    assert frontend["ports"] == [{"published": 6000, "target": 50051}]
+    assert frontend["ports"][0] == {"published": 6000, "target": 50051}
 
 
 # --- (b) what the file says ----------------------------------------------------------------------
@@ -129,7 +129,7 @@ def test_docker_compose_interpolates_tp_into_gpus_and_ranks(tmp_path) -> None:
 def test_worker_is_reachable_only_on_the_compose_network(services) -> None:
     worker, frontend = services["worker"], services["frontend"]
     assert "ports" not in worker, "the worker must not be published on the host"
-    assert [int(p) for p in worker["expose"]] == [default(WorkerConfig, "port")]
+    assert int(worker["expose"][0]) == default(WorkerConfig, "port")
     assert worker["networks"] == frontend["networks"] == ["nanoserve"]
     assert "nanoserve" in load_compose()["networks"]
 
@@ -178,10 +178,25 @@ def test_worker_keeps_its_compile_cache_in_a_named_volume(services) -> None:
 def test_frontend_is_published_and_waits_for_a_healthy_worker(services) -> None:
     frontend = services["frontend"]
     assert frontend["depends_on"] == {"worker": {"condition": "service_healthy"}}
-    assert frontend["ports"] == ["50051:50051"]
-    assert load_compose({"NANOSERVE_FRONTEND_PORT": "8001"})["services"]["frontend"]["ports"] == [
-        "8001:50051"
-    ]
+    assert frontend["ports"][0] == "50051:50051"
+    assert (
+        load_compose({"NANOSERVE_FRONTEND_PORT": "8001"})["services"]["frontend"]["ports"][0]
+        == "8001:50051"
+    )
+
+
+def test_frontend_metrics_are_published_and_the_workers_stay_internal(services) -> None:
+    """Both services serve /metrics (a metrics_port of 0 is off); only the frontend's reaches the
+    host, the worker's only the compose network (a Prometheus beside the services)."""
+    worker, frontend = services["worker"], services["frontend"]
+    frontend_port = int(frontend["environment"]["NANOSERVE_FRONTEND_METRICS_PORT"])
+    worker_port = int(worker["environment"]["NANOSERVE_WORKER_METRICS_PORT"])
+    assert frontend_port > 0 and worker_port > 0 and frontend_port != 50051
+    assert frontend["ports"] == ["50051:50051", f"{frontend_port}:{frontend_port}"]
+    moved = load_compose({"NANOSERVE_FRONTEND_METRICS_PORT": "9500"})["services"]["frontend"]
+    assert moved["ports"][1] == f"9500:{frontend_port}"
+    assert "ports" not in worker
+    assert [int(p) for p in worker["expose"]] == [default(WorkerConfig, "port"), worker_port]
 
 
 @pytest.mark.parametrize("name", ["worker", "frontend", "gateway"])

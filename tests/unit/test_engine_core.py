@@ -62,7 +62,7 @@ def idle(frames: list) -> bool:
 
 def test_one_frame_per_step_carries_every_request(core) -> None:
     to_core, from_core, _ = core
-    adds = [[i, [5 + i, 6, 7], params()] for i in range(3)]
+    adds = [[i, [5 + i, 6, 7], params(), None] for i in range(3)]
     to_core.send_bytes(engine_core.add_frame(adds, []))
     finished: set[int] = set()
 
@@ -85,7 +85,9 @@ def test_one_frame_per_step_carries_every_request(core) -> None:
 def test_abort_frees_blocks_and_a_bad_add_is_refused(core) -> None:
     to_core, from_core, _ = core
     to_core.send_bytes(
-        engine_core.add_frame([[7, [1, 2, 3], params(max_tokens=400)], [8, [10**6], params()]], [])
+        engine_core.add_frame(
+            [[7, [1, 2, 3], params(max_tokens=400), None], [8, [10**6], params(), None]], []
+        )
     )
     frames = read_until(from_core, lambda fs: any(f[0] == engine_core.STEP for f in fs))
     refused = [f for f in frames if f[0] == engine_core.REFUSED]
@@ -97,7 +99,7 @@ def test_abort_frees_blocks_and_a_bad_add_is_refused(core) -> None:
 
 def test_an_add_and_its_abort_in_one_frame_leave_nothing_running(core) -> None:
     to_core, from_core, c = core
-    to_core.send_bytes(engine_core.add_frame([[3, [1, 2], params(max_tokens=400)]], [3]))
+    to_core.send_bytes(engine_core.add_frame([[3, [1, 2], params(max_tokens=400), None]], [3]))
     frames = read_until(from_core, idle)
     assert [f[0] for f in frames] == [engine_core.LOAD]  # never stepped
     assert c.engine.requests == {}
@@ -109,8 +111,8 @@ def test_sampling_fields_cross_the_pipe_with_unset_kept():
     from nanoserve.worker.sampling_params import SamplingParams
 
     sp = SamplingParams(temperature=None, top_k=5, max_tokens=7, stop_token_ids=(3, 4))
-    frame = engine_core.add_frame([[0, [1, 2], sp.as_fields()]], [], exit_=False)
-    [[_, _, fields]], _, _ = engine_core.decode(frame)
+    frame = engine_core.add_frame([[0, [1, 2], sp.as_fields(), None]], [], exit_=False)
+    [[_, _, fields, _]], _, _ = engine_core.decode(frame)
     rebuilt = SamplingParams(**fields)
     assert rebuilt == sp
     assert rebuilt.unset == sp.unset and "temperature" in rebuilt.unset

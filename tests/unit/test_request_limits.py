@@ -23,6 +23,7 @@ from nanoserve.frontend.validation import (
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+from nanoserve import security
 from nanoserve.security import BearerTokenInterceptor, is_loopback, load_api_keys
 from nanoserve.worker.validation import check_request_sizes, max_request_bytes
 
@@ -92,7 +93,7 @@ def test_stop_token_ids_refused_by_count() -> None:
 
 
 def test_worker_checks_sizes_before_copying() -> None:
-    ok = worker_pb2.GenerateTokensRequest(prompt_token_ids=[1, 2, 3])
+    ok = worker_pb2.GenerateTokensRequest(prompt_token_ids=[1, 2, 3], cache_salt="s" * 256)
     check_request_sizes(ok, 4096)
     for request, field in [
         (worker_pb2.GenerateTokensRequest(prompt_token_ids=[1] * 4096), "prompt_token_ids"),
@@ -107,6 +108,10 @@ def test_worker_checks_sizes_before_copying() -> None:
             worker_pb2.GenerateTokensRequest(prompt_token_ids=[1], request_id="r" * 129),
             "request_id",
         ),
+        (
+            worker_pb2.GenerateTokensRequest(prompt_token_ids=[1], cache_salt="s" * 257),
+            "cache_salt",
+        ),
     ]:
         with pytest.raises(InvalidArgument) as refused:
             check_request_sizes(request, 4096)
@@ -114,6 +119,7 @@ def test_worker_checks_sizes_before_copying() -> None:
     # the largest valid request fits the unparsed-size bound
     largest = worker_pb2.GenerateTokensRequest(
         request_id="r" * 128,
+        cache_salt="s" * 256,
         prompt_token_ids=[2**32 - 1] * 4095,
         sampling_params=common_pb2.SamplingParams(
             stop_token_ids=[2**32 - 1] * 128, temperature=0.5, top_p=0.9, max_tokens=1, seed=7
@@ -187,6 +193,30 @@ def test_bearer_token_check() -> None:
         assert check.tenant_of(bad) is None
     with pytest.raises(ValueError):
         BearerTokenInterceptor({})
+
+
+def test_the_cache_salt_comes_from_the_tenant_alone() -> None:
+    """One salt per tenant, bounded, never the tenant's name; none without auth; the frontend
+    flag accepts tenant or none."""
+    import contextvars
+
+    from nanoserve.frontend.config import FrontendConfig
+
+    def salt_as(tenant: str | None) -> str:
+        def run() -> str:
+            security._tenant.set(tenant)
+            return security.tenant_cache_salt()
+
+        return contextvars.copy_context().run(run)
+
+    assert salt_as(None) == "" and security.tenant_cache_salt() == ""
+    alice, bob = salt_as("alice"), salt_as("bob")
+    assert alice == salt_as("alice") and alice != bob
+    assert len(alice) == len(salt_as("x" * 10_000)) == 64 and "alice" not in alice
+    assert FrontendConfig(model="tiny").cache_isolation == "tenant"
+    assert FrontendConfig(model="tiny", cache_isolation="none").cache_isolation == "none"
+    with pytest.raises(ValueError, match="cache_isolation"):
+        FrontendConfig(model="tiny", cache_isolation="request")
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanoserve.worker.engine.block_manager import BlockManager, chain_hash
+from nanoserve.worker.engine.block_manager import BlockManager, chain_hash, salt_hash
 from nanoserve.worker.engine.scheduler import Scheduler
 from nanoserve.worker.engine.sequence import Sequence
 from nanoserve.worker.sampling_params import SamplingParams
@@ -82,6 +82,43 @@ def test_chain_hash_depends_on_whole_prefix():
     assert chain_hash([256], None) != chain_hash([1, 0], None)  # no byte-packing aliasing
 
 
+def prefill_then_repeat(first_salt: str | None, second_salt: str | None) -> tuple[list, Sequence]:
+    """One 9-token prompt under `first_salt`, run to its end (its 2 full blocks stay cached); then
+    the same prompt under `second_salt`, scheduled once. Returns the first one's block table and
+    the second sequence."""
+    s = make()
+    a = Sequence(list(range(9)), SamplingParams(max_tokens=1), cache_salt=first_salt)
+    s.add(a)
+    seqs, _ = s.schedule()
+    first_blocks = list(a.block_table)
+    s.postprocess(seqs, [1])
+    b = Sequence(list(range(9)), SamplingParams(max_tokens=1), cache_salt=second_salt)
+    s.add(b)
+    s.schedule()
+    check_invariants(s)
+    return first_blocks, b
+
+
+def test_a_cache_salt_isolates_the_prefix_cache():
+    """Equal tokens under different salts (tenants) share no block; equal salts do, as the
+    unsalted cache does; a salted prompt never hits the unsalted cache or the reverse."""
+    for first, second in [("tenant-a", "tenant-b"), ("tenant-a", None), (None, "tenant-a")]:
+        first_blocks, b = prefill_then_repeat(first, second)
+        assert b.num_cached_tokens == 0 and b.num_scheduled_tokens == 9, (first, second)
+        assert not set(first_blocks) & set(b.block_table), (first, second)
+    for salt in ("tenant-a", None):
+        first_blocks, b = prefill_then_repeat(salt, salt)
+        assert b.num_cached_tokens == 8 and b.num_scheduled_tokens == 1, salt
+        assert b.block_table[:2] == first_blocks[:2], salt
+
+
+def test_the_salt_seeds_the_first_blocks_hash():
+    assert salt_hash(None) is None and salt_hash("") is None
+    assert salt_hash("a") != salt_hash("b")
+    assert chain_hash([1, 2], salt_hash("a")) != chain_hash([1, 2], None)
+    assert chain_hash([1, 2], salt_hash("a")) != chain_hash([1, 2], salt_hash("b"))
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     seed=st.integers(0, 10**6),
@@ -101,7 +138,8 @@ def test_random_workload_keeps_invariants(seed, num_blocks, block_size, budget):
             prompt = rng.choice(prefixes) + [rng.randrange(1, 50) for _ in range(rng.randint(0, 6))]
             max_tokens = rng.randint(1, 12)
             if len(prompt) + max_tokens <= capacity:
-                seq = Sequence(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+                sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+                seq = Sequence(prompt, sp, cache_salt=rng.choice([None, None, "tenant-a"]))
                 s.add(seq)
                 live.append(seq)
         elif r < 0.32 and live:

@@ -250,6 +250,37 @@ def test_serve_gives_each_service_its_metrics_port(qwen_dir: Path, monkeypatch) 
     assert flags(frontend_argv) == {"--max-stop-token-ids": "64", "--metrics-port": "9100"}
 
 
+def test_serve_passes_the_worker_link_tls_to_both_services(qwen_dir: Path, monkeypatch) -> None:
+    """Both configs have tls_*: `serve`'s --tls-* are the frontend's public port, --worker-tls-*
+    the worker's server side, and the frontend's --worker-tls-ca-file/-client-* its client side."""
+    monkeypatch.setattr(cli, "check_port_free", lambda *a, **k: None)
+    link = [
+        "--worker-tls-cert-file", "w.pem", "--worker-tls-key-file", "w.key",
+        "--worker-tls-client-ca-file", "ca.pem", "--worker-tls-ca-file", "ca.pem",
+        "--worker-tls-client-cert-file", "f.pem", "--worker-tls-client-key-file", "f.key",
+    ]  # fmt: skip
+    public = ["--tls-cert-file", "pub.pem", "--tls-key-file", "pub.key"]
+    _, worker_argv, frontend_argv = cli.serve_argvs(["--model", str(qwen_dir), *link, *public])
+
+    def flags(argv: list[str]) -> dict[str, str]:
+        return dict(zip(argv[6::2], argv[7::2]))
+
+    assert flags(worker_argv) == {
+        "--tls-cert-file": "w.pem",
+        "--tls-key-file": "w.key",
+        "--tls-client-ca-file": "ca.pem",
+    }
+    assert flags(frontend_argv) == {
+        "--worker-tls-ca-file": "ca.pem",
+        "--worker-tls-client-cert-file": "f.pem",
+        "--worker-tls-client-key-file": "f.key",
+        "--tls-cert-file": "pub.pem",
+        "--tls-key-file": "pub.key",
+    }
+    with pytest.raises(SystemExit):  # a TLS worker the frontend has no CA for
+        cli.serve_argvs(["--model", str(qwen_dir), *link[:4]])
+
+
 def test_serve_without_model_names_tiny(monkeypatch) -> None:
     monkeypatch.setattr(cli, "check_port_free", lambda *a, **k: None)
     _, worker_argv, frontend_argv = cli.serve_argvs([])

@@ -3,6 +3,7 @@
 A block is registered in the prefix cache only once its KV has been computed, under a SHA-256 hash
 chained over all tokens before it, so a crafted prompt cannot alias another prompt's blocks. A freed
 block keeps its hash until it is reused, so a later identical prefix still hits it (LRU eviction).
+A sequence's cache salt (its tenant) seeds the chain: blocks are shared only under equal salts.
 """
 
 import hashlib
@@ -32,6 +33,14 @@ def chain_hash(token_ids: list[int], prefix_hash: bytes | None) -> bytes:
     return h.digest()
 
 
+def salt_hash(cache_salt: str | None) -> bytes | None:
+    """The prefix hash of a sequence's first block: None (the shared cache) without a salt. The
+    domain tag keeps it apart from any chained hash of token ids."""
+    if not cache_salt:
+        return None
+    return hashlib.sha256(b"nanoserve cache salt\0" + cache_salt.encode("utf-8")).digest()
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int):
         self.block_size = block_size
@@ -57,7 +66,7 @@ class BlockManager:
     def _match_prefix(self, seq: Sequence) -> list[int]:
         """Ids of cached blocks holding a prefix of seq. The block of the last token never counts:
         its logits must be computed, and recomputing into a shared block would race other readers."""
-        matched, prefix = [], None
+        matched, prefix = [], salt_hash(seq.cache_salt)
         for i in range((seq.num_tokens - 1) // self.block_size):
             tokens = seq.block_token_ids(i, self.block_size)
             prefix = chain_hash(tokens, prefix)
@@ -158,7 +167,7 @@ class BlockManager:
             return
         for i in range(len(seq.block_hashes), num_full):
             tokens = seq.block_token_ids(i, self.block_size)
-            prefix = seq.block_hashes[-1] if seq.block_hashes else None
+            prefix = seq.block_hashes[-1] if seq.block_hashes else salt_hash(seq.cache_salt)
             h = chain_hash(tokens, prefix)
             seq.block_hashes.append(h)
             block = self.blocks[seq.block_table[i]]

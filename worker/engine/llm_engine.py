@@ -122,11 +122,18 @@ class LLMEngine:
             )
 
     def add_request(
-        self, token_ids: list[int], sampling_params: SamplingParams, request_id: str | None = None
+        self,
+        token_ids: list[int],
+        sampling_params: SamplingParams,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
     ) -> Sequence:
+        """Queues a request; with `cache_salt`, it shares prefix-cache blocks only with requests
+        of the same salt (block_manager.salt_hash)."""
         self.validate(token_ids, sampling_params)
         # fields the caller left unset take the model's generation_config.json defaults (vLLM)
-        seq = Sequence(token_ids, sampling_params.with_defaults(self.sampling_defaults), request_id)
+        sp = sampling_params.with_defaults(self.sampling_defaults)
+        seq = Sequence(token_ids, sp, request_id, cache_salt)
         if seq.request_id in self.requests:
             raise ValueError(f"request_id: {seq.request_id!r} is already running")
         self.requests[seq.request_id] = seq

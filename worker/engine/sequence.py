@@ -28,10 +28,16 @@ class Sequence:
     _counter = count()
 
     def __init__(
-        self, token_ids: list[int], sampling_params: SamplingParams, request_id: str | None = None
+        self,
+        token_ids: list[int],
+        sampling_params: SamplingParams,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
     ):
         self.seq_id = next(Sequence._counter)
         self.request_id = request_id if request_id is not None else str(self.seq_id)
+        # prefix-cache isolation: only sequences with the same salt share cached blocks
+        self.cache_salt = cache_salt or None
         self.status = SequenceStatus.WAITING
         self.token_ids = list(token_ids)
         self.num_prompt_tokens = len(token_ids)
