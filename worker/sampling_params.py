@@ -6,6 +6,7 @@ default and is listed in `unset`, and LLMEngine.add_request fills it from the mo
 (with_defaults).
 """
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -13,6 +14,8 @@ from typing import Any
 from nanoserve.sampling_rules import RULES, violations
 
 # vLLM's defaults of the fields that a model's generation_config.json may override
+MAX_N = 16  # completions per request (SamplingParams.n): each takes a batch slot
+
 FALLBACKS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
 
 
@@ -30,6 +33,7 @@ class SamplingParams:
     repetition_penalty: float | None = None  # None: the model's default, else 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    n: int = 1  # completions of the prompt, sharing its KV blocks (1..MAX_N)
     # the fields of FALLBACKS that were not given (they hold the fallback value)
     unset: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
 
@@ -37,6 +41,8 @@ class SamplingParams:
         given = {name: getattr(self, name) for name in RULES if getattr(self, name) is not None}
         for name, rule in violations(given):
             raise ValueError(f"{name} must be {rule}, got {given[name]!r}")
+        if not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be in [1, {MAX_N}], got {self.n!r}")
         if any(t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative, got {self.stop_token_ids!r}")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
@@ -61,6 +67,14 @@ class SamplingParams:
         generation_config.json sampling fields: ModelConfig.sampling_defaults)."""
         changes: dict[str, Any] = {name: defaults[name] for name in self.unset if name in defaults}
         return replace(self, **changes) if changes else self
+
+    def for_completion(self, index: int) -> "SamplingParams":
+        """The params of completion `index` of n: a seeded request's completions draw from
+        distinct seed streams, derived from the seed (index 0 keeps it: n = 1 is unchanged)."""
+        if self.seed is None or index == 0:
+            return self
+        digest = hashlib.blake2b(f"{self.seed}/{index}".encode(), digest_size=8).digest()
+        return replace(self, seed=int.from_bytes(digest, "little") >> 1)  # in [0, 2**63): a torch seed
 
     @property
     def knobs(self) -> tuple[float, int, float, float]:
