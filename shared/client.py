@@ -104,11 +104,13 @@ class Client:
         timeout: float | None = None,
         request_id: str = "",
         add_special_tokens: bool | None = None,
+        priority: int | None = None,
         **sampling: Any,
     ) -> Iterator[Chunk]:
         """Streams the completion of `prompt` (text or token ids); keyword arguments are
-        SamplingParams fields (temperature, max_tokens, stop, ...)."""
-        request = generate_request(prompt, request_id, add_special_tokens, **sampling)
+        SamplingParams fields (temperature, max_tokens, stop, n, ...); with n > 1 each chunk's
+        `index` says which completion it continues. priority: lower is served first."""
+        request = generate_request(prompt, request_id, add_special_tokens, priority, **sampling)
         return self._stream(self._stub.Generate, request, timeout)
 
     def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Completion:
@@ -122,10 +124,11 @@ class Client:
         timeout: float | None = None,
         request_id: str = "",
         enable_thinking: bool | None = None,
+        priority: int | None = None,
         **sampling: Any,
     ) -> Iterator[Chunk]:
         """Streams the reply to `messages` ({"role", "content"} dicts or (role, content) pairs)."""
-        request = chat_request(messages, request_id, enable_thinking, **sampling)
+        request = chat_request(messages, request_id, enable_thinking, priority, **sampling)
         return self._stream(self._stub.Chat, request, timeout)
 
     def chat(self, messages: ChatMessages, **kwargs: Any) -> Completion:
@@ -233,10 +236,11 @@ class AsyncClient:
         timeout: float | None = None,
         request_id: str = "",
         add_special_tokens: bool | None = None,
+        priority: int | None = None,
         **sampling: Any,
     ) -> AsyncIterator[Chunk]:
         """Streams the completion of `prompt`; see Client.generate_stream."""
-        request = generate_request(prompt, request_id, add_special_tokens, **sampling)
+        request = generate_request(prompt, request_id, add_special_tokens, priority, **sampling)
         return self._stream(self._stub.Generate, request, timeout)
 
     async def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Completion:
@@ -249,10 +253,11 @@ class AsyncClient:
         timeout: float | None = None,
         request_id: str = "",
         enable_thinking: bool | None = None,
+        priority: int | None = None,
         **sampling: Any,
     ) -> AsyncIterator[Chunk]:
         """Streams the reply to `messages`; see Client.chat_stream."""
-        request = chat_request(messages, request_id, enable_thinking, **sampling)
+        request = chat_request(messages, request_id, enable_thinking, priority, **sampling)
         return self._stream(self._stub.Chat, request, timeout)
 
     async def chat(self, messages: ChatMessages, **kwargs: Any) -> Completion:

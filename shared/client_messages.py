@@ -31,14 +31,17 @@ class Chunk:
     text: str
     token_ids: list[int]
     finish_reason: str | None = None  # None while running, then "stop" or "length"
-    usage: Usage | None = None  # last chunk only
+    usage: Usage | None = None  # the call's last chunk only
     matched_stop: str | None = None
     matched_stop_token_id: int | None = None
+    index: int = 0  # which of the request's n completions (sampling parameter n)
 
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    """A whole request's output, the concatenation of its chunks."""
+    """A whole request's output, the concatenation of its chunks. With n > 1, `choices` holds
+    every completion by index (this one's fields are choices[0]'s; usage is the call's: the
+    prompt once, the completion tokens of all)."""
 
     text: str
     token_ids: list[int]
@@ -46,6 +49,7 @@ class Completion:
     usage: Usage
     matched_stop: str | None = None
     matched_stop_token_id: int | None = None
+    choices: tuple["Completion", ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +76,11 @@ def generate_request(
     prompt: str | Sequence[int],
     request_id: str = "",
     add_special_tokens: bool | None = None,
+    priority: int | None = None,
     **sampling: Any,
 ) -> frontend_pb2.GenerateRequest:
     request = frontend_pb2.GenerateRequest(
-        request_id=request_id, sampling_params=sampling_params(**sampling)
+        request_id=request_id, sampling_params=sampling_params(**sampling), priority=priority
     )
     if isinstance(prompt, str):
         request.prompt = prompt
@@ -90,10 +95,11 @@ def chat_request(
     messages: ChatMessages,
     request_id: str = "",
     enable_thinking: bool | None = None,
+    priority: int | None = None,
     **sampling: Any,
 ) -> frontend_pb2.ChatRequest:
     request = frontend_pb2.ChatRequest(
-        request_id=request_id, sampling_params=sampling_params(**sampling)
+        request_id=request_id, sampling_params=sampling_params(**sampling), priority=priority
     )
     for message in messages:
         role, content = (
@@ -116,32 +122,55 @@ def to_chunk(response: frontend_pb2.GenerateResponse | frontend_pb2.ChatResponse
             response.usage.completion_tokens,
             response.usage.cached_tokens,
         )
-        if finished
+        if finished and response.HasField("usage")  # n > 1: on the call's last message only
         else None,
         matched_stop=response.matched_stop or None,
         matched_stop_token_id=response.matched_stop_token_id
         if response.HasField("matched_stop_token_id")
         else None,
+        index=response.index,
     )
 
 
 def join_chunks(chunks: Iterable[Chunk]) -> Completion:
-    texts: list[str] = []
-    token_ids: list[int] = []
-    last = None
+    """The chunks of a call, grouped by completion index (n > 1) and concatenated."""
+    texts: dict[int, list[str]] = {}
+    token_ids: dict[int, list[int]] = {}
+    lasts: dict[int, Chunk] = {}
+    usage = None
     for chunk in chunks:
-        texts.append(chunk.text)
-        token_ids.extend(chunk.token_ids)
-        last = chunk
-    if last is None or last.finish_reason is None or last.usage is None:
+        texts.setdefault(chunk.index, []).append(chunk.text)
+        token_ids.setdefault(chunk.index, []).extend(chunk.token_ids)
+        if chunk.finish_reason is not None:
+            lasts[chunk.index] = chunk
+        usage = chunk.usage or usage  # the call's last message carries it
+    if not texts or usage is None or set(lasts) != set(texts):
         raise ServiceError("the stream ended without a finish reason")
+    choices = []
+    for index in sorted(texts):
+        last = lasts[index]
+        assert last.finish_reason is not None  # only finished chunks are in lasts
+        choices.append(
+            Completion(
+                "".join(texts[index]),
+                token_ids[index],
+                last.finish_reason,
+                usage,
+                last.matched_stop,
+                last.matched_stop_token_id,
+            )
+        )
+    if len(choices) == 1:
+        return choices[0]
+    first = choices[0]
     return Completion(
-        "".join(texts),
-        token_ids,
-        last.finish_reason,
-        last.usage,
-        last.matched_stop,
-        last.matched_stop_token_id,
+        first.text,
+        first.token_ids,
+        first.finish_reason,
+        usage,
+        first.matched_stop,
+        first.matched_stop_token_id,
+        tuple(choices),
     )
 
 

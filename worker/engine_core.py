@@ -31,7 +31,8 @@ def decode(data: bytes) -> list:
 
 
 def add_frame(adds: list[list], aborts: list[int], exit_: bool = False) -> bytes:
-    """Server -> engine core: adds are [engine_id, prompt ids, sampling params as a dict]."""
+    """Server -> engine core: adds are [engine_id, prompt ids, sampling params as a dict,
+    priority]."""
     return encode([adds, aborts, exit_])
 
 
@@ -62,6 +63,7 @@ class EngineCore:
             "eos_token_ids": list(e.eos_token_ids),
             "block_size": e.block_size,
             "num_kvcache_blocks": e.num_kvcache_blocks,
+            "max_num_seqs": e.config.max_num_seqs,
             "dtype": str(e.model_runner.dtype).removeprefix("torch."),
             "device": str(e.model_runner.device),
         }
@@ -73,9 +75,10 @@ class EngineCore:
         from nanoserve.worker.sampling_params import SamplingParams
 
         adds, aborts, exit_ = decode(data)
-        for engine_id, token_ids, sp in adds:
+        for engine_id, token_ids, sp, *rest in adds:
+            priority = rest[0] if rest else 0
             try:
-                self.engine.add_request(token_ids, SamplingParams(**sp), engine_id)
+                self.engine.add_request(token_ids, SamplingParams(**sp), engine_id, priority)
             except ValueError as e:  # validated by the server already; ends the stream all the same
                 logger.warning("request %s refused by the engine: %s", engine_id, e)
                 self.send([REFUSED, engine_id, str(e)])
@@ -107,7 +110,12 @@ class EngineCore:
             self.stats.begin(self.load)  # a load report only when a window opens
             outputs = engine.step()
             out = [
-                [o.seq.request_id, o.new_token_ids, _finish(o.seq) if o.finished else None]
+                [
+                    o.seq.request_id,
+                    o.new_token_ids,
+                    _finish(o.seq) if o.finished else None,
+                    o.seq.index,  # which of the request's n completions
+                ]
                 for o in outputs
             ]
             load = self.load()

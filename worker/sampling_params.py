@@ -14,8 +14,6 @@ from typing import Any
 from nanoserve.sampling_rules import RULES, violations
 
 # vLLM's defaults of the fields that a model's generation_config.json may override
-MAX_N = 16  # completions per request (SamplingParams.n): each takes a batch slot
-
 FALLBACKS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
 
 
@@ -41,8 +39,6 @@ class SamplingParams:
         given = {name: getattr(self, name) for name in RULES if getattr(self, name) is not None}
         for name, rule in violations(given):
             raise ValueError(f"{name} must be {rule}, got {given[name]!r}")
-        if not 1 <= self.n <= MAX_N:
-            raise ValueError(f"n must be in [1, {MAX_N}], got {self.n!r}")
         if any(t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative, got {self.stop_token_ids!r}")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
@@ -74,7 +70,9 @@ class SamplingParams:
         if self.seed is None or index == 0:
             return self
         digest = hashlib.blake2b(f"{self.seed}/{index}".encode(), digest_size=8).digest()
-        return replace(self, seed=int.from_bytes(digest, "little") >> 1)  # in [0, 2**63): a torch seed
+        return replace(
+            self, seed=int.from_bytes(digest, "little") >> 1
+        )  # in [0, 2**63): a torch seed
 
     @property
     def knobs(self) -> tuple[float, int, float, float]:

@@ -62,25 +62,24 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             sp = sampling_params_from_proto(
                 request.sampling_params, len(token_ids), engine.limits.max_model_len
             )
-            stream = engine.add(request_id, token_ids, sp)
+            stream = engine.add(request_id, token_ids, sp, priority=request.priority)
         except ValueError as e:
             raise InvalidArgument(str(e)) from None
         try:
-            while True:
+            while not stream.finished:
                 if not stream.has_output:
                     await stream.event.wait()
                 stream.event.clear()
                 if stream.error is not None:
                     raise stream_error(stream.error)
-                response = worker_pb2.GenerateTokensResponse(token_ids=stream.ids)
-                stream.ids = []  # everything that arrived while the client was slow, in one message
-                if stream.finish is not None:
-                    set_finish(response, stream.finish)
+                # per completion, everything that arrived while the client was slow, in one message
+                for index, ids, finish in stream.take():
+                    response = worker_pb2.GenerateTokensResponse(token_ids=ids, index=index)
+                    if finish is not None:
+                        set_finish(response, finish)
                     yield response
-                    return
-                yield response
         finally:
-            if stream.finish is None:  # cancelled, deadline, error, abort: free the blocks now
+            if not stream.finished:  # cancelled, deadline, error, abort: free the blocks now
                 engine.release(stream)
 
     @grpc_errors

@@ -83,7 +83,9 @@ class WorkerSession:
                 sp = sampling_params_from_proto(
                     request.sampling_params, len(token_ids), engine.limits.max_model_len
                 )
-                stream = engine.add(request_id, token_ids, sp, owner=self.collector)
+                stream = engine.add(
+                    request_id, token_ids, sp, owner=self.collector, priority=request.priority
+                )
             except ValueError as e:
                 raise InvalidArgument(str(e)) from None
         except ServiceError as e:
@@ -144,15 +146,20 @@ class WorkerSession:
         for stream in self.collector.take():
             if self.live.get(stream.request_id) is not stream:
                 continue  # aborted meanwhile
-            out = outputs.add(request_id=stream.request_id, token_ids=stream.ids)
-            stream.ids = []
             if stream.error is not None:
                 error = stream_error(stream.error)
-                out.error_code, out.error_message = error.code.value[0], str(error)
-            elif stream.finish is not None:
-                set_finish(out, stream.finish)
+                outputs.add(
+                    request_id=stream.request_id,
+                    error_code=error.code.value[0],
+                    error_message=str(error),
+                )
             else:
-                continue
+                for index, ids, finish in stream.take():  # one output per completion with news
+                    out = outputs.add(request_id=stream.request_id, token_ids=ids, index=index)
+                    if finish is not None:
+                        set_finish(out, finish)
+                if not stream.finished:
+                    continue
             del self.live[stream.request_id]
             timer = self.timers.pop(stream.request_id, None)
             if timer is not None:

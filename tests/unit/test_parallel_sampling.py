@@ -9,7 +9,7 @@ from tests.unit.test_engine_parity import assert_clean, prompts_of
 from tests.unit.test_scheduler_blocks import check_invariants, make
 from nanoserve.worker import LLM, SamplingParams
 from nanoserve.worker.engine.sequence import Sequence
-from nanoserve.worker.sampling_params import MAX_N
+from nanoserve.sampling_rules import MAX_N
 
 
 def test_n_is_bounded():
