@@ -66,7 +66,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         except ValueError as e:
             raise InvalidArgument(str(e)) from None
         try:
-            while not stream.finished:
+            while True:
                 if not stream.has_output:
                     await stream.event.wait()
                 stream.event.clear()
@@ -78,6 +78,8 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                     if finish is not None:
                         set_finish(response, finish)
                     yield response
+                if stream.finished and not stream.has_output:  # n > 1: all ends were sent
+                    return
         finally:
             if not stream.finished:  # cancelled, deadline, error, abort: free the blocks now
                 engine.release(stream)

@@ -7,10 +7,14 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from nanoserve.client import AsyncClient, Client
 from nanoserve.errors import InvalidArgument
+from nanoserve.proto.v1 import common_pb2
+from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 from tests.e2e.conftest import Pair, assert_idle, start_pair
 
 pytestmark = pytest.mark.e2e
@@ -86,4 +90,32 @@ def test_cancelling_an_n4_call_frees_all_blocks(pair) -> None:
             if len(seen) == 4:
                 break
         stream.close()  # the client cancels the call; the frontend aborts the worker request
+    assert_idle(pair.worker.address)
+
+
+def test_worker_generate_tokens_tags_each_completion(pair) -> None:
+    """WorkerService.GenerateTokens with n = 3: every message names its completion, each ends once
+    with its own usage, and the worker refuses n out of range naming the field."""
+    with grpc.insecure_channel(pair.worker.address) as channel:
+        stub = worker_grpc.WorkerServiceStub(channel)
+        request = worker_pb2.GenerateTokensRequest(
+            request_id="n3",
+            prompt_token_ids=[5, 6, 7, 8, 9],
+            sampling_params=common_pb2.SamplingParams(
+                temperature=0.9, seed=11, max_tokens=5, ignore_eos=True, n=3
+            ),
+            priority=2,
+        )
+        ids: dict[int, list[int]] = {}
+        ends = []
+        for response in stub.GenerateTokens(request, timeout=60):
+            ids.setdefault(response.index, []).extend(response.token_ids)
+            if response.finish_reason:
+                ends.append(response.index)
+                assert response.usage.completion_tokens == 5
+        assert sorted(ends) == [0, 1, 2] and all(len(v) == 5 for v in ids.values())
+        request.sampling_params.n = 17
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.GenerateTokens(request, timeout=60))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "n must" in e.value.details()
     assert_idle(pair.worker.address)
