@@ -2,7 +2,11 @@
 count n) until each writes into the last one (copy-on-write); seeded completions are distinct and
 reproducible; greedy ones are identical; aborting the request frees every block."""
 
+import random
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.unit.hf_reference import make_hf_model
 from tests.unit.test_engine_parity import assert_clean, prompts_of
@@ -108,3 +112,51 @@ def test_ref_count_n_after_the_fork_and_abort_frees_all(llm):
 def test_n_over_max_num_seqs_is_refused(llm):
     with pytest.raises(ValueError, match="^n: "):
         llm.add_request([1, 2, 3], SamplingParams(n=MAX_N), request_id="big")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    num_blocks=st.integers(6, 24),
+    block_size=st.sampled_from([2, 4, 8]),
+    budget=st.integers(4, 40),
+)
+def test_random_forks_priorities_and_aborts_keep_invariants(seed, num_blocks, block_size, budget):
+    """Reference counts equal the holders, and every block comes back, under any interleaving of
+    n > 1 requests, priorities, copy-on-write, preemption and aborts of whole requests."""
+    rng = random.Random(seed)
+    max_num_seqs = rng.randint(1, 6)
+    s = make(num_blocks, block_size, max_num_seqs=max_num_seqs, max_tokens=budget)
+    capacity = num_blocks * block_size
+    live: list[Sequence] = []  # each request's first sequence
+    for _ in range(150):
+        r = rng.random()
+        if r < 0.25:
+            prompt = [rng.randrange(1, 50) for _ in range(rng.randint(1, 14))]
+            max_tokens = rng.randint(1, 10)
+            n = rng.randint(1, max_num_seqs)
+            if len(prompt) + max_tokens <= capacity:
+                sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True, n=n, seed=seed)
+                seq = Sequence(prompt, sp, priority=rng.randint(-2, 2))
+                s.add(seq)
+                live.append(seq)
+        elif r < 0.32 and live:
+            for q in _group(live.pop(rng.randrange(len(live)))):
+                s.abort(q)
+        else:
+            seqs, _ = s.schedule()
+            for src, dst in s.block_manager.take_copies():
+                assert s.block_manager.blocks[dst].ref_count <= 1
+            assert len(s.running) <= max_num_seqs
+            s.postprocess(seqs, [rng.randrange(1, 50) for _ in seqs])
+            live = [q for q in live if not all(c.is_finished for c in _group(q))]
+        check_invariants(s)
+    for seq in live:
+        for q in _group(seq):
+            s.abort(q)
+    assert s.is_finished() and s.block_manager.num_free_blocks == num_blocks
+    check_invariants(s)
+
+
+def _group(seq: Sequence) -> list[Sequence]:
+    return list(seq.group) if seq.group is not None else [seq]

@@ -129,9 +129,11 @@ class Scheduler:
         whose earlier chunks already ran. An admitted prompt joins `running` at once, so `running`
         alone counts the batch's sequences."""
         scheduled: list[Sequence] = []
+        # batch slots taken: a parent admitted now forks (n > 1) in this step's postprocess
+        num_seats = len(self.running)
         while self.waiting and budget > 0:
             seq = self.waiting[0]
-            if len(self.running) + seq.num_seats > self.max_num_seqs:
+            if num_seats + seq.num_seats > self.max_num_seqs:
                 break  # a request with n > 1 needs a slot for each completion
             if not seq.block_table and not self.block_manager.allocate(seq):
                 break
@@ -143,6 +145,7 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            num_seats += seq.num_seats
         return scheduled
 
     def decode_follows(self, seqs: list[Sequence]) -> bool:
