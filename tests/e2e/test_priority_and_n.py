@@ -71,6 +71,11 @@ def test_n_completions_grouped_by_index(pair) -> None:
         greedy = client.generate("The sky", temperature=0, max_tokens=12, n=2)
         single = client.generate("The sky", temperature=0, max_tokens=12)
         assert [c.token_ids for c in greedy.choices] == [single.token_ids] * 2
+        # a stop string ends each completion on its own (here all alike: greedy)
+        stop = single.text[len(single.text) // 2 :][:3]
+        stopped = client.generate("The sky", temperature=0, max_tokens=12, n=2, stop=stop)
+        cut = single.text[: single.text.index(stop)]
+        assert [(c.text, c.matched_stop) for c in stopped.choices] == [(cut, stop)] * 2
         chat = client.chat([("user", "hi")], temperature=0, max_tokens=6, n=3)
         assert [c.text for c in chat.choices] == [chat.text] * 3
         for bad in (0, 17):
