@@ -23,6 +23,7 @@ from grpc_reflection.v1alpha import reflection
 
 from nanoserve.frontend.chat_output import ChatOutput, think_open_in_prompt
 from nanoserve.frontend.chat_request import chat_inputs
+from nanoserve.frontend.completion_stream import CompletionStream
 from nanoserve.frontend.config import FrontendConfig
 from nanoserve.frontend.detokenizer import Detokenizer
 from nanoserve.frontend.reasoning_parser import ReasoningParser
@@ -64,9 +65,6 @@ if TYPE_CHECKING:  # prometheus_client loads only with a metrics port
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = frontend_pb2.DESCRIPTOR.services_by_name["FrontendService"].full_name
-# Batches of more ids than this (a slow client let the worker's messages pile up) are detokenized in
-# the tokenizer's thread pool so the event loop keeps serving other streams.
-DETOKENIZE_INLINE_MAX_IDS = 64
 # A valid request is its prompt (<= max_prompt_bytes) plus at most this much: ids within
 # max_model_len, bounded stop lists, parameters. Larger ones are refused before they are parsed.
 REQUEST_OVERHEAD_BYTES = 1024 * 1024
@@ -143,7 +141,13 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                 validate_prompt_token_ids(prompt_ids, limits, "prompt")
             prompt_field = "prompt_token_ids" if request.prompt_token_ids else "prompt"
             async for fields in self._stream(
-                request_id, prompt_ids, request.sampling_params, limits, context, prompt_field
+                request_id,
+                prompt_ids,
+                request.sampling_params,
+                limits,
+                context,
+                prompt_field,
+                request.priority,
             ):
                 yield frontend_pb2.GenerateResponse(**fields)
 
@@ -165,16 +169,27 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                 inputs.messages, enable_thinking, inputs.tools, inputs.size
             )
             validate_prompt_token_ids(prompt_ids, limits, "messages")
-            output = ChatOutput(
-                ReasoningParser(think_open_in_prompt(prompt_ids, self.tokenizer.token_to_id))
-                if request.separate_reasoning
-                else None,
-                ToolCallParser() if inputs.parse_tool_calls else None,
-            )
+            think_open = think_open_in_prompt(prompt_ids, self.tokenizer.token_to_id)
+            outputs: dict[int, ChatOutput] = {}  # one parser state per completion (n > 1)
+
+            def output(index: int) -> ChatOutput:
+                if index not in outputs:
+                    outputs[index] = ChatOutput(
+                        ReasoningParser(think_open) if request.separate_reasoning else None,
+                        ToolCallParser() if inputs.parse_tool_calls else None,
+                    )
+                return outputs[index]
+
             async for fields in self._stream(
-                request_id, prompt_ids, request.sampling_params, limits, context, "messages"
+                request_id,
+                prompt_ids,
+                request.sampling_params,
+                limits,
+                context,
+                "messages",
+                request.priority,
             ):
-                yield frontend_pb2.ChatResponse(**output.update(fields))
+                yield frontend_pb2.ChatResponse(**output(fields.get("index", 0)).update(fields))
 
     @grpc_errors
     async def Tokenize(
@@ -213,9 +228,11 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         limits: Limits,
         context: grpc.aio.ServicerContext,
         prompt_field: str,
+        priority: int = 0,
     ) -> AsyncIterator[dict]:
-        """Runs one request on the worker; yields the fields of each response message.
-        `prompt_field` names the request field the prompt came from, for errors."""
+        """Runs one request on the worker; yields the fields of each response message, each
+        tagged with the `index` of its completion (SamplingParams.n). `prompt_field` names the
+        request field the prompt came from, for errors."""
         max_tokens = resolve_max_tokens(params, len(prompt_ids), limits, prompt_field=prompt_field)
         worker_request = worker_pb2.GenerateTokensRequest(
             # unique in this process (the client's id alone may be reused by another client once
@@ -225,15 +242,23 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
             sampling_params=worker_sampling_params(params, max_tokens),
             # from the authenticated caller, never from the request
             cache_salt=tenant_cache_salt() if self.config.cache_isolation == "tenant" else "",
+            priority=priority,
         )
         skip_special = not params.HasField("skip_special_tokens") or params.skip_special_tokens
         include_stop = params.include_stop_str_in_output
-        detokenizer = Detokenizer(
-            functools.partial(self.tokenizer.decode, skip_special_tokens=skip_special),
-            stop=list(params.stop),
-            include_stop_str_in_output=include_stop,
-            min_tokens=params.min_tokens,
-        )
+        n = params.n if params.HasField("n") else 1
+        # one detokenizer (and stop-string matcher) per completion
+        completions = [
+            CompletionStream(
+                Detokenizer(
+                    functools.partial(self.tokenizer.decode, skip_special_tokens=skip_special),
+                    stop=list(params.stop),
+                    include_stop_str_in_output=include_stop,
+                    min_tokens=params.min_tokens,
+                )
+            )
+            for _ in range(n)
+        ]
         # Forward the client's remaining deadline so the worker drops the request when it expires.
         timeout = context.time_remaining()
         if timeout is None and self.config.request_timeout_s > 0:
@@ -242,50 +267,43 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         session = link.session
         pending = link.start_request(worker_request, timeout)
         mark_sent_to_worker()
-        completion_tokens = 0
+        num_open, completion_tokens, cached_tokens = n, 0, 0
         try:
             while True:
-                ids, last = await pending.take()
+                taken = await pending.take()
                 pending.min_ids = self.config.stream_interval
-                if last is not None and last.error_code:
-                    raise worker_status_error(last.error_code, last.error_message)
-                # A stop token's text stays out of the output, like a stop string's (vLLM).
-                skip_last = (
-                    last is not None
-                    and last.HasField("stop_token_id")
-                    and not include_stop
-                    and len(ids) > 0
-                    and ids[-1] == last.stop_token_id
-                )
-                if len(ids) > DETOKENIZE_INLINE_MAX_IDS:
-                    out = await self.tokenizer.run(detokenizer.add, ids, skip_last)
-                else:
-                    out = detokenizer.add(ids, skip_last)
-                completion_tokens += out.num_tokens
-                fields = {"text": out.text, "token_ids": ids[: out.num_tokens]}
-                if out.matched_stop is None and last is not None:
-                    tail = detokenizer.flush()
-                    fields["text"] += tail.text
-                    out.matched_stop = tail.matched_stop
-                    if tail.matched_stop is None:
-                        fields.update(finish_reason=last.finish_reason, usage=last.usage)
-                        if last.HasField("stop_token_id"):
-                            fields["matched_stop_token_id"] = last.stop_token_id
-                if out.matched_stop is not None:
-                    session.abort(worker_request.request_id)  # the worker frees its KV blocks
-                    # cached_tokens is unknown here: the worker reports usage on its last message.
-                    fields.update(
-                        finish_reason=common_pb2.FINISH_REASON_STOP,
-                        matched_stop=out.matched_stop,
-                        usage=common_pb2.Usage(
-                            prompt_tokens=len(prompt_ids), completion_tokens=completion_tokens
-                        ),
+                for index, ids, last in taken:
+                    c = completions[index]
+                    if c.done:
+                        continue  # ended by a stop string; the worker's late ids are dropped
+                    if last is not None and last.error_code:
+                        raise worker_status_error(last.error_code, last.error_message)
+                    fields = await c.fields(
+                        ids, last, self.tokenizer, include_stop, len(prompt_ids)
                     )
-                if "finish_reason" in fields:  # request_log.recorded logs the request's end
-                    yield fields
-                    return
-                if fields["text"] or fields["token_ids"]:
-                    yield fields
+                    if n > 1:
+                        fields["index"] = index
+                    if "finish_reason" not in fields:
+                        if fields["text"] or fields["token_ids"]:
+                            yield fields
+                        continue
+                    c.done = True
+                    num_open -= 1
+                    if n > 1:  # usage once, on the call's last message: prompt once, all tokens
+                        usage = fields.pop("usage")
+                        completion_tokens += usage.completion_tokens
+                        cached_tokens = max(cached_tokens, usage.cached_tokens)
+                        if num_open == 0:
+                            fields["usage"] = common_pb2.Usage(
+                                prompt_tokens=len(prompt_ids),
+                                completion_tokens=completion_tokens,
+                                cached_tokens=cached_tokens,
+                            )
+                    if num_open == 0:
+                        session.abort(worker_request.request_id)  # the worker frees its KV blocks
+                    yield fields  # request_log.recorded logs the request's end after the last
+                    if num_open == 0:
+                        return
         finally:
             # a no-op once ended; on client cancel or deadline the worker frees the KV blocks
             session.abort(worker_request.request_id)

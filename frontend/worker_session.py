@@ -22,29 +22,54 @@ logger = logging.getLogger(__name__)
 
 @dataclass(eq=False, slots=True)
 class Pending:
-    """One request's output not yet taken by its handler: new ids merged into one list (at most one
-    pending delta per request), and the worker's last output once the request ended."""
+    """One request's output not yet taken by its handler, per completion (SamplingParams.n): new
+    ids merged into one list (at most one pending delta per completion), and the worker's last
+    output once the completion ended (or the request failed: an error ends all of them)."""
 
-    ids: list[int] = field(default_factory=list)
-    last: worker_pb2.SessionOutput | None = None  # finish reason, usage, stop id, or error
+    n: int = 1
+    ids: list[list[int]] = field(default_factory=list)  # per completion index
+    lasts: list[worker_pb2.SessionOutput | None] = field(default_factory=list)
+    num_ended: int = 0
+    taken: int = 0  # completions whose end the handler took
     error: Exception | None = None  # the session itself broke
     min_ids: int = 1  # stream_interval: wake the handler only once this many ids wait
     event: asyncio.Event = field(default_factory=asyncio.Event)
 
+    def __post_init__(self) -> None:
+        self.ids = [[] for _ in range(self.n)]
+        self.lasts = [None] * self.n
+
     @property
     def ended(self) -> bool:
-        return self.last is not None or self.error is not None
+        return self.num_ended > self.taken or self.error is not None
 
-    async def take(self) -> tuple[list[int], worker_pb2.SessionOutput | None]:
-        """Waits for new ids or the end; returns (ids, the last output or None). Raises when the
-        session broke."""
-        if not (self.ended or len(self.ids) >= self.min_ids):
+    def end(self, index: int, out: worker_pb2.SessionOutput) -> bool:
+        """Completion `index` ended (or, with an error, all); True once the request has."""
+        if out.error_code:
+            self.lasts = [out] * self.n
+            self.num_ended = self.n
+        elif self.lasts[index] is None:
+            self.lasts[index] = out
+            self.num_ended += 1
+        return self.num_ended == self.n
+
+    async def take(self) -> list[tuple[int, list[int], worker_pb2.SessionOutput | None]]:
+        """Waits for new ids or an end; returns (index, ids, the last output or None) of each
+        completion with output. Raises when the session broke."""
+        if not (self.ended or any(len(ids) >= self.min_ids for ids in self.ids)):
             await self.event.wait()
         self.event.clear()
         if self.error is not None:
             raise self.error
-        ids, self.ids = self.ids, []
-        return ids, self.last
+        out = []
+        for index, (ids, last) in enumerate(zip(self.ids, self.lasts)):
+            if ids or last is not None:
+                out.append((index, ids, last))
+                self.ids[index] = []
+                if last is not None:
+                    self.lasts[index] = None  # taken: reported once
+                    self.taken += 1
+        return out
 
 
 class WorkerSession:
@@ -71,7 +96,8 @@ class WorkerSession:
         """Queues a request (its id unique within this process); its outputs arrive on Pending."""
         if self.call is None:
             self._open()
-        pending = self.pending[request.request_id] = Pending()
+        n = request.sampling_params.n if request.sampling_params.HasField("n") else 1
+        pending = self.pending[request.request_id] = Pending(max(n, 1))
         self.adds.append(worker_pb2.SessionAdd(request=request, timeout_s=timeout_s or 0.0))
         self._schedule_flush()
         return pending
@@ -123,12 +149,14 @@ class WorkerSession:
                     p = pending.get(out.request_id)
                     if p is None:
                         continue  # aborted meanwhile
-                    p.ids += out.token_ids
+                    index = out.index if out.index < p.n else 0
+                    ids = p.ids[index]
+                    ids += out.token_ids
                     if out.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED or out.error_code:
-                        p.last = out
-                        del pending[out.request_id]
+                        if p.end(index, out):
+                            del pending[out.request_id]
                         p.event.set()
-                    elif len(p.ids) >= p.min_ids:
+                    elif len(ids) >= p.min_ids:
                         p.event.set()
         except grpc.aio.AioRpcError as e:
             reason = f"the session with the worker broke ({e.code().name}: {e.details()})"

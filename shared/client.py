@@ -107,11 +107,13 @@ class Client:
         timeout: float | None = None,
         request_id: str = "",
         add_special_tokens: bool | None = None,
+        priority: int | None = None,
         **sampling: Any,
     ) -> Iterator[Chunk]:
         """Streams the completion of `prompt` (text or token ids); keyword arguments are
-        SamplingParams fields (temperature, max_tokens, stop, ...)."""
-        request = generate_request(prompt, request_id, add_special_tokens, **sampling)
+        SamplingParams fields (temperature, max_tokens, stop, n, ...); with n > 1 each chunk's
+        `index` says which completion it continues. priority: lower is served first."""
+        request = generate_request(prompt, request_id, add_special_tokens, priority, **sampling)
         return self._stream(self._stub.Generate, request, timeout)
 
     def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Completion:
@@ -125,6 +127,7 @@ class Client:
         timeout: float | None = None,
         request_id: str = "",
         enable_thinking: bool | None = None,
+        priority: int | None = None,
         tools: Tools | None = None,
         tool_choice: str = "",
         separate_reasoning: bool | None = None,
@@ -138,6 +141,7 @@ class Client:
             messages,
             request_id,
             enable_thinking,
+            priority,
             tools=tools,
             tool_choice=tool_choice,
             separate_reasoning=separate_reasoning,
@@ -257,10 +261,11 @@ class AsyncClient:
         timeout: float | None = None,
         request_id: str = "",
         add_special_tokens: bool | None = None,
+        priority: int | None = None,
         **sampling: Any,
     ) -> AsyncIterator[Chunk]:
         """Streams the completion of `prompt`; see Client.generate_stream."""
-        request = generate_request(prompt, request_id, add_special_tokens, **sampling)
+        request = generate_request(prompt, request_id, add_special_tokens, priority, **sampling)
         return self._stream(self._stub.Generate, request, timeout)
 
     async def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Completion:
@@ -273,6 +278,7 @@ class AsyncClient:
         timeout: float | None = None,
         request_id: str = "",
         enable_thinking: bool | None = None,
+        priority: int | None = None,
         tools: Tools | None = None,
         tool_choice: str = "",
         separate_reasoning: bool | None = None,
@@ -283,6 +289,7 @@ class AsyncClient:
             messages,
             request_id,
             enable_thinking,
+            priority,
             tools=tools,
             tool_choice=tool_choice,
             separate_reasoning=separate_reasoning,

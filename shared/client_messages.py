@@ -58,17 +58,20 @@ class Chunk:
     text: str
     token_ids: list[int]
     finish_reason: str | None = None  # None while running, then "stop" or "length"
-    usage: Usage | None = None  # last chunk only
+    usage: Usage | None = None  # the call's last chunk only
     matched_stop: str | None = None
     matched_stop_token_id: int | None = None
     reasoning_content: str = ""  # Chat with separate_reasoning: the reasoning delta
     tool_calls: tuple[ToolCall, ...] = ()  # Chat with tools: calls completed in this chunk
     tool_call_parse_error: bool = False  # a <tool_call> block in `text` held no valid call
+    index: int = 0  # which of the request's n completions (sampling parameter n)
 
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    """A whole request's output, the concatenation of its chunks."""
+    """A whole request's output, the concatenation of its chunks. With n > 1, `choices` holds
+    every completion by index (this one's fields are choices[0]'s; usage is the call's: the
+    prompt once, the completion tokens of all)."""
 
     text: str
     token_ids: list[int]
@@ -79,6 +82,7 @@ class Completion:
     reasoning_content: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_parse_error: bool = False
+    choices: tuple["Completion", ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,10 +109,11 @@ def generate_request(
     prompt: str | Sequence[int],
     request_id: str = "",
     add_special_tokens: bool | None = None,
+    priority: int | None = None,
     **sampling: Any,
 ) -> frontend_pb2.GenerateRequest:
     request = frontend_pb2.GenerateRequest(
-        request_id=request_id, sampling_params=sampling_params(**sampling)
+        request_id=request_id, sampling_params=sampling_params(**sampling), priority=priority
     )
     if isinstance(prompt, str):
         request.prompt = prompt
@@ -167,6 +172,7 @@ def chat_request(
     messages: ChatMessages,
     request_id: str = "",
     enable_thinking: bool | None = None,
+    priority: int | None = None,
     *,
     tools: Tools | None = None,
     tool_choice: str = "",
@@ -176,6 +182,7 @@ def chat_request(
     request = frontend_pb2.ChatRequest(
         request_id=request_id,
         sampling_params=sampling_params(**sampling),
+        priority=priority,
         messages=[_chat_message(m) for m in messages],
         tools=[_tool(t) for t in tools or ()],
         tool_choice=tool_choice,
@@ -198,12 +205,13 @@ def to_chunk(response: frontend_pb2.GenerateResponse | frontend_pb2.ChatResponse
             response.usage.completion_tokens,
             response.usage.cached_tokens,
         )
-        if finished
+        if finished and response.HasField("usage")  # n > 1: on the call's last message only
         else None,
         matched_stop=response.matched_stop or None,
         matched_stop_token_id=response.matched_stop_token_id
         if response.HasField("matched_stop_token_id")
         else None,
+        index=response.index,
         **_chat_fields(response),
     )
 
@@ -221,31 +229,57 @@ def _chat_fields(response: frontend_pb2.GenerateResponse | frontend_pb2.ChatResp
 
 
 def join_chunks(chunks: Iterable[Chunk]) -> Completion:
-    texts: list[str] = []
-    reasoning: list[str] = []
-    token_ids: list[int] = []
-    tool_calls: list[ToolCall] = []
-    parse_error = False
-    last = None
+    """The chunks of a call, grouped by completion index (n > 1) and concatenated."""
+    texts: dict[int, list[str]] = {}
+    reasoning: dict[int, list[str]] = {}
+    token_ids: dict[int, list[int]] = {}
+    tool_calls: dict[int, list[ToolCall]] = {}
+    parse_error: set[int] = set()
+    lasts: dict[int, Chunk] = {}
+    usage = None
     for chunk in chunks:
-        texts.append(chunk.text)
-        reasoning.append(chunk.reasoning_content)
-        token_ids.extend(chunk.token_ids)
-        tool_calls.extend(chunk.tool_calls)
-        parse_error = parse_error or chunk.tool_call_parse_error
-        last = chunk
-    if last is None or last.finish_reason is None or last.usage is None:
+        texts.setdefault(chunk.index, []).append(chunk.text)
+        reasoning.setdefault(chunk.index, []).append(chunk.reasoning_content)
+        token_ids.setdefault(chunk.index, []).extend(chunk.token_ids)
+        tool_calls.setdefault(chunk.index, []).extend(chunk.tool_calls)
+        if chunk.tool_call_parse_error:
+            parse_error.add(chunk.index)
+        if chunk.finish_reason is not None:
+            lasts[chunk.index] = chunk
+        usage = chunk.usage or usage  # the call's last message carries it
+    if not texts or usage is None or set(lasts) != set(texts):
         raise ServiceError("the stream ended without a finish reason")
+    choices = []
+    for index in sorted(texts):
+        last = lasts[index]
+        assert last.finish_reason is not None  # only finished chunks are in lasts
+        choices.append(
+            Completion(
+                "".join(texts[index]),
+                token_ids[index],
+                last.finish_reason,
+                usage,
+                last.matched_stop,
+                last.matched_stop_token_id,
+                "".join(reasoning[index]),
+                tuple(tool_calls[index]),
+                index in parse_error,
+            )
+        )
+    if len(choices) == 1:
+        return choices[0]
+    first = choices[0]
     return Completion(
-        "".join(texts),
-        token_ids,
-        last.finish_reason,
-        last.usage,
-        last.matched_stop,
-        last.matched_stop_token_id,
-        "".join(reasoning),
-        tuple(tool_calls),
-        parse_error,
+        first.text,
+        first.token_ids,
+        first.finish_reason,
+        usage,
+        first.matched_stop,
+        first.matched_stop_token_id,
+        first.reasoning_content,
+        first.tool_calls,
+        first.tool_call_parse_error,
+        tuple(choices),
     )
 
 

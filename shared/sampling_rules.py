@@ -5,6 +5,8 @@
 import math
 from collections.abc import Callable, Iterator, Mapping
 
+MAX_N = 16  # completions per request (SamplingParams.n): each takes one of the engine's batch slots
+
 RULES: dict[str, tuple[Callable[[float], bool], str]] = {
     "temperature": (lambda v: v >= 0, ">= 0"),
     "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
@@ -15,6 +17,7 @@ RULES: dict[str, tuple[Callable[[float], bool], str]] = {
     "repetition_penalty": (lambda v: v > 0, "> 0"),
     "presence_penalty": (lambda v: -2 <= v <= 2, "in [-2, 2]"),
     "frequency_penalty": (lambda v: -2 <= v <= 2, "in [-2, 2]"),
+    "n": (lambda v: 1 <= v <= MAX_N, f"in [1, {MAX_N}]"),
 }
 FLOAT_FIELDS = frozenset(
     {"temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"}

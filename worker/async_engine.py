@@ -37,6 +37,7 @@ class EngineLimits:
 
     max_model_len: int = 0
     vocab_size: int = 0
+    max_num_seqs: int | None = None
 
 
 @dataclass(slots=True)
@@ -60,22 +61,51 @@ class StepObserver(Protocol):
     def observe_finish(self, finish: Finish) -> None: ...
 
 
+@dataclass(slots=True)
+class Completion:
+    """One of a request's n completions, as its consumer has not taken it yet."""
+
+    ids: list[int] = field(default_factory=list)  # new ids not yet taken by the consumer
+    finish: Finish | None = None
+    reported: bool = False  # the consumer took its finish
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self.ids) or (self.finish is not None and not self.reported)
+
+
 @dataclass(eq=False, slots=True)
 class Stream:
     """One request: its caller's id (for logs and Abort), the engine's id (unique for the process:
-    a reused request_id never receives an ended request's tokens) and its pending output."""
+    a reused request_id never receives an ended request's tokens) and the pending output of each
+    of its n completions (SamplingParams.n)."""
 
     request_id: str
     engine_id: int
     owner: "Collector | None" = None  # a Session flushes its streams together
-    ids: list[int] = field(default_factory=list)  # new ids not yet taken by the consumer
-    finish: Finish | None = None
+    completions: list[Completion] = field(default_factory=lambda: [Completion()])
+    num_finished: int = 0  # completions that ended
     error: Exception | None = None
     event: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
+    def finished(self) -> bool:
+        return self.num_finished == len(self.completions)
+
+    @property
     def has_output(self) -> bool:
-        return bool(self.ids) or self.finish is not None or self.error is not None
+        return self.error is not None or any(c.has_output for c in self.completions)
+
+    def take(self) -> list[tuple[int, list[int], Finish | None]]:
+        """(index, new ids, finish once ended) of each completion with output; marks it taken."""
+        out = []
+        for index, c in enumerate(self.completions):
+            if c.has_output:
+                finish = None if c.reported else c.finish
+                out.append((index, c.ids, finish))
+                c.ids = []
+                c.reported = c.finish is not None
+        return out
 
 
 class Collector:
@@ -143,8 +173,9 @@ class AsyncEngine:
 
     def validate(self, token_ids: list[int], sp: SamplingParams) -> None:
         """LLMEngine.validate against the limits the core reported (ValueError naming the field)."""
+        limits = self.limits
         self.engine_class.validate_against(
-            token_ids, sp, self.limits.max_model_len, self.limits.vocab_size
+            token_ids, sp, limits.max_model_len, limits.vocab_size, limits.max_num_seqs
         )
 
     def add(
@@ -154,6 +185,7 @@ class AsyncEngine:
         sp: SamplingParams,
         owner: Collector | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> Stream:
         """Validates (ValueError) and queues a request. Without an owner, request ids are unique
         among live requests (WorkerService.Abort names them). `cache_salt`: prefix-cache isolation
@@ -164,10 +196,13 @@ class AsyncEngine:
             raise ValueError(f"request_id: {request_id!r} is already running")
         self.validate(token_ids, sp)
         stream = Stream(request_id, next(self.next_id), owner)
+        stream.completions += [Completion() for _ in range(sp.n - 1)]
         self.streams[stream.engine_id] = stream
         if owner is None:
             self.by_request_id[request_id] = stream
-        self.adds.append([stream.engine_id, token_ids, sp.as_fields(), cache_salt or None])
+        self.adds.append(
+            [stream.engine_id, token_ids, sp.as_fields(), cache_salt or None, priority]
+        )
         self._schedule_flush()
         return stream
 
@@ -238,6 +273,7 @@ class AsyncEngine:
         self.info = info
         self.limits.max_model_len = info["max_model_len"]
         self.limits.vocab_size = info["vocab_size"]
+        self.limits.max_num_seqs = info.get("max_num_seqs")
         self.ready.set_result(info)
 
     def _on_load(self, load: list) -> None:
@@ -259,17 +295,20 @@ class AsyncEngine:
                 step_s,
             )
         streams, touched = self.streams, set()
-        for engine_id, ids, finish in outputs:
+        for engine_id, ids, finish, index in outputs:
             stream = streams.get(engine_id)
             if stream is None:
                 continue  # ended meanwhile
-            stream.ids += ids
+            completion = stream.completions[index]
+            completion.ids += ids
             if finish is not None:
-                stream.finish = Finish(*finish)
-                self._forget(stream)
-                self.num_finished += 1
+                completion.finish = Finish(*finish)
+                stream.num_finished += 1
                 if histograms is not None:
-                    histograms.observe_finish(stream.finish)
+                    histograms.observe_finish(completion.finish)
+                if stream.finished:
+                    self._forget(stream)
+                    self.num_finished += 1
             if stream.owner is None:
                 stream.event.set()
             else:
@@ -341,4 +380,12 @@ class AsyncEngine:
         self.process.kill()
 
 
-__all__ = ["AsyncEngine", "Collector", "EngineDead", "Finish", "RequestAborted", "Stream"]
+__all__ = [
+    "AsyncEngine",
+    "Collector",
+    "Completion",
+    "EngineDead",
+    "Finish",
+    "RequestAborted",
+    "Stream",
+]

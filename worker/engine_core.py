@@ -33,7 +33,7 @@ def decode(data: bytes) -> list:
 
 def add_frame(adds: list[list], aborts: list[int], exit_: bool = False) -> bytes:
     """Server -> engine core: adds are [engine_id, prompt ids, sampling params as a dict,
-    cache salt or None]."""
+    cache salt or None, priority]; an add without the priority (an older frame) is priority 0."""
     return encode([adds, aborts, exit_])
 
 
@@ -64,6 +64,7 @@ class EngineCore:
             "eos_token_ids": list(e.eos_token_ids),
             "block_size": e.block_size,
             "num_kvcache_blocks": e.num_kvcache_blocks,
+            "max_num_seqs": e.config.max_num_seqs,
             "dtype": str(e.model_runner.dtype).removeprefix("torch."),
             "device": str(e.model_runner.device),
         }
@@ -75,9 +76,16 @@ class EngineCore:
         from nanoserve.worker.sampling_params import SamplingParams
 
         adds, aborts, exit_ = decode(data)
-        for engine_id, token_ids, sp, cache_salt in adds:
+        for engine_id, token_ids, sp, cache_salt, *rest in adds:
+            priority = rest[0] if rest else 0
             try:
-                self.engine.add_request(token_ids, SamplingParams(**sp), engine_id, cache_salt)
+                self.engine.add_request(
+                    token_ids,
+                    SamplingParams(**sp),
+                    engine_id,
+                    cache_salt=cache_salt,
+                    priority=priority,
+                )
             except ValueError as e:  # validated by the server already; ends the stream all the same
                 logger.warning("request %s refused by the engine: %s", engine_id, e)
                 self.send([REFUSED, engine_id, str(e)])
@@ -111,7 +119,12 @@ class EngineCore:
             outputs = engine.step()
             step_s = time.perf_counter() - started
             out = [
-                [o.seq.request_id, o.new_token_ids, _finish(o.seq) if o.finished else None]
+                [
+                    o.seq.request_id,
+                    o.new_token_ids,
+                    _finish(o.seq) if o.finished else None,
+                    o.seq.index,  # which of the request's n completions
+                ]
                 for o in outputs
             ]
             load = self.load()

@@ -1,7 +1,7 @@
 """Offline API, no gRPC (`from nanoserve.worker import LLM, SamplingParams`): prompts as token ids or
 as text (encoded with the model's tokenizer.json by nanoserve.prompt_text, loaded on first use)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nanoserve.worker.config import EngineConfig
@@ -11,13 +11,24 @@ from tqdm.auto import tqdm
 
 
 @dataclass(slots=True)
+class CompletionOutput:
+    """One of a request's n completions (SamplingParams.n)."""
+
+    index: int
+    token_ids: list[int]
+    finish_reason: str
+    text: str | None = None
+
+
+@dataclass(slots=True)
 class RequestOutput:
     request_id: str
     prompt_token_ids: list[int]
-    token_ids: list[int]  # completion ids
+    token_ids: list[int]  # completion ids (of completion 0 when n > 1)
     finish_reason: str  # "stop" | "length" | "abort"
     num_cached_tokens: int
     text: str | None = None  # the decoded completion, for a text prompt (None for token ids)
+    outputs: list[CompletionOutput] = field(default_factory=list)  # all n, by index
 
 
 class LLM(LLMEngine):
@@ -44,8 +55,10 @@ class LLM(LLMEngine):
         prompts: str | list[str] | list[list[int]],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        priority: list[int] | None = None,
     ) -> list[RequestOutput]:
-        """One RequestOutput per prompt, in order; a text prompt's output also carries `.text`."""
+        """One RequestOutput per prompt, in order; a text prompt's output also carries `.text`.
+        priority: one per prompt, lower served first (default 0)."""
         if isinstance(prompts, str):
             prompts = [prompts]
         is_text = [isinstance(p, str) for p in prompts]
@@ -56,28 +69,43 @@ class LLM(LLMEngine):
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError("sampling_params: need one per prompt, or a single one")
+        if priority is None:
+            priority = [0] * len(prompts)
+        if len(priority) != len(prompts):
+            raise ValueError("priority: need one per prompt")
         for prompt, sp in zip(prompts, sampling_params):  # validate all before running any
             self.validate(prompt, sp)
-        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, sampling_params)]
+        seqs = [
+            self.add_request(p, sp, priority=pr)
+            for p, sp, pr in zip(prompts, sampling_params, priority)
+        ]
         with tqdm(total=len(seqs), desc="Generating", disable=not use_tqdm) as bar:
             while not self.is_finished():
                 for out in self.step():
                     bar.update(int(out.finished))
         outputs = []
         for s, text in zip(seqs, is_text):
-            assert s.finish_reason is not None  # is_finished(): every sequence ended
-            decoded = None
-            if text:
-                assert self._tokenizer is not None  # a text prompt loaded it
-                decoded = self._tokenizer.decode(s.completion_token_ids)
+            completions = [self._completion(c, text) for c in s.group or (s,)]
+            first = completions[0]
             outputs.append(
                 RequestOutput(
                     s.request_id,
                     s.token_ids[: s.num_prompt_tokens],
-                    s.completion_token_ids,
-                    s.finish_reason.value,
+                    first.token_ids,
+                    first.finish_reason,
                     s.num_cached_tokens,
-                    decoded,
+                    first.text,
+                    sorted(completions, key=lambda c: c.index),
                 )
             )
         return outputs
+
+    def _completion(self, seq, text: bool) -> CompletionOutput:
+        assert seq.finish_reason is not None  # is_finished(): every sequence ended
+        decoded = None
+        if text:
+            assert self._tokenizer is not None  # a text prompt loaded it
+            decoded = self._tokenizer.decode(seq.completion_token_ids)
+        return CompletionOutput(
+            seq.index, seq.completion_token_ids, seq.finish_reason.value, decoded
+        )

@@ -49,6 +49,7 @@ def sampling_params_from_proto(
             "repetition_penalty",
             "presence_penalty",
             "frequency_penalty",
+            "n",
         )
         if p.HasField(name)
     }

@@ -6,6 +6,7 @@ default and is listed in `unset`, and LLMEngine.add_request fills it from the mo
 (with_defaults).
 """
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -30,6 +31,7 @@ class SamplingParams:
     repetition_penalty: float | None = None  # None: the model's default, else 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    n: int = 1  # completions of the prompt, sharing its KV blocks (1..MAX_N)
     # the fields of FALLBACKS that were not given (they hold the fallback value)
     unset: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
 
@@ -61,6 +63,16 @@ class SamplingParams:
         generation_config.json sampling fields: ModelConfig.sampling_defaults)."""
         changes: dict[str, Any] = {name: defaults[name] for name in self.unset if name in defaults}
         return replace(self, **changes) if changes else self
+
+    def for_completion(self, index: int) -> "SamplingParams":
+        """The params of completion `index` of n: a seeded request's completions draw from
+        distinct seed streams, derived from the seed (index 0 keeps it: n = 1 is unchanged)."""
+        if self.seed is None or index == 0:
+            return self
+        digest = hashlib.blake2b(f"{self.seed}/{index}".encode(), digest_size=8).digest()
+        return replace(
+            self, seed=int.from_bytes(digest, "little") >> 1
+        )  # in [0, 2**63): a torch seed
 
     @property
     def knobs(self) -> tuple[float, int, float, float]:

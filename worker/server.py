@@ -79,7 +79,13 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                 sp = sampling_params_from_proto(
                     request.sampling_params, len(token_ids), engine.limits.max_model_len
                 )
-                stream = engine.add(request_id, token_ids, sp, cache_salt=request.cache_salt)
+                stream = engine.add(
+                    request_id,
+                    token_ids,
+                    sp,
+                    cache_salt=request.cache_salt,
+                    priority=request.priority,
+                )
             except ValueError as e:
                 raise InvalidArgument(str(e)) from None
         except ServiceError as e:
@@ -95,15 +101,16 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                     error = stream_error(stream.error)
                     ended = (error.code.name, str(error))
                     raise error
-                response = worker_pb2.GenerateTokensResponse(token_ids=stream.ids)
-                stream.ids = []  # everything that arrived while the client was slow, in one message
-                if stream.finish is not None:
-                    set_finish(response, stream.finish)
+                # per completion, everything that arrived while the client was slow, in one message
+                for index, ids, finish in stream.take():
+                    response = worker_pb2.GenerateTokensResponse(token_ids=ids, index=index)
+                    if finish is not None:
+                        set_finish(response, finish)
                     yield response
+                if stream.finished and not stream.has_output:  # n > 1: all ends were sent
                     return
-                yield response
         finally:
-            if stream.finish is None:  # cancelled, deadline, error, abort: free the blocks now
+            if not stream.finished:  # cancelled, deadline, error, abort: free the blocks now
                 engine.release(stream)
                 if ended is None:
                     ended = SHUTTING_DOWN if self.draining else ("CANCELLED", CANCELLED_BY_CALLER)

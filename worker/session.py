@@ -90,7 +90,12 @@ class WorkerSession:
                     request.sampling_params, len(token_ids), engine.limits.max_model_len
                 )
                 stream = engine.add(
-                    request_id, token_ids, sp, owner=self.collector, cache_salt=request.cache_salt
+                    request_id,
+                    token_ids,
+                    sp,
+                    owner=self.collector,
+                    cache_salt=request.cache_salt,
+                    priority=request.priority,
                 )
             except ValueError as e:
                 raise InvalidArgument(str(e)) from None
@@ -154,16 +159,21 @@ class WorkerSession:
         for stream in self.collector.take():
             if self.live.get(stream.request_id) is not stream:
                 continue  # aborted meanwhile
-            out = outputs.add(request_id=stream.request_id, token_ids=stream.ids)
-            stream.ids = []
             if stream.error is not None:
                 error = stream_error(stream.error)  # an operator's Abort, the engine refused it
-                out.error_code, out.error_message = error.code.value[0], str(error)
+                outputs.add(
+                    request_id=stream.request_id,
+                    error_code=error.code.value[0],
+                    error_message=str(error),
+                )
                 log_request_end(stream.request_id, error.code.name, str(error))
-            elif stream.finish is not None:
-                set_finish(out, stream.finish)
             else:
-                continue
+                for index, ids, finish in stream.take():  # one output per completion with news
+                    out = outputs.add(request_id=stream.request_id, token_ids=ids, index=index)
+                    if finish is not None:
+                        set_finish(out, finish)
+                if not stream.finished:
+                    continue
             del self.live[stream.request_id]
             timer = self.timers.pop(stream.request_id, None)
             if timer is not None:

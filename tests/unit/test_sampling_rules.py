@@ -20,6 +20,8 @@ BAD = [
     ("frequency_penalty", -3.0),
     ("temperature", math.nan),
     ("top_p", math.inf),
+    ("n", 0),
+    ("n", 17),
 ]
 
 

@@ -52,3 +52,16 @@ def test_unknown_version_is_refused():
     with pytest.raises(ValueError, match="version"):
         StepInputs.decode(msg)
     assert message_len(exit_message()) == HEADER_LEN
+
+
+def test_copy_blocks_message_round_trip():
+    from nanoserve.worker.engine.step_inputs import (
+        CMD_COPY_BLOCKS,
+        copy_blocks_message,
+        decode_copies,
+        message_len,
+    )
+
+    msg = copy_blocks_message([(3, 9), (4, 11)])
+    assert msg[1] == CMD_COPY_BLOCKS and message_len(msg) == len(msg)
+    assert decode_copies(msg) == [(3, 9), (4, 11)]

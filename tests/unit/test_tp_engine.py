@@ -159,3 +159,25 @@ def test_a_rank_that_dies_before_the_rendezvous_fails_the_start_instead_of_hangi
     t.join(30)
     assert not t.is_alive()
     assert isinstance(outcome.get("error"), RankDied), outcome
+
+
+def test_tp2_n_completions_copy_blocks_on_every_rank(tmp_path):
+    """n > 1 under tensor parallelism: the copy-on-write of the shared last block reaches every
+    rank (else a rank's completions would read another completion's KV): greedy completions all
+    equal transformers' tokens."""
+    hf = make_hf_model(tmp_path, vocab_size=501)
+    prompts = [[5, 6, 7, 8, 9], [3] * 17]  # a partial last block, and one a token past a full one
+    ref = hf_greedy(hf, prompts, 24)
+    llm = LLM(
+        tmp_path, device="cpu", tensor_parallel_size=2, kvcache_block_size=8, num_kvcache_blocks=32
+    )
+    try:
+        out = llm.generate(
+            prompts,
+            SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, n=3),
+            use_tqdm=False,
+        )
+        assert [[c.token_ids for c in o.outputs] for o in out] == [[r] * 3 for r in ref]
+        assert llm.block_manager.num_free_blocks == 32
+    finally:
+        llm.shutdown()

@@ -1,4 +1,5 @@
-"""Paged KV-cache block allocation with reference counts and prefix caching. Owned by the Scheduler.
+"""Paged KV-cache block allocation with reference counts, prefix caching and copy-on-write (the n
+completions of a request share its prompt's blocks). Owned by the Scheduler.
 
 A block is registered in the prefix cache only once its KV has been computed, under a SHA-256 hash
 chained over all tokens before it, so a crafted prompt cannot alias another prompt's blocks. A freed
@@ -52,6 +53,9 @@ class BlockManager:
         # insertion-ordered set: blocks freed longest ago are reused first (LRU eviction);
         # OrderedDict pops its front in O(1), where a dict scans the keys deleted before
         self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # copy-on-write: (source, destination) block copies the runner makes before the next
+        # forward (LLMEngine.step takes them)
+        self.pending_copies: list[tuple[int, int]] = []
         self.num_hit_tokens = 0  # prefix-cache statistics
         self.num_queried_tokens = 0
 
@@ -135,17 +139,50 @@ class BlockManager:
         seq.block_hashes.clear()
         seq.num_computed_tokens = 0
 
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """child shares all of parent's blocks (n > 1); the first write into a shared block copies
+        it (append_slot)."""
+        child.block_table = list(parent.block_table)
+        child.block_hashes = list(parent.block_hashes)
+        for block_id in child.block_table:
+            self.blocks[block_id].ref_count += 1
+
     def append_slot(self, seq: Sequence) -> bool:
-        """Make room for the KV of seq's newest token (the one the next decode step computes);
-        False, changing nothing, when the free blocks do not suffice. On the per-step hot path."""
+        """Make room for the KV of seq's next computed token (its newest, or a fork's last prompt
+        token), copying the block it goes into if that is shared; False, changing nothing, when the
+        free blocks do not suffice. On the per-step hot path."""
         needed = blocks_for(len(seq.token_ids), self.block_size) - len(seq.block_table)
         if needed <= 0:
+            # a block written to is shared only after a fork (prefix hits never take the block of
+            # the last token)
+            i = seq.num_computed_tokens // self.block_size
+            if self.blocks[seq.block_table[i]].ref_count > 1:
+                if not self.free_block_ids:
+                    return False
+                self._copy_on_write(seq, i)
             return True
         if needed > len(self.free_block_ids):
             return False
         for _ in range(needed):
             seq.block_table.append(self._take_free_block())
         return True
+
+    def _copy_on_write(self, seq: Sequence, i: int) -> None:
+        """seq's block i becomes a private copy (the others keep the original)."""
+        src = seq.block_table[i]
+        self.blocks[src].ref_count -= 1  # > 0: others still hold it
+        dst = self._take_free_block()
+        seq.block_table[i] = dst
+        self.pending_copies.append((src, dst))
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The step's copies, the last one per destination: a copy into a block that was freed
+        again (its sequence preempted) and reused is dead, and one gather-scatter must not
+        write a destination twice."""
+        copies, self.pending_copies = self.pending_copies, []
+        if len(copies) > 1:
+            copies = [(src, dst) for dst, src in {dst: src for src, dst in copies}.items()]
+        return copies
 
     def reserve_next(self, seq: Sequence) -> bool:
         """Decode lookahead: also make room for the token after seq's newest one, which the runner

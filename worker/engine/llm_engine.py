@@ -91,13 +91,25 @@ class LLMEngine:
 
     def validate(self, token_ids: list[int], sp: SamplingParams) -> None:
         """Raise ValueError naming the field when a request can never run."""
-        self.validate_against(token_ids, sp, self.max_model_len, self.model_config.vocab_size)
+        self.validate_against(
+            token_ids,
+            sp,
+            self.max_model_len,
+            self.model_config.vocab_size,
+            self.config.max_num_seqs,
+        )
 
     @staticmethod
     def validate_against(
-        token_ids: list[int], sp: SamplingParams, max_model_len: int, vocab: int
+        token_ids: list[int],
+        sp: SamplingParams,
+        max_model_len: int,
+        vocab: int,
+        max_num_seqs: int | None = None,
     ) -> None:
         """validate() under given limits (AsyncEngine's: those its core process reported)."""
+        if max_num_seqs is not None and sp.n > max_num_seqs:
+            raise ValueError(f"n: {sp.n} completions exceed max_num_seqs ({max_num_seqs})")
         if not token_ids:
             raise ValueError("prompt_token_ids: the prompt is empty")
         bad = next((t for t in token_ids if not 0 <= t < vocab), None)
@@ -127,13 +139,15 @@ class LLMEngine:
         sampling_params: SamplingParams,
         request_id: str | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> Sequence:
-        """Queues a request; with `cache_salt`, it shares prefix-cache blocks only with requests
-        of the same salt (block_manager.salt_hash)."""
+        """Queues a request (its first Sequence; with n > 1 the others join seq.group once it is
+        prefilled). With `cache_salt`, it shares prefix-cache blocks only with requests of the same
+        salt (block_manager.salt_hash); priority: lower is served first."""
         self.validate(token_ids, sampling_params)
         # fields the caller left unset take the model's generation_config.json defaults (vLLM)
         sp = sampling_params.with_defaults(self.sampling_defaults)
-        seq = Sequence(token_ids, sp, request_id, cache_salt)
+        seq = Sequence(token_ids, sp, request_id, cache_salt, priority)
         if seq.request_id in self.requests:
             raise ValueError(f"request_id: {seq.request_id!r} is already running")
         self.requests[seq.request_id] = seq
@@ -144,12 +158,14 @@ class LLMEngine:
         seq = self.requests.pop(request_id, None)
         if seq is None:
             return False
-        self.scheduler.abort(seq)
-        self.model_runner.release(seq)
+        for s in seq.group or (seq,):  # all n completions
+            self.scheduler.abort(s)
+            self.model_runner.release(s)
         return True
 
     def step(self) -> list[StepOutput]:
         seqs, is_prefill = self.scheduler.schedule()
+        copies = self.block_manager.take_copies()
         if not seqs:
             return []
         # the next step predictably decodes the same sequences again (no admission is possible):
@@ -163,6 +179,8 @@ class LLMEngine:
             for seq in seqs:
                 if seq.num_tokens + 1 < self.max_model_len:
                     self.block_manager.reserve_next(seq)
+        if copies:  # copy-on-write of blocks shared by n > 1 completions, before they are written
+            self.model_runner.copy_blocks(copies)
         token_ids = self.model_runner.run(seqs, is_prefill, lookahead=lookahead)
         if is_prefill:  # a mixed step: the decodes (first, one token each) are no prompt tokens
             self.num_prompt_tokens_done += sum(
@@ -176,7 +194,8 @@ class LLMEngine:
             new = seq.take_new_tokens()
             done = seq.is_finished
             if done:
-                self.requests.pop(seq.request_id, None)
+                if seq.group is None or all(s.is_finished for s in seq.group):
+                    self.requests.pop(seq.request_id, None)
                 self.model_runner.release(seq)
             if new or done:
                 self.num_generated_tokens += len(new)

@@ -412,6 +412,16 @@ class ModelRunner:
             hidden = hidden[rows]
         return self.model.compute_logits(hidden)
 
+    @torch.inference_mode()  # the cache is an inference tensor
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write of shared KV blocks (n > 1), before the forward that writes into the
+        copies: every layer's K and V of each (source, destination) pair, one gather-scatter.
+        Viewed as bytes: index_put has no kernel for every KV dtype (fp8)."""
+        cache = self.kv_cache.view(torch.uint8)
+        src = torch.tensor([s for s, _ in copies], device=self.device)
+        dst = torch.tensor([d for _, d in copies], device=self.device)
+        cache[:, :, dst] = cache[:, :, src]
+
     def prepare_sample(self, seqs: list[Sequence]) -> SamplingTensors:
         return self.sampling.prepare(seqs)
 

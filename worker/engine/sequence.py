@@ -33,11 +33,17 @@ class Sequence:
         sampling_params: SamplingParams,
         request_id: str | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
     ):
         self.seq_id = next(Sequence._counter)
         self.request_id = request_id if request_id is not None else str(self.seq_id)
         # prefix-cache isolation: only sequences with the same salt share cached blocks
         self.cache_salt = cache_salt or None
+        self.priority = priority  # lower is served first (vLLM's priority policy)
+        self.arrival = self.seq_id  # the request's arrival order; a fork keeps its parent's
+        self.index = 0  # which of the request's n completions this is
+        # n > 1: every Sequence of the request (the parent first, then its forks), one shared list
+        self.group: list[Sequence] | None = [self] if sampling_params.n > 1 else None
         self.status = SequenceStatus.WAITING
         self.token_ids = list(token_ids)
         self.num_prompt_tokens = len(token_ids)
@@ -55,6 +61,17 @@ class Sequence:
         self.first_scheduled_time: float | None = None  # its first prompt chunk was scheduled
         self.first_token_time: float | None = None  # its first completion token was sampled
         self.finished_time: float | None = None
+
+    @property
+    def sched_key(self) -> tuple[int, int, int]:
+        """Admission order: priority, then arrival, then completion index; the largest key is
+        preempted first."""
+        return self.priority, self.arrival, self.index
+
+    @property
+    def num_seats(self) -> int:
+        """Batch slots this sequence takes once running: a parent not forked yet brings n."""
+        return 1 if self.group is None else self.sampling_params.n - len(self.group) + 1
 
     @property
     def num_tokens(self) -> int:
@@ -92,6 +109,29 @@ class Sequence:
         first_token = self.first_token_time or scheduled
         end = self.finished_time or first_token
         return scheduled - self.arrival_time, first_token - scheduled, end - first_token
+
+    def fork(self, index: int, sampling_params: SamplingParams) -> "Sequence":
+        """Completion `index` of a prefilled parent: the parent's prompt, with its last token still
+        to compute so that the child's first decode step samples its own first token
+        (BlockManager.fork shares the parent's blocks with it)."""
+        assert self.group is not None and self.num_completion_tokens == 1
+        child = Sequence(
+            self.token_ids[: self.num_prompt_tokens],
+            sampling_params,
+            self.request_id,
+            self.cache_salt,
+        )
+        child.priority, child.arrival, child.index = self.priority, self.arrival, index
+        child.arrival_time, child.first_scheduled_time = (
+            self.arrival_time,
+            self.first_scheduled_time,
+        )
+        child.group = self.group
+        self.group.append(child)
+        child.num_computed_tokens = self.num_prompt_tokens - 1
+        child.num_cached_tokens = self.num_cached_tokens
+        child.status = SequenceStatus.RUNNING
+        return child
 
     def take_new_tokens(self) -> list[int]:
         """Completion tokens not yet handed to the caller."""

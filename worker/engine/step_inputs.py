@@ -13,6 +13,7 @@ VERSION = 1
 HEADER_LEN = 16
 CMD_STEP, CMD_EXIT = 1, 2
 CMD_STEP_AHEAD = 3  # a decode step whose input ids come from rank 0's device broadcast (lookahead)
+CMD_COPY_BLOCKS = 4  # copy-on-write before the next step: header[2] pairs (source, destination)
 
 
 @dataclass(slots=True)
@@ -95,8 +96,22 @@ def split_message(msg, dims: tuple[int, int, int, int]) -> list:
     return parts
 
 
+def copy_blocks_message(copies: list[tuple[int, int]]) -> np.ndarray:
+    """KV blocks to copy (n > 1 copy-on-write): the header, then the (source, destination) pairs."""
+    header = np.zeros(HEADER_LEN, dtype=np.int64)
+    header[:3] = [VERSION, CMD_COPY_BLOCKS, len(copies)]
+    return np.concatenate([header, np.asarray(copies, dtype=np.int64).reshape(-1)])
+
+
+def decode_copies(msg: np.ndarray) -> list[tuple[int, int]]:
+    pairs = msg[HEADER_LEN : HEADER_LEN + 2 * int(msg[2])].reshape(-1, 2)
+    return [(int(src), int(dst)) for src, dst in pairs]
+
+
 def message_len(header: np.ndarray) -> int:
     """Words of the message that starts with `header` (the exit message is the header alone)."""
+    if header[1] == CMD_COPY_BLOCKS:
+        return HEADER_LEN + 2 * int(header[2])
     if header[1] not in (CMD_STEP, CMD_STEP_AHEAD):
         return HEADER_LEN
     return HEADER_LEN + sum(field_sizes(*(int(v) for v in header[3:7])))

@@ -32,9 +32,12 @@ from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.distributed import close_symmetric_all_reduce, fused_all_reduce_error
 from nanoserve.worker.engine.model_runner import ModelRunner, resolve_device
 from nanoserve.worker.engine.step_inputs import (
+    CMD_COPY_BLOCKS,
     CMD_EXIT,
     CMD_STEP_AHEAD,
     StepInputs,
+    copy_blocks_message,
+    decode_copies,
     exit_message,
     max_message_words,
 )
@@ -180,6 +183,9 @@ def rank_main(
             message = box.read(alive)  # every step, in order
             if message[1] == CMD_EXIT:
                 break
+            if message[1] == CMD_COPY_BLOCKS:
+                runner.copy_blocks(decode_copies(message))
+                continue
             x, ids = StepInputs.decode(message), None
             if message[1] == CMD_STEP_AHEAD:  # lookahead: the ids rank 0 sampled, from its GPU
                 ids = torch.empty(len(x.input_ids), dtype=torch.long, device=runner.device)
@@ -296,6 +302,11 @@ class TensorParallelRunner:
             if error is e:
                 raise
             raise error from e
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """ModelRunner.copy_blocks on every rank (each holds its heads' share of every block)."""
+        self.publish(copy_blocks_message(copies))
+        self.runner.copy_blocks(copies)
 
     def kill(self) -> None:
         """Before a fatal exit: the ranks may be blocked in a collective; no teardown is waited for."""

@@ -1,0 +1,68 @@
+"""One completion of a Generate/Chat call as the frontend streams it: the worker's new ids ->
+incremental detokenization and stop strings -> the fields of the next response message. A call
+with SamplingParams.n > 1 has one per completion (FrontendServicer._stream).
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from nanoserve.frontend.detokenizer import Detokenizer
+from nanoserve.frontend.tokenizer import Tokenizer
+from nanoserve.proto.v1 import common_pb2
+from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+
+# Batches of more ids than this (a slow client let the worker's messages pile up) are detokenized in
+# the tokenizer's thread pool so the event loop keeps serving other streams.
+DETOKENIZE_INLINE_MAX_IDS = 64
+
+
+@dataclass(slots=True)
+class CompletionStream:
+    detokenizer: Detokenizer
+    completion_tokens: int = 0  # tokens streamed so far
+    done: bool = False  # ended (by the worker, or by a stop string matched here)
+
+    async def fields(
+        self,
+        ids: list[int],
+        last: worker_pb2.SessionOutput | None,
+        tokenizer: Tokenizer,
+        include_stop: bool,
+        prompt_len: int,
+    ) -> dict[str, Any]:
+        """New ids (and the worker's last output once it ended) -> the fields of the next message;
+        with finish_reason and usage when the completion ended (at the worker, or by a stop
+        string matched here)."""
+        detokenizer = self.detokenizer
+        # A stop token's text stays out of the output, like a stop string's (vLLM).
+        skip_last = (
+            last is not None
+            and last.HasField("stop_token_id")
+            and not include_stop
+            and len(ids) > 0
+            and ids[-1] == last.stop_token_id
+        )
+        if len(ids) > DETOKENIZE_INLINE_MAX_IDS:
+            out = await tokenizer.run(detokenizer.add, ids, skip_last)
+        else:
+            out = detokenizer.add(ids, skip_last)
+        self.completion_tokens += out.num_tokens
+        fields: dict[str, Any] = {"text": out.text, "token_ids": ids[: out.num_tokens]}
+        if out.matched_stop is None and last is not None:
+            tail = detokenizer.flush()
+            fields["text"] += tail.text
+            out.matched_stop = tail.matched_stop
+            if tail.matched_stop is None:
+                fields.update(finish_reason=last.finish_reason, usage=last.usage)
+                if last.HasField("stop_token_id"):
+                    fields["matched_stop_token_id"] = last.stop_token_id
+        if out.matched_stop is not None:
+            # cached_tokens is unknown here: the worker reports usage on its last message.
+            fields.update(
+                finish_reason=common_pb2.FINISH_REASON_STOP,
+                matched_stop=out.matched_stop,
+                usage=common_pb2.Usage(
+                    prompt_tokens=prompt_len, completion_tokens=self.completion_tokens
+                ),
+            )
+        return fields
