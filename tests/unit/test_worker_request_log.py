@@ -29,7 +29,15 @@ class FakeEngine:
     def num_requests(self) -> int:
         return len(self.streams)
 
-    def add(self, request_id: str, token_ids, sp, owner: Collector | None = None) -> Stream:
+    def add(
+        self,
+        request_id: str,
+        token_ids,
+        sp,
+        owner: Collector | None = None,
+        cache_salt: str | None = None,
+        priority: int = 0,
+    ) -> Stream:
         stream = self.streams[self.next_id] = Stream(request_id, self.next_id, owner)
         self.next_id += 1
         if self.refuse_next is not None:  # as AsyncEngine._on_refused forgets and ends it
