@@ -56,13 +56,33 @@ class Stream:
     engine_id: int
     owner: "Collector | None" = None  # a Session flushes its streams together
     ids: list[int] = field(default_factory=list)  # new ids not yet taken by the consumer
+    # logprob entries of those ids and new prompt positions (worker.engine.logprobs), if asked
+    logprobs: list[list] | None = None
+    prompt_logprobs: list[list] | None = None
     finish: Finish | None = None
     error: Exception | None = None
     event: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def has_output(self) -> bool:
-        return bool(self.ids) or self.finish is not None or self.error is not None
+        return (
+            bool(self.ids)
+            or self.finish is not None
+            or self.error is not None
+            or bool(self.prompt_logprobs)
+        )
+
+    def add_logprobs(self, logprobs: list[list] | None, prompt: list[list] | None) -> None:
+        if logprobs is not None:
+            self.logprobs = (self.logprobs or []) + logprobs
+        if prompt is not None:
+            self.prompt_logprobs = (self.prompt_logprobs or []) + prompt
+
+    def take(self) -> tuple[list[int], list[list] | None, list[list] | None]:
+        """(new ids, their logprob entries, new prompt entries): the pending output, emptied."""
+        taken = self.ids, self.logprobs, self.prompt_logprobs
+        self.ids, self.logprobs, self.prompt_logprobs = [], None, None
+        return taken
 
 
 class Collector:
@@ -231,11 +251,13 @@ class AsyncEngine:
     def _on_step(self, load: list, outputs: list) -> None:
         self._on_load(load)
         streams, touched = self.streams, set()
-        for engine_id, ids, finish in outputs:
+        for engine_id, ids, finish, *logprobs in outputs:
             stream = streams.get(engine_id)
             if stream is None:
                 continue  # ended meanwhile
             stream.ids += ids
+            if logprobs:  # [entries or None, prompt entries or None]
+                stream.add_logprobs(*logprobs)
             if finish is not None:
                 stream.finish = Finish(*finish)
                 self._forget(stream)

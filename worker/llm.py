@@ -18,6 +18,10 @@ class RequestOutput:
     finish_reason: str  # "stop" | "length" | "abort"
     num_cached_tokens: int
     text: str | None = None  # the decoded completion, for a text prompt (None for token ids)
+    # per completion token / prompt position 1..n-1: [token_id, logprob, rank, top_ids,
+    # top_logprobs] (worker.engine.logprobs); None unless sampling_params asked
+    logprobs: list[list] | None = None
+    prompt_logprobs: list[list] | None = None
 
 
 class LLM(LLMEngine):
@@ -59,10 +63,20 @@ class LLM(LLMEngine):
         for prompt, sp in zip(prompts, sampling_params):  # validate all before running any
             self.validate(prompt, sp)
         seqs = [self.add_request(p, sp) for p, sp in zip(prompts, sampling_params)]
+        logprobs: dict[int, list] = {
+            s.seq_id: [] for s in seqs if s.sampling_params.logprobs is not None
+        }
+        prompt_logprobs: dict[int, list] = {
+            s.seq_id: [] for s in seqs if s.sampling_params.prompt_logprobs is not None
+        }
         with tqdm(total=len(seqs), desc="Generating", disable=not use_tqdm) as bar:
             while not self.is_finished():
                 for out in self.step():
                     bar.update(int(out.finished))
+                    if out.logprobs:
+                        logprobs[out.seq.seq_id] += out.logprobs
+                    if out.prompt_logprobs:
+                        prompt_logprobs[out.seq.seq_id] += out.prompt_logprobs
         outputs = []
         for s, text in zip(seqs, is_text):
             assert s.finish_reason is not None  # is_finished(): every sequence ended
@@ -78,6 +92,8 @@ class LLM(LLMEngine):
                     s.finish_reason.value,
                     s.num_cached_tokens,
                     decoded,
+                    logprobs.get(s.seq_id),
+                    prompt_logprobs.get(s.seq_id),
                 )
             )
         return outputs

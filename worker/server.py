@@ -21,7 +21,12 @@ from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 from nanoserve.request_decoding import DecodeErrorInterceptor
 from nanoserve.worker.async_engine import AsyncEngine
 from nanoserve.worker.config import WorkerConfig
-from nanoserve.worker.request_proto import sampling_params_from_proto, set_finish, stream_error
+from nanoserve.worker.request_proto import (
+    add_logprobs,
+    sampling_params_from_proto,
+    set_finish,
+    stream_error,
+)
 from nanoserve.worker.session import WorkerSession, run_session
 from nanoserve.worker.validation import check_request_sizes, max_request_bytes
 
@@ -72,8 +77,11 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                 stream.event.clear()
                 if stream.error is not None:
                     raise stream_error(stream.error)
-                response = worker_pb2.GenerateTokensResponse(token_ids=stream.ids)
-                stream.ids = []  # everything that arrived while the client was slow, in one message
+                # everything that arrived while the client was slow, in one message
+                ids, logprobs, prompt_logprobs = stream.take()
+                response = worker_pb2.GenerateTokensResponse(token_ids=ids)
+                add_logprobs(response.logprobs, logprobs)
+                add_logprobs(response.prompt_logprobs, prompt_logprobs)
                 if stream.finish is not None:
                     set_finish(response, stream.finish)
                     yield response

@@ -16,7 +16,12 @@ from nanoserve.errors import (
 )
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.worker.async_engine import AsyncEngine, Collector, Stream
-from nanoserve.worker.request_proto import sampling_params_from_proto, set_finish, stream_error
+from nanoserve.worker.request_proto import (
+    add_logprobs,
+    sampling_params_from_proto,
+    set_finish,
+    stream_error,
+)
 from nanoserve.worker.validation import DEFAULT_MAX_STOP_TOKEN_IDS, check_list_sizes
 
 logger = logging.getLogger(__name__)
@@ -144,8 +149,10 @@ class WorkerSession:
         for stream in self.collector.take():
             if self.live.get(stream.request_id) is not stream:
                 continue  # aborted meanwhile
-            out = outputs.add(request_id=stream.request_id, token_ids=stream.ids)
-            stream.ids = []
+            ids, logprobs, prompt_logprobs = stream.take()
+            out = outputs.add(request_id=stream.request_id, token_ids=ids)
+            add_logprobs(out.logprobs, logprobs)
+            add_logprobs(out.prompt_logprobs, prompt_logprobs)
             if stream.error is not None:
                 error = stream_error(stream.error)
                 out.error_code, out.error_message = error.code.value[0], str(error)

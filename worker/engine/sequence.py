@@ -43,6 +43,11 @@ class Sequence:
         self.finish_reason: FinishReason | None = None
         self.stop_token_id: int | None = None
         self.num_emitted = 0  # completion tokens already handed to the caller
+        # logprobs (worker.engine.logprobs): entries made by the runner, not yet handed out, and
+        # the prompt positions done (1..n: a recompute after preemption does not redo them)
+        self.new_logprobs: list[list] = []
+        self.new_prompt_logprobs: list[list] = []
+        self.num_prompt_logprobs = 0
 
     @property
     def num_tokens(self) -> int:
@@ -71,6 +76,24 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Asked for prompt logprobs that are not all computed yet: no prefix-cache hits."""
+        return (
+            self.sampling_params.prompt_logprobs is not None
+            and self.num_prompt_logprobs < self.num_prompt_tokens - 1
+        )
+
+    def take_new_logprobs(self) -> tuple[list[list] | None, list[list] | None]:
+        """(output, prompt) logprob entries not yet handed out; None where not asked for."""
+        sp = self.sampling_params
+        out = prompt = None
+        if sp.logprobs is not None:
+            out, self.new_logprobs = self.new_logprobs, []
+        if sp.prompt_logprobs is not None and self.new_prompt_logprobs:
+            prompt, self.new_prompt_logprobs = self.new_prompt_logprobs, []
+        return out, prompt
 
     def take_new_tokens(self) -> list[int]:
         """Completion tokens not yet handed to the caller."""

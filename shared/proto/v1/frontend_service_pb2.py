@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as nanoserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#nanoserve/v1/frontend_service.proto\x12\x0cnanoserve.v1\x1a\x19nanoserve/v1/common.proto\"\xbe\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x35\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1c.nanoserve.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x05 \x01(\x08H\x00\x88\x01\x01\x42\x15\n\x13_add_special_tokens\"\xde\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.nanoserve.v1.FinishReason\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.nanoserve.v1.Usage\x12\x14\n\x0cmatched_stop\x18\x05 \x01(\t\x12\"\n\x15matched_stop_token_id\x18\x06 \x01(\rH\x00\x88\x01\x01\x42\x18\n\x16_matched_stop_token_id\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xb7\x01\n\x0b\x43hatRequest\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.nanoserve.v1.ChatMessage\x12\x35\n\x0fsampling_params\x18\x02 \x01(\x0b\x32\x1c.nanoserve.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x1c\n\x0f\x65nable_thinking\x18\x04 \x01(\x08H\x00\x88\x01\x01\x42\x12\n\x10_enable_thinking\"\xda\x01\n\x0c\x43hatResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.nanoserve.v1.FinishReason\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.nanoserve.v1.Usage\x12\x14\n\x0cmatched_stop\x18\x05 \x01(\t\x12\"\n\x15matched_stop_token_id\x18\x06 \x01(\rH\x00\x88\x01\x01\x42\x18\n\x16_matched_stop_token_id\"W\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x15\n\x13_add_special_tokens\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"\x15\n\x13GetModelInfoRequest\"\xa5\x01\n\x14GetModelInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\r\x12\x1c\n\x14tensor_parallel_size\x18\x05 \x01(\r\x12\x19\n\x11has_chat_template\x18\x06 \x01(\x08\x32\xc1\x02\n\x0f\x46rontendService\x12K\n\x08Generate\x12\x1d.nanoserve.v1.GenerateRequest\x1a\x1e.nanoserve.v1.GenerateResponse0\x01\x12?\n\x04\x43hat\x12\x19.nanoserve.v1.ChatRequest\x1a\x1a.nanoserve.v1.ChatResponse0\x01\x12I\n\x08Tokenize\x12\x1d.nanoserve.v1.TokenizeRequest\x1a\x1e.nanoserve.v1.TokenizeResponse\x12U\n\x0cGetModelInfo\x12!.nanoserve.v1.GetModelInfoRequest\x1a\".nanoserve.v1.GetModelInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#nanoserve/v1/frontend_service.proto\x12\x0cnanoserve.v1\x1a\x19nanoserve/v1/common.proto\"\xbe\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x35\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1c.nanoserve.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x05 \x01(\x08H\x00\x88\x01\x01\x42\x15\n\x13_add_special_tokens\"\xc3\x02\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.nanoserve.v1.FinishReason\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.nanoserve.v1.Usage\x12\x14\n\x0cmatched_stop\x18\x05 \x01(\t\x12\"\n\x15matched_stop_token_id\x18\x06 \x01(\rH\x00\x88\x01\x01\x12-\n\x08logprobs\x18\x07 \x03(\x0b\x32\x1b.nanoserve.v1.TokenLogprobs\x12\x34\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1b.nanoserve.v1.TokenLogprobsB\x18\n\x16_matched_stop_token_id\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xb7\x01\n\x0b\x43hatRequest\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.nanoserve.v1.ChatMessage\x12\x35\n\x0fsampling_params\x18\x02 \x01(\x0b\x32\x1c.nanoserve.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x1c\n\x0f\x65nable_thinking\x18\x04 \x01(\x08H\x00\x88\x01\x01\x42\x12\n\x10_enable_thinking\"\xbf\x02\n\x0c\x43hatResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.nanoserve.v1.FinishReason\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.nanoserve.v1.Usage\x12\x14\n\x0cmatched_stop\x18\x05 \x01(\t\x12\"\n\x15matched_stop_token_id\x18\x06 \x01(\rH\x00\x88\x01\x01\x12-\n\x08logprobs\x18\x07 \x03(\x0b\x32\x1b.nanoserve.v1.TokenLogprobs\x12\x34\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1b.nanoserve.v1.TokenLogprobsB\x18\n\x16_matched_stop_token_id\"W\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x15\n\x13_add_special_tokens\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"\x15\n\x13GetModelInfoRequest\"\xa5\x01\n\x14GetModelInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\r\x12\x1c\n\x14tensor_parallel_size\x18\x05 \x01(\r\x12\x19\n\x11has_chat_template\x18\x06 \x01(\x08\x32\xc1\x02\n\x0f\x46rontendService\x12K\n\x08Generate\x12\x1d.nanoserve.v1.GenerateRequest\x1a\x1e.nanoserve.v1.GenerateResponse0\x01\x12?\n\x04\x43hat\x12\x19.nanoserve.v1.ChatRequest\x1a\x1a.nanoserve.v1.ChatResponse0\x01\x12I\n\x08Tokenize\x12\x1d.nanoserve.v1.TokenizeRequest\x1a\x1e.nanoserve.v1.TokenizeResponse\x12U\n\x0cGetModelInfo\x12!.nanoserve.v1.GetModelInfoRequest\x1a\".nanoserve.v1.GetModelInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,21 +35,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST']._serialized_start=81
   _globals['_GENERATEREQUEST']._serialized_end=271
   _globals['_GENERATERESPONSE']._serialized_start=274
-  _globals['_GENERATERESPONSE']._serialized_end=496
-  _globals['_CHATMESSAGE']._serialized_start=498
-  _globals['_CHATMESSAGE']._serialized_end=542
-  _globals['_CHATREQUEST']._serialized_start=545
-  _globals['_CHATREQUEST']._serialized_end=728
-  _globals['_CHATRESPONSE']._serialized_start=731
-  _globals['_CHATRESPONSE']._serialized_end=949
-  _globals['_TOKENIZEREQUEST']._serialized_start=951
-  _globals['_TOKENIZEREQUEST']._serialized_end=1038
-  _globals['_TOKENIZERESPONSE']._serialized_start=1040
-  _globals['_TOKENIZERESPONSE']._serialized_end=1077
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1079
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1100
-  _globals['_GETMODELINFORESPONSE']._serialized_start=1103
-  _globals['_GETMODELINFORESPONSE']._serialized_end=1268
-  _globals['_FRONTENDSERVICE']._serialized_start=1271
-  _globals['_FRONTENDSERVICE']._serialized_end=1592
+  _globals['_GENERATERESPONSE']._serialized_end=597
+  _globals['_CHATMESSAGE']._serialized_start=599
+  _globals['_CHATMESSAGE']._serialized_end=643
+  _globals['_CHATREQUEST']._serialized_start=646
+  _globals['_CHATREQUEST']._serialized_end=829
+  _globals['_CHATRESPONSE']._serialized_start=832
+  _globals['_CHATRESPONSE']._serialized_end=1151
+  _globals['_TOKENIZEREQUEST']._serialized_start=1153
+  _globals['_TOKENIZEREQUEST']._serialized_end=1240
+  _globals['_TOKENIZERESPONSE']._serialized_start=1242
+  _globals['_TOKENIZERESPONSE']._serialized_end=1279
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1281
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1302
+  _globals['_GETMODELINFORESPONSE']._serialized_start=1305
+  _globals['_GETMODELINFORESPONSE']._serialized_end=1470
+  _globals['_FRONTENDSERVICE']._serialized_start=1473
+  _globals['_FRONTENDSERVICE']._serialized_end=1794
 # @@protoc_insertion_point(module_scope)
