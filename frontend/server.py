@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha import reflection
 
 from nanoserve.frontend.config import FrontendConfig
 from nanoserve.frontend.detokenizer import Detokenizer
+from nanoserve.frontend.logprobs import response_logprobs
 from nanoserve.frontend.request_log import RequestLog, RequestSink, recorded
 from nanoserve.frontend.tokenizer import Tokenizer
 from nanoserve.frontend.validation import (
@@ -247,6 +248,13 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                     out = detokenizer.add(ids, skip_last)
                 completion_tokens += out.num_tokens
                 fields = {"text": out.text, "token_ids": ids[: out.num_tokens]}
+                logprobs, prompt_logprobs = pending.take_logprobs()
+                if logprobs or prompt_logprobs:
+                    fields.update(
+                        response_logprobs(
+                            logprobs, prompt_logprobs, out.num_tokens, self.tokenizer.token_texts
+                        )
+                    )
                 if out.matched_stop is None and last is not None:
                     tail = detokenizer.flush()
                     fields["text"] += tail.text
@@ -268,7 +276,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                 if "finish_reason" in fields:  # request_log.recorded logs the request's end
                     yield fields
                     return
-                if fields["text"] or fields["token_ids"]:
+                if fields["text"] or fields["token_ids"] or "prompt_logprobs" in fields:
                     yield fields
         finally:
             # a no-op once ended; on client cancel or deadline the worker frees the KV blocks

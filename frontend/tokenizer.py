@@ -102,6 +102,10 @@ class Tokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        """Each id's own text (special tokens included): logprob entries carry it."""
+        return self._tokenizer.decode_batch([[i] for i in token_ids], skip_special_tokens=False)
+
     def apply_chat_template(
         self,
         messages: Sequence[dict[str, str]],

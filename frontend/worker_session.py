@@ -28,11 +28,22 @@ class Pending:
     last: worker_pb2.SessionOutput | None = None  # finish reason, usage, stop id, or error
     error: Exception | None = None  # the session itself broke
     min_ids: int = 1  # stream_interval: wake the handler only once this many ids wait
+    # TokenLogprobs of those ids and of prompt positions, when the request asked for them
+    logprobs: list[common_pb2.TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[common_pb2.TokenLogprobs] = field(default_factory=list)
     event: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def ended(self) -> bool:
         return self.last is not None or self.error is not None
+
+    def take_logprobs(
+        self,
+    ) -> tuple[list[common_pb2.TokenLogprobs], list[common_pb2.TokenLogprobs]]:
+        """(logprobs of the ids take() returned, new prompt logprobs), emptied."""
+        taken = self.logprobs, self.prompt_logprobs
+        self.logprobs, self.prompt_logprobs = [], []
+        return taken
 
     async def take(self) -> tuple[list[int], worker_pb2.SessionOutput | None]:
         """Waits for new ids or the end; returns (ids, the last output or None). Raises when the
@@ -117,6 +128,9 @@ class WorkerSession:
                     if p is None:
                         continue  # aborted meanwhile
                     p.ids += out.token_ids
+                    if out.logprobs or out.prompt_logprobs:
+                        p.logprobs += out.logprobs
+                        p.prompt_logprobs += out.prompt_logprobs
                     if out.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED or out.error_code:
                         p.last = out
                         del pending[out.request_id]

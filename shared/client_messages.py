@@ -25,6 +25,27 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class Logprob:
+    """One alternative token: its id, natural-log probability and text."""
+
+    token_id: int
+    logprob: float
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """The logprobs of one output (or prompt) token: its own, its rank (1 = most likely) and the
+    most likely alternatives, most likely first."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    text: str
+    top_logprobs: list[Logprob]
+
+
+@dataclass(frozen=True, slots=True)
 class Chunk:
     """One streamed message: a text delta (valid UTF-8) and the new token ids."""
 
@@ -34,6 +55,8 @@ class Chunk:
     usage: Usage | None = None  # last chunk only
     matched_stop: str | None = None
     matched_stop_token_id: int | None = None
+    logprobs: list[TokenLogprobs] | None = None  # one per token id, when asked (logprobs=k)
+    prompt_logprobs: list[TokenLogprobs] | None = None  # prompt tokens 1..n-1 (prompt_logprobs=k)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +69,8 @@ class Completion:
     usage: Usage
     matched_stop: str | None = None
     matched_stop_token_id: int | None = None
+    logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +90,10 @@ def sampling_params(**kwargs: Any) -> common_pb2.SamplingParams:
         raise TypeError(f"unknown sampling parameters: {sorted(unknown)}")
     if isinstance(kwargs.get("stop"), str):
         kwargs["stop"] = [kwargs["stop"]]
+    if isinstance(kwargs.get("logprobs_mode"), str):  # "raw" or "processed"
+        kwargs["logprobs_mode"] = common_pb2.LogprobsMode.Value(
+            f"LOGPROBS_MODE_{kwargs['logprobs_mode'].upper()}"
+        )
     return common_pb2.SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
 
 
@@ -122,16 +151,39 @@ def to_chunk(response: frontend_pb2.GenerateResponse | frontend_pb2.ChatResponse
         matched_stop_token_id=response.matched_stop_token_id
         if response.HasField("matched_stop_token_id")
         else None,
+        logprobs=_logprobs(response.logprobs),
+        prompt_logprobs=_logprobs(response.prompt_logprobs),
     )
+
+
+def _logprobs(entries: Sequence[common_pb2.TokenLogprobs]) -> list[TokenLogprobs] | None:
+    if not entries:
+        return None
+    return [
+        TokenLogprobs(
+            e.token_id,
+            e.logprob,
+            e.rank,
+            e.text,
+            [Logprob(t.token_id, t.logprob, t.text) for t in e.top_logprobs],
+        )
+        for e in entries
+    ]
 
 
 def join_chunks(chunks: Iterable[Chunk]) -> Completion:
     texts: list[str] = []
     token_ids: list[int] = []
+    logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs] | None = None
     last = None
     for chunk in chunks:
         texts.append(chunk.text)
         token_ids.extend(chunk.token_ids)
+        if chunk.logprobs:
+            logprobs = (logprobs or []) + chunk.logprobs
+        if chunk.prompt_logprobs:
+            prompt_logprobs = (prompt_logprobs or []) + chunk.prompt_logprobs
         last = chunk
     if last is None or last.finish_reason is None or last.usage is None:
         raise ServiceError("the stream ended without a finish reason")
@@ -142,6 +194,8 @@ def join_chunks(chunks: Iterable[Chunk]) -> Completion:
         last.usage,
         last.matched_stop,
         last.matched_stop_token_id,
+        logprobs,
+        prompt_logprobs,
     )
 
 
