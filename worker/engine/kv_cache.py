@@ -3,39 +3,39 @@ and the peak of the largest step (measured by running it once without a cache).
 """
 
 import logging
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
+from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.context import reset_context, set_context
+from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM
 from nanoserve.worker.sampler import SamplingTensors, sample
-
-if TYPE_CHECKING:
-    from nanoserve.worker.engine.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
 
-def blocks_that_fit(self: "ModelRunner") -> int:
+def blocks_that_fit(
+    config: EngineConfig,
+    device: torch.device,
+    block_bytes: int,
+    model: Qwen3ForCausalLM,
+    max_model_len: int,
+) -> int:
     """KV-cache blocks for this runner: cpu_kvcache_gib on CPU; on CUDA what is left of
     gpu_memory_utilization after the weights and the peak of the largest step."""
-    if self.device.type == "cpu":
-        return max(1, int(self.config.cpu_kvcache_gib * 2**30) // self.block_bytes)
+    if device.type == "cpu":
+        return max(1, int(config.cpu_kvcache_gib * 2**30) // block_bytes)
     # measure the peak of the largest step without a cache, then fill what is left
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    largest_step(self)
+    largest_step(config, device, model, max_model_len)
     free, total = torch.cuda.mem_get_info()
     stats = torch.cuda.memory_stats()
     peak, current = stats["allocated_bytes.all.peak"], stats["allocated_bytes.all.current"]
     # CUDA graphs take their private pool after the cache exists: keep room for it
-    graph_reserve = 0 if self.config.enforce_eager else 2 * 2**30
+    graph_reserve = 0 if config.enforce_eager else 2 * 2**30
     budget = (
-        total * self.config.gpu_memory_utilization
-        - (total - free)
-        - (peak - current)
-        - graph_reserve
+        total * config.gpu_memory_utilization - (total - free) - (peak - current) - graph_reserve
     )
     logger.info(
         "GPU memory: total %.1f GiB, in use %.1f GiB, warm-up peak %.1f GiB over %.1f GiB "
@@ -46,18 +46,20 @@ def blocks_that_fit(self: "ModelRunner") -> int:
         current / 2**30,
         budget / 2**30,
     )
-    return int(budget) // self.block_bytes
+    return int(budget) // block_bytes
 
 
 @torch.inference_mode()
-def largest_step(self: "ModelRunner") -> None:
+def largest_step(
+    config: EngineConfig, device: torch.device, model: Qwen3ForCausalLM, max_model_len: int
+) -> None:
     """Forward and sample the largest step the config allows, without a cache (its peak memory)."""
-    cfg = self.config
-    num_tokens = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * self.max_model_len)
+    cfg = config
+    num_tokens = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * max_model_len)
     num_seqs = min(cfg.max_num_seqs, num_tokens)
     lens = [num_tokens // num_seqs] * num_seqs
     lens[-1] += num_tokens - sum(lens)
-    cu = torch.tensor([0] + list(np.cumsum(lens)), dtype=torch.int32, device=self.device)
+    cu = torch.tensor([0] + list(np.cumsum(lens)), dtype=torch.int32, device=device)
     set_context(
         is_prefill=True,
         cu_seqlens_q=cu,
@@ -65,14 +67,14 @@ def largest_step(self: "ModelRunner") -> None:
         max_seqlen_q=max(lens),
         max_seqlen_k=max(lens),
     )
-    input_ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
-    positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
-    hidden = self.model(input_ids, positions)
-    logits = self.model.compute_logits(hidden[cu[1:].long() - 1])
+    input_ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
+    positions = torch.cat([torch.arange(n, device=device) for n in lens])
+    hidden = model(input_ids, positions)
+    logits = model.compute_logits(hidden[cu[1:].long() - 1])
     t = SamplingTensors(
-        temperatures=torch.ones(num_seqs, device=self.device),
+        temperatures=torch.ones(num_seqs, device=device),
         top_ks=None,
-        top_ps=torch.full((num_seqs,), 0.9, device=self.device),
+        top_ps=torch.full((num_seqs,), 0.9, device=device),
         min_ps=None,
     )
     sample(logits, t)

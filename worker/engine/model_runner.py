@@ -171,7 +171,9 @@ class ModelRunner:
     def allocate_kv_cache(self) -> int:
         num_blocks = self.config.num_kvcache_blocks
         if num_blocks is None:
-            num_blocks = blocks_that_fit(self)
+            num_blocks = blocks_that_fit(
+                self.config, self.device, self.block_bytes, self.model, self.max_model_len
+            )
             if self.world_size > 1:  # every rank must hold the same blocks
                 t = torch.tensor([num_blocks], device=self.device)
                 torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
