@@ -1,5 +1,6 @@
 // Streams a completion from nanoserve's FrontendService, using nothing but the .proto files:
-//   node generate.js [--address HOST:PORT] [--max-tokens N] [--temperature T] "prompt"
+//   node generate.js [--address HOST:PORT] [--max-tokens N] [--temperature T] [--logprobs K] "prompt"
+// With --logprobs, each token's logprob, text and top K alternatives go to stderr, one line each.
 const path = require("path");
 const grpc = require("@grpc/grpc-js");
 const protoLoader = require("@grpc/proto-loader");
@@ -19,11 +20,19 @@ const definition = protoLoader.loadSync("nanoserve/v1/frontend_service.proto", {
 const { FrontendService } = grpc.loadPackageDefinition(definition).nanoserve.v1;
 const client = new FrontendService(opts.address, grpc.credentials.createInsecure());
 
-const call = client.Generate({
-  prompt: prompt.join(" "),
-  sampling_params: { max_tokens: Number(opts["max-tokens"]), temperature: Number(opts.temperature) },
+const sampling_params = {
+  max_tokens: Number(opts["max-tokens"]),
+  temperature: Number(opts.temperature),
+};
+if (opts.logprobs !== undefined) sampling_params.logprobs = Number(opts.logprobs);
+const call = client.Generate({ prompt: prompt.join(" "), sampling_params });
+call.on("data", (chunk) => {
+  process.stdout.write(chunk.text);
+  for (const t of chunk.logprobs || []) {
+    const top = (t.top_logprobs || []).map((a) => `${JSON.stringify(a.text)}=${a.logprob.toFixed(4)}`);
+    process.stderr.write(`${t.token_id}\t${t.logprob.toFixed(4)}\t${JSON.stringify(t.text)}\t${top.join(" ")}\n`);
+  }
 });
-call.on("data", (chunk) => process.stdout.write(chunk.text));
 call.on("end", () => process.stdout.write("\n"));
 call.on("error", (err) => {
   console.error(`\nerror: ${grpc.status[err.code]}: ${err.details}`);

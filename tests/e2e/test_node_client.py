@@ -1,6 +1,7 @@
 """A client in another language, written from the .proto files alone: clients/node/generate.js
 (@grpc/grpc-js + @grpc/proto-loader) streams the same text as the Python client."""
 
+import json
 import shutil
 import subprocess
 
@@ -47,3 +48,18 @@ def test_node_client_reports_the_status(node, services) -> None:
     result = run_node(node, "--address", services.frontend.address, "--max-tokens", "0", "hi")
     assert result.returncode == 1
     assert "INVALID_ARGUMENT" in result.stderr and "sampling_params.max_tokens" in result.stderr
+
+
+def test_node_client_prints_logprobs(node, services) -> None:
+    prompt = "The capital of France is"
+    args = ["--address", services.frontend.address, "--max-tokens", "6", "--logprobs", "2", prompt]
+    result = run_node(node, *args)
+    assert result.returncode == 0, result.stderr
+    with Client(services.frontend.address, timeout=30) as client:
+        want = client.generate(prompt, temperature=0, max_tokens=6, logprobs=2)
+    assert want.logprobs is not None
+    lines = [line.split("\t") for line in result.stderr.splitlines()]
+    assert [int(line[0]) for line in lines] == want.token_ids
+    for line, entry in zip(lines, want.logprobs, strict=True):
+        assert abs(float(line[1]) - entry.logprob) < 1e-3
+        assert json.loads(line[2]) == entry.text and line[3].count('"=') == 2
