@@ -39,28 +39,28 @@ def hf_logprobs(hf, prompt: list[int], completion: list[int]) -> torch.Tensor:
     return logits.log_softmax(dim=-1)
 
 
-def check_entry(entry: list, ref: torch.Tensor, token_id: int, k: int) -> None:
+def check_entry(entry: list, ref: torch.Tensor, token_id: int, k: int, atol: float = ATOL) -> None:
     """entry [token_id, logprob, rank, top_ids, top_logprobs] against one row of reference."""
     got_id, logprob, rank, top_ids, top_lps = entry
     assert got_id == token_id
-    assert abs(logprob - ref[token_id].item()) < ATOL
+    assert abs(logprob - ref[token_id].item()) < atol
     assert rank == int((ref > ref[token_id]).sum()) + 1
     top = ref.topk(k)
     assert top_ids == top.indices.tolist()
-    assert torch.allclose(torch.tensor(top_lps), top.values, atol=ATOL)
+    assert torch.allclose(torch.tensor(top_lps), top.values, atol=atol)
 
 
-def check_output(out, hf, k: int, prompt_k: int | None = None) -> None:
+def check_output(out, hf, k: int, prompt_k: int | None = None, atol: float = ATOL) -> None:
     prompt, completion = out.prompt_token_ids, out.token_ids
     ref = hf_logprobs(hf, prompt, completion)
     n = len(prompt)
     assert len(out.logprobs) == len(completion)
     for i, (entry, token_id) in enumerate(zip(out.logprobs, completion)):
-        check_entry(entry, ref[n - 1 + i], token_id, k)
+        check_entry(entry, ref[n - 1 + i], token_id, k, atol)
     if prompt_k is not None:
         assert len(out.prompt_logprobs) == n - 1  # the first prompt token has none
         for j, entry in enumerate(out.prompt_logprobs):
-            check_entry(entry, ref[j], prompt[j + 1], prompt_k)
+            check_entry(entry, ref[j], prompt[j + 1], prompt_k, atol)
 
 
 def test_greedy_and_sampled_logprobs_match_transformers(model):
