@@ -1,6 +1,6 @@
 """Logprobs through the real frontend and worker: Generate with logprobs and prompt_logprobs returns
-them with token text, equal to the offline engine's; a request without them carries none; k > 20
-is INVALID_ARGUMENT naming the field."""
+them with token text, equal to the offline engine's, and so do Chat and the worker's GenerateTokens;
+a request without them carries none; k > 20 is INVALID_ARGUMENT naming the field."""
 
 import math
 
@@ -11,6 +11,8 @@ from nanoserve.client import Client
 from nanoserve.errors import InvalidArgument
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
+from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 from nanoserve.worker import SamplingParams
 
 pytestmark = pytest.mark.e2e
@@ -69,3 +71,29 @@ def test_out_of_range_k_is_invalid_argument(services, field, value) -> None:
         with pytest.raises(InvalidArgument) as e:
             client.generate(PROMPT, max_tokens=2, **{field: value})
     assert f"sampling_params.{field}" in str(e.value)
+
+
+def test_chat_and_worker_generate_tokens_carry_logprobs(services) -> None:
+    with Client(services.frontend.address, timeout=60) as client:
+        reply = client.chat(
+            [("user", "Hi!")], enable_thinking=False, temperature=0, max_tokens=5, logprobs=1
+        )
+    assert reply.logprobs is not None and len(reply.logprobs) == len(reply.token_ids)
+    assert [e.token_id for e in reply.logprobs] == reply.token_ids
+    assert all(e.text and len(e.top_logprobs) == 1 for e in reply.logprobs)
+    # the worker's own streaming call: ids and numbers, no text (the worker has no tokenizer)
+    with grpc.insecure_channel(services.worker.address) as channel:
+        stub = worker_grpc.WorkerServiceStub(channel)
+        request = worker_pb2.GenerateTokensRequest(request_id="lp", prompt_token_ids=[5, 6, 7, 8])
+        request.sampling_params.max_tokens = 4
+        request.sampling_params.temperature = 0
+        request.sampling_params.logprobs = 2
+        request.sampling_params.prompt_logprobs = 0
+        responses = list(stub.GenerateTokens(request, timeout=60))
+    ids = [t for r in responses for t in r.token_ids]
+    entries = [e for r in responses for e in r.logprobs]
+    prompt_entries = [e for r in responses for e in r.prompt_logprobs]
+    assert [e.token_id for e in entries] == ids and len(ids) == 4
+    assert all(len(e.top_logprobs) == 2 and e.rank == 1 and not e.text for e in entries)
+    assert [e.token_id for e in prompt_entries] == [6, 7, 8]
+    assert all(not e.top_logprobs and e.logprob <= 0 for e in prompt_entries)

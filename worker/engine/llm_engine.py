@@ -175,7 +175,9 @@ class LLMEngine:
             if done:
                 self.requests.pop(seq.request_id, None)
                 self.model_runner.release(seq)
-            logprobs, prompt_logprobs = seq.take_new_logprobs()
+            logprobs = prompt_logprobs = None
+            if seq.new_logprobs or seq.new_prompt_logprobs:  # only requests that asked
+                logprobs, prompt_logprobs = seq.take_new_logprobs()
             if new or done or prompt_logprobs:
                 self.num_generated_tokens += len(new)
                 outputs.append(StepOutput(seq, new, done, logprobs, prompt_logprobs))
