@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     dev = torch.device("cuda")
-    results = []
+    results: list[dict] = []
     for rows, k in [(1, 0), (1, 20), (64, 5), (256, 0), (256, 20)]:
         logits = torch.randn(rows, VOCAB, device=dev, dtype=torch.bfloat16)
         ids = torch.randint(0, VOCAB, (rows,), device=dev)
@@ -39,7 +39,9 @@ def main() -> None:
         def output() -> torch.Tensor:
             return pack(logits.float().log_softmax(dim=-1), ids, k)
 
-        results.append({"bench": "logprobs_output", "rows": rows, "k": k, "ms": time_ms(output)})
+        results.append(
+            {"bench": "logprobs_output", "rows": rows, "k": k, "ms": round(time_ms(output), 4)}
+        )
     rows, k = 2048, 5  # a prompt chunk of 2048 positions
     logits = torch.randn(rows, VOCAB, device=dev, dtype=torch.bfloat16)
     ids = torch.randint(0, VOCAB, (rows,), device=dev)
@@ -56,14 +58,12 @@ def main() -> None:
             ]
         )
 
-    results.append({"bench": "logprobs_prompt", "rows": rows, "k": k, "ms": time_ms(prompt, 10)})
+    results.append(
+        {"bench": "logprobs_prompt", "rows": rows, "k": k, "ms": round(time_ms(prompt, 10), 4)}
+    )
     for r in results:
-        r["ms"] = round(r["ms"], 4)
-        print(
-            json.dumps(r)
-            if args.json
-            else f"{r['bench']:16s} rows {r['rows']:5d} k {r['k']:2d}: {r['ms']:.4f} ms"
-        )
+        line = f"{r['bench']:16s} rows {r['rows']:5d} k {r['k']:2d}: {r['ms']:.4f} ms"
+        print(json.dumps(r) if args.json else line)
 
 
 if __name__ == "__main__":
