@@ -181,3 +181,20 @@ def test_no_device_work_when_no_row_asks():
     t = SamplingTensors(None, None, None, None, all_greedy=True)
     logits = torch.randn(3, 50)
     assert StepLogprobs.compute(logits, logits.argmax(-1), seqs, t) is None
+
+
+def test_logprobs_under_tensor_parallelism(model):
+    """tp=2 on gloo: every rank computes the same logit rows (prompt positions included); rank 0
+    computes the logprobs."""
+    path, hf = model
+    llm = LLM(
+        path, device="cpu", tensor_parallel_size=2, kvcache_block_size=16, num_kvcache_blocks=32
+    )
+    try:
+        sp = SamplingParams(
+            temperature=0, max_tokens=6, ignore_eos=True, logprobs=2, prompt_logprobs=1
+        )
+        out = llm.generate(prompts_of([20], seed=6), sp, use_tqdm=False)[0]
+        check_output(out, hf, 2, prompt_k=1)
+    finally:
+        llm.shutdown()
