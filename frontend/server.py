@@ -26,6 +26,7 @@ from nanoserve.frontend.chat_request import chat_inputs
 from nanoserve.frontend.completion_stream import CompletionStream
 from nanoserve.frontend.config import FrontendConfig
 from nanoserve.frontend.detokenizer import Detokenizer
+from nanoserve.frontend.logprobs import response_logprobs
 from nanoserve.frontend.reasoning_parser import ReasoningParser
 from nanoserve.frontend.request_log import RequestLog, RequestSink, mark_sent_to_worker, recorded
 from nanoserve.frontend.tokenizer import Tokenizer
@@ -281,10 +282,20 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                     fields = await c.fields(
                         ids, last, self.tokenizer, include_stop, len(prompt_ids)
                     )
+                    logprobs, prompt_logprobs = pending.take_logprobs(index)
+                    if logprobs or prompt_logprobs:
+                        fields.update(
+                            response_logprobs(
+                                logprobs,
+                                prompt_logprobs,
+                                len(fields["token_ids"]),
+                                self.tokenizer.token_texts,
+                            )
+                        )
                     if n > 1:
                         fields["index"] = index
                     if "finish_reason" not in fields:
-                        if fields["text"] or fields["token_ids"]:
+                        if fields["text"] or fields["token_ids"] or "prompt_logprobs" in fields:
                             yield fields
                         continue
                     c.done = True

@@ -105,6 +105,10 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)
 
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        """Each id's own text (special tokens included): logprob entries carry it."""
+        return self._tokenizer.decode_batch([[i] for i in token_ids], skip_special_tokens=False)
+
     def apply_chat_template(
         self,
         messages: Sequence[Mapping[str, Any]],

@@ -13,6 +13,7 @@ from nanoserve.proto.v1 import common_pb2
 from nanoserve.sampling_rules import RULES, violations
 
 INT64_MAX = 2**63 - 1
+LOGPROBS_MODES = frozenset(common_pb2.LogprobsMode.values())
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
 MAX_REQUEST_ID_LENGTH = 128
 MAX_ROLE_LENGTH = 32  # longer than any of CHAT_ROLES: refused before the role is compared or echoed
@@ -43,6 +44,10 @@ def validate_sampling_params(
     given = {name: getattr(params, name) for name in RULES if params.HasField(name)}
     for name, rule in violations(given):
         raise InvalidArgument(f"must be {rule}, got {given[name]}", field=f"{prefix}.{name}")
+    if params.HasField("logprobs_mode") and params.logprobs_mode not in LOGPROBS_MODES:
+        raise InvalidArgument(
+            f"unknown value {params.logprobs_mode}", field=f"{prefix}.logprobs_mode"
+        )
     if len(params.stop) > limits.max_stop_strings:
         raise InvalidArgument(
             f"at most {limits.max_stop_strings} stop strings, got {len(params.stop)}",

@@ -33,11 +33,15 @@ class Pending:
     taken: int = 0  # completions whose end the handler took
     error: Exception | None = None  # the session itself broke
     min_ids: int = 1  # stream_interval: wake the handler only once this many ids wait
+    # TokenLogprobs of those ids (per completion) and of prompt positions, when asked for
+    logprobs: list[list[common_pb2.TokenLogprobs]] = field(default_factory=list)
+    prompt_logprobs: list[common_pb2.TokenLogprobs] = field(default_factory=list)
     event: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         self.ids = [[] for _ in range(self.n)]
         self.lasts = [None] * self.n
+        self.logprobs = [[] for _ in range(self.n)]
 
     @property
     def ended(self) -> bool:
@@ -53,6 +57,17 @@ class Pending:
             self.num_ended += 1
         return self.num_ended == self.n
 
+    def take_logprobs(
+        self, index: int
+    ) -> tuple[list[common_pb2.TokenLogprobs], list[common_pb2.TokenLogprobs]]:
+        """(logprobs of the ids take() returned for completion `index`, new prompt logprobs: with
+        completion 0's), emptied."""
+        logprobs, self.logprobs[index] = self.logprobs[index], []
+        if index != 0:
+            return logprobs, []
+        prompt, self.prompt_logprobs = self.prompt_logprobs, []
+        return logprobs, prompt
+
     async def take(self) -> list[tuple[int, list[int], worker_pb2.SessionOutput | None]]:
         """Waits for new ids or an end; returns (index, ids, the last output or None) of each
         completion with output. Raises when the session broke."""
@@ -63,7 +78,7 @@ class Pending:
             raise self.error
         out = []
         for index, (ids, last) in enumerate(zip(self.ids, self.lasts)):
-            if ids or last is not None:
+            if ids or last is not None or (index == 0 and self.prompt_logprobs):
                 out.append((index, ids, last))
                 self.ids[index] = []
                 if last is not None:
@@ -152,6 +167,9 @@ class WorkerSession:
                     index = out.index if out.index < p.n else 0
                     ids = p.ids[index]
                     ids += out.token_ids
+                    if out.logprobs or out.prompt_logprobs:
+                        p.logprobs[index] += out.logprobs
+                        p.prompt_logprobs += out.prompt_logprobs
                     if out.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED or out.error_code:
                         if p.end(index, out):
                             del pending[out.request_id]

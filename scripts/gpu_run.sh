@@ -92,6 +92,7 @@ case $mode in
     [ "$mode" = full ] && step serving_poisson 120 $serving --num-prompts 256 --request-rate 16 \
       --skip-offline --warmup light
     [ -f benchmarks/prefill.py ] && step prefill 60 $py -m nanoserve.benchmarks.prefill
+    [ "$mode" = full ] && step logprobs 40 $py -m nanoserve.benchmarks.logprobs --json
     ;;
   tests)  # every GPU test (the tensor-parallel ones too where two GPUs are present), engine figures
     step gpu_tests 330 $py -m pytest -q tests/gpu -p no:cacheprovider -rA

@@ -52,6 +52,27 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class Logprob:
+    """One alternative token: its id, natural-log probability and text."""
+
+    token_id: int
+    logprob: float
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """The logprobs of one output (or prompt) token: its own, its rank (1 = most likely) and the
+    most likely alternatives, most likely first."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    text: str
+    top_logprobs: list[Logprob]
+
+
+@dataclass(frozen=True, slots=True)
 class Chunk:
     """One streamed message: a text delta (valid UTF-8) and the new token ids."""
 
@@ -65,6 +86,8 @@ class Chunk:
     tool_calls: tuple[ToolCall, ...] = ()  # Chat with tools: calls completed in this chunk
     tool_call_parse_error: bool = False  # a <tool_call> block in `text` held no valid call
     index: int = 0  # which of the request's n completions (sampling parameter n)
+    logprobs: list[TokenLogprobs] | None = None  # one per token id, when asked (logprobs=k)
+    prompt_logprobs: list[TokenLogprobs] | None = None  # prompt tokens 1..n-1 (prompt_logprobs=k)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +106,8 @@ class Completion:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_parse_error: bool = False
     choices: tuple["Completion", ...] = ()
+    logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +127,10 @@ def sampling_params(**kwargs: Any) -> common_pb2.SamplingParams:
         raise TypeError(f"unknown sampling parameters: {sorted(unknown)}")
     if isinstance(kwargs.get("stop"), str):
         kwargs["stop"] = [kwargs["stop"]]
+    if isinstance(kwargs.get("logprobs_mode"), str):  # "raw" or "processed"
+        kwargs["logprobs_mode"] = common_pb2.LogprobsMode.Value(
+            f"LOGPROBS_MODE_{kwargs['logprobs_mode'].upper()}"
+        )
     return common_pb2.SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
 
 
@@ -212,8 +241,25 @@ def to_chunk(response: frontend_pb2.GenerateResponse | frontend_pb2.ChatResponse
         if response.HasField("matched_stop_token_id")
         else None,
         index=response.index,
+        logprobs=_logprobs(response.logprobs),
+        prompt_logprobs=_logprobs(response.prompt_logprobs),
         **_chat_fields(response),
     )
+
+
+def _logprobs(entries: Sequence[common_pb2.TokenLogprobs]) -> list[TokenLogprobs] | None:
+    if not entries:
+        return None
+    return [
+        TokenLogprobs(
+            e.token_id,
+            e.logprob,
+            e.rank,
+            e.text,
+            [Logprob(t.token_id, t.logprob, t.text) for t in e.top_logprobs],
+        )
+        for e in entries
+    ]
 
 
 def _chat_fields(response: frontend_pb2.GenerateResponse | frontend_pb2.ChatResponse) -> dict:
@@ -235,6 +281,8 @@ def join_chunks(chunks: Iterable[Chunk]) -> Completion:
     token_ids: dict[int, list[int]] = {}
     tool_calls: dict[int, list[ToolCall]] = {}
     parse_error: set[int] = set()
+    logprobs: dict[int, list[TokenLogprobs]] = {}
+    prompt_logprobs: list[TokenLogprobs] | None = None
     lasts: dict[int, Chunk] = {}
     usage = None
     for chunk in chunks:
@@ -242,6 +290,10 @@ def join_chunks(chunks: Iterable[Chunk]) -> Completion:
         reasoning.setdefault(chunk.index, []).append(chunk.reasoning_content)
         token_ids.setdefault(chunk.index, []).extend(chunk.token_ids)
         tool_calls.setdefault(chunk.index, []).extend(chunk.tool_calls)
+        if chunk.logprobs:
+            logprobs.setdefault(chunk.index, []).extend(chunk.logprobs)
+        if chunk.prompt_logprobs:
+            prompt_logprobs = (prompt_logprobs or []) + chunk.prompt_logprobs
         if chunk.tool_call_parse_error:
             parse_error.add(chunk.index)
         if chunk.finish_reason is not None:
@@ -264,6 +316,9 @@ def join_chunks(chunks: Iterable[Chunk]) -> Completion:
                 "".join(reasoning[index]),
                 tuple(tool_calls[index]),
                 index in parse_error,
+                (),
+                logprobs.get(index),
+                prompt_logprobs if index == 0 else None,
             )
         )
     if len(choices) == 1:
@@ -280,6 +335,8 @@ def join_chunks(chunks: Iterable[Chunk]) -> Completion:
         first.tool_calls,
         first.tool_call_parse_error,
         tuple(choices),
+        first.logprobs,
+        first.prompt_logprobs,
     )
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 MAX_N = 16  # completions per request (SamplingParams.n): each takes one of the engine's batch slots
 
+MAX_LOGPROBS = 20  # top alternatives per position (OpenAI's top_logprobs bound; vLLM's default)
 RULES: dict[str, tuple[Callable[[float], bool], str]] = {
     "temperature": (lambda v: v >= 0, ">= 0"),
     "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
@@ -18,6 +19,8 @@ RULES: dict[str, tuple[Callable[[float], bool], str]] = {
     "presence_penalty": (lambda v: -2 <= v <= 2, "in [-2, 2]"),
     "frequency_penalty": (lambda v: -2 <= v <= 2, "in [-2, 2]"),
     "n": (lambda v: 1 <= v <= MAX_N, f"in [1, {MAX_N}]"),
+    "logprobs": (lambda v: 0 <= v <= MAX_LOGPROBS, f"in [0, {MAX_LOGPROBS}]"),
+    "prompt_logprobs": (lambda v: 0 <= v <= MAX_LOGPROBS, f"in [0, {MAX_LOGPROBS}]"),
 }
 FLOAT_FIELDS = frozenset(
     {"temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"}

@@ -66,12 +66,36 @@ class Completion:
     """One of a request's n completions, as its consumer has not taken it yet."""
 
     ids: list[int] = field(default_factory=list)  # new ids not yet taken by the consumer
+    # logprob entries of those ids and new prompt positions (worker.engine.logprobs), if asked
+    logprobs: list[list] | None = None
+    prompt_logprobs: list[list] | None = None
     finish: Finish | None = None
     reported: bool = False  # the consumer took its finish
 
     @property
     def has_output(self) -> bool:
-        return bool(self.ids) or (self.finish is not None and not self.reported)
+        return (
+            bool(self.ids)
+            or bool(self.prompt_logprobs)
+            or (self.finish is not None and not self.reported)
+        )
+
+    def add_logprobs(self, logprobs: list[list] | None, prompt: list[list] | None) -> None:
+        if logprobs is not None:
+            self.logprobs = (self.logprobs or []) + logprobs
+        if prompt is not None:
+            self.prompt_logprobs = (self.prompt_logprobs or []) + prompt
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """What a consumer takes of one completion at a time."""
+
+    index: int  # which of the request's n completions
+    ids: list[int]
+    finish: Finish | None  # once, when it ended
+    logprobs: list[list] | None
+    prompt_logprobs: list[list] | None
 
 
 @dataclass(eq=False, slots=True)
@@ -96,14 +120,14 @@ class Stream:
     def has_output(self) -> bool:
         return self.error is not None or any(c.has_output for c in self.completions)
 
-    def take(self) -> list[tuple[int, list[int], Finish | None]]:
-        """(index, new ids, finish once ended) of each completion with output; marks it taken."""
+    def take(self) -> list[Taken]:
+        """The output of each completion that has some (its finish once ended); marks it taken."""
         out = []
         for index, c in enumerate(self.completions):
             if c.has_output:
                 finish = None if c.reported else c.finish
-                out.append((index, c.ids, finish))
-                c.ids = []
+                out.append(Taken(index, c.ids, finish, c.logprobs, c.prompt_logprobs))
+                c.ids, c.logprobs, c.prompt_logprobs = [], None, None
                 c.reported = c.finish is not None
         return out
 
@@ -295,12 +319,14 @@ class AsyncEngine:
                 step_s,
             )
         streams, touched = self.streams, set()
-        for engine_id, ids, finish, index in outputs:
+        for engine_id, ids, finish, index, *logprobs in outputs:
             stream = streams.get(engine_id)
             if stream is None:
                 continue  # ended meanwhile
             completion = stream.completions[index]
             completion.ids += ids
+            if logprobs:  # [entries or None, prompt entries or None]
+                completion.add_logprobs(*logprobs)
             if finish is not None:
                 completion.finish = Finish(*finish)
                 stream.num_finished += 1

@@ -19,7 +19,9 @@ from nanoserve.worker.stats_log import Load, StatsLogger
 
 logger = logging.getLogger(__name__)
 
-# frames engine core -> server: [kind, ...]
+# frames engine core -> server: [kind, ...]; a STEP frame's outputs are [engine id, new ids, finish
+# or None, completion index] with, for requests that asked for logprobs, [..., logprob entries,
+# prompt entries]
 READY, STEP, LOAD, REFUSED, ERROR = "ready", "step", "load", "refused", "error"
 
 
@@ -124,6 +126,15 @@ class EngineCore:
                     o.new_token_ids,
                     _finish(o.seq) if o.finished else None,
                     o.seq.index,  # which of the request's n completions
+                ]
+                if o.logprobs is None and o.prompt_logprobs is None
+                else [
+                    o.seq.request_id,
+                    o.new_token_ids,
+                    _finish(o.seq) if o.finished else None,
+                    o.seq.index,
+                    o.logprobs,
+                    o.prompt_logprobs,
                 ]
                 for o in outputs
             ]

@@ -18,6 +18,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str
     text: str | None = None
+    logprobs: list[list] | None = None  # as RequestOutput.logprobs, for this completion
 
 
 @dataclass(slots=True)
@@ -29,6 +30,10 @@ class RequestOutput:
     num_cached_tokens: int
     text: str | None = None  # the decoded completion, for a text prompt (None for token ids)
     outputs: list[CompletionOutput] = field(default_factory=list)  # all n, by index
+    # per completion token / prompt position 1..n-1: [token_id, logprob, rank, top_ids,
+    # top_logprobs] (worker.engine.logprobs); None unless sampling_params asked
+    logprobs: list[list] | None = None
+    prompt_logprobs: list[list] | None = None
 
 
 class LLM(LLMEngine):
@@ -79,13 +84,19 @@ class LLM(LLMEngine):
             self.add_request(p, sp, priority=pr)
             for p, sp, pr in zip(prompts, sampling_params, priority)
         ]
+        logprobs: dict[int, list] = {}  # seq_id -> its entries (forks included)
+        prompt_logprobs: dict[int, list] = {}
         with tqdm(total=len(seqs), desc="Generating", disable=not use_tqdm) as bar:
             while not self.is_finished():
                 for out in self.step():
                     bar.update(int(out.finished))
+                    if out.logprobs:
+                        logprobs.setdefault(out.seq.seq_id, []).extend(out.logprobs)
+                    if out.prompt_logprobs:
+                        prompt_logprobs.setdefault(out.seq.seq_id, []).extend(out.prompt_logprobs)
         outputs = []
         for s, text in zip(seqs, is_text):
-            completions = [self._completion(c, text) for c in s.group or (s,)]
+            completions = [self._completion(c, text, logprobs) for c in s.group or (s,)]
             first = completions[0]
             outputs.append(
                 RequestOutput(
@@ -96,16 +107,25 @@ class LLM(LLMEngine):
                     s.num_cached_tokens,
                     first.text,
                     sorted(completions, key=lambda c: c.index),
+                    first.logprobs,
+                    prompt_logprobs.get(
+                        s.seq_id, [] if s.sampling_params.prompt_logprobs is not None else None
+                    ),
                 )
             )
         return outputs
 
-    def _completion(self, seq, text: bool) -> CompletionOutput:
+    def _completion(self, seq, text: bool, logprobs: dict[int, list]) -> CompletionOutput:
         assert seq.finish_reason is not None  # is_finished(): every sequence ended
         decoded = None
         if text:
             assert self._tokenizer is not None  # a text prompt loaded it
             decoded = self._tokenizer.decode(seq.completion_token_ids)
+        asked = seq.sampling_params.logprobs is not None
         return CompletionOutput(
-            seq.index, seq.completion_token_ids, seq.finish_reason.value, decoded
+            seq.index,
+            seq.completion_token_ids,
+            seq.finish_reason.value,
+            decoded,
+            logprobs.get(seq.seq_id, [] if asked else None),
         )

@@ -13,6 +13,12 @@ _FINISH = {
     FinishReason.LENGTH.value: common_pb2.FINISH_REASON_LENGTH,
 }
 
+_LOGPROBS_MODES = {
+    common_pb2.LOGPROBS_MODE_UNSPECIFIED: "raw",
+    common_pb2.LOGPROBS_MODE_RAW: "raw",
+    common_pb2.LOGPROBS_MODE_PROCESSED: "processed",
+}
+
 
 def set_finish(response, finish: Finish) -> None:
     """The last message of a request: finish reason, usage and the stop token that ended it."""
@@ -22,6 +28,23 @@ def set_finish(response, finish: Finish) -> None:
     response.usage.cached_tokens = finish.cached_tokens
     if finish.stop_token_id is not None:
         response.stop_token_id = finish.stop_token_id
+
+
+def add_logprobs(
+    repeated,
+    entries: list[list] | None,  # a response's repeated TokenLogprobs field
+) -> None:
+    """Engine entries [token_id, logprob, rank, top_ids, top_logprobs] -> TokenLogprobs."""
+    for token_id, logprob, rank, top_ids, top_logprobs in entries or ():
+        repeated.add(
+            token_id=token_id,
+            logprob=logprob,
+            rank=rank,
+            top_logprobs=[
+                common_pb2.TokenLogprob(token_id=t, logprob=lp)
+                for t, lp in zip(top_ids, top_logprobs)
+            ],
+        )
 
 
 def stream_error(error: Exception) -> ServiceError:
@@ -50,8 +73,13 @@ def sampling_params_from_proto(
             "presence_penalty",
             "frequency_penalty",
             "n",
+            "logprobs",
+            "prompt_logprobs",
         )
         if p.HasField(name)
     }
+    if p.logprobs_mode not in _LOGPROBS_MODES:
+        raise ValueError(f"logprobs_mode: unknown value {p.logprobs_mode}")
+    kw["logprobs_mode"] = _LOGPROBS_MODES[p.logprobs_mode]
     kw.setdefault("max_tokens", max(1, max_model_len - prompt_len))  # unset: fill the context
     return SamplingParams(stop_token_ids=tuple(p.stop_token_ids), **kw)

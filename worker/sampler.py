@@ -81,6 +81,22 @@ def filter_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     return logits
 
 
+def processed_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    """(B, V) float32: the logits each row samples from (logprobs_mode "processed"): penalties
+    and the min_tokens mask, then for sampled rows temperature and the top-k/top-p/min-p filter
+    (-inf); greedy rows stop after the mask (their argmax is the sampled token)."""
+    logits = logits.float()
+    if t.repetition_penalties is not None:
+        logits = apply_penalties(logits, t)
+    if t.banned is not None:
+        logits = logits.index_put(t.banned, torch.tensor(float("-inf"), device=logits.device))
+    if t.all_greedy or t.temperatures is None:
+        return logits
+    temperatures = t.temperatures
+    scaled = filter_logits(logits / temperatures.clamp_min(1e-6)[:, None], t)
+    return torch.where((temperatures == 0)[:, None], logits, scaled)
+
+
 def sample(
     logits: torch.Tensor, t: SamplingTensors, generator: torch.Generator | None = None
 ) -> torch.Tensor:

@@ -13,6 +13,7 @@ from typing import Any
 
 from nanoserve.sampling_rules import RULES, violations
 
+LOGPROBS_MODES = ("raw", "processed")
 # vLLM's defaults of the fields that a model's generation_config.json may override
 FALLBACKS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
 
@@ -32,6 +33,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     n: int = 1  # completions of the prompt, sharing its KV blocks (1..MAX_N)
+    logprobs: int | None = None  # top alternatives per output token; None: no logprobs
+    prompt_logprobs: int | None = None  # the same for the prompt tokens
+    logprobs_mode: str = "raw"  # "raw" (log_softmax of the logits) or "processed" (as sampled)
     # the fields of FALLBACKS that were not given (they hold the fallback value)
     unset: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
 
@@ -41,6 +45,10 @@ class SamplingParams:
             raise ValueError(f"{name} must be {rule}, got {given[name]!r}")
         if any(t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative, got {self.stop_token_ids!r}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(
+                f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}"
+            )
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         unset = frozenset(name for name in FALLBACKS if getattr(self, name) is None)
         for name in unset:

@@ -34,7 +34,12 @@ from nanoserve.worker.request_log import (
     SHUTTING_DOWN,
     log_request_end,
 )
-from nanoserve.worker.request_proto import sampling_params_from_proto, set_finish, stream_error
+from nanoserve.worker.request_proto import (
+    add_logprobs,
+    sampling_params_from_proto,
+    set_finish,
+    stream_error,
+)
 from nanoserve.worker.session import WorkerSession, run_session
 from nanoserve.worker.validation import check_request_sizes, max_request_bytes
 
@@ -102,10 +107,14 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                     ended = (error.code.name, str(error))
                     raise error
                 # per completion, everything that arrived while the client was slow, in one message
-                for index, ids, finish in stream.take():
-                    response = worker_pb2.GenerateTokensResponse(token_ids=ids, index=index)
-                    if finish is not None:
-                        set_finish(response, finish)
+                for taken in stream.take():
+                    response = worker_pb2.GenerateTokensResponse(
+                        token_ids=taken.ids, index=taken.index
+                    )
+                    add_logprobs(response.logprobs, taken.logprobs)
+                    add_logprobs(response.prompt_logprobs, taken.prompt_logprobs)
+                    if taken.finish is not None:
+                        set_finish(response, taken.finish)
                     yield response
                 if stream.finished and not stream.has_output:  # n > 1: all ends were sent
                     return

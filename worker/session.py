@@ -21,7 +21,12 @@ from nanoserve.worker.request_log import (
     SESSION_ENDED,
     log_request_end,
 )
-from nanoserve.worker.request_proto import sampling_params_from_proto, set_finish, stream_error
+from nanoserve.worker.request_proto import (
+    add_logprobs,
+    sampling_params_from_proto,
+    set_finish,
+    stream_error,
+)
 from nanoserve.worker.validation import DEFAULT_MAX_STOP_TOKEN_IDS, check_list_sizes
 
 logger = logging.getLogger(__name__)
@@ -168,10 +173,14 @@ class WorkerSession:
                 )
                 log_request_end(stream.request_id, error.code.name, str(error))
             else:
-                for index, ids, finish in stream.take():  # one output per completion with news
-                    out = outputs.add(request_id=stream.request_id, token_ids=ids, index=index)
-                    if finish is not None:
-                        set_finish(out, finish)
+                for taken in stream.take():  # one output per completion with news
+                    out = outputs.add(
+                        request_id=stream.request_id, token_ids=taken.ids, index=taken.index
+                    )
+                    add_logprobs(out.logprobs, taken.logprobs)
+                    add_logprobs(out.prompt_logprobs, taken.prompt_logprobs)
+                    if taken.finish is not None:
+                        set_finish(out, taken.finish)
                 if not stream.finished:
                     continue
             del self.live[stream.request_id]

@@ -1,9 +1,10 @@
 // Streams a completion from nanoserve's FrontendService, using nothing but the .proto files:
 //   node generate.js [--address HOST:PORT] [--ca FILE] [--token KEY] [--max-tokens N]
-//                    [--temperature T] "prompt"
+//                    [--temperature T] [--logprobs K] "prompt"
 // --ca (env NANOSERVE_CA_FILE): connect over TLS, trusting this PEM CA bundle (`--ca system`: the
 // system's roots). --token (env NANOSERVE_TOKEN, preferred: argv is visible to other users): sent
 // as `authorization: Bearer KEY` on every call. Without --ca the connection is plaintext.
+// With --logprobs, each token's logprob, text and top K alternatives go to stderr, one line each.
 const fs = require("fs");
 const path = require("path");
 const grpc = require("@grpc/grpc-js");
@@ -41,14 +42,19 @@ const metadata = new grpc.Metadata();
 if (opts.token) metadata.set("authorization", `Bearer ${opts.token}`);
 const client = new FrontendService(opts.address, credentials);
 
-const call = client.Generate(
-  {
-    prompt: prompt.join(" "),
-    sampling_params: { max_tokens: Number(opts["max-tokens"]), temperature: Number(opts.temperature) },
-  },
-  metadata,
-);
-call.on("data", (chunk) => process.stdout.write(chunk.text));
+const sampling_params = {
+  max_tokens: Number(opts["max-tokens"]),
+  temperature: Number(opts.temperature),
+};
+if (opts.logprobs !== undefined) sampling_params.logprobs = Number(opts.logprobs);
+const call = client.Generate({ prompt: prompt.join(" "), sampling_params }, metadata);
+call.on("data", (chunk) => {
+  process.stdout.write(chunk.text);
+  for (const t of chunk.logprobs || []) {
+    const top = (t.top_logprobs || []).map((a) => `${JSON.stringify(a.text)}=${a.logprob.toFixed(4)}`);
+    process.stderr.write(`${t.token_id}\t${t.logprob.toFixed(4)}\t${JSON.stringify(t.text)}\t${top.join(" ")}\n`);
+  }
+});
 call.on("end", () => process.stdout.write("\n"));
 call.on("error", (err) => {
   console.error(`\nerror: ${grpc.status[err.code]}: ${err.details}`);

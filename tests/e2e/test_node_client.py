@@ -3,6 +3,7 @@
 over TLS with a bearer token."""
 
 import os
+import json
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -106,3 +107,18 @@ def test_node_client_without_the_token_or_the_ca_is_refused(node, tls_frontend, 
     assert wrong.returncode == 1 and "UNAUTHENTICATED" in wrong.stderr
     plaintext = run_node(node, *address, "--token", TOKEN, "hi")
     assert plaintext.returncode == 1 and "UNAVAILABLE" in plaintext.stderr
+
+
+def test_node_client_prints_logprobs(node, services) -> None:
+    prompt = "The capital of France is"
+    args = ["--address", services.frontend.address, "--max-tokens", "6", "--logprobs", "2", prompt]
+    result = run_node(node, *args)
+    assert result.returncode == 0, result.stderr
+    with Client(services.frontend.address, timeout=30) as client:
+        want = client.generate(prompt, temperature=0, max_tokens=6, logprobs=2)
+    assert want.logprobs is not None
+    lines = [line.split("\t") for line in result.stderr.splitlines()]
+    assert [int(line[0]) for line in lines] == want.token_ids
+    for line, entry in zip(lines, want.logprobs, strict=True):
+        assert abs(float(line[1]) - entry.logprob) < 1e-3
+        assert json.loads(line[2]) == entry.text and line[3].count('"=') == 2

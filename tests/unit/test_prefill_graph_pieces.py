@@ -6,7 +6,7 @@ import torch
 
 from tests.unit.test_kernels_attention import kernels  # noqa: F401 (interpreter + numpy shim)
 from nanoserve.worker.context import reset_context, set_context
-from nanoserve.worker.engine.model_runner import init_dummy_weights
+from nanoserve.worker.engine.device import init_dummy_weights
 from nanoserve.worker.engine.prefill_graph import PrefillGraphRunner
 from nanoserve.worker.layers.attention import Attention
 from nanoserve.worker.model_config import ModelConfig

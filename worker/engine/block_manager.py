@@ -84,7 +84,8 @@ class BlockManager:
         """Give seq blocks for all its tokens, reusing cached prefix blocks; False, changing
         nothing, when the free blocks do not suffice."""
         assert not seq.block_table
-        matched = self._match_prefix(seq)
+        # prompt logprobs need the logits of every prompt position: computed, not cached (vLLM)
+        matched = [] if seq.needs_prompt_logprobs else self._match_prefix(seq)
         in_use = sum(1 for b in matched if self.blocks[b].ref_count > 0)
         if blocks_for(seq.num_tokens, self.block_size) - in_use > self.num_free_blocks:
             return False

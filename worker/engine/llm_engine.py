@@ -29,6 +29,10 @@ class StepOutput:
     seq: Sequence
     new_token_ids: list[int]
     finished: bool
+    # entries [token_id, logprob, rank, top_ids, top_logprobs] (worker.engine.logprobs), one per
+    # new token / new prompt position; None when the request did not ask
+    logprobs: list[list] | None = None
+    prompt_logprobs: list[list] | None = None
 
 
 class LLMEngine:
@@ -197,9 +201,12 @@ class LLMEngine:
                 if seq.group is None or all(s.is_finished for s in seq.group):
                     self.requests.pop(seq.request_id, None)
                 self.model_runner.release(seq)
-            if new or done:
+            logprobs = prompt_logprobs = None
+            if seq.new_logprobs or seq.new_prompt_logprobs:  # only requests that asked
+                logprobs, prompt_logprobs = seq.take_new_logprobs()
+            if new or done or prompt_logprobs:
                 self.num_generated_tokens += len(new)
-                outputs.append(StepOutput(seq, new, done))
+                outputs.append(StepOutput(seq, new, done, logprobs, prompt_logprobs))
         return outputs
 
     def is_finished(self) -> bool:

@@ -5,7 +5,6 @@ Owns the weights and the KV cache of its rank. Under tensor parallelism rank 0's
 others through worker.engine.tp (every rank forwards the same batch; only rank 0 samples).
 """
 
-import importlib
 import logging
 import math
 import os
@@ -19,6 +18,14 @@ from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.context import get_context, reset_context, set_context
 from nanoserve.worker.distributed import init_symmetric_all_reduce
 from nanoserve.worker.engine.cuda_graph import CudaGraphRunner
+from nanoserve.worker.engine.device import (
+    init_dummy_weights,
+    resolve_attention_backend,
+    resolve_device,
+    resolve_dtype,
+)
+from nanoserve.worker.engine.kv_cache import blocks_that_fit
+from nanoserve.worker.engine.logprobs import StepLogprobs
 from nanoserve.worker.engine.lookahead import Foreseen, foreseen_rows, next_decode_inputs
 from nanoserve.worker.engine.prefill_graph import (
     PrefillGraphRunner,
@@ -26,6 +33,7 @@ from nanoserve.worker.engine.prefill_graph import (
     pad_to_bucket,
     prefill_buckets,
 )
+from nanoserve.worker.engine.prepare import prepare_decode, prepare_prefill
 from nanoserve.worker.engine.sampling_inputs import SamplingInputs
 from nanoserve.worker.engine.sequence import Sequence
 from nanoserve.worker.engine.step_inputs import (
@@ -41,48 +49,6 @@ from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM
 from nanoserve.worker.sampler import SamplingTensors, sample
 
 logger = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device: cuda was asked for but torch sees no CUDA device")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[dtype]
-
-
-def resolve_attention_backend(backend: str, device: torch.device, block_size: int) -> str:
-    if backend == "auto":
-        return "triton" if device.type == "cuda" else "torch"
-    if backend in ("triton", "flash_attn") and device.type != "cuda":
-        raise ValueError(f"attention_backend: {backend} needs device cuda")
-    if backend == "flash_attn":
-        try:
-            importlib.import_module("flash_attn")
-        except ImportError as e:
-            raise ValueError(f"attention_backend: flash_attn does not import ({e})") from None
-        if block_size % 256:
-            raise ValueError("attention_backend: flash_attn needs kvcache_block_size % 256 == 0")
-    return backend
-
-
-@torch.no_grad()
-def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
-    """Random weights of a sane scale (benchmarks without a checkpoint)."""
-    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    for name, param in model.named_parameters():
-        if "norm" in name:
-            param.fill_(1.0)
-        else:
-            param.normal_(0.0, 0.02, generator=gen)
 
 
 class ModelRunner:
@@ -205,7 +171,9 @@ class ModelRunner:
     def allocate_kv_cache(self) -> int:
         num_blocks = self.config.num_kvcache_blocks
         if num_blocks is None:
-            num_blocks = self._blocks_that_fit()
+            num_blocks = blocks_that_fit(
+                self.config, self.device, self.block_bytes, self.model, self.max_model_len
+            )
             if self.world_size > 1:  # every rank must hold the same blocks
                 t = torch.tensor([num_blocks], device=self.device)
                 torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
@@ -234,122 +202,13 @@ class ModelRunner:
         )
         return num_blocks
 
-    def _blocks_that_fit(self) -> int:
-        if self.device.type == "cpu":
-            return max(1, int(self.config.cpu_kvcache_gib * 2**30) // self.block_bytes)
-        # measure the peak of the largest step without a cache, then fill what is left
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        self.warmup()
-        free, total = torch.cuda.mem_get_info()
-        stats = torch.cuda.memory_stats()
-        peak, current = stats["allocated_bytes.all.peak"], stats["allocated_bytes.all.current"]
-        # CUDA graphs take their private pool after the cache exists: keep room for it
-        graph_reserve = 0 if self.config.enforce_eager else 2 * 2**30
-        budget = (
-            total * self.config.gpu_memory_utilization
-            - (total - free)
-            - (peak - current)
-            - graph_reserve
-        )
-        logger.info(
-            "GPU memory: total %.1f GiB, in use %.1f GiB, warm-up peak %.1f GiB over %.1f GiB "
-            "resident -> %.1f GiB for the KV cache",
-            total / 2**30,
-            (total - free) / 2**30,
-            peak / 2**30,
-            current / 2**30,
-            budget / 2**30,
-        )
-        return int(budget) // self.block_bytes
-
-    @torch.inference_mode()
-    def warmup(self) -> None:
-        cfg = self.config
-        num_tokens = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * self.max_model_len)
-        num_seqs = min(cfg.max_num_seqs, num_tokens)
-        lens = [num_tokens // num_seqs] * num_seqs
-        lens[-1] += num_tokens - sum(lens)
-        cu = torch.tensor([0] + list(np.cumsum(lens)), dtype=torch.int32, device=self.device)
-        set_context(
-            is_prefill=True,
-            cu_seqlens_q=cu,
-            cu_seqlens_k=cu,
-            max_seqlen_q=max(lens),
-            max_seqlen_k=max(lens),
-        )
-        input_ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
-        positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
-        hidden = self.model(input_ids, positions)
-        logits = self.model.compute_logits(hidden[cu[1:].long() - 1])
-        t = SamplingTensors(
-            temperatures=torch.ones(num_seqs, device=self.device),
-            top_ks=None,
-            top_ps=torch.full((num_seqs,), 0.9, device=self.device),
-            min_ps=None,
-        )
-        sample(logits, t)
-        reset_context()
-        torch.cuda.synchronize()
-
     # ---- inputs ---------------------------------------------------------------------------------
 
-    def _block_tables(self, seqs: list[Sequence]) -> np.ndarray:
-        width = max(len(seq.block_table) for seq in seqs)
-        table = np.full((len(seqs), width), -1, dtype=np.int64)
-        for i, seq in enumerate(seqs):
-            table[i, : len(seq.block_table)] = seq.block_table
-        return table
-
     def prepare_prefill(self, seqs: list[Sequence]) -> StepInputs:
-        """A step with prompt tokens; a mixed step's decodes come first, as 1-token extends."""
-        bs = self.block_size
-        input_ids, positions, slots, q_lens, k_lens = [], [], [], [], []
-        for seq in seqs:
-            start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_scheduled_tokens
-            input_ids.extend(seq.token_ids[start:end])
-            pos = np.arange(start, end)
-            positions.append(pos)
-            slots.append(np.asarray(seq.block_table)[pos // bs] * bs + pos % bs)
-            q_lens.append(end - start)
-            k_lens.append(end)
-        cu_q = np.concatenate([[0], np.cumsum(q_lens)])
-        # logits only for sequences whose prompt is complete after this step (not for a mid chunk)
-        rows = [cu_q[i + 1] - 1 for i, seq in enumerate(seqs) if seq.samples_this_step]
-        return pad_to_bucket(
-            StepInputs(
-                True,
-                np.asarray(input_ids),
-                np.concatenate(positions),
-                np.concatenate(slots),
-                cu_q,
-                np.asarray(k_lens),
-                self._block_tables(seqs),
-                np.asarray(rows, dtype=np.int64),
-                max(q_lens),
-                max(k_lens),
-            ),
-            self.prefill_buckets,
-        )
+        return prepare_prefill(seqs, self.block_size, self.prefill_buckets)[0]
 
     def prepare_decode(self, seqs: list[Sequence]) -> StepInputs:
-        bs, n = self.block_size, len(seqs)
-        lens = np.fromiter((len(seq.token_ids) for seq in seqs), dtype=np.int64, count=n)
-        last_blocks = np.fromiter(
-            (seq.block_table[(k - 1) // bs] for seq, k in zip(seqs, lens)), dtype=np.int64, count=n
-        )
-        return StepInputs(
-            False,
-            np.fromiter((seq.token_ids[-1] for seq in seqs), np.int64, n),
-            lens - 1,
-            last_blocks * bs + (lens - 1) % bs,
-            np.arange(n + 1),
-            lens,
-            self._block_tables(seqs),
-            np.arange(n),
-            1,
-            int(lens.max()),
-        )
+        return prepare_decode(seqs, self.block_size)
 
     def load_inputs(
         self, x: StepInputs, msg: np.ndarray | None = None
@@ -451,7 +310,11 @@ class ModelRunner:
     ) -> list[int | None]:
         """Forward one batch; returns the sampled id per sequence (None for a non-final chunk).
         lookahead: the caller expects the next step to decode the same sequences (nothing waits)."""
-        x = self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
+        prompt_rows = None
+        if is_prefill:
+            x, prompt_rows = prepare_prefill(seqs, self.block_size, self.prefill_buckets)
+        else:
+            x = prepare_decode(seqs, self.block_size)
         logits = self._take_foreseen(seqs, x)
         if logits is None:
             msg = None
@@ -461,13 +324,22 @@ class ModelRunner:
             logits = self.execute(x, msg)
         if logits is None:
             return [None] * len(seqs)
+        all_logits = logits
+        if prompt_rows is not None:  # some rows are prompt positions (prompt logprobs)
+            logits = logits[torch.from_numpy(prompt_rows.sample_index).to(logits.device)]
         done = [i for i, seq in enumerate(seqs) if seq.samples_this_step]
         t = self.prepare_sample([seqs[i] for i in done])
         ids = sample(logits, t, self.sample_generator)  # (R,) on the device
+        # before the step forwarded ahead replays the graph whose output `logits` may view
+        lp = StepLogprobs.compute(logits, ids, [seqs[i] for i in done], t, all_logits, prompt_rows)
+        if lp is not None:
+            lp.start_copy()
         nxt = None
         if lookahead and self.uses_lookahead and not is_prefill:
             nxt = next_decode_inputs(x, seqs, self.block_size, self.max_model_len)
         token_ids = ids.tolist() if nxt is None else self._forward_ahead(*nxt, seqs, ids)
+        if lp is not None:
+            lp.finish(token_ids)
         out: list[int | None] = [None] * len(seqs)
         for i, token_id in zip(done, token_ids):
             out[i] = token_id

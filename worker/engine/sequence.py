@@ -61,6 +61,11 @@ class Sequence:
         self.first_scheduled_time: float | None = None  # its first prompt chunk was scheduled
         self.first_token_time: float | None = None  # its first completion token was sampled
         self.finished_time: float | None = None
+        # logprobs (worker.engine.logprobs): entries made by the runner, not yet handed out, and
+        # the prompt positions done (1..n: a recompute after preemption does not redo them)
+        self.new_logprobs: list[list] = []
+        self.new_prompt_logprobs: list[list] = []
+        self.num_prompt_logprobs = 0
 
     @property
     def sched_key(self) -> tuple[int, int, int]:
@@ -132,6 +137,24 @@ class Sequence:
         child.num_cached_tokens = self.num_cached_tokens
         child.status = SequenceStatus.RUNNING
         return child
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Asked for prompt logprobs that are not all computed yet: no prefix-cache hits."""
+        return (
+            self.sampling_params.prompt_logprobs is not None
+            and self.num_prompt_logprobs < self.num_prompt_tokens - 1
+        )
+
+    def take_new_logprobs(self) -> tuple[list[list] | None, list[list] | None]:
+        """(output, prompt) logprob entries not yet handed out; None where not asked for."""
+        sp = self.sampling_params
+        out = prompt = None
+        if sp.logprobs is not None:
+            out, self.new_logprobs = self.new_logprobs, []
+        if sp.prompt_logprobs is not None and self.new_prompt_logprobs:
+            prompt, self.new_prompt_logprobs = self.new_prompt_logprobs, []
+        return out, prompt
 
     def take_new_tokens(self) -> list[int]:
         """Completion tokens not yet handed to the caller."""

@@ -30,7 +30,8 @@ import torch.distributed as dist
 
 from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.distributed import close_symmetric_all_reduce, fused_all_reduce_error
-from nanoserve.worker.engine.model_runner import ModelRunner, resolve_device
+from nanoserve.worker.engine.device import resolve_device
+from nanoserve.worker.engine.model_runner import ModelRunner
 from nanoserve.worker.engine.step_inputs import (
     CMD_COPY_BLOCKS,
     CMD_EXIT,
@@ -192,7 +193,7 @@ def rank_main(
                 dist.broadcast(ids, src=0)
             try:
                 runner.execute(x, message, input_ids=ids)
-            except Exception:
+            except Exception:  # noqa: BLE001 - best effort; the step then hangs as before
                 reason = fused_all_reduce_error()
                 if reason is not None:
                     logging.getLogger(__name__).error("rank %d: %s", rank, reason)
@@ -343,7 +344,7 @@ class TensorParallelRunner:
             # NCCL waits for the dead peer forever (gloo raises): abort, so a step in flight fails
             try:
                 dist.distributed_c10d._abort_process_group()
-            except Exception:  # noqa: BLE001 - best effort; the step then hangs as before
+            except Exception:
                 logger.exception("could not abort the NCCL process group")
 
     def close(self) -> None:

@@ -1,0 +1,49 @@
+"""Where a ModelRunner runs: its device, dtype and attention backend resolved from the config's
+"auto" values, and random weights for benchmarks without a checkpoint.
+"""
+
+import importlib
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: cuda was asked for but torch sees no CUDA device")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[dtype]
+
+
+def resolve_attention_backend(backend: str, device: torch.device, block_size: int) -> str:
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if backend in ("triton", "flash_attn") and device.type != "cuda":
+        raise ValueError(f"attention_backend: {backend} needs device cuda")
+    if backend == "flash_attn":
+        try:
+            importlib.import_module("flash_attn")
+        except ImportError as e:
+            raise ValueError(f"attention_backend: flash_attn does not import ({e})") from None
+        if block_size % 256:
+            raise ValueError("attention_backend: flash_attn needs kvcache_block_size % 256 == 0")
+    return backend
+
+
+@torch.no_grad()
+def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
+    """Random weights of a sane scale (benchmarks without a checkpoint)."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if "norm" in name:
+            param.fill_(1.0)
+        else:
+            param.normal_(0.0, 0.02, generator=gen)

@@ -1,0 +1,82 @@
+"""How many KV-cache blocks a ModelRunner allocates: on CUDA, the memory left after the weights
+and the peak of the largest step (measured by running it once without a cache).
+"""
+
+import logging
+import numpy as np
+import torch
+
+from nanoserve.worker.config import EngineConfig
+from nanoserve.worker.context import reset_context, set_context
+from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM
+from nanoserve.worker.sampler import SamplingTensors, sample
+
+logger = logging.getLogger(__name__)
+
+
+def blocks_that_fit(
+    config: EngineConfig,
+    device: torch.device,
+    block_bytes: int,
+    model: Qwen3ForCausalLM,
+    max_model_len: int,
+) -> int:
+    """KV-cache blocks for this runner: cpu_kvcache_gib on CPU; on CUDA what is left of
+    gpu_memory_utilization after the weights and the peak of the largest step."""
+    if device.type == "cpu":
+        return max(1, int(config.cpu_kvcache_gib * 2**30) // block_bytes)
+    # measure the peak of the largest step without a cache, then fill what is left
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    largest_step(config, device, model, max_model_len)
+    free, total = torch.cuda.mem_get_info()
+    stats = torch.cuda.memory_stats()
+    peak, current = stats["allocated_bytes.all.peak"], stats["allocated_bytes.all.current"]
+    # CUDA graphs take their private pool after the cache exists: keep room for it
+    graph_reserve = 0 if config.enforce_eager else 2 * 2**30
+    budget = (
+        total * config.gpu_memory_utilization - (total - free) - (peak - current) - graph_reserve
+    )
+    logger.info(
+        "GPU memory: total %.1f GiB, in use %.1f GiB, warm-up peak %.1f GiB over %.1f GiB "
+        "resident -> %.1f GiB for the KV cache",
+        total / 2**30,
+        (total - free) / 2**30,
+        peak / 2**30,
+        current / 2**30,
+        budget / 2**30,
+    )
+    return int(budget) // block_bytes
+
+
+@torch.inference_mode()
+def largest_step(
+    config: EngineConfig, device: torch.device, model: Qwen3ForCausalLM, max_model_len: int
+) -> None:
+    """Forward and sample the largest step the config allows, without a cache (its peak memory)."""
+    cfg = config
+    num_tokens = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * max_model_len)
+    num_seqs = min(cfg.max_num_seqs, num_tokens)
+    lens = [num_tokens // num_seqs] * num_seqs
+    lens[-1] += num_tokens - sum(lens)
+    cu = torch.tensor([0] + list(np.cumsum(lens)), dtype=torch.int32, device=device)
+    set_context(
+        is_prefill=True,
+        cu_seqlens_q=cu,
+        cu_seqlens_k=cu,
+        max_seqlen_q=max(lens),
+        max_seqlen_k=max(lens),
+    )
+    input_ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
+    positions = torch.cat([torch.arange(n, device=device) for n in lens])
+    hidden = model(input_ids, positions)
+    logits = model.compute_logits(hidden[cu[1:].long() - 1])
+    t = SamplingTensors(
+        temperatures=torch.ones(num_seqs, device=device),
+        top_ks=None,
+        top_ps=torch.full((num_seqs,), 0.9, device=device),
+        min_ps=None,
+    )
+    sample(logits, t)
+    reset_context()
+    torch.cuda.synchronize()

@@ -1,0 +1,162 @@
+"""Logprobs of sampled and prompt tokens, computed on the device from the logits a step already has.
+
+ModelRunner.run asks StepLogprobs.compute after sampling: output rows whose request set `logprobs`
+(raw logits, or the sampler's processed ones) and the extra prompt rows a prefill step computed for
+requests that set `prompt_logprobs` (PromptRows). Each becomes one packed float32 tensor, copied to
+the host with the sampled ids and unpacked into entries [token_id, logprob, rank, top_ids,
+top_logprobs] on the Sequences; LLMEngine hands them out with the ids. A step where no row asks
+costs one pass over the sequences' parameters on the host and nothing on the device.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from nanoserve.worker.engine.sequence import Sequence
+from nanoserve.worker.sampler import SamplingTensors, processed_logits
+
+# prompt rows are reduced this many at a time: a float32 (rows, vocab) log_softmax of a whole
+# 8k-token chunk of Qwen3 would take 5 GiB
+PROMPT_CHUNK_ROWS = 256
+
+Entry = list  # [token_id, logprob, rank, top_ids, top_logprobs]
+
+
+def pack(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> torch.Tensor:
+    """logprobs (R, V) float32, token_ids (R,) -> (R, 2 + 2k) float32 rows of [logprob, rank,
+    k top logprobs, k top ids] (ids and ranks < 2^24 are exact in float32)."""
+    chosen = logprobs.gather(1, token_ids[:, None].long())
+    rank = (logprobs > chosen).sum(dim=1, keepdim=True) + 1  # ties rank with the chosen token
+    top = logprobs.topk(k, dim=1)
+    return torch.cat([chosen, rank.float(), top.values, top.indices.float()], dim=1)
+
+
+def unpack(host: np.ndarray, token_ids: list[int], ks: list[int]) -> list[Entry]:
+    """Rows of pack() (their k = the batch's largest) -> one entry per row, with that row's k."""
+    width = (host.shape[1] - 2) // 2
+    entries = []
+    for row, token_id, k in zip(host.tolist(), token_ids, ks):
+        entries.append(
+            [
+                token_id,
+                row[0],
+                int(row[1]),
+                [int(t) for t in row[2 + width : 2 + width + k]],
+                row[2 : 2 + k],
+            ]
+        )
+    return entries
+
+
+@dataclass(slots=True)
+class PromptRows:
+    """Where a prefill step's prompt-logprob rows are among its logit rows (ModelRunner builds the
+    step with them: worker.engine.prepare)."""
+
+    seqs: list[Sequence]  # the sequences with prompt positions in this step
+    counts: list[int]  # how many positions each has here
+    logit_index: np.ndarray  # (P,) the positions' rows among the step's logit rows
+    targets: np.ndarray  # (P,) the prompt token each position predicts
+    sample_index: np.ndarray  # (S,) the rows of the sequences that sample this step
+
+    @property
+    def k(self) -> int:
+        return max(seq.sampling_params.prompt_logprobs or 0 for seq in self.seqs)
+
+
+class StepLogprobs:
+    """The logprobs one step computes: device tensors, then host entries on the sequences."""
+
+    def __init__(self) -> None:
+        self.out: torch.Tensor | None = None  # packed output rows (on the host once copied)
+        self.out_seqs: list[Sequence] = []
+        self.out_rows: list[int] = []  # their rows among the sampled ids
+        self.prompt: torch.Tensor | None = None
+        self.prompt_rows: PromptRows | None = None
+
+    @classmethod
+    def compute(
+        cls,
+        logits: torch.Tensor,
+        ids: torch.Tensor,
+        seqs: list[Sequence],
+        t: SamplingTensors,
+        prompt_logits: torch.Tensor | None = None,
+        prompt_rows: PromptRows | None = None,
+    ) -> "StepLogprobs | None":
+        """logits (B, V) the sampled rows' (ids (B,)), seqs the B sequences that sampled;
+        prompt_logits (R, V) all the step's logit rows (prompt_rows says which are prompt
+        positions). None when nothing is asked (no device work)."""
+        rows = [i for i, seq in enumerate(seqs) if seq.sampling_params.logprobs is not None]
+        if not rows and prompt_rows is None:
+            return None
+        self = cls()
+        if rows:
+            self.out_rows, self.out_seqs = rows, [seqs[i] for i in rows]
+            self.out = self._output(logits, ids, t)
+        if prompt_rows is not None:
+            assert prompt_logits is not None
+            self.prompt_rows, self.prompt = prompt_rows, _prompt(prompt_logits, prompt_rows)
+        return self
+
+    def _output(self, logits: torch.Tensor, ids: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+        params = [seq.sampling_params for seq in self.out_seqs]
+        processed = [p.logprobs_mode == "processed" for p in params]
+        if any(processed):  # the distribution the sampler drew from, for the whole batch
+            logits = processed_logits(logits, t)
+        if len(self.out_rows) < len(ids):
+            index = torch.tensor(self.out_rows).to(logits.device)
+            logits, ids = logits[index], ids[index]
+        logprobs = logits.float().log_softmax(dim=-1)
+        return pack(logprobs, ids, max(p.logprobs or 0 for p in params))
+
+    def start_copy(self) -> None:
+        """Queue the device->host copies (pinned, no sync): the caller's wait for the sampled ids
+        covers them."""
+        for name in ("out", "prompt"):
+            tensor = getattr(self, name)
+            if tensor is not None and tensor.device.type == "cuda":
+                host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+                setattr(self, name, host.copy_(tensor, non_blocking=True))
+
+    def finish(self, token_ids: list[int]) -> None:
+        """After the step's ids reached the host (token_ids: one per sampled row): the entries
+        go onto the sequences."""
+        if self.out is not None:
+            ks = [seq.sampling_params.logprobs or 0 for seq in self.out_seqs]
+            chosen = [token_ids[i] for i in self.out_rows]
+            for seq, entry in zip(self.out_seqs, unpack(self.out.cpu().numpy(), chosen, ks)):
+                seq.new_logprobs.append(entry)
+        if self.prompt is not None:
+            p = self.prompt_rows
+            assert p is not None
+            ks = [seq.sampling_params.prompt_logprobs or 0 for seq, n in zip(p.seqs, p.counts)]
+            entries = unpack(
+                self.prompt.cpu().numpy(),
+                p.targets.tolist(),
+                [k for k, n in zip(ks, p.counts) for _ in range(n)],
+            )
+            at = 0
+            for seq, n in zip(p.seqs, p.counts):
+                seq.new_prompt_logprobs += entries[at : at + n]
+                seq.num_prompt_logprobs += n
+                at += n
+
+
+def _prompt(logits: torch.Tensor, rows: PromptRows) -> torch.Tensor:
+    """The step's (R, V) logits -> (P, 2 + 2k) packed rows of its prompt positions, gathered and
+    reduced PROMPT_CHUNK_ROWS at a time."""
+    index = torch.from_numpy(rows.logit_index).to(logits.device)
+    targets = torch.from_numpy(rows.targets).to(logits.device)
+    k, n = rows.k, len(rows.targets)
+    return torch.cat(
+        [
+            pack(
+                logits[index[i : i + PROMPT_CHUNK_ROWS]].float().log_softmax(dim=-1),
+                targets[i : i + PROMPT_CHUNK_ROWS],
+                k,
+            )
+            for i in range(0, n, PROMPT_CHUNK_ROWS)
+        ]
+    )

@@ -1,0 +1,113 @@
+"""Builds one step's StepInputs from the scheduled Sequences (ModelRunner.run, then the forward).
+
+A prefill step computes logits for the last token of each sequence that samples, and, for a
+sequence that asked for prompt logprobs, for every prompt position of its chunk not done yet
+(PromptRows says where those rows are).
+"""
+
+import numpy as np
+
+from nanoserve.worker.engine.logprobs import PromptRows
+from nanoserve.worker.engine.prefill_graph import pad_to_bucket
+from nanoserve.worker.engine.sequence import Sequence
+from nanoserve.worker.engine.step_inputs import StepInputs
+
+
+def block_tables(seqs: list[Sequence]) -> np.ndarray:
+    """(B, W) the sequences' block tables, -1 padded."""
+    width = max(len(seq.block_table) for seq in seqs)
+    table = np.full((len(seqs), width), -1, dtype=np.int64)
+    for i, seq in enumerate(seqs):
+        table[i, : len(seq.block_table)] = seq.block_table
+    return table
+
+
+def prepare_prefill(
+    seqs: list[Sequence], block_size: int, buckets: list[int]
+) -> tuple[StepInputs, PromptRows | None]:
+    """A step with prompt tokens; a mixed step's decodes come first, as 1-token extends."""
+    bs = block_size
+    input_ids, positions, slots, q_lens, k_lens = [], [], [], [], []
+    for seq in seqs:
+        start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_scheduled_tokens
+        input_ids.extend(seq.token_ids[start:end])
+        pos = np.arange(start, end)
+        positions.append(pos)
+        slots.append(np.asarray(seq.block_table)[pos // bs] * bs + pos % bs)
+        q_lens.append(end - start)
+        k_lens.append(end)
+    cu_q = np.concatenate([[0], np.cumsum(q_lens)])
+    # logits only for sequences whose prompt is complete after this step (not for a mid chunk)
+    rows = [cu_q[i + 1] - 1 for i, seq in enumerate(seqs) if seq.samples_this_step]
+    prompt = None
+    if any(seq.needs_prompt_logprobs for seq in seqs):
+        rows, prompt = _with_prompt_rows(seqs, cu_q)
+    x = StepInputs(
+        True,
+        np.asarray(input_ids),
+        np.concatenate(positions),
+        np.concatenate(slots),
+        cu_q,
+        np.asarray(k_lens),
+        block_tables(seqs),
+        np.asarray(rows, dtype=np.int64),
+        max(q_lens),
+        max(k_lens),
+    )
+    return pad_to_bucket(x, buckets), prompt
+
+
+def _with_prompt_rows(
+    seqs: list[Sequence], cu_q: np.ndarray
+) -> tuple[list[int], PromptRows | None]:
+    """The step's logit rows (ascending) when some sequence wants prompt logprobs: position p's
+    logits give the logprob of prompt token p + 1, for the tokens after those already done."""
+    rows: list[int] = []
+    prompt_index: list[int] = []
+    sample_index: list[int] = []
+    targets: list[int] = []
+    asking: list[Sequence] = []
+    counts: list[int] = []
+    for i, seq in enumerate(seqs):
+        start = seq.num_computed_tokens
+        end = start + seq.num_scheduled_tokens
+        if seq.needs_prompt_logprobs:
+            lo, hi = max(start, seq.num_prompt_logprobs), min(end, seq.num_prompt_tokens - 1)
+            if lo < hi:
+                prompt_index += range(len(rows), len(rows) + hi - lo)
+                rows += range(cu_q[i] + lo - start, cu_q[i] + hi - start)
+                targets += seq.token_ids[lo + 1 : hi + 1]
+                asking.append(seq)
+                counts.append(hi - lo)
+        if seq.samples_this_step:
+            sample_index.append(len(rows))
+            rows.append(cu_q[i + 1] - 1)
+    if not asking:  # a chunk whose positions are all done (a recompute after preemption)
+        return rows, None
+    return rows, PromptRows(
+        asking,
+        counts,
+        np.asarray(prompt_index, dtype=np.int64),
+        np.asarray(targets, dtype=np.int64),
+        np.asarray(sample_index, dtype=np.int64),
+    )
+
+
+def prepare_decode(seqs: list[Sequence], block_size: int) -> StepInputs:
+    bs, n = block_size, len(seqs)
+    lens = np.fromiter((len(seq.token_ids) for seq in seqs), dtype=np.int64, count=n)
+    last_blocks = np.fromiter(
+        (seq.block_table[(k - 1) // bs] for seq, k in zip(seqs, lens)), dtype=np.int64, count=n
+    )
+    return StepInputs(
+        False,
+        np.fromiter((seq.token_ids[-1] for seq in seqs), np.int64, n),
+        lens - 1,
+        last_blocks * bs + (lens - 1) % bs,
+        np.arange(n + 1),
+        lens,
+        block_tables(seqs),
+        np.arange(n),
+        1,
+        int(lens.max()),
+    )
