@@ -15,7 +15,8 @@ from nanoserve.frontend.metrics import FrontendMetrics
 from nanoserve.frontend.request_log import RequestLog, RequestRecord
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
-from nanoserve.worker.metrics import WorkerLoad, worker_registry
+from nanoserve.worker.async_engine import Finish
+from nanoserve.worker.metrics import EngineHistograms, WorkerLoad, worker_registry
 
 
 def ended_request(num_chunks: int) -> RequestRecord:
@@ -66,6 +67,8 @@ def main(argv: list[str] | None = None) -> None:
         metrics.observe(record)
     load = WorkerLoad(8, 2, 300, 512, 10_000, 4_000, 3, 9_000, 50_000, 600)
     worker = worker_registry("bench", lambda: load)
+    histograms = EngineHistograms("bench", worker)
+    finish = Finish("length", 100, 128, 0, None, 0.01, 0.05, 1.5)
     res = dict(
         bench="metrics_cost",
         record_add_per_chunk_us=round(per_call_us(lambda: fresh.add(chunk), args.requests), 3),
@@ -76,6 +79,13 @@ def main(argv: list[str] | None = None) -> None:
         log_json_per_request_us=round(per_call_us(lambda: json_log(record), args.requests), 2),
         frontend_scrape_ms=round(
             per_call_us(lambda: generate_latest(metrics.registry), 200) / 1e3, 3
+        ),
+        # the worker's event loop, as each engine step's frame arrives and as a request finishes
+        engine_step_observe_us=round(
+            per_call_us(lambda: histograms.observe_step(256, 256, 0.012), args.requests), 2
+        ),
+        engine_finish_observe_us=round(
+            per_call_us(lambda: histograms.observe_finish(finish), args.requests), 2
         ),
         worker_scrape_ms=round(per_call_us(lambda: generate_latest(worker), 200) / 1e3, 3),
     )

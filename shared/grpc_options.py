@@ -6,6 +6,8 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 # Clients ping an idle connection every 30 s and drop it after 10 s without an answer.
 CLIENT_KEEPALIVE_TIME_MS = 30_000
 CLIENT_KEEPALIVE_TIMEOUT_MS = 10_000
+# calls gRPC core may hold before the server loop takes them (its default: drops from 1,000)
+MAX_PENDING_CALLS = 65_536
 
 
 def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
@@ -23,6 +25,12 @@ def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[t
         # Detect dead clients (a killed frontend) so their streams are cancelled and freed.
         ("grpc.keepalive_time_ms", 60_000),
         ("grpc.keepalive_timeout_ms", 20_000),
+        # A burst of calls waits in gRPC core until the asyncio server loop picks each one up;
+        # past 1,000 waiting, core's random early drop ends some with a bare CANCELLED the client
+        # never asked for (issue 15's 1,800-call burst). Let them all reach the handlers, whose
+        # admission answers RESOURCE_EXHAUSTED ("retry later") in a few microseconds each.
+        ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+        ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
     ]
 
 

@@ -3,6 +3,8 @@
 the workload implies; every ended request leaves one log line with its id and terminal status.
 """
 
+import asyncio
+import collections
 import json
 import socket
 import time
@@ -10,6 +12,7 @@ import urllib.request
 from collections.abc import Iterator
 
 import grpc
+import grpc.aio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -190,3 +193,44 @@ def test_one_log_line_per_terminal_state(observed) -> None:
 def worker_lines(pair: Pair, request_id: str) -> list[str]:
     """The worker's `request 'ID#n' CODE: why` lines for the frontend's request id ID."""
     return [line for line in pair.worker.lines if f"request '{request_id}#" in line]
+
+
+def test_a_burst_of_calls_on_one_channel_ends_ok_or_refused(observed) -> None:
+    """1,800 Generate calls opened at once on one grpc.aio channel (issue 15): each ends OK or
+    RESOURCE_EXHAUSTED from admission (max_concurrent_requests 1024), none CANCELLED by gRPC
+    core's drop of calls waiting past 1,000 for the server loop, and each leaves its log line."""
+    pair = observed[0]
+
+    async def burst() -> collections.Counter:
+        codes: collections.Counter = collections.Counter()
+        async with grpc.aio.insecure_channel(pair.frontend.address) as channel:
+            stub = frontend_grpc.FrontendServiceStub(channel)
+
+            async def one(i: int) -> None:
+                request = frontend_pb2.GenerateRequest(
+                    prompt=f"burst {i}",
+                    request_id=f"burst-{i}",
+                    sampling_params=common_pb2.SamplingParams(max_tokens=1 + i % 2),
+                )
+                try:
+                    async for _ in stub.Generate(request, timeout=120):
+                        pass
+                    codes["OK"] += 1
+                except grpc.aio.AioRpcError as e:
+                    codes[e.code().name] += 1
+
+            await asyncio.gather(*(one(i) for i in range(1800)))
+        return codes
+
+    codes = asyncio.run(burst())
+    assert sum(codes.values()) == 1800
+    assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}, codes
+    assert codes["OK"] >= 1024, codes  # the first 1024 are admitted, later ones as slots free
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        lines = request_lines(pair)
+        if all(f"burst-{i}" in lines for i in range(1800)):
+            break
+        time.sleep(0.2)
+    logged = collections.Counter(lines[f"burst-{i}"][0]["code"] for i in range(1800))
+    assert logged == codes
