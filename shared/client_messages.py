@@ -1,6 +1,7 @@
 """The Python client's messages: FrontendService requests built from plain arguments, and the
 results (Chunk, Completion, ModelInfo) read from its responses. nanoserve.client sends them."""
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -65,7 +66,34 @@ def sampling_params(**kwargs: Any) -> common_pb2.SamplingParams:
         raise TypeError(f"unknown sampling parameters: {sorted(unknown)}")
     if isinstance(kwargs.get("stop"), str):
         kwargs["stop"] = [kwargs["stop"]]
+    if isinstance(kwargs.get("structured_output"), Mapping):
+        kwargs["structured_output"] = structured_output(**kwargs["structured_output"])
     return common_pb2.SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
+
+
+def structured_output(
+    json_schema: Mapping[str, Any] | bool | str | None = None,
+    regex: str | None = None,
+    grammar: str | None = None,
+    json_object: bool = False,
+) -> common_pb2.StructuredOutput:
+    """What the output must match, exactly one of: a JSON Schema (a dict, or its JSON text), a
+    regex, an EBNF grammar (GBNF dialect, rule `root`), or any JSON object. Passed to the calls
+    as `structured_output={"json_schema": {...}}` (this dict's keywords) or this message."""
+    given = {
+        name: value
+        for name, value in (("json_schema", json_schema), ("regex", regex), ("grammar", grammar))
+        if value is not None
+    }
+    if len(given) + bool(json_object) != 1:
+        raise ValueError(
+            "structured_output: give exactly one of json_schema, regex, grammar, json_object"
+        )
+    if json_object:
+        return common_pb2.StructuredOutput(json_object=True)
+    if "json_schema" in given and not isinstance(json_schema, str):
+        given["json_schema"] = json.dumps(json_schema)
+    return common_pb2.StructuredOutput(**given)
 
 
 def generate_request(

@@ -19,7 +19,7 @@ from nanoserve.worker.stats_log import Load, StatsLogger
 logger = logging.getLogger(__name__)
 
 # frames engine core -> server: [kind, ...]
-READY, STEP, LOAD, REFUSED, ERROR = "ready", "step", "load", "refused", "error"
+READY, STEP, LOAD, REFUSED, INVALID, ERROR = "ready", "step", "load", "refused", "invalid", "error"
 
 
 def encode(frame: list) -> bytes:
@@ -106,9 +106,13 @@ class EngineCore:
                 continue
             self.stats.begin(self.load)  # a load report only when a window opens
             outputs = engine.step()
+            for o in outputs:
+                if o.seq.error is not None:  # a grammar that does not compile: INVALID_ARGUMENT
+                    self.send([INVALID, o.seq.request_id, o.seq.error])
             out = [
                 [o.seq.request_id, o.new_token_ids, _finish(o.seq) if o.finished else None]
                 for o in outputs
+                if o.seq.error is None
             ]
             load = self.load()
             self.send([STEP, load, out])

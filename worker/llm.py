@@ -58,6 +58,8 @@ class LLM(LLMEngine):
             raise ValueError("sampling_params: need one per prompt, or a single one")
         for prompt, sp in zip(prompts, sampling_params):  # validate all before running any
             self.validate(prompt, sp)
+            if sp.structured_output is not None:  # compiled now (ValueError), cached for the run
+                self.grammars.check(sp.structured_output)
         seqs = [self.add_request(p, sp) for p, sp in zip(prompts, sampling_params)]
         with tqdm(total=len(seqs), desc="Generating", disable=not use_tqdm) as bar:
             while not self.is_finished():

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from nanoserve.sampling_rules import RULES, violations
+from nanoserve.structured_output import check as check_structured_output
 
 # vLLM's defaults of the fields that a model's generation_config.json may override
 FALLBACKS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
@@ -30,6 +31,9 @@ class SamplingParams:
     repetition_penalty: float | None = None  # None: the model's default, else 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # (kind, text): the output must match a JSON Schema, a regex, an EBNF grammar or be any JSON
+    # object (kinds: nanoserve.structured_output.KINDS; text "" for json_object); None: free text
+    structured_output: tuple[str, str] | None = None
     # the fields of FALLBACKS that were not given (they hold the fallback value)
     unset: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
 
@@ -40,6 +44,12 @@ class SamplingParams:
         if any(t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative, got {self.stop_token_ids!r}")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if self.structured_output is not None:
+            kind, spec = self.structured_output  # a list after a msgpack frame
+            problem = check_structured_output(kind, spec)
+            if problem is not None:
+                raise ValueError(f"{problem[0]}: {problem[1]}")
+            object.__setattr__(self, "structured_output", (kind, spec))
         unset = frozenset(name for name in FALLBACKS if getattr(self, name) is None)
         for name in unset:
             object.__setattr__(self, name, FALLBACKS[name])
@@ -54,6 +64,8 @@ class SamplingParams:
             if f.init
         }
         out["stop_token_ids"] = list(self.stop_token_ids)
+        if self.structured_output is not None:
+            out["structured_output"] = list(self.structured_output)
         return out
 
     def with_defaults(self, defaults: Mapping[str, float]) -> "SamplingParams":

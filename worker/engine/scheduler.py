@@ -130,6 +130,9 @@ class Scheduler:
             assert token_id is not None  # ModelRunner.run samples every row that reached its end
             seq.append_token(token_id)
             reason = self._stop_reason(seq, token_id)
+            # structured output: the matcher takes every token; a terminated grammar ends it
+            if reason is None and seq.grammar is not None and seq.grammar.accept(token_id):
+                reason = FinishReason.STOP
             if reason is not None:
                 self._end(seq, reason)
                 num_finished += 1

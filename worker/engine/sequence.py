@@ -5,8 +5,12 @@ Created by LLMEngine.add_request, moved between queues by the Scheduler, read by
 
 from enum import Enum, auto
 from itertools import count
+from typing import TYPE_CHECKING
 
 from nanoserve.worker.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from nanoserve.worker.engine.structured_output import Grammar
 
 
 class SequenceStatus(Enum):
@@ -43,6 +47,10 @@ class Sequence:
         self.finish_reason: FinishReason | None = None
         self.stop_token_id: int | None = None
         self.num_emitted = 0  # completion tokens already handed to the caller
+        # structured output: the matcher once compiled (worker.engine.structured_output); the
+        # reason the request was refused after admission (its grammar does not compile)
+        self.grammar: "Grammar | None" = None
+        self.error: str | None = None
 
     @property
     def num_tokens(self) -> int:
