@@ -80,20 +80,19 @@ def structured_output(
     """What the output must match, exactly one of: a JSON Schema (a dict, or its JSON text), a
     regex, an EBNF grammar (GBNF dialect, rule `root`), or any JSON object. Passed to the calls
     as `structured_output={"json_schema": {...}}` (this dict's keywords) or this message."""
-    given = {
-        name: value
-        for name, value in (("json_schema", json_schema), ("regex", regex), ("grammar", grammar))
-        if value is not None
-    }
-    if len(given) + bool(json_object) != 1:
+    given = [v is not None for v in (json_schema, regex, grammar)]
+    if sum(given) + bool(json_object) != 1:
         raise ValueError(
             "structured_output: give exactly one of json_schema, regex, grammar, json_object"
         )
     if json_object:
         return common_pb2.StructuredOutput(json_object=True)
-    if "json_schema" in given and not isinstance(json_schema, str):
-        given["json_schema"] = json.dumps(json_schema)
-    return common_pb2.StructuredOutput(**given)
+    if regex is not None:
+        return common_pb2.StructuredOutput(regex=regex)
+    if grammar is not None:
+        return common_pb2.StructuredOutput(grammar=grammar)
+    schema = json_schema if isinstance(json_schema, str) else json.dumps(json_schema)
+    return common_pb2.StructuredOutput(json_schema=schema)
 
 
 def generate_request(
