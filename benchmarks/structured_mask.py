@@ -3,14 +3,14 @@
 is walked by random allowed tokens (restarted when it terminates); the time of one mask fill per
 step is reported (median, p90, max) with the compile time. CPU only: the engines run on the host.
 
-    python -m nanoserve.benchmarks.structured_mask [--model DIR] [--steps 300]
+    nanoserve make-tiny-model /tmp/tiny   # the real Qwen3 tokenizer.json and vocabulary size
+    python -m nanoserve.benchmarks.structured_mask --model /tmp/tiny [--steps 300]
 """
 
 import argparse
 import json
 import random
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -127,16 +127,11 @@ def llguidance_walker(tokenizer_json: str, vocab_size: int, eos: list[int], rng:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", help="model dir with tokenizer.json (default: the tiny model's)")
+    ap.add_argument("--model", required=True, help="model dir with tokenizer.json, config.json")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--engines", default="xgrammar,llguidance")
     args = ap.parse_args(argv)
-    if args.model:
-        model_dir = Path(args.model)
-    else:
-        from nanoserve.tiny.model import make_tiny_model
-
-        model_dir = make_tiny_model(tempfile.mkdtemp(prefix="structured-mask-"))
+    model_dir = Path(args.model)
     tokenizer_json = (model_dir / "tokenizer.json").read_text()
     config = json.loads((model_dir / "config.json").read_text())
     vocab_size = config["vocab_size"]

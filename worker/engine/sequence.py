@@ -5,12 +5,17 @@ Created by LLMEngine.add_request, moved between queues by the Scheduler, read by
 
 from enum import Enum, auto
 from itertools import count
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from nanoserve.worker.sampling_params import SamplingParams
 
-if TYPE_CHECKING:
-    from nanoserve.worker.engine.structured_output import Grammar
+
+class TokenGrammar(Protocol):
+    """A sequence's structured-output matcher (worker.engine.structured_output.Grammar)."""
+
+    def accept(self, token_id: int) -> bool: ...  # True: the output is complete
+
+    def fill(self, bitmask: Any, row: int) -> None: ...  # the allowed next tokens into a row
 
 
 class SequenceStatus(Enum):
@@ -49,7 +54,7 @@ class Sequence:
         self.num_emitted = 0  # completion tokens already handed to the caller
         # structured output: the matcher once compiled (worker.engine.structured_output); the
         # reason the request was refused after admission (its grammar does not compile)
-        self.grammar: "Grammar | None" = None
+        self.grammar: TokenGrammar | None = None
         self.error: str | None = None
 
     @property

@@ -48,6 +48,10 @@ class Grammar:
             return True
         return self.matcher.is_terminated()
 
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        """Row `row` of a (G, ceil(V/32)) int32 bitmask: the tokens allowed next."""
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
 
 class Grammars:
     """Compiles constraints on one thread (xgrammar, imported there on first use) and holds the
@@ -172,5 +176,5 @@ def grammar_bitmask(seqs: list[Sequence], vocab_size: int) -> tuple[list[int], t
     for g, i in enumerate(rows):
         grammar = seqs[i].grammar
         assert grammar is not None
-        grammar.matcher.fill_next_token_bitmask(bitmask, g)
+        grammar.fill(bitmask, g)
     return rows, bitmask
