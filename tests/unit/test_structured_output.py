@@ -184,3 +184,40 @@ def test_unconstrained_batches_have_no_mask(llm):
 
     seqs = [Sequence([1, 2], SamplingParams(temperature=1.0)) for _ in range(3)]
     assert llm.model_runner.sampling.prepare(seqs).allowed is None
+
+
+def test_a_compiling_grammar_holds_up_no_other_request(llm, decode):
+    """A sequence waits for its compile off the engine loop; the others step meanwhile; an abort
+    while it compiles ends it at once."""
+    import threading
+
+    grammars = llm.grammars
+    release = threading.Event()
+    compile_now = grammars._compile
+
+    def slow_compile(kind: str, spec: str):
+        release.wait(60)
+        return compile_now(kind, spec)
+
+    grammars._compile = slow_compile  # the pool calls the instance's attribute
+    try:
+        slow = llm.add_request(
+            [5, 6, 7], SamplingParams(max_tokens=8, structured_output=("regex", "[0-9]{2}"))
+        )
+        aborted = llm.add_request(
+            [5, 6, 8], SamplingParams(max_tokens=8, structured_output=("regex", "[a-z]{2}"))
+        )
+        free = llm.add_request([1, 2, 3], SamplingParams(temperature=0, max_tokens=3))
+        while not free.is_finished:
+            llm.step()
+        assert slow.num_completion_tokens == 0 and not slow.is_finished
+        assert llm.abort(aborted.request_id) and aborted.finish_reason is not None
+        release.set()
+        while not llm.is_finished():
+            llm.step()
+        assert slow.finish_reason.value == "stop"
+        assert re.fullmatch("[0-9]{2}", decode(slow.completion_token_ids))
+        assert aborted.num_completion_tokens == 0
+    finally:
+        release.set()
+        del grammars._compile
