@@ -5,6 +5,7 @@ step is reported (median, p90, max) with the compile time. CPU only: the engines
 
     nanoserve make-tiny-model /tmp/tiny   # the real Qwen3 tokenizer.json and vocabulary size
     python -m nanoserve.benchmarks.structured_mask --model /tmp/tiny [--steps 300]
+        [--apply-rows 256 --device cuda]   # also: the sampler's bitmask apply on the device
 """
 
 import argparse
@@ -130,6 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", required=True, help="model dir with tokenizer.json, config.json")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--engines", default="xgrammar,llguidance")
+    ap.add_argument("--apply-rows", type=int, default=0, help="time apply_token_bitmask too")
+    ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
     model_dir = Path(args.model)
     tokenizer_json = (model_dir / "tokenizer.json").read_text()
@@ -153,6 +156,31 @@ def main(argv: list[str] | None = None) -> None:
                 f"{engine:<11} {kind:<12} {1e3 * compile_s:10.1f} {1e6 * p50:8.0f} "
                 f"{1e6 * p90:8.0f} {1e6 * times[-1]:8.0f}"
             )
+
+    if args.apply_rows:
+        print(apply_time(args.apply_rows, vocab_size, args.device))
+
+
+def apply_time(rows: int, vocab_size: int, device: str) -> str:
+    """The sampler's mask step (worker.sampler.apply_token_bitmask) on `rows` rows of logits."""
+    import torch
+
+    from nanoserve.worker.sampler import apply_token_bitmask
+
+    dev = torch.device(device)
+    logits = torch.randn(rows, vocab_size, device=dev)
+    words = (vocab_size + 31) // 32
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (rows, words), dtype=torch.int32, device=dev)
+    for _ in range(3):
+        apply_token_bitmask(logits, None, bitmask)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    t0, n = time.perf_counter(), 20
+    for _ in range(n):
+        apply_token_bitmask(logits, None, bitmask)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    return f"apply_token_bitmask {rows} rows on {device}: {1e6 * (time.perf_counter() - t0) / n:.0f} us"
 
 
 if __name__ == "__main__":
