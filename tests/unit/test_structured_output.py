@@ -211,6 +211,9 @@ def test_a_compiling_grammar_holds_up_no_other_request(llm, decode):
         while not free.is_finished:
             llm.step()
         assert slow.num_completion_tokens == 0 and not slow.is_finished
+        from nanoserve.worker.stats_log import Load
+
+        assert Load.of(llm).num_waiting == 2  # both compiling: reported as waiting
         assert llm.abort(aborted.request_id) and aborted.finish_reason is not None
         release.set()
         while not llm.is_finished():

@@ -149,6 +149,11 @@ class LLMEngine:
             self._grammars = Grammars(self.config.model, mc.vocab_size, self.eos_token_ids)
         return self._grammars
 
+    @property
+    def num_compiling(self) -> int:
+        """Requests waiting for their grammar's compile (not yet in the scheduler)."""
+        return len(self._grammars.waiting) if self._grammars is not None else 0
+
     def _admit_compiled(self) -> list[StepOutput]:
         """Schedule the sequences whose grammar compiled; end (with seq.error) those whose
         grammar does not compile."""
