@@ -11,6 +11,8 @@ from typing import Any
 from nanoserve.errors import InvalidArgument, echo
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.sampling_rules import RULES, violations
+from nanoserve.structured_output import check as check_structured_output
+from nanoserve.structured_output import from_proto as structured_output_from_proto
 
 INT64_MAX = 2**63 - 1
 LOGPROBS_MODES = frozenset(common_pb2.LogprobsMode.values())
@@ -48,6 +50,13 @@ def validate_sampling_params(
         raise InvalidArgument(
             f"unknown value {params.logprobs_mode}", field=f"{prefix}.logprobs_mode"
         )
+    # structured output: bounded and well-formed here; compiled by the worker (its grammar engine
+    # needs torch), which answers INVALID_ARGUMENT naming the field for one that does not compile
+    constraint = structured_output_from_proto(params.structured_output)
+    if constraint is not None:
+        problem = check_structured_output(*constraint)
+        if problem is not None:
+            raise InvalidArgument(problem[1], field=problem[0])
     if len(params.stop) > limits.max_stop_strings:
         raise InvalidArgument(
             f"at most {limits.max_stop_strings} stop strings, got {len(params.stop)}",

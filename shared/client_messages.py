@@ -131,7 +131,33 @@ def sampling_params(**kwargs: Any) -> common_pb2.SamplingParams:
         kwargs["logprobs_mode"] = common_pb2.LogprobsMode.Value(
             f"LOGPROBS_MODE_{kwargs['logprobs_mode'].upper()}"
         )
+    if isinstance(kwargs.get("structured_output"), Mapping):
+        kwargs["structured_output"] = structured_output(**kwargs["structured_output"])
     return common_pb2.SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
+
+
+def structured_output(
+    json_schema: Mapping[str, Any] | bool | str | None = None,
+    regex: str | None = None,
+    grammar: str | None = None,
+    json_object: bool = False,
+) -> common_pb2.StructuredOutput:
+    """What the output must match, exactly one of: a JSON Schema (a dict, or its JSON text), a
+    regex, an EBNF grammar (GBNF dialect, rule `root`), or any JSON object. Passed to the calls
+    as `structured_output={"json_schema": {...}}` (this dict's keywords) or this message."""
+    given = [v is not None for v in (json_schema, regex, grammar)]
+    if sum(given) + bool(json_object) != 1:
+        raise ValueError(
+            "structured_output: give exactly one of json_schema, regex, grammar, json_object"
+        )
+    if json_object:
+        return common_pb2.StructuredOutput(json_object=True)
+    if regex is not None:
+        return common_pb2.StructuredOutput(regex=regex)
+    if grammar is not None:
+        return common_pb2.StructuredOutput(grammar=grammar)
+    schema = json_schema if isinstance(json_schema, str) else json.dumps(json_schema)
+    return common_pb2.StructuredOutput(json_schema=schema)
 
 
 def generate_request(

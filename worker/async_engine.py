@@ -31,6 +31,11 @@ class RequestAborted(RuntimeError):
     """The request was ended by WorkerService.Abort or refused by the engine."""
 
 
+class RequestInvalid(ValueError):
+    """The engine found a field invalid after admission (a grammar that does not compile); the
+    message names the field."""
+
+
 @dataclass(slots=True)
 class EngineLimits:
     """What requests are validated against: the core process reports them once its model loaded."""
@@ -348,6 +353,12 @@ class AsyncEngine:
         if stream is not None:
             self._forget(stream)
             self._end(stream, RequestAborted(f"refused by the engine: {reason}"))
+
+    def _on_invalid(self, engine_id: int, reason: str) -> None:
+        stream = self.streams.get(engine_id)
+        if stream is not None:
+            self._forget(stream)
+            self._end(stream, RequestInvalid(reason))
 
     def _on_error(self, message: str) -> None:
         self.fail(EngineDead(message))

@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 # frames engine core -> server: [kind, ...]; a STEP frame's outputs are [engine id, new ids, finish
 # or None, completion index] with, for requests that asked for logprobs, [..., logprob entries,
 # prompt entries]
-READY, STEP, LOAD, REFUSED, ERROR = "ready", "step", "load", "refused", "error"
+READY, STEP, LOAD, REFUSED, INVALID, ERROR = "ready", "step", "load", "refused", "invalid", "error"
 
 
 def encode(frame: list) -> bytes:
@@ -120,6 +120,9 @@ class EngineCore:
             started = time.perf_counter()
             outputs = engine.step()
             step_s = time.perf_counter() - started
+            for o in outputs:
+                if o.seq.error is not None:  # a grammar that does not compile: INVALID_ARGUMENT
+                    self.send([INVALID, o.seq.request_id, o.seq.error])
             out = [
                 [
                     o.seq.request_id,
@@ -137,6 +140,7 @@ class EngineCore:
                     o.prompt_logprobs,
                 ]
                 for o in outputs
+                if o.seq.error is None
             ]
             load = self.load()
             self.send([STEP, load, out, step_s])

@@ -80,6 +80,8 @@ class LLM(LLMEngine):
             raise ValueError("priority: need one per prompt")
         for prompt, sp in zip(prompts, sampling_params):  # validate all before running any
             self.validate(prompt, sp)
+            if sp.structured_output is not None:  # compiled now (ValueError), cached for the run
+                self.grammars.check(sp.structured_output)
         seqs = [
             self.add_request(p, sp, priority=pr)
             for p, sp, pr in zip(prompts, sampling_params, priority)

@@ -2,9 +2,10 @@
 status a stream ends with when its request did not finish. Used by GenerateTokens and Session.
 """
 
-from nanoserve.errors import Aborted, ServiceError, Unavailable
+from nanoserve.errors import Aborted, InvalidArgument, ServiceError, Unavailable
 from nanoserve.proto.v1 import common_pb2
-from nanoserve.worker.async_engine import Finish, RequestAborted
+from nanoserve.structured_output import from_proto as structured_output_from_proto
+from nanoserve.worker.async_engine import Finish, RequestAborted, RequestInvalid
 from nanoserve.worker.engine.sequence import FinishReason
 from nanoserve.worker.sampling_params import SamplingParams
 
@@ -51,6 +52,8 @@ def stream_error(error: Exception) -> ServiceError:
     """The status that ends a stream whose request was aborted, refused, or whose engine died."""
     if isinstance(error, RequestAborted):
         return Aborted(str(error))
+    if isinstance(error, RequestInvalid):
+        return InvalidArgument(str(error))
     return Unavailable(f"the engine failed: {error}")
 
 
@@ -82,4 +85,6 @@ def sampling_params_from_proto(
         raise ValueError(f"logprobs_mode: unknown value {p.logprobs_mode}")
     kw["logprobs_mode"] = _LOGPROBS_MODES[p.logprobs_mode]
     kw.setdefault("max_tokens", max(1, max_model_len - prompt_len))  # unset: fill the context
+    if p.HasField("structured_output"):
+        kw["structured_output"] = structured_output_from_proto(p.structured_output)
     return SamplingParams(stop_token_ids=tuple(p.stop_token_ids), **kw)

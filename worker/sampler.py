@@ -29,6 +29,10 @@ class SamplingTensors:
     # min_tokens: (rows, token ids) of the eos / stop ids that rows still under min_tokens may not
     # sample (vLLM); None when no row is under its min_tokens
     banned: tuple[torch.Tensor, torch.Tensor] | None = None
+    # structured output: (rows (G,) int64 or None for all rows, bitmask (G, ceil(V/32)) int32) of
+    # the rows with a grammar, bit t set = token t allowed (worker.engine.structured_output); None
+    # when no row has one
+    allowed: tuple[torch.Tensor | None, torch.Tensor] | None = None
     all_greedy: bool = False
 
 
@@ -97,6 +101,33 @@ def processed_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     return torch.where((temperatures == 0)[:, None], logits, scaled)
 
 
+def apply_token_bitmask(
+    logits: torch.Tensor, rows: torch.Tensor | None, bitmask: torch.Tensor
+) -> torch.Tensor:
+    """-inf where a row's bitmask clears a token (out of place). logits (B, V); rows (G,) the rows
+    the bitmask's (G, ceil(V/32)) int32 words are for (None: all B, in order); bit t = token t."""
+    g = bitmask.shape[0]
+    table = _bits_of_byte(bitmask.device)
+    # one byte lookup per 8 tokens: little-endian words, so byte k holds tokens 8k..8k+7
+    allowed = table[bitmask.view(torch.uint8).long()].reshape(g, -1)[:, : logits.shape[1]]
+    if rows is None:
+        return logits.masked_fill(~allowed, float("-inf"))
+    masked = logits[rows].masked_fill(~allowed, float("-inf"))
+    return logits.index_copy(0, rows, masked)
+
+
+_BYTE_BITS: dict[torch.device, torch.Tensor] = {}
+
+
+def _bits_of_byte(device: torch.device) -> torch.Tensor:
+    """(256, 8) bool: bit j of byte value b."""
+    table = _BYTE_BITS.get(device)
+    if table is None:
+        b = torch.arange(256, device=device)[:, None]
+        table = _BYTE_BITS[device] = ((b >> torch.arange(8, device=device)) & 1).bool()
+    return table
+
+
 def sample(
     logits: torch.Tensor, t: SamplingTensors, generator: torch.Generator | None = None
 ) -> torch.Tensor:
@@ -106,6 +137,8 @@ def sample(
         logits = apply_penalties(logits, t)
     if t.banned is not None:  # out of place: the logits may be a view of a CUDA graph's output
         logits = logits.index_put(t.banned, torch.tensor(float("-inf"), device=logits.device))
+    if t.allowed is not None:
+        logits = apply_token_bitmask(logits, *t.allowed)
     greedy = logits.argmax(dim=-1)
     if t.all_greedy:
         return greedy

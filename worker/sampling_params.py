@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from nanoserve.sampling_rules import RULES, violations
+from nanoserve.structured_output import check as check_structured_output
 
 LOGPROBS_MODES = ("raw", "processed")
 # vLLM's defaults of the fields that a model's generation_config.json may override
@@ -36,6 +37,9 @@ class SamplingParams:
     logprobs: int | None = None  # top alternatives per output token; None: no logprobs
     prompt_logprobs: int | None = None  # the same for the prompt tokens
     logprobs_mode: str = "raw"  # "raw" (log_softmax of the logits) or "processed" (as sampled)
+    # (kind, text): the output must match a JSON Schema, a regex, an EBNF grammar or be any JSON
+    # object (kinds: nanoserve.structured_output.KINDS; text "" for json_object); None: free text
+    structured_output: tuple[str, str] | None = None
     # the fields of FALLBACKS that were not given (they hold the fallback value)
     unset: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
 
@@ -50,6 +54,12 @@ class SamplingParams:
                 f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}"
             )
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if self.structured_output is not None:
+            kind, spec = self.structured_output  # a list after a msgpack frame
+            problem = check_structured_output(kind, spec)
+            if problem is not None:
+                raise ValueError(f"{problem[0]}: {problem[1]}")
+            object.__setattr__(self, "structured_output", (kind, spec))
         unset = frozenset(name for name in FALLBACKS if getattr(self, name) is None)
         for name in unset:
             object.__setattr__(self, name, FALLBACKS[name])
@@ -64,6 +74,8 @@ class SamplingParams:
             if f.init
         }
         out["stop_token_ids"] = list(self.stop_token_ids)
+        if self.structured_output is not None:
+            out["structured_output"] = list(self.structured_output)
         return out
 
     def with_defaults(self, defaults: Mapping[str, float]) -> "SamplingParams":

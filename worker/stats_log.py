@@ -36,7 +36,7 @@ class Load(NamedTuple):
             num_prompt_tokens=engine.num_prompt_tokens_done,
             num_generated_tokens=engine.num_generated_tokens,
             num_running=len(s.running),
-            num_waiting=len(s.waiting),
+            num_waiting=len(s.waiting) + engine.num_compiling,  # grammars compiling: waiting too
             num_free_blocks=bm.num_free_blocks,
             num_total_blocks=bm.num_blocks,
             prefix_cache_hit_rate=bm.prefix_cache_hit_rate,

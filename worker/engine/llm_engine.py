@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING
 from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.engine.block_manager import BlockManager
 from nanoserve.worker.engine.scheduler import Scheduler
-from nanoserve.worker.engine.sequence import Sequence
+from nanoserve.worker.engine.sequence import FinishReason, Sequence, SequenceStatus
 from nanoserve.worker.model_config import ModelConfig
 from nanoserve.worker.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # imported where chosen: a single-GPU engine needs no tensor-parallel machinery
     from nanoserve.worker.engine.model_runner import ModelRunner
+    from nanoserve.worker.engine.structured_output import Grammars
     from nanoserve.worker.engine.tp import TensorParallelRunner
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class LLMEngine:
             self.block_manager,
         )
         self.requests: dict[str, Sequence] = {}
+        self._grammars: "Grammars | None" = None  # made by the first structured-output request
         self.num_prompt_tokens_done = 0
         self.num_generated_tokens = 0
 
@@ -155,23 +157,65 @@ class LLMEngine:
         if seq.request_id in self.requests:
             raise ValueError(f"request_id: {seq.request_id!r} is already running")
         self.requests[seq.request_id] = seq
-        self.scheduler.add(seq)
+        if sampling_params.structured_output is not None:
+            self.grammars.submit(seq)  # scheduled once its grammar is compiled (step)
+        else:
+            self.scheduler.add(seq)
         return seq
+
+    @property
+    def grammars(self) -> "Grammars":
+        """Structured output's compiler and the sequences waiting for it (made on first use:
+        xgrammar is imported only by an engine that serves a constrained request)."""
+        if self._grammars is None:
+            from nanoserve.worker.engine.structured_output import Grammars
+
+            mc = self.model_config
+            self._grammars = Grammars(self.config.model, mc.vocab_size, self.eos_token_ids)
+        return self._grammars
+
+    @property
+    def num_compiling(self) -> int:
+        """Requests waiting for their grammar's compile (not yet in the scheduler)."""
+        return len(self._grammars.waiting) if self._grammars is not None else 0
+
+    def _admit_compiled(self) -> list[StepOutput]:
+        """Schedule the sequences whose grammar compiled; end (with seq.error) those whose
+        grammar does not compile."""
+        if self._grammars is None or not self._grammars.waiting:
+            return []
+        ready, failed = self._grammars.take_ready()
+        for seq in ready:
+            self.scheduler.add(seq)
+        for seq, error in failed:
+            seq.status, seq.finish_reason, seq.error = (
+                SequenceStatus.FINISHED,
+                FinishReason.ABORT,
+                error,
+            )
+            self.requests.pop(seq.request_id, None)
+        return [StepOutput(seq, [], True) for seq, _ in failed]
 
     def abort(self, request_id: str) -> bool:
         seq = self.requests.pop(request_id, None)
         if seq is None:
             return False
         for s in seq.group or (seq,):  # all n completions
+            if self._grammars is not None and self._grammars.abort(s):  # still compiling
+                s.status, s.finish_reason = SequenceStatus.FINISHED, FinishReason.ABORT
+                continue
             self.scheduler.abort(s)
             self.model_runner.release(s)
         return True
 
     def step(self) -> list[StepOutput]:
+        refused = self._admit_compiled()
         seqs, is_prefill = self.scheduler.schedule()
         copies = self.block_manager.take_copies()
         if not seqs:
-            return []
+            if not refused and self._grammars is not None and self._grammars.waiting:
+                self._grammars.wait(0.005)  # only compiles left: do not spin
+            return refused
         # the next step predictably decodes the same sequences again (no admission is possible):
         # the runner may forward it ahead (worker.engine.lookahead) into slots reserved now
         lookahead = (
@@ -193,7 +237,7 @@ class LLMEngine:
                 if s.num_computed_tokens < s.num_prompt_tokens or s.num_scheduled_tokens > 1
             )
         self.scheduler.postprocess(seqs, token_ids)
-        outputs = []
+        outputs = refused
         for seq in seqs:
             new = seq.take_new_tokens()
             done = seq.is_finished
@@ -210,7 +254,9 @@ class LLMEngine:
         return outputs
 
     def is_finished(self) -> bool:
-        return self.scheduler.is_finished()
+        return self.scheduler.is_finished() and not (self._grammars and self._grammars.waiting)
 
     def shutdown(self) -> None:
+        if self._grammars is not None:
+            self._grammars.close()
         self.model_runner.close()

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from nanoserve.worker.engine.sequence import Sequence
+from nanoserve.worker.engine.structured_output import grammar_bitmask
 from nanoserve.worker.sampler import SamplingTensors
 
 
@@ -31,6 +32,12 @@ class SamplingInputs:
             self._penalty_tensors(seqs, t)
         if any(p.min_tokens for p in params):
             self._banned_tokens(seqs, t)
+        if any(p.structured_output for p in params):
+            mask = grammar_bitmask(seqs, self.vocab_size)
+            if mask is not None:
+                every = len(mask[0]) == len(seqs)
+                rows = None if every else torch.tensor(mask[0]).to(self.device)
+                t.allowed = (rows, mask[1].to(self.device, non_blocking=True))
         if t.all_greedy:  # argmax only: no per-row tensors to copy
             return t
         vocab = self.vocab_size
@@ -82,7 +89,8 @@ class SamplingInputs:
         ids: list[int] = []
         for i, seq in enumerate(seqs):
             sp = seq.sampling_params
-            if seq.num_completion_tokens >= sp.min_tokens:
+            # a grammar decides where the output ends: it allows the eos only then
+            if seq.num_completion_tokens >= sp.min_tokens or seq.grammar is not None:
                 continue
             banned = set(sp.stop_token_ids)
             if not sp.ignore_eos:

@@ -209,6 +209,9 @@ class Scheduler:
             if seq.group is not None and len(seq.group) < seq.sampling_params.n:
                 forks += self._fork(seq)  # before seq may end: the forks keep its blocks
             reason = self._stop_reason(seq, token_id)
+            # structured output: the matcher takes every token; a terminated grammar ends it
+            if reason is None and seq.grammar is not None and seq.grammar.accept(token_id):
+                reason = FinishReason.STOP
             if reason is not None:
                 seq.finished_time = now
                 self._end(seq, reason)

@@ -6,14 +6,24 @@ Created by LLMEngine.add_request, moved between queues by the Scheduler, read by
 import time
 from enum import Enum, auto
 from itertools import count
+from typing import Any, Protocol
 
 from nanoserve.worker.sampling_params import SamplingParams
 
 
+class TokenGrammar(Protocol):
+    """A sequence's structured-output matcher (worker.engine.structured_output.Grammar)."""
+
+    def accept(self, token_id: int) -> bool: ...  # True: the output is complete
+
+    def fill(self, bitmask: Any, row: int) -> None: ...  # the allowed next tokens into a row
+
+    def fresh(self) -> "TokenGrammar": ...  # the same grammar at its start (a fork's)
+
+
 class SequenceStatus(Enum):
-    WAITING = (
-        auto()
-    )  # not prefilled yet (or preempted); may hold blocks while a chunked prefill runs
+    # not prefilled yet (or preempted); may hold blocks while a chunked prefill runs
+    WAITING = auto()
     RUNNING = auto()  # prefilled, decoding
     FINISHED = auto()
 
@@ -77,6 +87,10 @@ class Sequence:
     def num_seats(self) -> int:
         """Batch slots this sequence takes once running: a parent not forked yet brings n."""
         return 1 if self.group is None else self.sampling_params.n - len(self.group) + 1
+        # structured output: the matcher once compiled (worker.engine.structured_output); the
+        # reason the request was refused after admission (its grammar does not compile)
+        self.grammar: TokenGrammar | None = None
+        self.error: str | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -132,6 +146,7 @@ class Sequence:
             self.first_scheduled_time,
         )
         child.group = self.group
+        child.grammar = self.grammar.fresh() if self.grammar is not None else None
         self.group.append(child)
         child.num_computed_tokens = self.num_prompt_tokens - 1
         child.num_cached_tokens = self.num_cached_tokens

@@ -1,0 +1,44 @@
+"""A request's structured-output constraint as plain values, and the checks that need no grammar
+engine (size bound, one kind, a JSON Schema that parses). The frontend runs them on the proto
+(frontend/validation.py), the worker's SamplingParams again; the worker then compiles it
+(worker/engine/structured_output.py), and a text that does not compile is INVALID_ARGUMENT too.
+"""
+
+import json
+
+from nanoserve.proto.v1 import common_pb2
+
+KINDS = ("json_schema", "regex", "grammar", "json_object")
+# the longest schema / regex / grammar text accepted: compile time and memory grow with it
+MAX_GRAMMAR_CHARS = 64 * 1024
+FIELD = "sampling_params.structured_output"
+
+
+def from_proto(p: common_pb2.StructuredOutput) -> tuple[str, str] | None:
+    """(kind, text) of the oneof that is set ("" for json_object); None when none is set or
+    json_object is false."""
+    kind = p.WhichOneof("kind")
+    if kind is None or (kind == "json_object" and not p.json_object):
+        return None
+    return kind, "" if kind == "json_object" else getattr(p, kind)
+
+
+def check(kind: str, spec: str, max_chars: int = MAX_GRAMMAR_CHARS) -> tuple[str, str] | None:
+    """(field, what is wrong) for a constraint that can never compile, else None."""
+    if kind not in KINDS:
+        return FIELD, f"unknown kind {kind!r} (one of {', '.join(KINDS)})"
+    field = f"{FIELD}.{kind}"
+    if kind == "json_object":
+        return None
+    if not spec:
+        return field, "must not be empty"
+    if len(spec) > max_chars:
+        return field, f"longer than {max_chars} characters ({len(spec)})"
+    if kind == "json_schema":
+        try:
+            schema = json.loads(spec)
+        except (ValueError, RecursionError) as e:
+            return field, f"not JSON: {e}"
+        if not isinstance(schema, (dict, bool)):
+            return field, "a JSON Schema is an object (or true / false)"
+    return None
