@@ -76,6 +76,10 @@ class Sequence:
         self.new_logprobs: list[list] = []
         self.new_prompt_logprobs: list[list] = []
         self.num_prompt_logprobs = 0
+        # structured output: the matcher once compiled (worker.engine.structured_output); the
+        # reason the request was refused after admission (its grammar does not compile)
+        self.grammar: TokenGrammar | None = None
+        self.error: str | None = None
 
     @property
     def sched_key(self) -> tuple[int, int, int]:
@@ -87,10 +91,6 @@ class Sequence:
     def num_seats(self) -> int:
         """Batch slots this sequence takes once running: a parent not forked yet brings n."""
         return 1 if self.group is None else self.sampling_params.n - len(self.group) + 1
-        # structured output: the matcher once compiled (worker.engine.structured_output); the
-        # reason the request was refused after admission (its grammar does not compile)
-        self.grammar: TokenGrammar | None = None
-        self.error: str | None = None
 
     @property
     def num_tokens(self) -> int:
