@@ -41,7 +41,7 @@ def run_python(code: str) -> str:
 
 
 def test_readme_has_the_examples_this_test_runs() -> None:
-    assert len(blocks("python")) == 3
+    assert len(blocks("python")) == 4
     assert "nanoserve generate --address 127.0.0.1:50051" in README.replace("\n", " ")
 
 
@@ -51,6 +51,14 @@ def test_client_example(services) -> None:
     code += "\nassert reply.text and reply.finish_reason in ('stop', 'length'), reply\nprint()\n"
     out = run_python(code)
     assert out.strip(), "the streamed reply printed nothing"
+
+
+def test_logprobs_example(services) -> None:
+    (code,) = [b for b in blocks("python") if ".logprobs" in b and "Client(" not in b]
+    client = f"from nanoserve import Client\nclient = Client({services.frontend.address!r})\n"
+    out = run_python(client + code)
+    lines = out.splitlines()
+    assert 1 <= len(lines) <= 8 and all(line.startswith("'") for line in lines), out
 
 
 def test_offline_example(tiny_model_dir: Path) -> None:
