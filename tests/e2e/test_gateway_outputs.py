@@ -5,12 +5,13 @@ the gRPC client's answers to the same requests."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 
 from nanoserve import Client
 from tests.e2e.conftest import Pair
-from tests.e2e.test_gateway import gateway, model, sdk  # noqa: F401 - the module's fixtures
+from tests.e2e.test_gateway import base_url, start_gateway
 
 openai = pytest.importorskip("openai", reason="pip install openai (the dev extra)")
 jsonschema = pytest.importorskip("jsonschema")
@@ -39,6 +40,18 @@ SCHEMA = {
     "required": ["name", "age"],
     "additionalProperties": False,
 }
+
+
+@pytest.fixture(scope="module")
+def sdk(services: Pair) -> Iterator[openai.OpenAI]:
+    gateway = start_gateway(services.frontend.address)
+    yield openai.OpenAI(base_url=base_url(gateway) + "/v1", api_key="unused", max_retries=0)
+    assert gateway.stop() == 0, gateway.output()
+
+
+@pytest.fixture(scope="module")
+def model(sdk: openai.OpenAI) -> str:
+    return sdk.models.list().data[0].id
 
 
 def test_n_with_a_seed_gives_n_choices_stable_on_rerun(sdk: openai.OpenAI, model: str) -> None:
