@@ -118,7 +118,8 @@ class Gateway:
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         client = self.client.with_token(caller_token(request))
         prompt, mapped = map_completion(body)
-        reply = Reply(await _until_disconnect(request, self.check_model(client, body.model)), False)
+        name = await _until_disconnect(request, self.check_model(client, body.model))
+        reply = Reply(name, False, logprobs=mapped.logprobs)
         return await self._answer(
             request, reply, mapped, lambda: client.generate_stream(prompt, **mapped.kwargs())
         )
@@ -126,7 +127,8 @@ class Gateway:
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
         client = self.client.with_token(caller_token(request))
         messages, mapped = map_chat(body)
-        reply = Reply(await _until_disconnect(request, self.check_model(client, body.model)), True)
+        name = await _until_disconnect(request, self.check_model(client, body.model))
+        reply = Reply(name, True, logprobs=mapped.logprobs)
         return await self._answer(
             request, reply, mapped, lambda: client.chat_stream(messages, **mapped.kwargs())
         )

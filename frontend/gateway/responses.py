@@ -51,12 +51,14 @@ def tool_calls_body(calls: Sequence[ToolCall], first: int | None = None) -> list
 @dataclass
 class Reply:
     """What every body of one request shares: its id, creation time and model; `chat` picks the
-    chat.completion shapes over the text_completion ones."""
+    chat.completion shapes over the text_completion ones; `logprobs`: the request asked for them
+    (a choice without tokens then gets empty logprobs, not null)."""
 
     model: str
     chat: bool
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    logprobs: bool = False
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -67,9 +69,12 @@ class Reply:
 
     def _choice(self, index: int, completion: Completion) -> dict:
         choice: dict = {"index": index, "finish_reason": completion.finish_reason}
+        entries = completion.logprobs
+        if entries is None and self.logprobs:
+            entries = []
         if not self.chat:
             choice["text"] = completion.text
-            choice["logprobs"] = completion_logprobs(completion.logprobs)
+            choice["logprobs"] = completion_logprobs(entries)
             if completion.prompt_logprobs is not None:
                 choice["prompt_logprobs"] = prompt_logprobs(completion.prompt_logprobs, True)
             return choice
@@ -80,7 +85,7 @@ class Reply:
             message["tool_calls"] = tool_calls_body(completion.tool_calls)
             message["content"] = completion.text or None
         choice["message"] = message
-        choice["logprobs"] = chat_logprobs(completion.logprobs)
+        choice["logprobs"] = chat_logprobs(entries)
         return choice
 
     def whole(self, completion: Completion) -> dict:

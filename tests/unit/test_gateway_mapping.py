@@ -166,6 +166,13 @@ def test_chat_refuses_forced_tools_images_and_both_max_tokens() -> None:
         {"frobnicate": 1},
         {"chat_template_kwargs": {"unknown": True}},
         {"messages": []},
+        {"top_logprobs": 21},
+        {"n": -1},
+        {"priority": 2**31},
+        {"tools": [{"type": "retrieval", "function": {"name": "f"}}]},
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
+        {"response_format": {"type": "xml"}},
+        {"messages": [{"role": "assistant", "tool_calls": [{"id": "1", "function": {}}]}]},
     ],
 )
 def test_pydantic_refuses_out_of_range_and_unknown_fields(fields: dict) -> None:

@@ -201,6 +201,14 @@ def test_the_whole_chat_reply_carries_tool_calls_reasoning_and_logprobs() -> Non
     assert message["content"] == "Let me check." and message["reasoning_content"] == "Think more"
     assert message["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"a": 1}'}
     assert "index" not in message["tool_calls"][0]
+    assert (
+        Reply("m", chat=True).whole(join_chunks([to_chunk(responses[-1])]))["choices"][0][
+            "logprobs"
+        ]
+        is None
+    )
+    asked = Reply("m", chat=True, logprobs=True).whole(join_chunks([to_chunk(responses[-1])]))
+    assert asked["choices"][0]["logprobs"] == {"content": []}
     (entry,) = choice["logprobs"]["content"]
     assert entry["token"] == "Let" and entry["logprob"] == -0.5 and entry["bytes"] == [76, 101, 116]
     assert [t["token"] for t in entry["top_logprobs"]] == ["Let", "So"]
