@@ -1,6 +1,7 @@
 """The gateway's HTTP routes (FastAPI): each OpenAI request is checked (protocol.py), mapped onto a
 FrontendService call (params.py) made through one shared nanoserve.AsyncClient with the caller's
-own bearer token, and its chunks are answered whole or as server-sent events (responses.py).
+own bearer token, and its chunks are answered whole (responses.py) or as server-sent events
+(stream.py).
 """
 
 import asyncio
@@ -19,7 +20,8 @@ from nanoserve.errors import ServiceError
 from nanoserve.frontend.gateway.errors import OpenAIError, from_service_error
 from nanoserve.frontend.gateway.params import Mapped, map_chat, map_completion
 from nanoserve.frontend.gateway.protocol import ChatCompletionRequest, CompletionRequest
-from nanoserve.frontend.gateway.responses import DONE, Reply, sse
+from nanoserve.frontend.gateway.responses import Reply
+from nanoserve.frontend.gateway.stream import StreamShaper, events
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -116,22 +118,19 @@ class Gateway:
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         client = self.client.with_token(caller_token(request))
         prompt, mapped = map_completion(body)
-        reply = Reply(await _until_disconnect(request, self.check_model(client, body.model)), False)
+        name = await _until_disconnect(request, self.check_model(client, body.model))
+        reply = Reply(name, False, logprobs=mapped.logprobs)
         return await self._answer(
-            request, reply, mapped, lambda: client.generate_stream(prompt, **mapped.sampling)
+            request, reply, mapped, lambda: client.generate_stream(prompt, **mapped.kwargs())
         )
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
         client = self.client.with_token(caller_token(request))
-        messages, enable_thinking, mapped = map_chat(body)
-        reply = Reply(await _until_disconnect(request, self.check_model(client, body.model)), True)
+        messages, mapped = map_chat(body)
+        name = await _until_disconnect(request, self.check_model(client, body.model))
+        reply = Reply(name, True, logprobs=mapped.logprobs)
         return await self._answer(
-            request,
-            reply,
-            mapped,
-            lambda: client.chat_stream(
-                messages, enable_thinking=enable_thinking, **mapped.sampling
-            ),
+            request, reply, mapped, lambda: client.chat_stream(messages, **mapped.kwargs())
         )
 
     async def _answer(
@@ -154,8 +153,9 @@ class Gateway:
         except OpenAIError:
             await chunks.aclose()  # type: ignore[attr-defined]
             raise
+        shaper = StreamShaper(reply, mapped.n, mapped.include_usage)
         return StreamingResponse(
-            _events(reply, mapped, first, chunks),
+            events(shaper, first, chunks, mapped.param_names),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -163,38 +163,6 @@ class Gateway:
 
 async def _collect(chunks: AsyncIterator[Chunk]) -> list[Chunk]:
     return [chunk async for chunk in chunks]
-
-
-async def _events(
-    reply: Reply, mapped: Mapped, first: Chunk, chunks: AsyncIterator[Chunk]
-) -> AsyncIterator[bytes]:
-    """The stream's events: (chat) the role, the text deltas, the finish reason, (include_usage)
-    the usage, then [DONE]. A failure mid-stream becomes an error event (the SDK raises it).
-    Cancelled (the caller hung up): closing `chunks` cancels the gRPC call."""
-    usage_nulls = mapped.include_usage
-    last = first
-    try:
-        if reply.chat:
-            yield reply.chunk(None, include_usage=usage_nulls)
-        chunk = first
-        while True:
-            if chunk.text or chunk.finish_reason is not None:
-                yield reply.chunk(chunk.text, chunk.finish_reason, usage_nulls)
-            last = chunk
-            if chunk.finish_reason is not None:
-                break
-            chunk = await anext(chunks)
-        if mapped.include_usage and last.usage is not None:
-            yield reply.usage_chunk(last.usage)
-    except StopAsyncIteration:
-        yield sse(
-            OpenAIError(500, "the stream ended without a finish reason", "internal_error").body()
-        )
-    except ServiceError as e:
-        yield sse(from_service_error(e, mapped.param_names).body())
-    finally:
-        await chunks.aclose()  # type: ignore[attr-defined]
-    yield DONE
 
 
 def _error_response(error: OpenAIError) -> JSONResponse:

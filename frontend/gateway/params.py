@@ -1,14 +1,15 @@
 """OpenAI request -> gRPC request, table-driven: SAMPLING maps each parameter the gRPC API serves to
-its SamplingParams field; NOT_YET lists those it does not serve yet, with the values that change
-nothing (n=1, logprobs=false, ...), any other value a 400 naming the parameter. A parameter the gRPC
-API gains (n, logprobs, response_format, tools) moves from NOT_YET to SAMPLING: one line each.
+its SamplingParams field; NOT_YET lists those it does not serve, with the values that change nothing
+(best_of=1, echo=false, ...), any other value a 400 naming the parameter. logprobs, response_format
+and the vLLM structured-output extras have their own rules (output_params.py); tools and messages too.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from nanoserve.frontend.gateway.errors import bad_param
+from nanoserve.frontend.gateway.output_params import map_logprobs, map_structured_output
 from nanoserve.frontend.gateway.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -34,40 +35,44 @@ SAMPLING: dict[str, str] = {
     "skip_special_tokens": "skip_special_tokens",
     "include_stop_str_in_output": "include_stop_str_in_output",
     "stop_token_ids": "stop_token_ids",
+    "n": "n",
+    "prompt_logprobs": "prompt_logprobs",
+    "logprobs_mode": "logprobs_mode",
 }
 # Value conversions on the way (OpenAI allows `stop` as one string).
 CONVERT: dict[str, Callable[[Any], Any]] = {
     "stop": lambda v: [v] if isinstance(v, str) else list(v),
 }
-# Not in the gRPC API yet -> is this value a no-op (served as if absent)?
+# Not in the gRPC API -> is this value a no-op (served as if absent)?
 NOT_YET: dict[str, Callable[[Any], bool]] = {
-    "n": lambda v: v == 1,
     "best_of": lambda v: v == 1,
-    "logprobs": lambda v: v is False,
-    "top_logprobs": lambda v: v == 0,
-    "prompt_logprobs": lambda v: False,
     "echo": lambda v: v is False,
     "suffix": lambda v: v == "",
     "logit_bias": lambda v: v == {},
-    "response_format": lambda v: isinstance(v, Mapping) and v.get("type") == "text",
-    "tools": lambda v: v == [],
-    "tool_choice": lambda v: v == "none",
-    "parallel_tool_calls": lambda v: isinstance(v, bool),
     "functions": lambda v: v == [],
     "function_call": lambda v: v == "none",
 }
+# tool_choice values the gRPC API serves ("required" and a named function it cannot force).
+TOOL_CHOICES = ("auto", "none")
 ROLES = {"developer": "system"}  # OpenAI's newer name of the system role
 
 
 @dataclass
 class Mapped:
-    """A request in the gRPC API's terms: client method keyword arguments, plus, for errors, the
-    OpenAI name of each gRPC field the caller set (`sampling_params.max_tokens` -> `max_tokens`)."""
+    """A request in the gRPC API's terms: client method keyword arguments (`sampling`, then the
+    call's own: priority, tools, ...), plus, for errors, the OpenAI name of each gRPC field the
+    caller set (`sampling_params.max_tokens` -> `max_tokens`)."""
 
     sampling: dict[str, Any] = field(default_factory=dict)
+    call: dict[str, Any] = field(default_factory=dict)
     param_names: dict[str, str] = field(default_factory=dict)
     stream: bool = False
     include_usage: bool = False
+    n: int = 1
+    logprobs: bool = False  # the reply carries choices[].logprobs
+
+    def kwargs(self) -> dict[str, Any]:
+        return {**self.sampling, **self.call}
 
 
 def _map_common(request: OpenAIRequest) -> Mapped:
@@ -83,6 +88,7 @@ def _map_common(request: OpenAIRequest) -> Mapped:
     mapped = Mapped(
         stream=bool(request.stream),
         include_usage=bool(options is not None and options.include_usage),
+        n=request.n if request.n is not None else 1,
     )
     for name, target in SAMPLING.items():
         if name not in given:
@@ -91,6 +97,15 @@ def _map_common(request: OpenAIRequest) -> Mapped:
             raise bad_param(name, f"give one of the parameters that set {target}, not both")
         mapped.sampling[target] = CONVERT.get(name, lambda v: v)(given[name])
         mapped.param_names[f"sampling_params.{target}"] = name
+    structured = map_structured_output(request)
+    if structured is not None:
+        name, spec = structured
+        mapped.sampling["structured_output"] = spec
+        for kind in ("", ".json_schema", ".regex", ".grammar", ".json_object"):
+            mapped.param_names[f"sampling_params.structured_output{kind}"] = name
+    if request.priority is not None:
+        mapped.call["priority"] = request.priority
+        mapped.param_names["priority"] = "priority"
     return mapped
 
 
@@ -111,12 +126,17 @@ def map_completion(request: CompletionRequest) -> tuple[str | list[int], Mapped]
     if isinstance(prompt, list) and not prompt:
         raise bad_param("prompt", "must not be empty")
     mapped.param_names.update({"prompt": "prompt", "prompt_token_ids": "prompt"})
+    if request.logprobs is not None:
+        mapped.sampling["logprobs"], mapped.logprobs = request.logprobs, True
+        mapped.param_names["sampling_params.logprobs"] = "logprobs"
     return prompt, mapped
 
 
 def _content(message: ChatMessage, i: int) -> str:
-    """A message's text: the string, or its text parts joined."""
+    """A message's text: the string, or its text parts joined (none: an assistant's tool calls)."""
     if message.content is None:
+        if message.role == "assistant" and message.tool_calls:
+            return ""
         raise bad_param(f"messages[{i}].content", "is required")
     if isinstance(message.content, str):
         return message.content
@@ -128,15 +148,54 @@ def _content(message: ChatMessage, i: int) -> str:
     return "".join(texts)
 
 
-def map_chat(request: ChatCompletionRequest) -> tuple[list[tuple[str, str]], bool | None, Mapped]:
-    """The messages as (role, content), enable_thinking, and the rest of a chat request."""
+def _message(message: ChatMessage, i: int) -> dict[str, Any]:
+    """One message as the client's dict (OpenAI's shape; the frontend checks roles and fields)."""
+    extra = sorted(message.model_extra or {})
+    if extra:
+        raise bad_param(f"messages[{i}].{extra[0]}", "is not supported by this server")
+    out: dict[str, Any] = {
+        "role": ROLES.get(message.role, message.role),
+        "content": _content(message, i),
+    }
+    for name in ("name", "tool_call_id", "reasoning_content"):
+        if getattr(message, name) is not None:
+            out[name] = getattr(message, name)
+    if message.tool_calls:
+        out["tool_calls"] = [call.model_dump() for call in message.tool_calls]
+    return out
+
+
+def _map_tools(request: ChatCompletionRequest, mapped: Mapped) -> None:
+    """tools, tool_choice and parallel_tool_calls onto the Chat call's arguments."""
+    choice = request.tool_choice
+    if choice is not None and choice not in TOOL_CHOICES:
+        raise bad_param(
+            "tool_choice",
+            f"only {' or '.join(map(repr, TOOL_CHOICES))} is supported: the model cannot be "
+            "forced to call a tool",
+        )
+    if request.parallel_tool_calls is False:
+        raise bad_param("parallel_tool_calls", "false is not supported: the model may call several")
+    if request.tools:
+        mapped.call["tools"] = [tool.model_dump(exclude_none=True) for tool in request.tools]
+        mapped.param_names["tools"] = "tools"
+    if choice is not None:
+        mapped.call["tool_choice"] = choice
+        mapped.param_names["tool_choice"] = "tool_choice"
+
+
+def map_chat(request: ChatCompletionRequest) -> tuple[list[dict[str, Any]], Mapped]:
+    """The messages as the client's dicts, and the rest of a chat request (enable_thinking,
+    separate_reasoning, tools and priority in Mapped.call)."""
     mapped = _map_common(request)
-    messages = []
-    for i, message in enumerate(request.messages):
-        extra = sorted(message.model_extra or {})
-        if extra:
-            raise bad_param(f"messages[{i}].{extra[0]}", "is not supported by this server yet")
-        messages.append((ROLES.get(message.role, message.role), _content(message, i)))
+    messages = [_message(message, i) for i, message in enumerate(request.messages)]
     mapped.param_names["messages"] = "messages"
+    map_logprobs(request, mapped.sampling, mapped.param_names)
+    mapped.logprobs = "logprobs" in mapped.sampling
+    _map_tools(request, mapped)
     kwargs = request.chat_template_kwargs
-    return messages, (kwargs.enable_thinking if kwargs is not None else None), mapped
+    if kwargs is not None and kwargs.enable_thinking is not None:
+        mapped.call["enable_thinking"] = kwargs.enable_thinking
+    if request.separate_reasoning is not None:
+        mapped.call["separate_reasoning"] = request.separate_reasoning
+    return messages, mapped

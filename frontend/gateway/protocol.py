@@ -2,7 +2,8 @@
 request (types, ranges of the wire types, list lengths); params.py maps them onto the gRPC API.
 
 Unknown fields are refused (400 naming them), as OpenAI does. Fields the gRPC API cannot serve yet
-(n, logprobs, tools, ...) are declared loosely here so that params.py can name them in its 400.
+(best_of, echo, logit_bias, ...) are declared loosely here so that params.py can name them in its 400.
+Lists are bounded here; the frontend checks the tighter limits (tools, names, schema sizes).
 """
 
 from typing import Annotated, Any, Literal
@@ -29,6 +30,20 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool | None = None  # vLLM's; only False is served
 
 
+class JSONSchemaFormat(_Strict):
+    name: Name
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    description: Text | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's response_format: text, any JSON object, or JSON valid against a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
 class OpenAIRequest(_Strict):
     """Fields both endpoints share: the model, streaming and the sampling parameters."""
 
@@ -51,24 +66,29 @@ class OpenAIRequest(_Strict):
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
     stop_token_ids: Annotated[list[UInt32], Field(max_length=4096)] | None = None
+    n: UInt32 | None = None
+    prompt_logprobs: Int32 | None = None  # vLLM's
+    logprobs_mode: Literal["raw", "processed"] | None = None  # vLLM's (a server flag there)
+    response_format: ResponseFormat | None = None
+    # vLLM's structured-output extras (one of them, or response_format)
+    guided_json: dict[str, Any] | Text | None = None
+    guided_regex: Text | None = None
+    guided_grammar: Text | None = None
+    priority: Int32 | None = None  # vLLM's: lower is served first
     # accepted, no effect on the reply
     user: Name | None = None
     metadata: dict[Name, Annotated[str, Field(max_length=512)]] | None = None
     store: bool | None = None
     service_tier: Name | None = None
     # not served by the gRPC API yet (params.NOT_YET says which values are no-ops)
-    n: Any = None
-    logprobs: Any = None
-    top_logprobs: Any = None
     logit_bias: Any = None
-    response_format: Any = None
-    prompt_logprobs: Any = None
 
 
 class CompletionRequest(OpenAIRequest):
     """POST /v1/completions. `prompt`: text, token ids, or a one-element list of either."""
 
     prompt: Text | Annotated[list[UInt32], Field(max_length=MAX_LIST)] | list[Any]
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None  # legacy: top alternatives
     best_of: Any = None
     echo: Any = None
     suffix: Any = None
@@ -79,15 +99,43 @@ class TextPart(_Strict):
     text: Text
 
 
+class FunctionCall(_Strict):
+    name: Name
+    arguments: Text  # a JSON object as a string
+
+
+class ToolCall(_Strict):
+    """An assistant message's tool call, as a reply gave it."""
+
+    id: Name
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
-    """One message; `content` is text or a list of text parts. Other part types and the tool
-    fields are refused by params.py, naming them."""
+    """One message; `content` is text or a list of text parts. Other part types and unknown fields
+    are refused by params.py, naming them."""
 
     model_config = ConfigDict(extra="allow")
 
     role: Annotated[str, Field(max_length=32)]
     content: Text | Annotated[list[dict[str, Any]], Field(max_length=4096)] | None = None
     name: Name | None = None
+    tool_calls: Annotated[list[ToolCall], Field(max_length=1024)] | None = None
+    tool_call_id: Name | None = None
+    reasoning_content: Text | None = None
+
+
+class FunctionSpec(_Strict):
+    name: Name
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema object
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionSpec
 
 
 class ChatTemplateKwargs(_Strict):
@@ -100,8 +148,11 @@ class ChatCompletionRequest(OpenAIRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=65536)]
     max_completion_tokens: Int32 | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None
-    tools: Any = None
-    tool_choice: Any = None
-    parallel_tool_calls: Any = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    tools: Annotated[list[Tool], Field(max_length=1024)] | None = None
+    tool_choice: Any = None  # "auto" / "none" served; params.py names the rest in its 400
+    parallel_tool_calls: bool | None = None
+    separate_reasoning: bool | None = None  # reasoning_content apart from content (see README)
     functions: Any = None
     function_call: Any = None

@@ -1,13 +1,21 @@
 """The OpenAI response bodies the gateway sends, built from the client's Chunk/Completion: whole
-replies, server-sent-event chunks of a stream (`data: {...}` ... `data: [DONE]`) and usage.
+replies (a choice per completion, n), server-sent events (`data: {...}` ... `data: [DONE]`; their
+choices are built by stream.py) and usage.
 """
 
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from nanoserve.client_messages import Completion, Usage
+from nanoserve.client_messages import Completion, ToolCall, Usage
+from nanoserve.frontend.gateway.logprobs_body import (
+    chat_logprobs,
+    completion_logprobs,
+    prompt_logprobs,
+)
 
 DONE = b"data: [DONE]\n\n"
 
@@ -26,15 +34,31 @@ def sse(body: dict) -> bytes:
     return b"data: " + json.dumps(body, ensure_ascii=False).encode("utf-8") + b"\n\n"
 
 
+def tool_calls_body(calls: Sequence[ToolCall], first: int | None = None) -> list[dict]:
+    """OpenAI's tool_calls; streamed (`first` = how many the choice sent before) each carries
+    its `index` in the choice's calls."""
+    body = []
+    for i, call in enumerate(calls):
+        item = {
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+        body.append(item if first is None else {"index": first + i, **item})
+    return body
+
+
 @dataclass
 class Reply:
     """What every body of one request shares: its id, creation time and model; `chat` picks the
-    chat.completion shapes over the text_completion ones."""
+    chat.completion shapes over the text_completion ones; `logprobs`: the request asked for them
+    (a choice without tokens then gets empty logprobs, not null)."""
 
     model: str
     chat: bool
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    logprobs: bool = False
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -43,30 +67,45 @@ class Reply:
     def _head(self, object_type: str) -> dict:
         return {"id": self.id, "object": object_type, "created": self.created, "model": self.model}
 
-    def whole(self, completion: Completion) -> dict:
-        """The non-streaming body."""
-        choice: dict = {"index": 0, "logprobs": None, "finish_reason": completion.finish_reason}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": completion.text}
-        else:
+    def _choice(self, index: int, completion: Completion) -> dict:
+        choice: dict = {"index": index, "finish_reason": completion.finish_reason}
+        entries = completion.logprobs
+        if entries is None and self.logprobs:
+            entries = []
+        if not self.chat:
             choice["text"] = completion.text
-        kind = "chat.completion" if self.chat else "text_completion"
-        return {**self._head(kind), "choices": [choice], "usage": usage_body(completion.usage)}
+            choice["logprobs"] = completion_logprobs(entries)
+            if completion.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = prompt_logprobs(completion.prompt_logprobs, True)
+            return choice
+        message: dict = {"role": "assistant", "content": completion.text}
+        if completion.reasoning_content:
+            message["reasoning_content"] = completion.reasoning_content
+        if completion.tool_calls:
+            message["tool_calls"] = tool_calls_body(completion.tool_calls)
+            message["content"] = completion.text or None
+        choice["message"] = message
+        choice["logprobs"] = chat_logprobs(entries)
+        return choice
 
-    def chunk(
-        self, text: str | None, finish_reason: str | None = None, include_usage: bool = False
-    ) -> bytes:
-        """One stream event with a text delta (chat: text None = the opening role delta).
-        With include_usage, every chunk carries `usage: null` (OpenAI's shape)."""
-        choice: dict = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
-        if self.chat:
-            choice["delta"] = {"role": "assistant", "content": ""} if text is None else {}
-            if text:
-                choice["delta"]["content"] = text
-        else:
-            choice["text"] = text or ""
+    def whole(self, completion: Completion) -> dict:
+        """The non-streaming body: one choice per completion (n), the call's usage."""
+        every = completion.choices or (completion,)
+        kind = "chat.completion" if self.chat else "text_completion"
+        body = {
+            **self._head(kind),
+            "choices": [self._choice(i, c) for i, c in enumerate(every)],
+            "usage": usage_body(completion.usage),
+        }
+        if self.chat and completion.prompt_logprobs is not None:
+            body["prompt_logprobs"] = prompt_logprobs(completion.prompt_logprobs, True)
+        return body
+
+    def event(self, choice: dict, include_usage: bool = False, **extra: Any) -> bytes:
+        """One stream event with one choice (built by stream.py). With include_usage, every
+        chunk carries `usage: null` (OpenAI's shape)."""
         kind = "chat.completion.chunk" if self.chat else "text_completion"
-        body = {**self._head(kind), "choices": [choice]}
+        body = {**self._head(kind), "choices": [choice], **extra}
         if include_usage:
             body["usage"] = None
         return sse(body)

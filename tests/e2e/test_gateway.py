@@ -241,8 +241,8 @@ def test_chat_text_equals_the_grpc_chat_reply(
 @pytest.mark.parametrize(
     ("kwargs", "param"),
     [
-        ({"n": 2}, "n"),
-        ({"logprobs": 3}, "logprobs"),
+        ({"n": 0}, "n"),
+        ({"logprobs": 21}, "logprobs"),
         ({"temperature": -1.0}, "temperature"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"extra_body": {"top_k": -5}}, "top_k"),
@@ -263,11 +263,13 @@ def test_a_bad_parameter_is_400_in_openai_shape(
     assert param.split("[")[0] in error["message"]
 
 
-def test_chat_refuses_tools_and_response_format_by_name(sdk: openai.OpenAI, model: str) -> None:
+def test_chat_refuses_forced_tools_and_bad_schemas_by_name(sdk: openai.OpenAI, model: str) -> None:
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    bad_schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}
     for kwargs, param in (
-        ({"tools": [tool]}, "tools"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": [tool], "tool_choice": "required"}, "tool_choice"),
+        ({"response_format": bad_schema}, "response_format"),
+        ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
     ):
         with pytest.raises(openai.BadRequestError) as raised:

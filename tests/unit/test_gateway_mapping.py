@@ -94,23 +94,28 @@ def test_chat_maps_messages_parts_thinking_and_max_completion_tokens() -> None:
         max_completion_tokens=9,
         chat_template_kwargs={"enable_thinking": False},
     )
-    messages, thinking, mapped = map_chat(request)
-    assert messages == [("system", "Be brief."), ("user", "ab")]
-    assert thinking is False and mapped.sampling == {"max_tokens": 9}
+    messages, mapped = map_chat(request)
+    assert messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "ab"},
+    ]
+    assert mapped.call == {"enable_thinking": False} and mapped.sampling == {"max_tokens": 9}
     assert mapped.param_names["sampling_params.max_tokens"] == "max_completion_tokens"
-    assert map_chat(chat())[1] is None
+    assert map_chat(chat())[1].call == {}
 
 
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"n": 2}, "n"),
         ({"best_of": 2}, "best_of"),
-        ({"logprobs": 1}, "logprobs"),
         ({"echo": True}, "echo"),
         ({"suffix": "x"}, "suffix"),
         ({"logit_bias": {"1": 5}}, "logit_bias"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema.schema"),
+        (
+            {"response_format": {"type": "json_object"}, "guided_regex": "a+"},
+            "guided_regex",
+        ),
         ({"prompt": ["a", "b"]}, "prompt"),
         ({"prompt": []}, "prompt"),
         ({"prompt": [[1, "x"]]}, "prompt"),
@@ -126,26 +131,26 @@ def test_what_the_grpc_api_lacks_is_a_400_naming_it(fields: dict, param: str) ->
 
 def test_no_op_values_of_missing_parameters_are_served() -> None:
     _, mapped = map_completion(
-        completion(n=1, best_of=1, echo=False, suffix="", logit_bias={}, logprobs=None)
+        completion(best_of=1, echo=False, suffix="", logit_bias={}, logprobs=None)
     )
     assert mapped.sampling == {}
-    _, _, mapped = map_chat(
-        chat(logprobs=False, response_format={"type": "text"}, tools=[], tool_choice="none")
-    )
-    assert mapped.sampling == {}
+    _, mapped = map_chat(chat(logprobs=False, response_format={"type": "text"}, tools=[]))
+    assert mapped.sampling == {} and mapped.call == {}
 
 
-def test_chat_refuses_tools_images_and_both_max_tokens() -> None:
-    tool = {"type": "function", "function": {"name": "f"}}
+def test_chat_refuses_forced_tools_images_and_both_max_tokens() -> None:
     for fields, param in (
-        ({"tools": [tool]}, "tools"),
-        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+        ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+        ({"top_logprobs": 2}, "top_logprobs"),
         ({"max_tokens": 3, "max_completion_tokens": 4}, "max_completion_tokens"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
             "messages[0].content[0]",
         ),
-        ({"messages": [{"role": "assistant", "tool_calls": []}]}, "messages[0].tool_calls"),
+        ({"messages": [{"role": "assistant", "audio": {}}]}, "messages[0].audio"),
+        ({"messages": [{"role": "user"}]}, "messages[0].content"),
     ):
         with pytest.raises(OpenAIError) as raised:
             map_chat(chat(**fields))
@@ -161,6 +166,13 @@ def test_chat_refuses_tools_images_and_both_max_tokens() -> None:
         {"frobnicate": 1},
         {"chat_template_kwargs": {"unknown": True}},
         {"messages": []},
+        {"top_logprobs": 21},
+        {"n": -1},
+        {"priority": 2**31},
+        {"tools": [{"type": "retrieval", "function": {"name": "f"}}]},
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
+        {"response_format": {"type": "xml"}},
+        {"messages": [{"role": "assistant", "tool_calls": [{"id": "1", "function": {}}]}]},
     ],
 )
 def test_pydantic_refuses_out_of_range_and_unknown_fields(fields: dict) -> None:

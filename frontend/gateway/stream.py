@@ -1,0 +1,126 @@
+"""A gRPC call's chunks as OpenAI stream events: per chunk one event for its choice (`index`, n)
+with the text (chat: a delta of content, reasoning_content and tool_calls), logprobs and finish
+reason; then, with include_usage, the usage; then [DONE]. app.py serves them as server-sent events.
+"""
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from nanoserve.client_messages import Chunk
+from nanoserve.errors import ServiceError
+from nanoserve.frontend.gateway.errors import OpenAIError, from_service_error
+from nanoserve.frontend.gateway.logprobs_body import (
+    chat_logprobs,
+    completion_logprobs,
+    prompt_logprobs,
+)
+from nanoserve.frontend.gateway.responses import DONE, Reply, sse, tool_calls_body
+
+
+@dataclass
+class ChoiceState:
+    """What a stream remembers of one choice: where its text is (legacy text_offset) and how many
+    tool calls it sent (their `index`)."""
+
+    offset: int = 0
+    tool_calls: int = 0
+
+
+@dataclass
+class StreamShaper:
+    """Turns chunks into events for one request of `n` choices."""
+
+    reply: Reply
+    n: int = 1
+    include_usage: bool = False
+    choices: dict[int, ChoiceState] = field(default_factory=dict)
+    prompt_logprobs_sent: bool = False
+
+    def opening(self) -> list[bytes]:
+        """Chat: each choice's role delta first, as OpenAI sends it."""
+        if not self.reply.chat:
+            return []
+        return [
+            self.reply.event(
+                {
+                    "index": i,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                },
+                self.include_usage,
+            )
+            for i in range(self.n)
+        ]
+
+    def event(self, chunk: Chunk) -> bytes | None:
+        """The chunk's event, or None when it carries nothing to say."""
+        if not (
+            chunk.text
+            or chunk.reasoning_content
+            or chunk.tool_calls
+            or chunk.logprobs
+            or chunk.prompt_logprobs
+            or chunk.finish_reason is not None
+        ):
+            return None
+        state = self.choices.setdefault(chunk.index, ChoiceState())
+        choice: dict = {"index": chunk.index}
+        extra: dict = {}
+        prompt = prompt_logprobs(chunk.prompt_logprobs, not self.prompt_logprobs_sent)
+        self.prompt_logprobs_sent |= prompt is not None
+        if self.reply.chat:
+            delta: dict = {}
+            if chunk.text:
+                delta["content"] = chunk.text
+            if chunk.reasoning_content:
+                delta["reasoning_content"] = chunk.reasoning_content
+            if chunk.tool_calls:
+                delta["tool_calls"] = tool_calls_body(chunk.tool_calls, state.tool_calls)
+                state.tool_calls += len(chunk.tool_calls)
+            choice["delta"] = delta
+            choice["logprobs"] = chat_logprobs(chunk.logprobs)
+            if prompt is not None:
+                extra["prompt_logprobs"] = prompt
+        else:
+            choice["text"] = chunk.text
+            choice["logprobs"] = completion_logprobs(chunk.logprobs, state.offset)
+            state.offset += sum(len(e.text) for e in chunk.logprobs or ())
+            if prompt is not None:
+                choice["prompt_logprobs"] = prompt
+        choice["finish_reason"] = chunk.finish_reason
+        return self.reply.event(choice, self.include_usage, **extra)
+
+
+async def events(
+    shaper: StreamShaper,
+    first: Chunk,
+    chunks: AsyncIterator[Chunk],
+    param_names: dict[str, str],
+) -> AsyncIterator[bytes]:
+    """The stream's events until every choice finished. A failure mid-stream becomes an error
+    event (the SDK raises it). Cancelled (the caller hung up): closing `chunks` cancels the call."""
+    finished: set[int] = set()
+    usage = None
+    try:
+        for opening in shaper.opening():
+            yield opening
+        chunk: Chunk | None = first
+        while chunk is not None:
+            event = shaper.event(chunk)
+            if event is not None:
+                yield event
+            if chunk.finish_reason is not None:
+                finished.add(chunk.index)
+            usage = chunk.usage or usage  # the call's last message carries it
+            chunk = await anext(chunks, None)
+        if len(finished) < shaper.n or usage is None:
+            error = OpenAIError(500, "the stream ended without a finish reason", "internal_error")
+            yield sse(error.body())
+        elif shaper.include_usage:
+            yield shaper.reply.usage_chunk(usage)
+    except ServiceError as e:
+        yield sse(from_service_error(e, param_names).body())
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
+    yield DONE

@@ -1,0 +1,221 @@
+"""The gateway's n, logprobs, response_format, tools and priority end to end: the official `openai`
+SDK against the gateway in front of the real frontend and worker (tiny model, CPU), compared with
+the gRPC client's answers to the same requests."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from nanoserve import Client
+from tests.e2e.conftest import Pair
+from tests.e2e.test_gateway import base_url, start_gateway
+
+openai = pytest.importorskip("openai", reason="pip install openai (the dev extra)")
+jsonschema = pytest.importorskip("jsonschema")
+pytestmark = pytest.mark.e2e
+
+MESSAGES = [{"role": "user", "content": "Say something about the sea."}]
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather now in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def sdk(services: Pair) -> Iterator[openai.OpenAI]:
+    gateway = start_gateway(services.frontend.address)
+    yield openai.OpenAI(base_url=base_url(gateway) + "/v1", api_key="unused", max_retries=0)
+    assert gateway.stop() == 0, gateway.output()
+
+
+@pytest.fixture(scope="module")
+def model(sdk: openai.OpenAI) -> str:
+    return sdk.models.list().data[0].id
+
+
+def test_n_with_a_seed_gives_n_choices_stable_on_rerun(sdk: openai.OpenAI, model: str) -> None:
+    def texts() -> list[str]:
+        reply = sdk.completions.create(
+            model=model,
+            prompt="The sea is",
+            n=3,
+            seed=11,
+            temperature=1.0,
+            max_tokens=8,
+            extra_body={"ignore_eos": True},
+        )
+        assert [c.index for c in reply.choices] == [0, 1, 2]
+        assert reply.usage.completion_tokens == 3 * 8  # summed over the choices
+        return [c.text for c in reply.choices]
+
+    first = texts()
+    assert len(set(first)) > 1 and texts() == first
+    chat = sdk.chat.completions.create(
+        model=model, messages=MESSAGES, n=2, seed=5, max_tokens=6, extra_body=NO_THINKING
+    )
+    assert [c.index for c in chat.choices] == [0, 1]
+    streamed: dict[int, str] = {}
+    stream = sdk.chat.completions.create(
+        model=model,
+        messages=MESSAGES,
+        n=2,
+        seed=5,
+        max_tokens=6,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=NO_THINKING,
+    )
+    finishes = {}
+    for chunk in stream:
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + (c.delta.content or "")
+            if c.finish_reason:
+                finishes[c.index] = c.finish_reason
+    assert streamed == {c.index: c.message.content for c in chat.choices}
+    assert set(finishes) == {0, 1} and chunk.usage.total_tokens == chat.usage.total_tokens
+
+
+def test_completion_logprobs_match_the_grpc_clients(
+    sdk: openai.OpenAI, model: str, services: Pair
+) -> None:
+    with Client(services.frontend.address) as client:
+        expected = client.generate("The sea is", max_tokens=6, temperature=0, logprobs=2)
+    reply = sdk.completions.create(
+        model=model, prompt="The sea is", max_tokens=6, temperature=0, logprobs=2
+    )
+    logprobs = reply.choices[0].logprobs
+    assert expected.logprobs is not None
+    assert logprobs.tokens == [e.text for e in expected.logprobs]
+    assert logprobs.token_logprobs == pytest.approx([e.logprob for e in expected.logprobs])
+    for top, e in zip(logprobs.top_logprobs, expected.logprobs, strict=True):
+        assert top == pytest.approx(
+            {**{t.text: t.logprob for t in e.top_logprobs}, e.text: e.logprob}
+        )
+    assert logprobs.text_offset[0] == 0 and reply.choices[0].text == expected.text
+
+
+def test_chat_logprobs_and_top_logprobs_match_the_grpc_clients(
+    sdk: openai.OpenAI, model: str, services: Pair
+) -> None:
+    with Client(services.frontend.address) as client:
+        expected = client.chat(
+            MESSAGES, max_tokens=6, temperature=0, logprobs=3, enable_thinking=False
+        )
+    reply = sdk.chat.completions.create(
+        model=model,
+        messages=MESSAGES,
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body=NO_THINKING,
+    )
+    content = reply.choices[0].logprobs.content
+    assert expected.logprobs is not None and len(content) == len(expected.logprobs)
+    for got, e in zip(content, expected.logprobs, strict=True):
+        assert got.token == e.text and got.logprob == pytest.approx(e.logprob)
+        assert got.bytes == list(e.text.encode())
+        assert [t.token for t in got.top_logprobs] == [t.text for t in e.top_logprobs]
+        assert [t.logprob for t in got.top_logprobs] == pytest.approx(
+            [t.logprob for t in e.top_logprobs]
+        )
+    stream = sdk.chat.completions.create(
+        model=model,
+        messages=MESSAGES,
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        stream=True,
+        extra_body=NO_THINKING,
+    )
+    streamed = [t.token for c in stream if c.choices and c.choices[0].logprobs
+                for t in c.choices[0].logprobs.content]  # fmt: skip
+    assert streamed == [e.text for e in expected.logprobs]
+
+
+def test_response_format_json_schema_returns_valid_json(sdk: openai.OpenAI, model: str) -> None:
+    for seed in range(2):
+        reply = sdk.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Describe a person as JSON."}],
+            max_tokens=96,
+            temperature=1.0,
+            seed=seed,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "person", "schema": SCHEMA, "strict": True},
+            },
+            extra_body=NO_THINKING,
+        )
+        assert reply.choices[0].finish_reason == "stop", reply.choices[0].message.content
+        jsonschema.validate(json.loads(reply.choices[0].message.content), SCHEMA)
+    reply = sdk.completions.create(
+        model=model,
+        prompt="A code:",
+        max_tokens=16,
+        temperature=1.0,
+        extra_body={"guided_regex": "[ab]{3}-[0-9]{2}"},
+    )
+    assert len(reply.choices[0].text) == 6 and reply.choices[0].text[3] == "-"
+
+
+def test_tools_reach_the_prompt_as_the_grpc_chat_renders_them(
+    sdk: openai.OpenAI, model: str, services: Pair
+) -> None:
+    with Client(services.frontend.address) as client:
+        expected = client.chat(MESSAGES, tools=[WEATHER], max_tokens=4, temperature=0)
+    without = sdk.chat.completions.create(model=model, messages=MESSAGES, max_tokens=4)
+    reply = sdk.chat.completions.create(
+        model=model,
+        messages=MESSAGES,
+        tools=[WEATHER],
+        tool_choice="auto",
+        max_tokens=4,
+        temperature=0,
+        extra_body={"priority": -1, "separate_reasoning": True},
+    )
+    assert reply.usage.prompt_tokens == expected.usage.prompt_tokens
+    assert reply.usage.prompt_tokens > without.usage.prompt_tokens
+    history = [
+        *MESSAGES,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "clear"}'},
+    ]
+    with Client(services.frontend.address) as client:
+        expected = client.chat(history, tools=[WEATHER], max_tokens=4, temperature=0)
+    reply = sdk.chat.completions.create(
+        model=model, messages=history, tools=[WEATHER], max_tokens=4, temperature=0
+    )
+    assert reply.usage.prompt_tokens == expected.usage.prompt_tokens
