@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    from nanoserve.worker.engine.tp import free_port
+    from nanoserve.worker.engine.tp_rank import free_port
 
     mp.spawn(_worker, args=(args.world_size, free_port(), args), nprocs=args.world_size)
 

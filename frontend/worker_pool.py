@@ -1,6 +1,7 @@
 """The frontend's set of workers: `--worker-address` (addresses, or DNS names that resolve to many)
 re-resolved every few seconds into one WorkerLink per address, the model every worker must match,
-and the pool's health; FrontendServicer asks it for the worker of each request (frontend.routing).
+and the pool's health; RequestRunner (frontend.request_stream) asks it for the worker of each request
+(frontend.routing).
 """
 
 import asyncio

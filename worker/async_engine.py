@@ -1,8 +1,6 @@
 """The gRPC process's handle on the engine core process (worker.engine_core): spawns it, sends it
-adds and aborts in batches, and fans each step's frame out to the requests' streams.
-
-Every stream keeps at most one pending delta: ids that arrive before its consumer runs are merged
-into it (vLLM's RequestOutputCollector). Streams owned by a Session are flushed once per frame.
+adds and aborts in batches, and fans each step's frame out to the requests' streams
+(worker.output_stream).
 """
 
 import asyncio
@@ -12,11 +10,12 @@ import logging
 import multiprocessing as mp
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from nanoserve.worker import engine_core
 from nanoserve.worker.config import WorkerConfig
+from nanoserve.worker.output_stream import Collector, Completion, Finish, Stream
 from nanoserve.worker.sampling_params import SamplingParams
 from nanoserve.worker.stats_log import Load
 
@@ -45,18 +44,6 @@ class EngineLimits:
     max_num_seqs: int | None = None
 
 
-@dataclass(slots=True)
-class Finish:
-    reason: str  # FinishReason value: "stop" or "length"
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    stop_token_id: int | None
-    queue_s: float = 0.0  # arrival -> first scheduled, in the engine core
-    prefill_s: float = 0.0  # first scheduled -> first token
-    decode_s: float = 0.0  # first token -> finish
-
-
 class StepObserver(Protocol):
     """What the engine's histograms take (metrics.EngineHistograms; a protocol keeps metrics -> here
     the only import between the two modules)."""
@@ -64,95 +51,6 @@ class StepObserver(Protocol):
     def observe_step(self, num_seqs: int, num_tokens: int, step_s: float) -> None: ...
 
     def observe_finish(self, finish: Finish) -> None: ...
-
-
-@dataclass(slots=True)
-class Completion:
-    """One of a request's n completions, as its consumer has not taken it yet."""
-
-    ids: list[int] = field(default_factory=list)  # new ids not yet taken by the consumer
-    # logprob entries of those ids and new prompt positions (worker.engine.logprobs), if asked
-    logprobs: list[list] | None = None
-    prompt_logprobs: list[list] | None = None
-    finish: Finish | None = None
-    reported: bool = False  # the consumer took its finish
-
-    @property
-    def has_output(self) -> bool:
-        return (
-            bool(self.ids)
-            or bool(self.prompt_logprobs)
-            or (self.finish is not None and not self.reported)
-        )
-
-    def add_logprobs(self, logprobs: list[list] | None, prompt: list[list] | None) -> None:
-        if logprobs is not None:
-            self.logprobs = (self.logprobs or []) + logprobs
-        if prompt is not None:
-            self.prompt_logprobs = (self.prompt_logprobs or []) + prompt
-
-
-@dataclass(frozen=True, slots=True)
-class Taken:
-    """What a consumer takes of one completion at a time."""
-
-    index: int  # which of the request's n completions
-    ids: list[int]
-    finish: Finish | None  # once, when it ended
-    logprobs: list[list] | None
-    prompt_logprobs: list[list] | None
-
-
-@dataclass(eq=False, slots=True)
-class Stream:
-    """One request: its caller's id (for logs and Abort), the engine's id (unique for the process:
-    a reused request_id never receives an ended request's tokens) and the pending output of each
-    of its n completions (SamplingParams.n)."""
-
-    request_id: str
-    engine_id: int
-    owner: "Collector | None" = None  # a Session flushes its streams together
-    completions: list[Completion] = field(default_factory=lambda: [Completion()])
-    num_finished: int = 0  # completions that ended
-    error: Exception | None = None
-    event: asyncio.Event = field(default_factory=asyncio.Event)
-
-    @property
-    def finished(self) -> bool:
-        return self.num_finished == len(self.completions)
-
-    @property
-    def has_output(self) -> bool:
-        return self.error is not None or any(c.has_output for c in self.completions)
-
-    def take(self) -> list[Taken]:
-        """The output of each completion that has some (its finish once ended); marks it taken."""
-        out = []
-        for index, c in enumerate(self.completions):
-            if c.has_output:
-                finish = None if c.reported else c.finish
-                out.append(Taken(index, c.ids, finish, c.logprobs, c.prompt_logprobs))
-                c.ids, c.logprobs, c.prompt_logprobs = [], None, None
-                c.reported = c.finish is not None
-        return out
-
-
-class Collector:
-    """A set of streams delivered together (one Session): `ready` holds those with output."""
-
-    def __init__(self) -> None:
-        self.ready: dict[int, Stream] = {}  # engine id -> stream, in order of first output
-        self.event = asyncio.Event()
-
-    def notify(self, stream: Stream) -> None:
-        self.ready[stream.engine_id] = stream
-        self.event.set()
-
-    def take(self) -> list[Stream]:
-        streams = list(self.ready.values())
-        self.ready.clear()
-        self.event.clear()
-        return streams
 
 
 class AsyncEngine:

@@ -181,7 +181,7 @@ def run_engine_core(config: WorkerConfig, inbox: Connection, outbox: Connection)
         # before torch loads OpenMP: idle OpenMP threads that spin steal the cores the gRPC process
         # and the frontend need (measured on a busy 2-core box: a CPU step 3-10x slower)
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from nanoserve.worker.engine.tp import die_with_parent
+    from nanoserve.worker.engine.tp_rank import die_with_parent
 
     die_with_parent()  # a SIGKILLed server leaves no engine behind
     from nanoserve.log import setup_logging

@@ -6,7 +6,7 @@ import multiprocessing as mp
 
 import pytest
 
-from nanoserve.worker.engine.tp import free_port
+from nanoserve.worker.engine.tp_rank import free_port
 
 
 def _rank_main(rank: int, world_size: int, port: int, fail_rank: int, results) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from nanoserve import cli
+from nanoserve import cli, serve_args
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -176,7 +176,7 @@ def test_serve_tp_size_must_divide_heads(qwen_dir: Path) -> None:
 
 
 def test_serve_splits_flags_between_the_services(qwen_dir: Path, monkeypatch) -> None:
-    monkeypatch.setattr(cli, "check_port_free", lambda *a, **k: None)
+    monkeypatch.setattr(serve_args, "check_port_free", lambda *a, **k: None)
     args, worker_argv, frontend_argv = cli.serve_argvs(
         [
             "--model",
@@ -229,7 +229,7 @@ def test_serve_splits_flags_between_the_services(qwen_dir: Path, monkeypatch) ->
 def test_serve_gives_each_service_its_metrics_port(qwen_dir: Path, monkeypatch) -> None:
     """Both configs have metrics_port and max_stop_token_ids: `serve` has one flag for the shared
     bound (both services get it) and one port per service (they cannot share one)."""
-    monkeypatch.setattr(cli, "check_port_free", lambda *a, **k: None)
+    monkeypatch.setattr(serve_args, "check_port_free", lambda *a, **k: None)
     _, worker_argv, frontend_argv = cli.serve_argvs(
         [
             "--model",
@@ -253,7 +253,7 @@ def test_serve_gives_each_service_its_metrics_port(qwen_dir: Path, monkeypatch) 
 def test_serve_passes_the_worker_link_tls_to_both_services(qwen_dir: Path, monkeypatch) -> None:
     """Both configs have tls_*: `serve`'s --tls-* are the frontend's public port, --worker-tls-*
     the worker's server side, and the frontend's --worker-tls-ca-file/-client-* its client side."""
-    monkeypatch.setattr(cli, "check_port_free", lambda *a, **k: None)
+    monkeypatch.setattr(serve_args, "check_port_free", lambda *a, **k: None)
     link = [
         "--worker-tls-cert-file", "w.pem", "--worker-tls-key-file", "w.key",
         "--worker-tls-client-ca-file", "ca.pem", "--worker-tls-ca-file", "ca.pem",
@@ -282,7 +282,7 @@ def test_serve_passes_the_worker_link_tls_to_both_services(qwen_dir: Path, monke
 
 
 def test_serve_without_model_names_tiny(monkeypatch) -> None:
-    monkeypatch.setattr(cli, "check_port_free", lambda *a, **k: None)
+    monkeypatch.setattr(serve_args, "check_port_free", lambda *a, **k: None)
     _, worker_argv, frontend_argv = cli.serve_argvs([])
     assert worker_argv[:2] == frontend_argv[:2] == ["--model", "tiny"]
 

@@ -1,0 +1,147 @@
+"""RequestRunner: one request's trip through a worker, between the servicer's validation and its
+response messages. Builds the worker request, routes it (frontend.worker_pool), and turns the Session
+stream's ids into per-completion fields: detokenized text, stop strings, logprobs, usage.
+"""
+
+import functools
+import itertools
+import secrets
+from collections.abc import AsyncIterator
+
+import grpc.aio
+
+from nanoserve.errors import Unavailable, worker_status_error
+from nanoserve.frontend.completion_stream import CompletionStream
+from nanoserve.frontend.config import FrontendConfig
+from nanoserve.frontend.detokenizer import Detokenizer
+from nanoserve.frontend.logprobs import response_logprobs
+from nanoserve.frontend.request_log import mark_sent_to_worker
+from nanoserve.frontend.tokenizer import Tokenizer
+from nanoserve.frontend.validation import Limits, resolve_max_tokens, worker_sampling_params
+from nanoserve.frontend.worker_link import WorkerLink
+from nanoserve.frontend.worker_pool import WorkerPool
+from nanoserve.proto.v1 import common_pb2
+from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+from nanoserve.security import tenant_cache_salt
+
+
+class RequestRunner:
+    """Runs the servicer's requests on the pool's workers, one `stream` call per request."""
+
+    def __init__(self, config: FrontendConfig, tokenizer: Tokenizer, pool: WorkerPool) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.pool = pool
+        self._worker_ids = itertools.count()
+        # Workers may serve several frontends: this process's ids carry a random tag of its own.
+        self._id_tag = secrets.token_hex(4)
+
+    async def stream(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: common_pb2.SamplingParams,
+        limits: Limits,
+        context: grpc.aio.ServicerContext,
+        prompt_field: str,
+        priority: int = 0,
+    ) -> AsyncIterator[dict]:
+        """Runs one request on the worker; yields the fields of each response message, each
+        tagged with the `index` of its completion (SamplingParams.n). `prompt_field` names the
+        request field the prompt came from, for errors."""
+        max_tokens = resolve_max_tokens(params, len(prompt_ids), limits, prompt_field=prompt_field)
+        worker_request = worker_pb2.GenerateTokensRequest(
+            # unique in this process (the client's id alone may be reused by another client once
+            # it ended here); it keeps the client's id for both services' logs
+            request_id=f"{request_id}#{self._id_tag}-{next(self._worker_ids)}",
+            prompt_token_ids=prompt_ids,
+            sampling_params=worker_sampling_params(params, max_tokens),
+            # from the authenticated caller, never from the request
+            cache_salt=tenant_cache_salt() if self.config.cache_isolation == "tenant" else "",
+            priority=priority,
+        )
+        skip_special = not params.HasField("skip_special_tokens") or params.skip_special_tokens
+        include_stop = params.include_stop_str_in_output
+        n = params.n if params.HasField("n") else 1
+        # one detokenizer (and stop-string matcher) per completion
+        completions = [
+            CompletionStream(
+                Detokenizer(
+                    functools.partial(self.tokenizer.decode, skip_special_tokens=skip_special),
+                    stop=list(params.stop),
+                    include_stop_str_in_output=include_stop,
+                    min_tokens=params.min_tokens,
+                )
+            )
+            for _ in range(n)
+        ]
+        # Forward the client's remaining deadline so the worker drops the request when it expires.
+        timeout = context.time_remaining()
+        if timeout is None and self.config.request_timeout_s > 0:
+            timeout = self.config.request_timeout_s
+        link = await self._connected_worker(prompt_ids)
+        session = link.session
+        pending = link.start_request(worker_request, timeout)
+        mark_sent_to_worker()
+        num_open, completion_tokens, cached_tokens = n, 0, 0
+        try:
+            while True:
+                taken = await pending.take()
+                pending.min_ids = self.config.stream_interval
+                for index, ids, last in taken:
+                    c = completions[index]
+                    if c.done:
+                        continue  # ended by a stop string; the worker's late ids are dropped
+                    if last is not None and last.error_code:
+                        raise worker_status_error(last.error_code, last.error_message)
+                    fields = await c.fields(
+                        ids, last, self.tokenizer, include_stop, len(prompt_ids)
+                    )
+                    logprobs, prompt_logprobs = pending.take_logprobs(index)
+                    if logprobs or prompt_logprobs:
+                        fields.update(
+                            response_logprobs(
+                                logprobs,
+                                prompt_logprobs,
+                                len(fields["token_ids"]),
+                                self.tokenizer.token_texts,
+                            )
+                        )
+                    if n > 1:
+                        fields["index"] = index
+                    if "finish_reason" not in fields:
+                        if fields["text"] or fields["token_ids"] or "prompt_logprobs" in fields:
+                            yield fields
+                        continue
+                    c.done = True
+                    num_open -= 1
+                    if n > 1:  # usage once, on the call's last message: prompt once, all tokens
+                        usage = fields.pop("usage")
+                        completion_tokens += usage.completion_tokens
+                        cached_tokens = max(cached_tokens, usage.cached_tokens)
+                        if num_open == 0:
+                            fields["usage"] = common_pb2.Usage(
+                                prompt_tokens=len(prompt_ids),
+                                completion_tokens=completion_tokens,
+                                cached_tokens=cached_tokens,
+                            )
+                    if num_open == 0:
+                        session.abort(worker_request.request_id)  # the worker frees its KV blocks
+                    yield fields  # request_log.recorded logs the request's end after the last
+                    if num_open == 0:
+                        return
+        finally:
+            # a no-op once ended; on client cancel or deadline the worker frees the KV blocks
+            session.abort(worker_request.request_id)
+
+    async def _connected_worker(self, prompt_ids: list[int]) -> WorkerLink:
+        """The routed worker, or the next choice when its connection just failed (a worker that
+        died since the last poll)."""
+        tried: list[WorkerLink] = []
+        while True:
+            link = self.pool.choose(prompt_ids, exclude=tried)  # UNAVAILABLE once none is left
+            try:
+                await link.check_connected()
+                return link
+            except Unavailable:
+                tried.append(link)

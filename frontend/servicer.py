@@ -1,0 +1,188 @@
+"""FrontendServicer: the public FrontendService's RPCs. Validates and admits each call, tokenizes its
+prompt (or chat messages), and hands it to frontend.request_stream, which runs it on a worker; the
+chat output parsers split reasoning and tool calls from the streamed text.
+"""
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import grpc
+import grpc.aio
+
+from nanoserve.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+    grpc_errors,
+)
+from nanoserve.frontend.chat_output import ChatOutput, think_open_in_prompt
+from nanoserve.frontend.chat_request import chat_inputs
+from nanoserve.frontend.config import FrontendConfig
+from nanoserve.frontend.reasoning_parser import ReasoningParser
+from nanoserve.frontend.request_log import RequestSink, recorded
+from nanoserve.frontend.request_stream import RequestRunner
+from nanoserve.frontend.tokenizer import Tokenizer
+from nanoserve.frontend.tool_parser import ToolCallParser
+from nanoserve.frontend.validation import (
+    Limits,
+    validate_prompt_token_ids,
+    validate_request_id,
+    validate_sampling_params,
+    validate_text,
+)
+from nanoserve.frontend.worker_pool import WorkerPool
+from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
+from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
+from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+
+
+class FrontendServicer(frontend_grpc.FrontendServiceServicer):
+    def __init__(self, config: FrontendConfig, tokenizer: Tokenizer, pool: WorkerPool) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.pool = pool
+        self.num_in_flight = 0
+        self.draining = False
+        self._live_request_ids: set[str] = set()
+        self.requests = RequestRunner(config, tokenizer, pool)
+        self.request_sinks: list[RequestSink] = []  # called with each ended Generate/Chat call
+
+    def _limits(self) -> tuple[Limits, worker_pb2.WorkerServiceGetModelInfoResponse]:
+        if self.draining:
+            raise Unavailable("frontend is shutting down")
+        info = self.pool.model_info()
+        return Limits(
+            max_model_len=info.max_model_len,
+            vocab_size=info.vocab_size,
+            max_stop_strings=self.config.max_stop_strings,
+            max_stop_string_length=self.config.max_stop_string_length,
+            max_prompt_bytes=self.config.max_prompt_bytes,
+            max_stop_token_ids=self.config.max_stop_token_ids,
+            max_chat_messages=self.config.max_chat_messages,
+        ), info
+
+    @contextlib.contextmanager
+    def _admit(self, request_id: str) -> Iterator[str]:
+        """Counts the call in flight, or refuses it past max_concurrent_requests."""
+        if self.num_in_flight >= self.config.max_concurrent_requests:
+            raise ResourceExhausted(
+                f"{self.num_in_flight} requests in flight (max_concurrent_requests); retry later"
+            )
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self._live_request_ids:
+            raise AlreadyExists(f"request_id {request_id!r} is already in flight")
+        self.num_in_flight += 1
+        self._live_request_ids.add(request_id)
+        try:
+            yield request_id
+        finally:
+            self.num_in_flight -= 1
+            self._live_request_ids.discard(request_id)
+
+    @recorded
+    @grpc_errors
+    async def Generate(
+        self, request: frontend_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[frontend_pb2.GenerateResponse]:
+        """Streams the completion of a raw prompt (text or token ids)."""
+        limits, _ = self._limits()
+        validate_request_id(request.request_id)
+        if request.prompt and request.prompt_token_ids:
+            raise InvalidArgument("set exactly one of prompt and prompt_token_ids", field="prompt")
+        if request.prompt_token_ids:
+            validate_prompt_token_ids(request.prompt_token_ids, limits, "prompt_token_ids")
+        else:
+            validate_text(request.prompt, limits, "prompt")
+        validate_sampling_params(request.sampling_params, limits)
+        with self._admit(request.request_id) as request_id:
+            if request.prompt_token_ids:
+                prompt_ids = list(request.prompt_token_ids)
+            else:
+                add_special = (
+                    not request.HasField("add_special_tokens") or request.add_special_tokens
+                )
+                prompt_ids = await self.tokenizer.encode_async(request.prompt, add_special)
+                validate_prompt_token_ids(prompt_ids, limits, "prompt")
+            prompt_field = "prompt_token_ids" if request.prompt_token_ids else "prompt"
+            async for fields in self.requests.stream(
+                request_id,
+                prompt_ids,
+                request.sampling_params,
+                limits,
+                context,
+                prompt_field,
+                request.priority,
+            ):
+                yield frontend_pb2.GenerateResponse(**fields)
+
+    @recorded
+    @grpc_errors
+    async def Chat(
+        self, request: frontend_pb2.ChatRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[frontend_pb2.ChatResponse]:
+        """Applies the chat template to the messages and streams the reply."""
+        limits, _ = self._limits()
+        validate_request_id(request.request_id)
+        inputs = chat_inputs(request, limits)  # messages counted before any is read
+        validate_sampling_params(request.sampling_params, limits)
+        if not self.tokenizer.has_chat_template:
+            raise FailedPrecondition("the model's tokenizer_config.json has no chat template")
+        enable_thinking = not request.HasField("enable_thinking") or request.enable_thinking
+        with self._admit(request.request_id) as request_id:
+            prompt_ids = await self.tokenizer.encode_chat_async(
+                inputs.messages, enable_thinking, inputs.tools, inputs.size
+            )
+            validate_prompt_token_ids(prompt_ids, limits, "messages")
+            think_open = think_open_in_prompt(prompt_ids, self.tokenizer.token_to_id)
+            outputs: dict[int, ChatOutput] = {}  # one parser state per completion (n > 1)
+
+            def output(index: int) -> ChatOutput:
+                if index not in outputs:
+                    outputs[index] = ChatOutput(
+                        ReasoningParser(think_open) if request.separate_reasoning else None,
+                        ToolCallParser() if inputs.parse_tool_calls else None,
+                    )
+                return outputs[index]
+
+            async for fields in self.requests.stream(
+                request_id,
+                prompt_ids,
+                request.sampling_params,
+                limits,
+                context,
+                "messages",
+                request.priority,
+            ):
+                yield frontend_pb2.ChatResponse(**output(fields.get("index", 0)).update(fields))
+
+    @grpc_errors
+    async def Tokenize(
+        self, request: frontend_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> frontend_pb2.TokenizeResponse:
+        """Returns the token ids of a text; needs no worker."""
+        if len(request.text.encode("utf-8")) > self.config.max_prompt_bytes:
+            raise InvalidArgument(
+                f"longer than max_prompt_bytes ({self.config.max_prompt_bytes})", field="text"
+            )
+        add_special = not request.HasField("add_special_tokens") or request.add_special_tokens
+        with self._admit(""):  # a Tokenize call holds a tokenizer thread like a Generate call
+            token_ids = await self.tokenizer.encode_async(request.text, add_special)
+        return frontend_pb2.TokenizeResponse(token_ids=token_ids)
+
+    @grpc_errors
+    async def GetModelInfo(
+        self, request: frontend_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> frontend_pb2.GetModelInfoResponse:
+        """Returns the model's name and limits as the worker reported them."""
+        _, info = self._limits()
+        return frontend_pb2.GetModelInfoResponse(
+            model_name=info.model_name,
+            max_model_len=info.max_model_len,
+            vocab_size=info.vocab_size,
+            eos_token_ids=info.eos_token_ids,
+            tensor_parallel_size=info.tensor_parallel_size,
+            has_chat_template=self.tokenizer.has_chat_template,
+        )

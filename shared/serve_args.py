@@ -1,0 +1,165 @@
+"""`nanoserve serve`'s command line: its flags (the worker's and the frontend's config sections plus
+its own), split into the two services' argvs and checked before any process starts. shared.cli runs
+the processes.
+"""
+
+import argparse
+import importlib.util
+import shlex
+import sys
+import traceback
+from collections.abc import Sequence
+
+from nanoserve.config import add_config_args, config_argv, parse_config
+from nanoserve.frontend.config import FrontendConfig
+from nanoserve.model_files import TINY, check_model_dir, check_tokenizer_files, resolve_model_dir
+from nanoserve.process import check_port_free
+from nanoserve.worker.config import WorkerConfig
+
+SERVE_OWNS = ("model", "host", "port", "worker_address")  # set by `serve` itself, per service
+# the worker's TLS fields, given to `serve` as --worker-<field> (the frontend's own are --<field>)
+WORKER_TLS = ("tls_cert_file", "tls_key_file", "tls_client_ca_file")
+SERVE_NEEDS = {
+    "torch": "worker",
+    "safetensors": "worker",
+    "tokenizers": "frontend",
+    "jinja2": "frontend",
+}  # module -> the extra that installs it
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nanoserve serve",
+        description="Run a worker and a frontend on this machine; Ctrl-C stops both. Worker and "
+        "frontend flags are listed below; --log-level, --grace-period-s, --max-message-bytes and "
+        "--revision go to both.",
+    )
+    parser.add_argument(
+        "--model",
+        default=TINY,
+        help="Hugging Face Qwen3 model directory or hub id (Qwen/Qwen3-0.6B), or `tiny`: the "
+        "embedded random-weight test model, whose replies are gibberish (default: tiny)",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="frontend address to bind (default: 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=50051, help="frontend port, 0 = any free (default: 50051)"
+    )
+    parser.add_argument(
+        "--worker-port", type=int, default=0, help="worker port on 127.0.0.1 (default: any free)"
+    )
+    parser.add_argument(
+        "--worker-metrics-port",
+        type=int,
+        default=0,
+        help="worker /metrics port on 127.0.0.1, 0 = off (--metrics-port is the frontend's)",
+    )
+    for name, what in zip(
+        WORKER_TLS,
+        (
+            "PEM certificate chain: the worker serves TLS (give the frontend --worker-tls-ca-file)",
+            "PEM private key of --worker-tls-cert-file",
+            "PEM CA bundle: the worker requires a client certificate it signed (mutual TLS: give "
+            "the frontend --worker-tls-client-cert-file and --worker-tls-client-key-file)",
+        ),
+    ):
+        parser.add_argument("--worker-" + name.replace("_", "-"), metavar="FILE", help=what)
+    parser.add_argument(
+        "--demo",
+        metavar="PROMPT",
+        help="once serving, stream one chat reply to PROMPT to the terminal, then keep serving",
+    )
+    parser.add_argument(
+        "--frontend-args",
+        default="",
+        help='more frontend flags as one string, e.g. "--max-concurrent-requests 64"',
+    )
+    # metrics_port: the frontend section's; the worker's is --worker-metrics-port
+    add_config_args(
+        parser,
+        WorkerConfig,
+        title="worker",
+        skip={*SERVE_OWNS, "metrics_port", *WORKER_TLS},
+        only_given=True,
+    )
+    shared = {  # in the worker section, given to both services
+        "log_level",
+        "grace_period_s",
+        "max_message_bytes",
+        "revision",
+        "max_stop_token_ids",
+    }
+    add_config_args(
+        parser, FrontendConfig, title="frontend", skip={*SERVE_OWNS, *shared}, only_given=True
+    )
+    return parser
+
+
+def _fields(cls: type) -> set[str]:
+    return set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
+
+
+def serve_argvs(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """Parses `nanoserve serve` flags into (serve's own, worker argv, frontend argv), and checks
+    every input it can before anything starts: flags, model directory, tokenizer files, installed
+    extras, ports. A problem ends the command in one line (exit 2 for flags, 1 otherwise)."""
+    args = _serve_parser().parse_args(argv)
+    given = vars(args)  # serve's own flags, and only the service flags given on the command line
+    worker_values = {k: v for k, v in given.items() if k in _fields(WorkerConfig)}
+    frontend_values = {k: v for k, v in given.items() if k in _fields(FrontendConfig)}
+    for name in SERVE_OWNS:
+        worker_values.pop(name, None)
+        frontend_values.pop(name, None)
+    worker_values.pop("metrics_port", None)
+    if args.worker_metrics_port:
+        worker_values["metrics_port"] = args.worker_metrics_port
+    for name in WORKER_TLS:  # the namespace's `tls_*` are the frontend's
+        worker_values.pop(name, None)
+        if getattr(args, "worker_" + name) is not None:
+            worker_values[name] = getattr(args, "worker_" + name)
+    if args.worker_tls_cert_file and not getattr(args, "worker_tls_ca_file", None):
+        _serve_parser().error(
+            "--worker-tls-cert-file needs --worker-tls-ca-file: the CA the frontend (and serve's "
+            "health probe) checks the worker's certificate with"
+        )
+    worker_argv = [
+        *("--model", args.model, "--host", "127.0.0.1", "--port", str(args.worker_port)),
+        *config_argv(worker_values),
+    ]
+    frontend_argv = [
+        *("--model", args.model, "--host", args.host, "--port", str(args.port)),
+        *config_argv(frontend_values),
+        *shlex.split(args.frontend_args),
+    ]
+    # Parse both now, as the services will: a bad value fails here, before minutes of loading.
+    worker = parse_config(WorkerConfig, worker_argv, prog="nanoserve serve (worker flags)")
+    parse_config(
+        FrontendConfig,
+        [*frontend_argv, "--worker-address", "127.0.0.1:1"],
+        prog="nanoserve serve (frontend flags)",
+    )
+    missing = sorted({extra for module, extra in SERVE_NEEDS.items() if not _installed(module)})
+    try:
+        if missing:
+            raise ValueError(
+                f"this install has no {' and no '.join(missing)} dependencies (a client-only "
+                f"install?): pip install 'nanoserve[all]' to serve"
+            )
+        model_dir = resolve_model_dir(args.model, worker.revision)  # a hub id: downloads it
+        check_model_dir(
+            model_dir, worker.tensor_parallel_size, needs_weights=worker.load_format != "dummy"
+        )
+        check_tokenizer_files(model_dir)
+        check_port_free(args.host, args.port)
+        check_port_free("127.0.0.1", args.worker_port, flag="--worker-port")
+    except ValueError as e:
+        if worker.log_level.upper() == "DEBUG":
+            traceback.print_exc()
+        print(f"nanoserve serve: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    return args, worker_argv, frontend_argv
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
