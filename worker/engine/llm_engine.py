@@ -208,6 +208,33 @@ class LLMEngine:
             self.model_runner.release(s)
         return True
 
+    def abort_completion(self, request_id: str, index: int) -> bool:
+        """Ends completion `index` of an n > 1 request (its caller matched a stop string in it):
+        its blocks are freed, those it shares stay with the others, which continue. A completion
+        not forked yet (the parent still prefills) ends when it is. With n = 1, the request ends.
+        False when the request or that completion is unknown or already ended."""
+        seq = self.requests.get(request_id)
+        if seq is None or not 0 <= index < seq.sampling_params.n:
+            return False
+        group = seq.group
+        if group is None:
+            return self.abort(request_id)
+        if len(group) < seq.sampling_params.n:  # not forked yet: `seq` is the parent
+            if index in seq.aborted_indices:
+                return False
+            seq.aborted_indices.add(index)
+            if len(seq.aborted_indices) == seq.sampling_params.n:  # nothing left to run
+                return self.abort(request_id)
+            return True
+        target = next(s for s in group if s.index == index)
+        if target.is_finished:
+            return False
+        self.scheduler.abort(target)  # forks exist: its grammar (if any) compiled long ago
+        self.model_runner.release(target)
+        if all(s.is_finished for s in group):
+            self.requests.pop(request_id, None)
+        return True
+
     def step(self) -> list[StepOutput]:
         refused = self._admit_compiled()
         seqs, is_prefill = self.scheduler.schedule()

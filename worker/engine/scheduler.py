@@ -206,9 +206,12 @@ class Scheduler:
             if seq.first_token_time is None:
                 seq.first_token_time = now
             seq.append_token(token_id)
+            reason = None
             if seq.group is not None and len(seq.group) < seq.sampling_params.n:
                 forks += self._fork(seq)  # before seq may end: the forks keep its blocks
-            reason = self._stop_reason(seq, token_id)
+                if 0 in seq.aborted_indices:  # completion 0 was aborted while it prefilled
+                    reason = FinishReason.ABORT
+            reason = reason or self._stop_reason(seq, token_id)
             # structured output: the matcher takes every token; a terminated grammar ends it
             if reason is None and seq.grammar is not None and seq.grammar.accept(token_id):
                 reason = FinishReason.STOP
@@ -228,6 +231,9 @@ class Scheduler:
         children = []
         for index in range(1, sp.n):
             child = parent.fork(index, sp.for_completion(index))
+            if index in parent.aborted_indices:  # aborted while the parent prefilled: no blocks
+                child.status, child.finish_reason = SequenceStatus.FINISHED, FinishReason.ABORT
+                continue
             self.block_manager.fork(parent, child)
             children.append(child)
         return children

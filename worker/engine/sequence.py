@@ -54,6 +54,9 @@ class Sequence:
         self.index = 0  # which of the request's n completions this is
         # n > 1: every Sequence of the request (the parent first, then its forks), one shared list
         self.group: list[Sequence] | None = [self] if sampling_params.n > 1 else None
+        # n > 1, on the parent before it forks: completions aborted already (LLMEngine.
+        # abort_completion); the fork ends them at once
+        self.aborted_indices: set[int] = set()
         self.status = SequenceStatus.WAITING
         self.token_ids = list(token_ids)
         self.num_prompt_tokens = len(token_ids)

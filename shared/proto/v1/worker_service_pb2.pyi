@@ -40,12 +40,22 @@ class GenerateTokensResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., stop_token_id: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
-    __slots__ = ("adds", "aborts")
+    __slots__ = ("adds", "aborts", "completion_aborts")
     ADDS_FIELD_NUMBER: _ClassVar[int]
     ABORTS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_ABORTS_FIELD_NUMBER: _ClassVar[int]
     adds: _containers.RepeatedCompositeFieldContainer[SessionAdd]
     aborts: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, adds: _Optional[_Iterable[_Union[SessionAdd, _Mapping]]] = ..., aborts: _Optional[_Iterable[str]] = ...) -> None: ...
+    completion_aborts: _containers.RepeatedCompositeFieldContainer[CompletionAbort]
+    def __init__(self, adds: _Optional[_Iterable[_Union[SessionAdd, _Mapping]]] = ..., aborts: _Optional[_Iterable[str]] = ..., completion_aborts: _Optional[_Iterable[_Union[CompletionAbort, _Mapping]]] = ...) -> None: ...
+
+class CompletionAbort(_message.Message):
+    __slots__ = ("request_id", "index")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    index: int
+    def __init__(self, request_id: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
 
 class SessionAdd(_message.Message):
     __slots__ = ("request", "timeout_s")
