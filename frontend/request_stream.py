@@ -127,6 +127,8 @@ class RequestRunner:
                             )
                     if num_open == 0:
                         session.abort(worker_request.request_id)  # the worker frees its KV blocks
+                    elif last is None:  # a stop string ended it here: the worker stops it too
+                        session.abort_completion(worker_request.request_id, index)
                     yield fields  # request_log.recorded logs the request's end after the last
                     if num_open == 0:
                         return

@@ -102,6 +102,7 @@ class WorkerSession:
         self.pending: dict[str, Pending] = {}  # request id -> its output
         self.adds: list[worker_pb2.SessionAdd] = []
         self.aborts: list[str] = []
+        self.completion_aborts: list[worker_pb2.CompletionAbort] = []
         self.flush_scheduled = False
         self.outbox: asyncio.Queue[worker_pb2.SessionRequest] = asyncio.Queue()
         self.tasks: list[asyncio.Task] = []
@@ -123,6 +124,15 @@ class WorkerSession:
             self.aborts.append(request_id)
             self._schedule_flush()
 
+    def abort_completion(self, request_id: str, index: int) -> None:
+        """Ends one completion of an n > 1 request that goes on (a stop string matched in it):
+        the worker stops generating it and frees the KV blocks it does not share."""
+        if request_id in self.pending and self.call is not None:
+            self.completion_aborts.append(
+                worker_pb2.CompletionAbort(request_id=request_id, index=index)
+            )
+            self._schedule_flush()
+
     def _open(self) -> None:
         self.call = call = self.stub.Session(wait_for_ready=False)
         self.outbox = asyncio.Queue()
@@ -139,9 +149,13 @@ class WorkerSession:
 
     def _flush(self) -> None:
         self.flush_scheduled = False
-        if self.adds or self.aborts:
-            self.outbox.put_nowait(worker_pb2.SessionRequest(adds=self.adds, aborts=self.aborts))
-            self.adds, self.aborts = [], []
+        if self.adds or self.aborts or self.completion_aborts:
+            self.outbox.put_nowait(
+                worker_pb2.SessionRequest(
+                    adds=self.adds, aborts=self.aborts, completion_aborts=self.completion_aborts
+                )
+            )
+            self.adds, self.aborts, self.completion_aborts = [], [], []
 
     async def _write(self, call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue) -> None:
         with contextlib.suppress(
@@ -153,6 +167,7 @@ class WorkerSession:
                     more = outbox.get_nowait()
                     message.adds.extend(more.adds)
                     message.aborts.extend(more.aborts)
+                    message.completion_aborts.extend(more.completion_aborts)
                 await call.write(message)
 
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
@@ -195,7 +210,7 @@ class WorkerSession:
             p.error = Unavailable(reason)
             p.event.set()
         self.pending.clear()
-        self.adds, self.aborts = [], []
+        self.adds, self.aborts, self.completion_aborts = [], [], []
         call.cancel()
         if self.on_broken is not None and not self.closing:
             self.on_broken(reason)

@@ -80,6 +80,7 @@ class AsyncEngine:
         self.next_id = itertools.count()
         self.adds: list[list] = []
         self.aborts: list[int] = []
+        self.completion_aborts: list[list[int]] = []  # [engine id, completion index]
         self.flush_scheduled = False
         self.error: BaseException | None = None
         self.stopping = False  # the core was told to exit: its EOF is no failure
@@ -156,6 +157,28 @@ class AsyncEngine:
         self.aborts.append(stream.engine_id)
         self._schedule_flush()
 
+    def abort_completion(self, stream: Stream, index: int) -> bool:
+        """Ends completion `index` of a live n > 1 stream without output (its consumer matched a
+        stop string in it); the engine frees its blocks before its next step and the others go
+        on. Ending the last open completion releases the stream. False when there is nothing to
+        end: an unknown stream, an index out of range, a completion that ended."""
+        if self.streams.get(stream.engine_id) is not stream:
+            return False
+        if not 0 <= index < len(stream.completions):
+            return False
+        completion = stream.completions[index]
+        if completion.finish is not None or completion.aborted:
+            return False
+        completion.aborted = True
+        completion.ids, completion.logprobs, completion.prompt_logprobs = [], None, None
+        stream.num_finished += 1
+        if stream.finished:  # nothing left to run: the whole request ends
+            self.release(stream)
+            return True
+        self.completion_aborts.append([stream.engine_id, index])
+        self._schedule_flush()
+        return True
+
     def _schedule_flush(self) -> None:
         # everything queued in this pass of the event loop goes to the core in one frame
         if not self.flush_scheduled:
@@ -164,17 +187,20 @@ class AsyncEngine:
 
     def _flush(self, exit_: bool = False) -> None:
         self.flush_scheduled = False
-        if not (self.adds or self.aborts or exit_) or self.error is not None:
+        if self.error is not None:
+            return
+        if not (self.adds or self.aborts or self.completion_aborts or exit_):
             return
         adds, self.adds, aborts, self.aborts = self.adds, [], self.aborts, []
+        completion_aborts, self.completion_aborts = self.completion_aborts, []
         try:
-            frame = engine_core.add_frame(adds, aborts, exit_)
+            frame = engine_core.add_frame(adds, aborts, exit_, completion_aborts)
         except (TypeError, ValueError) as e:  # a value msgpack cannot carry: a bug, but one that
             # must end these requests with an error rather than leave their streams hanging
             logger.error("requests could not be sent to the engine core: %s", e)
             for engine_id, *_ in adds:
                 self._on_refused(engine_id, f"could not be sent to the engine core: {e}")
-            frame = engine_core.add_frame([], aborts, exit_)
+            frame = engine_core.add_frame([], aborts, exit_, completion_aborts)
         try:
             self.to_core.send_bytes(frame)
         except OSError as e:  # the core is gone; the reader sees EOF and fails the streams
@@ -227,6 +253,8 @@ class AsyncEngine:
             if stream is None:
                 continue  # ended meanwhile
             completion = stream.completions[index]
+            if completion.aborted:
+                continue  # its consumer ended it; counted as finished then
             completion.ids += ids
             if logprobs:  # [entries or None, prompt entries or None]
                 completion.add_logprobs(*logprobs)

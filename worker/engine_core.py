@@ -33,10 +33,16 @@ def decode(data: bytes) -> list:
     return msgpack.unpackb(data)
 
 
-def add_frame(adds: list[list], aborts: list[int], exit_: bool = False) -> bytes:
+def add_frame(
+    adds: list[list],
+    aborts: list[int],
+    exit_: bool = False,
+    completion_aborts: list[list[int]] | None = None,
+) -> bytes:
     """Server -> engine core: adds are [engine_id, prompt ids, sampling params as a dict,
-    cache salt or None, priority]; an add without the priority (an older frame) is priority 0."""
-    return encode([adds, aborts, exit_])
+    cache salt or None, priority]; an add without the priority (an older frame) is priority 0.
+    completion_aborts are [engine_id, completion index] (LLMEngine.abort_completion)."""
+    return encode([adds, aborts, exit_, completion_aborts or []])
 
 
 class EngineCore:
@@ -77,7 +83,8 @@ class EngineCore:
     def apply(self, data: bytes) -> None:
         from nanoserve.worker.sampling_params import SamplingParams
 
-        adds, aborts, exit_ = decode(data)
+        adds, aborts, exit_, *rest = decode(data)
+        completion_aborts = rest[0] if rest else []  # absent from an older frame
         for engine_id, token_ids, sp, cache_salt, *rest in adds:
             priority = rest[0] if rest else 0
             try:
@@ -93,6 +100,8 @@ class EngineCore:
                 self.send([REFUSED, engine_id, str(e)])
         for engine_id in aborts:  # after the adds: a frame may add a request and abort it
             self.engine.abort(engine_id)
+        for engine_id, index in completion_aborts:
+            self.engine.abort_completion(engine_id, index)
         self.exiting = self.exiting or exit_
         self.load_dirty = True
 

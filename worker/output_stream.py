@@ -31,6 +31,7 @@ class Completion:
     prompt_logprobs: list[list] | None = None
     finish: Finish | None = None
     reported: bool = False  # the consumer took its finish
+    aborted: bool = False  # ended by its consumer (AsyncEngine.abort_completion): no more output
 
     @property
     def has_output(self) -> bool:

@@ -62,6 +62,8 @@ class WorkerSession:
                 for request_id in message.aborts:
                     if self.abort(request_id):
                         log_request_end(request_id, "CANCELLED", CANCELLED_BY_CALLER)
+                for completion in message.completion_aborts:
+                    self.abort_completion(completion.request_id, completion.index)
                 for add in message.adds:
                     self.add(add)
         finally:
@@ -131,6 +133,16 @@ class WorkerSession:
         if timer is not None:
             timer.cancel()
         return True
+
+    def abort_completion(self, request_id: str, index: int) -> None:
+        """Ends one completion of a live n > 1 request (the frontend matched a stop string in
+        it); the request ends here once its last open completion did. Unknown ids, indexes out of
+        range and completions that ended are ignored."""
+        stream = self.live.get(request_id)
+        if stream is None or not self.engine.abort_completion(stream, index):
+            return
+        if stream.finished:  # its last open completion: the engine released it; take_outputs
+            self.collector.notify(stream)  # writes what the others left and ends it here
 
     def abort_by_operator(self, request_id: str) -> int:
         """WorkerService.Abort: ends the live requests named `request_id`, or `request_id#n` as

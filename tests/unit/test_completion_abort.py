@@ -100,3 +100,46 @@ def test_abort_before_the_fork_and_of_every_completion(llm):
 def _run_with(llm: LLM, prompt: list[int], request_id: str) -> dict[int, list[int]]:
     llm.add_request(prompt, SP, request_id=request_id)
     return _run(llm, prompt, request_id)
+
+
+def test_async_engine_counts_an_aborted_completion_as_ended():
+    """AsyncEngine.abort_completion: the completion ends without output (late ids from the core are
+    dropped), the others still report; aborting the last open one releases the whole request."""
+    import asyncio
+    import collections
+
+    from nanoserve.worker import engine_core
+    from nanoserve.worker.async_engine import AsyncEngine
+    from nanoserve.worker.output_stream import Completion, Stream
+
+    class Sink:
+        def __init__(self) -> None:
+            self.frames: list[list] = []
+
+        def send_bytes(self, data: bytes) -> None:
+            self.frames.append(engine_core.decode(data))
+
+    async def main() -> None:
+        engine = AsyncEngine.__new__(AsyncEngine)  # only the bookkeeping: no engine process
+        engine.loop, engine.to_core, engine.error = asyncio.get_running_loop(), Sink(), None
+        engine.adds, engine.aborts, engine.completion_aborts = [], [], []
+        engine.flush_scheduled, engine.histograms, engine.num_finished = False, None, 0
+        engine.streams, engine.by_request_id, engine.load = {}, {}, None
+        engine.history = collections.deque()
+        stream = Stream("r", 5, completions=[Completion() for _ in range(3)])
+        engine.streams[5] = stream
+        assert engine.abort_completion(stream, 1)
+        assert not engine.abort_completion(stream, 1) and not engine.abort_completion(stream, 3)
+        await asyncio.sleep(0)  # the flush
+        assert engine.to_core.frames == [[[], [], False, [[5, 1]]]]
+        load = [0.0] + [0] * 10
+        finish = ["length", 3, 2, 0, None, 0.0, 0.0, 0.0]
+        engine._on_step(load, [[5, [7, 8], finish, 0], [5, [9], None, 1]])
+        assert [t.index for t in stream.take()] == [0]  # completion 1's late id is dropped
+        assert not stream.finished and 5 in engine.streams
+        assert engine.abort_completion(stream, 2)  # the last open one: the request ends
+        assert stream.finished and 5 not in engine.streams
+        await asyncio.sleep(0)
+        assert engine.to_core.frames[-1] == [[], [5], False, []]
+
+    asyncio.run(main())

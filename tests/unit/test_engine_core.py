@@ -6,9 +6,9 @@ import threading
 from multiprocessing import Pipe
 
 import pytest
-
 from nanoserve.worker import engine_core
 from nanoserve.worker.config import WorkerConfig
+
 from tests.unit.hf_reference import make_hf_model
 
 NUM_BLOCKS = 32
@@ -105,6 +105,23 @@ def test_an_add_and_its_abort_in_one_frame_leave_nothing_running(core) -> None:
     assert c.engine.requests == {}
 
 
+def test_a_completion_abort_ends_that_completion_only(core) -> None:
+    """[engine id, index] in an add frame's completion aborts: that completion stops (no finish
+    frame for it), the request's others run to max_tokens, then every block is free."""
+    to_core, from_core, _ = core
+    sp = params(temperature=1.0, seed=5, max_tokens=200, ignore_eos=True, n=3)
+    to_core.send_bytes(engine_core.add_frame([[11, [1, 2, 3], sp, None]], []))
+    read_until(from_core, lambda fs: sum(f[0] == engine_core.STEP for f in fs) >= 3)
+    to_core.send_bytes(engine_core.add_frame([], [], completion_aborts=[[11, 1], [99, 0]]))
+    frames = read_until(from_core, idle)
+    finished = {
+        out[3]: out[2] for f in frames if f[0] == engine_core.STEP for out in f[2] if out[2]
+    }
+    assert set(finished) == {0, 2} and all(
+        fin[:3] == ["length", 3, 200] for fin in finished.values()
+    )
+
+
 def test_sampling_fields_cross_the_pipe_with_unset_kept():
     """An add frame carries SamplingParams (its `unset` frozenset cannot be packed): the core's
     rebuilt copy equals the server's and still knows which fields the request left unset."""
@@ -112,7 +129,7 @@ def test_sampling_fields_cross_the_pipe_with_unset_kept():
 
     sp = SamplingParams(temperature=None, top_k=5, max_tokens=7, stop_token_ids=(3, 4))
     frame = engine_core.add_frame([[0, [1, 2], sp.as_fields(), None]], [], exit_=False)
-    [[_, _, fields, _]], _, _ = engine_core.decode(frame)
+    [[_, _, fields, _]], _, _, _ = engine_core.decode(frame)
     rebuilt = SamplingParams(**fields)
     assert rebuilt == sp
     assert rebuilt.unset == sp.unset and "temperature" in rebuilt.unset
@@ -148,12 +165,13 @@ def test_an_add_that_cannot_be_framed_ends_its_stream_instead_of_hanging() -> No
     async def main() -> None:
         engine = AsyncEngine.__new__(AsyncEngine)  # only the flush path: no engine process
         engine.adds, engine.aborts, engine.flush_scheduled, engine.error = [], [7], True, None
+        engine.completion_aborts = []
         engine.streams, engine.by_request_id, engine.to_core = {}, {}, Sink()
         ended = []
         engine._on_refused = lambda engine_id, reason: ended.append((engine_id, reason))
         engine.adds.append([3, [1, 2], {"temperature": frozenset()}])
         engine._flush()
         assert ended and ended[0][0] == 3 and "could not be sent" in ended[0][1]
-        assert engine_core.decode(engine.to_core.frames[0]) == [[], [7], False]  # aborts still go
+        assert engine_core.decode(engine.to_core.frames[0]) == [[], [7], False, []]  # aborts go
 
     asyncio.run(main())
