@@ -12,11 +12,19 @@ from tests.unit.test_engine_parity import assert_clean, prompts_of
 SP = SamplingParams(temperature=0.8, seed=11, max_tokens=16, ignore_eos=True, n=4)
 
 
-@pytest.fixture(scope="module")
-def llm(tmp_path_factory):
+@pytest.fixture(scope="module", params=[False, True], ids=["eager", "lookahead"])
+def llm(request, tmp_path_factory):
+    """With decode lookahead too: a step forwarded ahead for the aborted completion is dropped."""
     path = tmp_path_factory.mktemp("completion_abort")
     make_hf_model(path)
-    return LLM(path, device="cpu", kvcache_block_size=8, num_kvcache_blocks=96, max_num_seqs=8)
+    return LLM(
+        path,
+        device="cpu",
+        kvcache_block_size=8,
+        num_kvcache_blocks=96,
+        max_num_seqs=8,
+        decode_lookahead=request.param,
+    )
 
 
 def _run(llm: LLM, prompt: list[int], request_id: str) -> dict[int, list[int]]:
@@ -59,6 +67,8 @@ def test_abort_completion_2_of_4_mid_decode(llm):
     for index in (0, 1, 3):
         assert tokens[index] == reference[index] and len(tokens[index]) == SP.max_tokens
     assert tokens[2] == reference[2][: len(tokens[2])] and len(tokens[2]) < SP.max_tokens
+    runner = llm.model_runner
+    assert not runner.uses_lookahead or runner.num_foreseen_steps > 0
     assert [q.finish_reason for q in group] == [
         FinishReason.LENGTH,
         FinishReason.LENGTH,
