@@ -123,7 +123,8 @@ def test_n_over_max_num_seqs_is_refused(llm):
 )
 def test_random_forks_priorities_and_aborts_keep_invariants(seed, num_blocks, block_size, budget):
     """Reference counts equal the holders, and every block comes back, under any interleaving of
-    n > 1 requests, priorities, copy-on-write, preemption and aborts of whole requests."""
+    n > 1 requests, priorities, copy-on-write, preemption and aborts of whole requests or of one
+    completion (before the fork too)."""
     rng = random.Random(seed)
     max_num_seqs = rng.randint(1, 6)
     s = make(num_blocks, block_size, max_num_seqs=max_num_seqs, max_tokens=budget)
@@ -143,6 +144,17 @@ def test_random_forks_priorities_and_aborts_keep_invariants(seed, num_blocks, bl
         elif r < 0.32 and live:
             for q in _group(live.pop(rng.randrange(len(live)))):
                 s.abort(q)
+        elif r < 0.38 and live:  # one completion (LLMEngine.abort_completion's two paths)
+            seq = live[rng.randrange(len(live))]
+            n = seq.sampling_params.n
+            if seq.group is not None and len(seq.group) < n:  # not forked: ends at the fork
+                if len(seq.aborted_indices) < n - 1:
+                    seq.aborted_indices.add(rng.randrange(n))
+            else:
+                open_ = [q for q in _group(seq) if not q.is_finished]
+                if open_:
+                    s.abort(rng.choice(open_))
+            live = [q for q in live if not all(c.is_finished for c in _group(q))]
         else:
             seqs, _ = s.schedule()
             for src, dst in s.block_manager.take_copies():
