@@ -1,10 +1,18 @@
 """LLMEngine.abort_completion: one of an n > 1 request's completions ends early (its caller matched
 a stop string); its own blocks are freed, the blocks it shares stay with the others, which finish
-with the tokens they would have had, and the request ends when they have."""
+with the tokens they would have had, and the request ends when they have. Above it, the worker's
+gRPC side (AsyncEngine, WorkerSession) counts the completion as ended and writes nothing more of
+it."""
+
+import asyncio
+import collections
 
 import pytest
-from nanoserve.worker import LLM, SamplingParams
+from nanoserve.worker import LLM, SamplingParams, engine_core
+from nanoserve.worker.async_engine import AsyncEngine
 from nanoserve.worker.engine.sequence import FinishReason
+from nanoserve.worker.output_stream import Completion, Stream
+from nanoserve.worker.session import WorkerSession
 
 from tests.unit.hf_reference import make_hf_model
 from tests.unit.test_engine_parity import assert_clean, prompts_of
@@ -112,44 +120,72 @@ def _run_with(llm: LLM, prompt: list[int], request_id: str) -> dict[int, list[in
     return _run(llm, prompt, request_id)
 
 
+class Sink:
+    """The core's end of the pipe: the frames AsyncEngine sends, decoded."""
+
+    def __init__(self) -> None:
+        self.frames: list[list] = []
+
+    def send_bytes(self, data: bytes) -> None:
+        self.frames.append(engine_core.decode(data))
+
+
+def bookkeeping_engine() -> AsyncEngine:
+    """An AsyncEngine without its core process (call in a running loop): streams, frames out."""
+    engine = AsyncEngine.__new__(AsyncEngine)
+    engine.loop, engine.to_core, engine.error = asyncio.get_running_loop(), Sink(), None
+    engine.adds, engine.aborts, engine.completion_aborts = [], [], []
+    engine.flush_scheduled, engine.histograms, engine.num_finished = False, None, 0
+    engine.streams, engine.by_request_id, engine.load = {}, {}, None
+    engine.history = collections.deque()
+    return engine
+
+
+LOAD = [0.0] + [0] * 10
+FINISH = ["length", 3, 2, 0, None, 0.0, 0.0, 0.0]
+
+
 def test_async_engine_counts_an_aborted_completion_as_ended():
     """AsyncEngine.abort_completion: the completion ends without output (late ids from the core are
     dropped), the others still report; aborting the last open one releases the whole request."""
-    import asyncio
-    import collections
-
-    from nanoserve.worker import engine_core
-    from nanoserve.worker.async_engine import AsyncEngine
-    from nanoserve.worker.output_stream import Completion, Stream
-
-    class Sink:
-        def __init__(self) -> None:
-            self.frames: list[list] = []
-
-        def send_bytes(self, data: bytes) -> None:
-            self.frames.append(engine_core.decode(data))
 
     async def main() -> None:
-        engine = AsyncEngine.__new__(AsyncEngine)  # only the bookkeeping: no engine process
-        engine.loop, engine.to_core, engine.error = asyncio.get_running_loop(), Sink(), None
-        engine.adds, engine.aborts, engine.completion_aborts = [], [], []
-        engine.flush_scheduled, engine.histograms, engine.num_finished = False, None, 0
-        engine.streams, engine.by_request_id, engine.load = {}, {}, None
-        engine.history = collections.deque()
+        engine = bookkeeping_engine()
         stream = Stream("r", 5, completions=[Completion() for _ in range(3)])
         engine.streams[5] = stream
         assert engine.abort_completion(stream, 1)
         assert not engine.abort_completion(stream, 1) and not engine.abort_completion(stream, 3)
         await asyncio.sleep(0)  # the flush
         assert engine.to_core.frames == [[[], [], False, [[5, 1]]]]
-        load = [0.0] + [0] * 10
-        finish = ["length", 3, 2, 0, None, 0.0, 0.0, 0.0]
-        engine._on_step(load, [[5, [7, 8], finish, 0], [5, [9], None, 1]])
+        engine._on_step(LOAD, [[5, [7, 8], FINISH, 0], [5, [9], None, 1]])
         assert [t.index for t in stream.take()] == [0]  # completion 1's late id is dropped
         assert not stream.finished and 5 in engine.streams
         assert engine.abort_completion(stream, 2)  # the last open one: the request ends
         assert stream.finished and 5 not in engine.streams
         await asyncio.sleep(0)
         assert engine.to_core.frames[-1] == [[], [5], False, []]
+
+    asyncio.run(main())
+
+
+def test_session_writes_what_the_others_left_when_the_last_open_one_is_aborted():
+    """A completion's finish still waiting in the session when the frontend aborts the request's
+    last open completion is written all the same, and the request leaves the session."""
+
+    async def main() -> None:
+        engine = bookkeeping_engine()
+        session = WorkerSession(engine, 8, check_ready=lambda: engine)
+        stream = Stream("r", 5, owner=session.collector)
+        stream.completions += [Completion()]
+        engine.streams[5], session.live["r"] = stream, stream
+        engine._on_step(LOAD, [[5, [7, 8], FINISH, 0], [5, [9], None, 1]])  # 0 ends, not taken
+        session.abort_completion("r", 1)  # the frontend matched a stop string in completion 1
+        session.abort_completion("unknown", 0)
+        response = session.take_outputs()
+        assert [(o.index, list(o.token_ids)) for o in response.outputs] == [(0, [7, 8])]
+        assert response.outputs[0].usage.completion_tokens == 2
+        assert "r" not in session.live and 5 not in engine.streams
+        await asyncio.sleep(0)
+        assert engine.to_core.frames == [[[], [5], False, []]]
 
     asyncio.run(main())
