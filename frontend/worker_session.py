@@ -20,6 +20,16 @@ from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 logger = logging.getLogger(__name__)
 
 
+# Entries per list in one SessionRequest: the worker refuses a batch past 4 x its
+# max_queued_requests + 1024 (worker.session.session_list_bound), so a frontend that admits more
+# than that at once still sends batches it takes.
+MAX_BATCH = 1024
+
+
+def _size(message: worker_pb2.SessionRequest) -> int:
+    return max(len(message.adds), len(message.aborts), len(message.completion_aborts))
+
+
 @dataclass(eq=False, slots=True)
 class Pending:
     """One request's output not yet taken by its handler, per completion (SamplingParams.n): new
@@ -149,13 +159,16 @@ class WorkerSession:
 
     def _flush(self) -> None:
         self.flush_scheduled = False
-        if self.adds or self.aborts or self.completion_aborts:
+        adds, aborts, completion_aborts = self.adds, self.aborts, self.completion_aborts
+        self.adds, self.aborts, self.completion_aborts = [], [], []
+        for i in range(0, max(len(adds), len(aborts), len(completion_aborts)), MAX_BATCH):
             self.outbox.put_nowait(
                 worker_pb2.SessionRequest(
-                    adds=self.adds, aborts=self.aborts, completion_aborts=self.completion_aborts
+                    adds=adds[i : i + MAX_BATCH],
+                    aborts=aborts[i : i + MAX_BATCH],
+                    completion_aborts=completion_aborts[i : i + MAX_BATCH],
                 )
             )
-            self.adds, self.aborts, self.completion_aborts = [], [], []
 
     async def _write(self, call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue) -> None:
         with contextlib.suppress(
@@ -165,6 +178,10 @@ class WorkerSession:
                 message = await outbox.get()
                 while not outbox.empty():  # the previous write was slow: merge what queued up
                     more = outbox.get_nowait()
+                    if _size(message) + _size(more) > MAX_BATCH:
+                        await call.write(message)
+                        message = more
+                        continue
                     message.adds.extend(more.adds)
                     message.aborts.extend(more.aborts)
                     message.completion_aborts.extend(more.completion_aborts)

@@ -150,6 +150,11 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         """Abort requests by id, on GenerateTokens calls and Session streams (where the frontend's
         `id#n` answers to the client's `id`); they end ABORTED. Unknown ids are ignored."""
         engine = self._ready()
+        if len(request.request_ids) > self.config.max_queued_requests:  # bounded before walked
+            raise InvalidArgument(
+                f"more than max_queued_requests ({self.config.max_queued_requests}) ids",
+                field="request_ids",
+            )
         num_aborted = 0
         for request_id in request.request_ids:
             num_aborted += engine.abort(request_id)

@@ -54,11 +54,22 @@ class WorkerSession:
         self.timers: dict[str, asyncio.TimerHandle] = {}
         self.refused: list[worker_pb2.SessionOutput] = []  # requests ended outside the engine
         self.reading = True
+        self.error: InvalidArgument | None = None  # a message past the bounds ends the session
 
     async def read(self, requests: AsyncIterator[worker_pb2.SessionRequest]) -> None:
         """Applies the frontend's batches until it closes its side of the stream."""
         try:
             async for message in requests:
+                # bounded before walked: a frontend never has more live requests on a worker
+                # than max_queued_requests, so a batch past this bound is not one (nothing of
+                # it is applied; the session ends with INVALID_ARGUMENT)
+                bound = session_list_bound(self.max_queued_requests)
+                for name in ("adds", "aborts", "completion_aborts"):
+                    if len(getattr(message, name)) > bound:
+                        self.error = InvalidArgument(
+                            f"more than {bound} entries in one message", field=name
+                        )
+                        return
                 for request_id in message.aborts:
                     if self.abort(request_id):
                         log_request_end(request_id, "CANCELLED", CANCELLED_BY_CALLER)
@@ -205,11 +216,17 @@ class WorkerSession:
 
     async def responses(self) -> AsyncIterator[worker_pb2.SessionResponse]:
         """Until the frontend has closed its side and no request of the session is live."""
-        while self.reading or self.live or self.refused:
+        while self.error is None and (self.reading or self.live or self.refused):
             await self.collector.event.wait()
             response = self.take_outputs()
             if response.outputs:
                 yield response
+
+
+def session_list_bound(max_queued_requests: int) -> int:
+    """The most adds, aborts or completion aborts one SessionRequest may carry (several per
+    live request: a request can be added, aborted and, with n > 1, end completions in one pass)."""
+    return 4 * max_queued_requests + 1024
 
 
 async def run_session(
@@ -222,6 +239,8 @@ async def run_session(
     try:
         async for response in session.responses():
             yield response
+        if session.error is not None:
+            raise session.error
     finally:
         reader.cancel()
         session.close(why_closed())

@@ -170,3 +170,27 @@ def test_two_frontends_share_a_port_with_reuse_port(services, tiny_model_dir) ->
             second.stop()
     finally:
         first.stop()
+
+
+def test_lists_past_their_bound_are_refused_naming_the_field(services, stub) -> None:
+    """A batch longer than any frontend sends (4 x max_queued_requests + 1024, 4096 queued by
+    default) ends the session with INVALID_ARGUMENT before any entry is walked; operator Abort
+    takes at most max_queued_requests ids. The worker serves the next call as before."""
+    for name in ("aborts", "completion_aborts"):
+        session = Session(stub)
+        if name == "aborts":
+            session.send(aborts=[str(i) for i in range(4 * 4096 + 1025)])
+        else:
+            too_many = [worker_pb2.CompletionAbort(request_id="r", index=1)] * (4 * 4096 + 1025)
+            session.requests.put(worker_pb2.SessionRequest(completion_aborts=too_many))
+        with pytest.raises(grpc.RpcError) as e:
+            session.read_until(lambda by_id: False)
+        session.close()
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert name in e.value.details()
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Abort(worker_pb2.AbortRequest(request_ids=["x"] * 4097), timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "request_ids" in e.value.details()
+    assert stub.Abort(worker_pb2.AbortRequest(request_ids=["x"]), timeout=30).num_aborted == 0
+    assert_idle(services.worker.address)
