@@ -132,3 +132,21 @@ def test_chunks_under_tensor_parallelism(model_path):
     for out, (ids, _, prompt) in zip(outs, single):
         assert out.token_ids == ids
         assert_same_entries(out.prompt_logprobs, prompt, atol=1e-4)  # sharded GEMMs
+
+
+def test_forked_completions_never_recompute_the_prompt_logprobs(model_path):
+    """n = 3 under preemption: the parent computes the prompt's logprobs once; a preempted fork
+    recomputes its KV only (no second set of prompt rows, no refusal of prefix hits)."""
+    llm = LLM(model_path, device="cpu", kvcache_block_size=8, num_kvcache_blocks=14)
+    sp = SamplingParams(
+        n=3, temperature=1.0, seed=1, max_tokens=24, ignore_eos=True, prompt_logprobs=1
+    )
+    for prompt in prompts_of([30, 26], seed=4):
+        llm.add_request(prompt, sp)
+    handed: dict[int, int] = {}  # seq_id -> prompt entries handed out
+    while not llm.is_finished():
+        for out in llm.step():
+            if out.prompt_logprobs:
+                handed[out.seq.seq_id] = handed.get(out.seq.seq_id, 0) + len(out.prompt_logprobs)
+    assert llm.scheduler.num_preemptions > 0
+    assert sorted(handed.values()) == [25, 29]  # one set per request, from its parent
