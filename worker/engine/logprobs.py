@@ -83,7 +83,9 @@ class PromptLogprobs:
     def __init__(self, rows: PromptRows, device: torch.device) -> None:
         self.rows = rows
         self.targets = torch.from_numpy(rows.targets).to(device)
-        self.packed = torch.empty(len(rows.targets), 2 + 2 * rows.k, device=device)
+        self.packed = torch.empty(
+            len(rows.targets), 2 + 2 * rows.k, device=device, dtype=torch.float32
+        )
 
     def add(self, start: int, logits: torch.Tensor) -> None:
         """logits (C, V): the prompt rows start .. start + C."""
