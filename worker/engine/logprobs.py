@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from nanoserve.worker.engine.sequence import Sequence
 from nanoserve.worker.sampler import SamplingTensors, processed_logits
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+
 from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.context import get_context, reset_context, set_context
 from nanoserve.worker.distributed import init_symmetric_all_reduce

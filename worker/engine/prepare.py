@@ -6,6 +6,7 @@ those come last among the logit rows (StepInputs.num_prompt_rows; PromptRows say
 """
 
 import numpy as np
+
 from nanoserve.worker.engine.logprobs import PROMPT_CHUNK_ROWS, PromptRows
 from nanoserve.worker.engine.prefill_graph import pad_to_bucket
 from nanoserve.worker.engine.sequence import Sequence
