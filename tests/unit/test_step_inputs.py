@@ -24,6 +24,8 @@ def example() -> StepInputs:
         np.array([1, 4]),
         3,
         5,
+        num_prompt_rows=1,
+        prompt_chunk_rows=256,
     )
 
 
@@ -43,6 +45,7 @@ def test_round_trip_and_length():
     ):
         assert np.array_equal(getattr(x, field), getattr(y, field)), field
     assert (y.is_prefill, y.max_seqlen_q, y.max_seqlen_k) == (True, 3, 5)
+    assert (y.num_prompt_rows, y.prompt_chunk_rows) == (1, 256)  # every rank chunks alike
     assert len(msg) <= max_message_words(5, 2, 3)
 
 

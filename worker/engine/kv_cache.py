@@ -1,13 +1,16 @@
 """How many KV-cache blocks a ModelRunner allocates: on CUDA, the memory left after the weights
-and the peak of the largest step (measured by running it once without a cache).
+and the peak of the largest step (measured by running it once without a cache, with one chunk of
+prompt-logprob rows).
 """
 
 import logging
 import numpy as np
 import torch
 
+from nanoserve.sampling_rules import MAX_LOGPROBS
 from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.context import reset_context, set_context
+from nanoserve.worker.engine.logprobs import PROMPT_CHUNK_ROWS, pack, prompt_chunk_bytes
 from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM
 from nanoserve.worker.sampler import SamplingTensors, sample
 
@@ -37,13 +40,16 @@ def blocks_that_fit(
     budget = (
         total * config.gpu_memory_utilization - (total - free) - (peak - current) - graph_reserve
     )
+    vocab, dtype = model.config.vocab_size, model.lm_head.weight.dtype
     logger.info(
         "GPU memory: total %.1f GiB, in use %.1f GiB, warm-up peak %.1f GiB over %.1f GiB "
-        "resident -> %.1f GiB for the KV cache",
+        "resident (a prompt-logprob chunk of %d rows: %.2f GiB) -> %.1f GiB for the KV cache",
         total / 2**30,
         (total - free) / 2**30,
         peak / 2**30,
         current / 2**30,
+        PROMPT_CHUNK_ROWS,
+        prompt_chunk_bytes(PROMPT_CHUNK_ROWS, vocab, dtype) / 2**30,
         budget / 2**30,
     )
     return int(budget) // block_bytes
@@ -53,7 +59,10 @@ def blocks_that_fit(
 def largest_step(
     config: EngineConfig, device: torch.device, model: Qwen3ForCausalLM, max_model_len: int
 ) -> None:
-    """Forward and sample the largest step the config allows, without a cache (its peak memory)."""
+    """Forward and sample the largest step the config allows, without a cache (its peak memory),
+    and reduce one chunk of prompt-logprob rows the way ModelRunner.execute does: its peak
+    (prompt_chunk_bytes, ~0.5 GB for Qwen3 in bf16) over the step's hidden states is the most a
+    prompt_logprobs request adds to a step, whatever its prompt length."""
     cfg = config
     num_tokens = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * max_model_len)
     num_seqs = min(cfg.max_num_seqs, num_tokens)
@@ -70,6 +79,10 @@ def largest_step(
     input_ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
     positions = torch.cat([torch.arange(n, device=device) for n in lens])
     hidden = model(input_ids, positions)
+    rows = min(PROMPT_CHUNK_ROWS, num_tokens)
+    chunk = model.compute_logits(hidden[:rows]).float().log_softmax(dim=-1)
+    pack(chunk, input_ids[:rows], MAX_LOGPROBS)
+    del chunk
     logits = model.compute_logits(hidden[cu[1:].long() - 1])
     t = SamplingTensors(
         temperatures=torch.ones(num_seqs, device=device),

@@ -2,10 +2,12 @@
 
 ModelRunner.run asks StepLogprobs.compute after sampling: output rows whose request set `logprobs`
 (raw logits, or the sampler's processed ones) and the extra prompt rows a prefill step computed for
-requests that set `prompt_logprobs` (PromptRows). Each becomes one packed float32 tensor, copied to
-the host with the sampled ids and unpacked into entries [token_id, logprob, rank, top_ids,
-top_logprobs] on the Sequences; LLMEngine hands them out with the ids. A step where no row asks
-costs one pass over the sequences' parameters on the host and nothing on the device.
+requests that set `prompt_logprobs` (PromptRows). Prompt rows never exist as one (P, vocab) tensor:
+ModelRunner.execute runs their LM head PROMPT_CHUNK_ROWS rows at a time and PromptLogprobs packs
+each chunk as it comes. Each becomes one packed float32 tensor, copied to the host with the sampled
+ids and unpacked into entries [token_id, logprob, rank, top_ids, top_logprobs] on the Sequences;
+LLMEngine hands them out with the ids. A step where no row asks costs one pass over the
+sequences' parameters on the host and nothing on the device.
 """
 
 from dataclasses import dataclass
@@ -16,9 +18,21 @@ import torch
 from nanoserve.worker.engine.sequence import Sequence
 from nanoserve.worker.sampler import SamplingTensors, processed_logits
 
-# prompt rows are reduced this many at a time: a float32 (rows, vocab) log_softmax of a whole
-# 8k-token chunk of Qwen3 would take 5 GiB
+# Prompt-logprob rows go through the LM head and the reduction this many at a time, so a step's
+# extra memory is bounded whatever its prompt length (a whole 8k-token chunk of Qwen3 would hold
+# 8192 x 151936 logits: 2.5 GB in bf16, 5 GB more in float32). One chunk's peak is
+# prompt_chunk_bytes() (256 rows of Qwen3's vocab: ~0.5 GB); the KV-cache warm-up runs one
+# (worker.engine.kv_cache), so the cache leaves room for it.
 PROMPT_CHUNK_ROWS = 256
+
+
+def prompt_chunk_bytes(rows: int, vocab: int, dtype: torch.dtype) -> int:
+    """Peak bytes of one prompt chunk: its logits (dtype; under tensor parallelism the gathered
+    copy and the rank's shard, at most twice), their float32 copy, its float32 log_softmax and
+    pack()'s (rows, vocab) comparison mask (1 byte). 256 x 151936 x (2 x 2 + 4 + 4 + 1) B = 0.51 GB
+    at worst in bf16; topk's (rows, k) outputs are noise."""
+    return rows * vocab * (2 * dtype.itemsize + 4 + 4 + 1)
+
 
 Entry = list  # [token_id, logprob, rank, top_ids, top_logprobs]
 
@@ -51,18 +65,34 @@ def unpack(host: np.ndarray, token_ids: list[int], ks: list[int]) -> list[Entry]
 
 @dataclass(slots=True)
 class PromptRows:
-    """Where a prefill step's prompt-logprob rows are among its logit rows (ModelRunner builds the
-    step with them: worker.engine.prepare)."""
+    """A prefill step's prompt-logprob positions (worker.engine.prepare): the last P of its logit
+    rows, sequence after sequence."""
 
     seqs: list[Sequence]  # the sequences with prompt positions in this step
     counts: list[int]  # how many positions each has here
-    logit_index: np.ndarray  # (P,) the positions' rows among the step's logit rows
     targets: np.ndarray  # (P,) the prompt token each position predicts
-    sample_index: np.ndarray  # (S,) the rows of the sequences that sample this step
 
     @property
     def k(self) -> int:
         return max(seq.sampling_params.prompt_logprobs or 0 for seq in self.seqs)
+
+
+class PromptLogprobs:
+    """Packs a step's prompt rows chunk by chunk, as ModelRunner.execute computes their logits:
+    (P, 2 + 2k) float32 in the end, no (P, vocab) tensor ever."""
+
+    def __init__(self, rows: PromptRows, device: torch.device) -> None:
+        self.rows = rows
+        self.targets = torch.from_numpy(rows.targets).to(device)
+        self.packed = torch.empty(
+            len(rows.targets), 2 + 2 * rows.k, device=device, dtype=torch.float32
+        )
+
+    def add(self, start: int, logits: torch.Tensor) -> None:
+        """logits (C, V): the prompt rows start .. start + C."""
+        end = start + logits.shape[0]
+        logprobs = logits.float().log_softmax(dim=-1)
+        self.packed[start:end] = pack(logprobs, self.targets[start:end], self.rows.k)
 
 
 class StepLogprobs:
@@ -81,23 +111,22 @@ class StepLogprobs:
         logits: torch.Tensor,
         ids: torch.Tensor,
         seqs: list[Sequence],
-        t: SamplingTensors,
-        prompt_logits: torch.Tensor | None = None,
-        prompt_rows: PromptRows | None = None,
+        t: SamplingTensors | None,
+        prompt: PromptLogprobs | None = None,
     ) -> "StepLogprobs | None":
-        """logits (B, V) the sampled rows' (ids (B,)), seqs the B sequences that sampled;
-        prompt_logits (R, V) all the step's logit rows (prompt_rows says which are prompt
-        positions). None when nothing is asked (no device work)."""
+        """logits (B, V) the sampled rows' (ids (B,)), seqs the B sequences that sampled (t their
+        sampling tensors; None when B = 0); prompt: the step's prompt rows, packed. None when
+        nothing is asked (no device work)."""
         rows = [i for i, seq in enumerate(seqs) if seq.sampling_params.logprobs is not None]
-        if not rows and prompt_rows is None:
+        if not rows and prompt is None:
             return None
         self = cls()
         if rows:
+            assert t is not None
             self.out_rows, self.out_seqs = rows, [seqs[i] for i in rows]
             self.out = self._output(logits, ids, t)
-        if prompt_rows is not None:
-            assert prompt_logits is not None
-            self.prompt_rows, self.prompt = prompt_rows, _prompt(prompt_logits, prompt_rows)
+        if prompt is not None:
+            self.prompt_rows, self.prompt = prompt.rows, prompt.packed
         return self
 
     def _output(self, logits: torch.Tensor, ids: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
@@ -142,21 +171,3 @@ class StepLogprobs:
                 seq.new_prompt_logprobs += entries[at : at + n]
                 seq.num_prompt_logprobs += n
                 at += n
-
-
-def _prompt(logits: torch.Tensor, rows: PromptRows) -> torch.Tensor:
-    """The step's (R, V) logits -> (P, 2 + 2k) packed rows of its prompt positions, gathered and
-    reduced PROMPT_CHUNK_ROWS at a time."""
-    index = torch.from_numpy(rows.logit_index).to(logits.device)
-    targets = torch.from_numpy(rows.targets).to(logits.device)
-    k, n = rows.k, len(rows.targets)
-    return torch.cat(
-        [
-            pack(
-                logits[index[i : i + PROMPT_CHUNK_ROWS]].float().log_softmax(dim=-1),
-                targets[i : i + PROMPT_CHUNK_ROWS],
-                k,
-            )
-            for i in range(0, n, PROMPT_CHUNK_ROWS)
-        ]
-    )

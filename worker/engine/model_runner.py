@@ -25,7 +25,12 @@ from nanoserve.worker.engine.device import (
     resolve_dtype,
 )
 from nanoserve.worker.engine.kv_cache import blocks_that_fit
-from nanoserve.worker.engine.logprobs import StepLogprobs
+from nanoserve.worker.engine.logprobs import (
+    PROMPT_CHUNK_ROWS,
+    PromptLogprobs,
+    PromptRows,
+    StepLogprobs,
+)
 from nanoserve.worker.engine.lookahead import Foreseen, foreseen_rows, next_decode_inputs
 from nanoserve.worker.engine.prefill_graph import (
     PrefillGraphRunner,
@@ -95,6 +100,8 @@ class ModelRunner:
         for layer in self.attention_layers:
             layer.backend = backend
         self.num_kvcache_blocks = self.allocate_kv_cache()
+        # prompt-logprob rows per LM-head call (the cache sizing above left room for this many)
+        self.prompt_chunk_rows = PROMPT_CHUNK_ROWS
         # prefill steps are padded to token-count buckets whether or not graphs run them, so eager
         # and graphs run the same GEMM shapes (greedy identity); TP ranks prefill eagerly
         max_graph_tokens = min(config.max_num_batched_tokens, config.prefill_graph_max_tokens)
@@ -205,7 +212,10 @@ class ModelRunner:
     # ---- inputs ---------------------------------------------------------------------------------
 
     def prepare_prefill(self, seqs: list[Sequence]) -> StepInputs:
-        return prepare_prefill(seqs, self.block_size, self.prefill_buckets)[0]
+        return self._prepare_prefill(seqs)[0]
+
+    def _prepare_prefill(self, seqs: list[Sequence]) -> tuple[StepInputs, PromptRows | None]:
+        return prepare_prefill(seqs, self.block_size, self.prefill_buckets, self.prompt_chunk_rows)
 
     def prepare_decode(self, seqs: list[Sequence]) -> StepInputs:
         return prepare_decode(seqs, self.block_size)
@@ -245,10 +255,17 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(
-        self, x: StepInputs, msg: np.ndarray | None = None, input_ids: torch.Tensor | None = None
+        self,
+        x: StepInputs,
+        msg: np.ndarray | None = None,
+        input_ids: torch.Tensor | None = None,
+        prompt: PromptLogprobs | None = None,
     ) -> torch.Tensor | None:
-        """Forward one step on this rank; returns the (R, vocab) logits (None when R = 0).
-        input_ids: the step's token ids as a device tensor, overriding x.input_ids (lookahead)."""
+        """Forward one step on this rank; returns the (S, vocab) logits of its sampled rows, the
+        first S = R - x.num_prompt_rows logit rows (None when S = 0). input_ids: the step's token
+        ids as a device tensor, overriding x.input_ids (lookahead). The prompt rows' logits go to
+        `prompt` (rank 0) a chunk at a time; the other ranks compute and drop them (their
+        all-gathers pair with rank 0's)."""
         self.num_forwards += 1
         if not x.is_prefill and self.graphs is not None and self.graphs.can_run(len(x.input_ids)):
             return self.graphs.run(x, input_ids)  # decode: one copy in, one replay (+ LM head)
@@ -265,10 +282,18 @@ class ModelRunner:
         else:
             hidden = self.model(ids if input_ids is None else input_ids, positions)
         reset_context()
-        if len(x.logit_rows) == 0:
+        num_sampled = len(x.logit_rows) - x.num_prompt_rows
+        for start in range(0, x.num_prompt_rows, max(x.prompt_chunk_rows, 1)):
+            # (C, hidden) -> (C, vocab): at most prompt_chunk_rows rows of logits at a time
+            chunk = rows[num_sampled + start : num_sampled + start + x.prompt_chunk_rows]
+            logits = self.model.compute_logits(hidden[chunk])
+            if prompt is not None:
+                prompt.add(start, logits)
+            del logits
+        if num_sampled == 0:
             return None
-        if len(x.logit_rows) < hidden.shape[0]:
-            hidden = hidden[rows]
+        if num_sampled < hidden.shape[0] or x.num_prompt_rows:
+            hidden = hidden[rows[:num_sampled]]
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()  # the cache is an inference tensor
@@ -310,9 +335,11 @@ class ModelRunner:
     ) -> list[int | None]:
         """Forward one batch; returns the sampled id per sequence (None for a non-final chunk).
         lookahead: the caller expects the next step to decode the same sequences (nothing waits)."""
-        prompt_rows = None
+        prompt = None
         if is_prefill:
-            x, prompt_rows = prepare_prefill(seqs, self.block_size, self.prefill_buckets)
+            x, prompt_rows = self._prepare_prefill(seqs)
+            if prompt_rows is not None:  # the last logit rows are prompt positions
+                prompt = PromptLogprobs(prompt_rows, self.device)
         else:
             x = prepare_decode(seqs, self.block_size)
         logits = self._take_foreseen(seqs, x)
@@ -321,17 +348,17 @@ class ModelRunner:
             if self.publish is not None:
                 msg = x.encode()
                 self.publish(msg)  # the other tensor-parallel ranks run the same step
-            logits = self.execute(x, msg)
-        if logits is None:
+            logits = self.execute(x, msg, prompt=prompt)
+        if logits is None:  # no sequence samples (mid-prompt chunks), maybe prompt rows
+            lp = StepLogprobs.compute(torch.empty(0), torch.empty(0), [], None, prompt)
+            if lp is not None:
+                lp.finish([])  # a blocking copy: no sampled ids to wait for
             return [None] * len(seqs)
-        all_logits = logits
-        if prompt_rows is not None:  # some rows are prompt positions (prompt logprobs)
-            logits = logits[torch.from_numpy(prompt_rows.sample_index).to(logits.device)]
         done = [i for i, seq in enumerate(seqs) if seq.samples_this_step]
         t = self.prepare_sample([seqs[i] for i in done])
         ids = sample(logits, t, self.sample_generator)  # (R,) on the device
         # before the step forwarded ahead replays the graph whose output `logits` may view
-        lp = StepLogprobs.compute(logits, ids, [seqs[i] for i in done], t, all_logits, prompt_rows)
+        lp = StepLogprobs.compute(logits, ids, [seqs[i] for i in done], t, prompt)
         if lp is not None:
             lp.start_copy()
         nxt = None

@@ -1,13 +1,13 @@
 """Builds one step's StepInputs from the scheduled Sequences (ModelRunner.run, then the forward).
 
 A prefill step computes logits for the last token of each sequence that samples, and, for a
-sequence that asked for prompt logprobs, for every prompt position of its chunk not done yet
-(PromptRows says where those rows are).
+sequence that asked for prompt logprobs, for every prompt position of its chunk not done yet:
+those come last among the logit rows (StepInputs.num_prompt_rows; PromptRows says whose they are).
 """
 
 import numpy as np
 
-from nanoserve.worker.engine.logprobs import PromptRows
+from nanoserve.worker.engine.logprobs import PROMPT_CHUNK_ROWS, PromptRows
 from nanoserve.worker.engine.prefill_graph import pad_to_bucket
 from nanoserve.worker.engine.sequence import Sequence
 from nanoserve.worker.engine.step_inputs import StepInputs
@@ -23,9 +23,13 @@ def block_tables(seqs: list[Sequence]) -> np.ndarray:
 
 
 def prepare_prefill(
-    seqs: list[Sequence], block_size: int, buckets: list[int]
+    seqs: list[Sequence],
+    block_size: int,
+    buckets: list[int],
+    prompt_chunk_rows: int = PROMPT_CHUNK_ROWS,
 ) -> tuple[StepInputs, PromptRows | None]:
-    """A step with prompt tokens; a mixed step's decodes come first, as 1-token extends."""
+    """A step with prompt tokens; a mixed step's decodes come first, as 1-token extends.
+    prompt_chunk_rows: the prompt-logprob rows one LM-head call takes (ModelRunner.execute)."""
     bs = block_size
     input_ids, positions, slots, q_lens, k_lens = [], [], [], [], []
     for seq in seqs:
@@ -39,9 +43,10 @@ def prepare_prefill(
     cu_q = np.concatenate([[0], np.cumsum(q_lens)])
     # logits only for sequences whose prompt is complete after this step (not for a mid chunk)
     rows = [cu_q[i + 1] - 1 for i, seq in enumerate(seqs) if seq.samples_this_step]
-    prompt = None
+    prompt, num_prompt_rows = None, 0
     if any(seq.needs_prompt_logprobs for seq in seqs):
-        rows, prompt = _with_prompt_rows(seqs, cu_q)
+        prompt_rows, prompt = _prompt_rows(seqs, cu_q)
+        rows, num_prompt_rows = rows + prompt_rows, len(prompt_rows)
     x = StepInputs(
         True,
         np.asarray(input_ids),
@@ -53,44 +58,34 @@ def prepare_prefill(
         np.asarray(rows, dtype=np.int64),
         max(q_lens),
         max(k_lens),
+        num_prompt_rows,
+        prompt_chunk_rows,
     )
     return pad_to_bucket(x, buckets), prompt
 
 
-def _with_prompt_rows(
-    seqs: list[Sequence], cu_q: np.ndarray
-) -> tuple[list[int], PromptRows | None]:
-    """The step's logit rows (ascending) when some sequence wants prompt logprobs: position p's
-    logits give the logprob of prompt token p + 1, for the tokens after those already done."""
+def _prompt_rows(seqs: list[Sequence], cu_q: np.ndarray) -> tuple[list[int], PromptRows | None]:
+    """The step's prompt-position rows, sequence after sequence: position p's logits give the
+    logprob of prompt token p + 1, for the tokens after those already done. Their number is at
+    most the step's tokens (max_num_batched_tokens): that bounds a step's prompt rows."""
     rows: list[int] = []
-    prompt_index: list[int] = []
-    sample_index: list[int] = []
     targets: list[int] = []
     asking: list[Sequence] = []
     counts: list[int] = []
     for i, seq in enumerate(seqs):
+        if not seq.needs_prompt_logprobs:
+            continue
         start = seq.num_computed_tokens
         end = start + seq.num_scheduled_tokens
-        if seq.needs_prompt_logprobs:
-            lo, hi = max(start, seq.num_prompt_logprobs), min(end, seq.num_prompt_tokens - 1)
-            if lo < hi:
-                prompt_index += range(len(rows), len(rows) + hi - lo)
-                rows += range(cu_q[i] + lo - start, cu_q[i] + hi - start)
-                targets += seq.token_ids[lo + 1 : hi + 1]
-                asking.append(seq)
-                counts.append(hi - lo)
-        if seq.samples_this_step:
-            sample_index.append(len(rows))
-            rows.append(cu_q[i + 1] - 1)
+        lo, hi = max(start, seq.num_prompt_logprobs), min(end, seq.num_prompt_tokens - 1)
+        if lo < hi:
+            rows += range(cu_q[i] + lo - start, cu_q[i] + hi - start)
+            targets += seq.token_ids[lo + 1 : hi + 1]
+            asking.append(seq)
+            counts.append(hi - lo)
     if not asking:  # a chunk whose positions are all done (a recompute after preemption)
         return rows, None
-    return rows, PromptRows(
-        asking,
-        counts,
-        np.asarray(prompt_index, dtype=np.int64),
-        np.asarray(targets, dtype=np.int64),
-        np.asarray(sample_index, dtype=np.int64),
-    )
+    return rows, PromptRows(asking, counts, np.asarray(targets, dtype=np.int64))
 
 
 def prepare_decode(seqs: list[Sequence], block_size: int) -> StepInputs:

@@ -153,6 +153,9 @@ class Sequence:
         self.group.append(child)
         child.num_computed_tokens = self.num_prompt_tokens - 1
         child.num_cached_tokens = self.num_cached_tokens
+        # the parent computed the prompt's logprobs: a preempted child recomputes its KV, not
+        # them (nor does it refuse prefix-cache hits for them)
+        child.num_prompt_logprobs = self.num_prompt_logprobs
         child.status = SequenceStatus.RUNNING
         return child
 

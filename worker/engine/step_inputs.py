@@ -28,6 +28,10 @@ class StepInputs:
     logit_rows: np.ndarray  # (R,) rows of the hidden states to compute logits for
     max_seqlen_q: int
     max_seqlen_k: int
+    # the last P of the R logit rows are prompt positions (prompt logprobs): every rank computes
+    # their LM head prompt_chunk_rows at a time (the same all-gathers under tensor parallelism)
+    num_prompt_rows: int = 0
+    prompt_chunk_rows: int = 0
 
     @property
     def dims(self) -> tuple[int, int, int, int]:
@@ -41,13 +45,15 @@ class StepInputs:
 
     def encode(self, cmd: int = CMD_STEP) -> np.ndarray:
         header = np.zeros(HEADER_LEN, dtype=np.int64)
-        header[:9] = [
+        header[:11] = [
             VERSION,
             cmd,
             int(self.is_prefill),
             *self.dims,
             self.max_seqlen_q,
             self.max_seqlen_k,
+            self.num_prompt_rows,
+            self.prompt_chunk_rows,
         ]
         parts = [
             header,
@@ -63,12 +69,23 @@ class StepInputs:
 
     @staticmethod
     def decode(buf: np.ndarray) -> "StepInputs":
-        version, cmd, is_prefill, n, b, w, r, max_q, max_k = (int(x) for x in buf[:9])
+        version, cmd, is_prefill, n, b, w, r, max_q, max_k, p, chunk = (int(x) for x in buf[:11])
         if version != VERSION or cmd not in (CMD_STEP, CMD_STEP_AHEAD):
             raise ValueError(f"step message version {version} / command {cmd} not understood")
         ids, positions, slots, cu_q, context_lens, tables, rows = split_message(buf, (n, b, w, r))
         return StepInputs(
-            bool(is_prefill), ids, positions, slots, cu_q, context_lens, tables, rows, max_q, max_k
+            bool(is_prefill),
+            ids,
+            positions,
+            slots,
+            cu_q,
+            context_lens,
+            tables,
+            rows,
+            max_q,
+            max_k,
+            p,
+            chunk,
         )
 
 
