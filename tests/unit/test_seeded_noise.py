@@ -18,6 +18,7 @@ from nanoserve.worker import LLM, SamplingParams
 from nanoserve.worker.engine.sampling_inputs import SamplingInputs
 from nanoserve.worker.engine.sequence import Sequence
 from nanoserve.worker.sampler import SamplingTensors, sample
+from nanoserve.worker import seeded_noise
 from nanoserve.worker.seeded_noise import (
     GOLDEN,
     MIX1,
@@ -157,6 +158,18 @@ def test_kernel_matches_the_torch_path():
     want = seeded_exponential(seeds, positions, vocab)
     torch.testing.assert_close(noise[rows], want, rtol=2e-5, atol=1e-6)
     assert (noise[[3, 6]] == -1).all()  # rows not seeded are left alone
+
+
+def test_cpu_path_in_groups_of_rows_equals_all_at_once():
+    vocab = 2500  # CACHE_ELEMENTS // 2500 = 52 rows a group: 120 rows are 3 groups
+    gen = torch.Generator().manual_seed(3)
+    seeds = torch.randint(-(2**62), 2**62, (120,), generator=gen)
+    positions = torch.randint(0, 5000, (120,), generator=gen)
+    rows = torch.randperm(130, generator=gen)[:120]
+    noise = torch.full((130, vocab), -1.0)
+    seeded_noise.fill_seeded_exponential(noise, rows, seeds, positions)
+    assert torch.equal(noise[rows], seeded_exponential(seeds, positions, vocab))
+    assert (noise.min(1).values == -1).sum() == 10  # the 10 rows not listed are left alone
 
 
 def test_sampling_inputs_positions_are_output_indices():

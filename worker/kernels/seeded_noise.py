@@ -7,12 +7,11 @@ import torch
 import triton
 import triton.language as tl
 
-from nanoserve.worker import seeded_noise
-
-# the hash's odd constants, as uint64 literals of the kernels (Triton reads globals only as constexpr)
-GOLDEN = tl.constexpr(seeded_noise.GOLDEN)
-MIX1 = tl.constexpr(seeded_noise.MIX1)
-MIX2 = tl.constexpr(seeded_noise.MIX2)
+# splitmix64's constants as uint64 literals (Triton reads globals only as constexpr): the same as
+# worker.seeded_noise's, which imports this module (tests hold the two paths to the same noise)
+GOLDEN = tl.constexpr(0x9E3779B97F4A7C15)
+MIX1 = tl.constexpr(0xBF58476D1CE4E5B9)
+MIX2 = tl.constexpr(0x94D049BB133111EB)
 
 
 @triton.jit
