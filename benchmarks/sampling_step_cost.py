@@ -3,7 +3,10 @@ penalties and/or a seed: figures, never pass/fail. The review's case is 256 sequ
 tokens over Qwen3's 151,936-token vocabulary.
 
     python -m nanoserve.benchmarks.sampling_step_cost [--seqs 256] [--prompt 1000] [--output 500]
-        [--sample]
+        [--sample] [--noise]
+
+--noise also times the seeded rows' exponential noise: one draw for all of them
+(worker.seeded_noise) against the one generator launch per row it replaced.
 """
 
 import argparse
@@ -16,6 +19,7 @@ from nanoserve.worker.engine.sampling_inputs import SamplingInputs
 from nanoserve.worker.engine.sequence import Sequence
 from nanoserve.worker.sampler import sample
 from nanoserve.worker.sampling_params import SamplingParams
+from nanoserve.worker.seeded_noise import fill_seeded_exponential
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--steps", type=int, default=20, help="decode steps timed (default: 20)")
     ap.add_argument("--sample", action="store_true", help="also time sample() on random logits")
+    ap.add_argument(
+        "--noise",
+        action="store_true",
+        help="also time the seeded rows' noise: one counter-based draw vs one generator per row",
+    )
     ap.add_argument(
         "--device",
         default="cuda" if torch.cuda.is_available() else "cpu",
@@ -81,6 +90,37 @@ def main(argv: list[str] | None = None) -> None:
             f"{name:>9}: {args.seqs} seqs x {args.prompt + args.output} tokens, vocab "
             f"{args.vocab} on {device.type}: prepare {prepare / args.steps * 1e3:.2f} ms/step, "
             f"sample {sample_time / args.steps * 1e3:.2f} ms/step"
+        )
+    if args.noise:
+        time_noise(args.seqs, args.vocab, args.steps, device)
+
+
+def time_noise(num_rows: int, vocab: int, steps: int, device: torch.device) -> None:
+    """ms per step to fill (num_rows, vocab) noise for seeded rows, both ways."""
+    noise = torch.empty(num_rows, vocab, device=device)
+    rows = torch.arange(num_rows, device=device)
+    seeds = torch.arange(num_rows, device=device) * 7919
+    generators = [torch.Generator(device).manual_seed(i) for i in range(num_rows)]
+
+    def per_row(step: int) -> None:  # the replaced path: a launch per seeded row
+        for row, gen in enumerate(generators):
+            noise[row].exponential_(generator=gen)
+
+    def counter_based(step: int) -> None:
+        fill_seeded_exponential(noise, rows, seeds, torch.full_like(rows, step))
+
+    for name, fill in [("per-row generators", per_row), ("counter-based", counter_based)]:
+        fill(0)  # warm up (and compile the kernel on CUDA)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for step in range(1, steps + 1):
+            fill(step)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        ms = (time.perf_counter() - t0) / steps * 1e3
+        print(
+            f"    noise: {num_rows} seeded rows x vocab {vocab} on {device.type}, {name}: {ms:.2f} ms/step"
         )
 
 

@@ -3,13 +3,15 @@
 Called by ModelRunner after compute_logits. Penalties, the min_tokens mask, then greedy rows by
 argmax and the rest by temperature -> top-k -> top-p -> min-p -> an exponential race (Gumbel-max
 without a host sync).
-Seeded rows draw their noise from their own generator, so a seed gives the same tokens whatever
-else is in the batch.
+Seeded rows draw their noise from a counter-based hash of (seed, output position, token)
+(worker.seeded_noise), so a seed gives the same tokens whatever else is in the batch.
 """
 
 from dataclasses import dataclass
 
 import torch
+
+from nanoserve.worker.seeded_noise import fill_seeded_exponential
 
 
 @dataclass(slots=True)
@@ -25,7 +27,10 @@ class SamplingTensors:
     prompt_mask: torch.Tensor | None = None  # (S, V) bool, token occurs in the prompt
     output_counts: torch.Tensor | None = None  # (S, V) float32, occurrences in the output
     penalty_rows: torch.Tensor | None = None  # (B,) int64 row of each sequence; None: S = B
-    generators: dict[int, torch.Generator] | None = None  # row -> generator of a seeded request
+    # seeded rows: (rows, seeds, positions), each (S,) int64; position = the index in the output
+    # of the token sampled now. None when no row is seeded
+    seeded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    num_seeded: int = 0  # S, known on the host: a batch of only seeded rows skips the global draw
     # min_tokens: (rows, token ids) of the eos / stop ids that rows still under min_tokens may not
     # sample (vLLM); None when no row is under its min_tokens
     banned: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -146,8 +151,10 @@ def sample(
     assert temperatures is not None  # None only when every row is greedy (all_greedy)
     temps = temperatures.clamp_min(1e-6)[:, None]
     probs = filter_logits(logits / temps, t).softmax(dim=-1)
-    noise = torch.empty_like(probs).exponential_(generator=generator)
-    for row, gen in (t.generators or {}).items():
-        noise[row].exponential_(generator=gen)
+    noise = torch.empty_like(probs)
+    if t.num_seeded < probs.shape[0]:
+        noise.exponential_(generator=generator)
+    if t.seeded is not None:  # one draw for all seeded rows, however many
+        fill_seeded_exponential(noise, *t.seeded)
     sampled = (probs / noise).argmax(dim=-1)
     return torch.where(temperatures == 0, greedy, sampled)

@@ -92,7 +92,7 @@ class SamplingParams:
         digest = hashlib.blake2b(f"{self.seed}/{index}".encode(), digest_size=8).digest()
         return replace(
             self, seed=int.from_bytes(digest, "little") >> 1
-        )  # in [0, 2**63): a torch seed
+        )  # in [0, 2**63), like any int64 seed (worker.seeded_noise)
 
     @property
     def knobs(self) -> tuple[float, int, float, float]:

@@ -1,6 +1,6 @@
 """Per-step sampling inputs: SamplingTensors built from the scheduled Sequences' parameters (one
-copy per field), the penalties' token statistics kept between steps, and the generators of seeded
-requests. ModelRunner.run hands them, with the logits, to worker.sampler.sample.
+copy per field), the penalties' token statistics kept between steps, and the (seed, position) of
+the seeded rows. ModelRunner.run hands them, with the logits, to worker.sampler.sample.
 """
 
 import numpy as np
@@ -9,6 +9,7 @@ import torch
 from nanoserve.worker.engine.sequence import Sequence
 from nanoserve.worker.engine.structured_output import grammar_bitmask
 from nanoserve.worker.sampler import SamplingTensors
+from nanoserve.worker.seeded_noise import as_int64
 
 
 class SamplingInputs:
@@ -16,7 +17,6 @@ class SamplingInputs:
         self.device, self.vocab_size = device, vocab_size
         # ids past the vocabulary are never sampled: nothing to mask
         self.eos_token_ids = tuple(t for t in eos_token_ids if t < vocab_size)
-        self.request_generators: dict[int, torch.Generator] = {}  # seq_id -> generator
         self.penalty_counts = PenaltyCounts(device, vocab_size)
 
     def prepare(self, seqs: list[Sequence]) -> SamplingTensors:
@@ -59,11 +59,20 @@ class SamplingInputs:
             t.top_ps = rows[2]
         if any(k[3] > 0 for k in knobs):
             t.min_ps = rows[3]
-        t.generators = {
-            i: self._generator(seq)
-            for i, seq in enumerate(seqs)
-            if seq.sampling_params.seed is not None
-        }
+        seeded = [i for i, p in enumerate(params) if p.seed is not None]
+        if seeded:
+            # one copy: (3, S) rows, seeds (as int64 bit patterns), output positions; a recomputed
+            # (preempted) sequence keeps its tokens, so its next position and noise are unchanged
+            columns = torch.tensor(
+                [
+                    seeded,
+                    [as_int64(params[i].seed or 0) for i in seeded],
+                    [seqs[i].num_completion_tokens for i in seeded],
+                ],
+                dtype=torch.int64,
+            ).to(self.device)
+            t.seeded = (columns[0], columns[1], columns[2])
+            t.num_seeded = len(seeded)
         return t
 
     def _penalty_tensors(self, seqs: list[Sequence], t: SamplingTensors) -> None:
@@ -100,18 +109,8 @@ class SamplingInputs:
         if rows:
             t.banned = (torch.tensor(rows).to(self.device), torch.tensor(ids).to(self.device))
 
-    def _generator(self, seq: Sequence) -> torch.Generator:
-        gen = self.request_generators.get(seq.seq_id)
-        if gen is None:
-            seed = seq.sampling_params.seed
-            assert seed is not None  # prepare() asks only for the seeded rows' generators
-            gen = torch.Generator(self.device).manual_seed(seed)
-            self.request_generators[seq.seq_id] = gen
-        return gen
-
     def release(self, seq: Sequence) -> None:
         """Forget per-request state of a finished or aborted sequence."""
-        self.request_generators.pop(seq.seq_id, None)
         self.penalty_counts.release(seq)
 
 
