@@ -4,6 +4,7 @@ prompt-logprob rows).
 """
 
 import logging
+
 import numpy as np
 import torch
 
@@ -93,3 +94,26 @@ def largest_step(
     sample(logits, t)
     reset_context()
     torch.cuda.synchronize()
+
+
+def allocate_kv_cache(
+    attention_layers: list,
+    num_blocks: int,
+    block_size: int,
+    head_shape: tuple[int, int],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """The paged cache, (2, layers, num_blocks, block_size, num_kv_heads, head_dim) zeros, with
+    each attention layer's k_cache / v_cache set to its slices."""
+    shape = (2, len(attention_layers), num_blocks, block_size, *head_shape)
+    kv_cache = torch.zeros(shape, dtype=dtype, device=device)
+    for i, layer in enumerate(attention_layers):
+        layer.k_cache, layer.v_cache = kv_cache[0, i], kv_cache[1, i]
+    logger.info(
+        "KV cache: %d blocks of %d tokens (%.2f GiB)",
+        num_blocks,
+        block_size,
+        kv_cache.numel() * kv_cache.element_size() / 2**30,
+    )
+    return kv_cache

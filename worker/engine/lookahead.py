@@ -102,3 +102,25 @@ def foreseen_rows(
         return None
     same = x.block_tables[:, :w] == fx.block_tables[rows, :w]
     return rows if (same | ~read).all() else None
+
+
+def foreseen_logits(
+    f: Foreseen | None, num_forwards: int, seqs: list[Sequence], x: StepInputs, block_size: int
+) -> torch.Tensor | None:
+    """The logits of step x from the step forwarded ahead (`f`), when it foresaw x; `num_forwards`
+    is the runner's forward count now: none may have run since f (the graph's output buffer that
+    f.logits views would have been overwritten)."""
+    if f is None:
+        return None
+    if f.forward_index != num_forwards:
+        between = num_forwards - f.forward_index
+        raise RuntimeError(
+            f"decode lookahead: {between} forward(s) ran between the step "
+            "forwarded ahead and its use"
+        )
+    rows = foreseen_rows(f, seqs, x, block_size)
+    if rows is None:
+        return None
+    if len(rows) == len(f.seq_ids):
+        return f.logits
+    return f.logits[torch.from_numpy(rows).to(f.logits.device)]

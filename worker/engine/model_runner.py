@@ -24,14 +24,14 @@ from nanoserve.worker.engine.device import (
     resolve_device,
     resolve_dtype,
 )
-from nanoserve.worker.engine.kv_cache import blocks_that_fit
+from nanoserve.worker.engine.kv_cache import allocate_kv_cache, blocks_that_fit
 from nanoserve.worker.engine.logprobs import (
     PROMPT_CHUNK_ROWS,
     PromptLogprobs,
     PromptRows,
     StepLogprobs,
 )
-from nanoserve.worker.engine.lookahead import Foreseen, foreseen_rows, next_decode_inputs
+from nanoserve.worker.engine.lookahead import Foreseen, foreseen_logits, next_decode_inputs
 from nanoserve.worker.engine.prefill_graph import (
     PrefillGraphRunner,
     attention_warmup_steps,
@@ -190,22 +190,13 @@ class ModelRunner:
                 "not enough memory for a single KV-cache block; lower max_num_seqs / "
                 "max_num_batched_tokens or raise gpu_memory_utilization"
             )
-        shape = (
-            2,
-            len(self.attention_layers),
+        self.kv_cache = allocate_kv_cache(
+            self.attention_layers,
             num_blocks,
             self.block_size,
-            self.num_kv_heads,
-            self.head_dim,
-        )
-        self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
-        for i, layer in enumerate(self.attention_layers):
-            layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
-        logger.info(
-            "KV cache: %d blocks of %d tokens (%.2f GiB)",
-            num_blocks,
-            self.block_size,
-            num_blocks * self.block_bytes / 2**30,
+            (self.num_kv_heads, self.head_dim),
+            self.kv_dtype,
+            self.device,
         )
         return num_blocks
 
@@ -381,22 +372,9 @@ class ModelRunner:
     def _take_foreseen(self, seqs: list[Sequence], x: StepInputs) -> torch.Tensor | None:
         """The logits of x from the step forwarded ahead, when it foresaw x."""
         f, self.foreseen = self.foreseen, None
-        if f is None:
-            return None
-        if f.forward_index != self.num_forwards:
-            # another forward may have replayed the graph whose output buffer f.logits views
-            between = self.num_forwards - f.forward_index
-            raise RuntimeError(
-                f"decode lookahead: {between} forward(s) ran between the step "
-                "forwarded ahead and its use"
-            )
-        rows = foreseen_rows(f, seqs, x, self.block_size)
-        if rows is None:
-            return None
-        self.num_foreseen_steps += 1
-        if len(rows) == len(f.seq_ids):
-            return f.logits
-        return f.logits[torch.from_numpy(rows).to(f.logits.device)]
+        logits = foreseen_logits(f, self.num_forwards, seqs, x, self.block_size)
+        self.num_foreseen_steps += logits is not None
+        return logits
 
     def _forward_ahead(
         self, rows: np.ndarray, nxt: StepInputs, seqs: list[Sequence], ids: torch.Tensor
