@@ -110,6 +110,17 @@ class FrontendConfig:
             "wait (1 = every engine step; larger = fewer, bigger messages)"
         },
     )
+    # Entries with texts (20 alternatives, 64-byte token texts at worst): an alternative is ~77
+    # bytes (id 1+3, logprob 1+4, text 2+64, header 2), an entry 20 * 77 + ~80 ≈ 1.6 KB, so 1,024
+    # entries ≈ 1.7 MB worst case (≈ 0.4 MB with Qwen3's typical 4-8 byte texts): under the 4 MiB
+    # most clients accept (grpcurl, Node, Go), where one message of a 40K-token prompt is ~10 MB+.
+    max_logprobs_per_message: int = field(
+        default=1024,
+        metadata={
+            "help": "the most logprob entries (prompt and output together) one response message "
+            "carries; more are sent in several messages"
+        },
+    )
     reuse_port: bool = field(
         default=False,
         metadata={
@@ -227,6 +238,7 @@ class FrontendConfig:
             "max_prompt_bytes",
             "tokenizer_threads",
             "stream_interval",
+            "max_logprobs_per_message",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -20,6 +20,7 @@ from nanoserve.frontend.tokenizer import Tokenizer
 from nanoserve.frontend.validation import Limits, resolve_max_tokens, worker_sampling_params
 from nanoserve.frontend.worker_link import WorkerLink
 from nanoserve.frontend.worker_pool import WorkerPool
+from nanoserve.logprob_split import split_logprobs
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.security import tenant_cache_salt
@@ -94,44 +95,55 @@ class RequestRunner:
                         continue  # ended by a stop string; the worker's late ids are dropped
                     if last is not None and last.error_code:
                         raise worker_status_error(last.error_code, last.error_message)
-                    fields = await c.fields(
-                        ids, last, self.tokenizer, include_stop, len(prompt_ids)
-                    )
                     logprobs, prompt_logprobs = pending.take_logprobs(index)
-                    if logprobs or prompt_logprobs:
-                        fields.update(
-                            response_logprobs(
-                                logprobs,
-                                prompt_logprobs,
-                                len(fields["token_ids"]),
-                                self.tokenizer.token_texts,
-                            )
+                    # several messages when the logprob entries are many (a long prompt's, or a
+                    # slow client's backlog): each id keeps its logprobs and text in one message
+                    for piece in split_logprobs(
+                        ids, logprobs, prompt_logprobs, self.config.max_logprobs_per_message
+                    ):
+                        if c.done:
+                            break  # a stop string matched in an earlier piece
+                        fields = await c.fields(
+                            piece.ids,
+                            last if piece.last else None,
+                            self.tokenizer,
+                            include_stop,
+                            len(prompt_ids),
                         )
-                    if n > 1:
-                        fields["index"] = index
-                    if "finish_reason" not in fields:
-                        if fields["text"] or fields["token_ids"] or "prompt_logprobs" in fields:
-                            yield fields
-                        continue
-                    c.done = True
-                    num_open -= 1
-                    if n > 1:  # usage once, on the call's last message: prompt once, all tokens
-                        usage = fields.pop("usage")
-                        completion_tokens += usage.completion_tokens
-                        cached_tokens = max(cached_tokens, usage.cached_tokens)
-                        if num_open == 0:
-                            fields["usage"] = common_pb2.Usage(
-                                prompt_tokens=len(prompt_ids),
-                                completion_tokens=completion_tokens,
-                                cached_tokens=cached_tokens,
+                        if piece.logprobs or piece.prompt_logprobs:
+                            fields.update(
+                                response_logprobs(
+                                    piece.logprobs,
+                                    piece.prompt_logprobs,
+                                    len(fields["token_ids"]),
+                                    self.tokenizer.token_texts,
+                                )
                             )
-                    if num_open == 0:
-                        session.abort(worker_request.request_id)  # the worker frees its KV blocks
-                    elif last is None:  # a stop string ended it here: the worker stops it too
-                        session.abort_completion(worker_request.request_id, index)
-                    yield fields  # request_log.recorded logs the request's end after the last
-                    if num_open == 0:
-                        return
+                        if n > 1:
+                            fields["index"] = index
+                        if "finish_reason" not in fields:
+                            if fields["text"] or fields["token_ids"] or "prompt_logprobs" in fields:
+                                yield fields
+                            continue
+                        c.done = True
+                        num_open -= 1
+                        if n > 1:  # usage once, on the call's last message: prompt once, all tokens
+                            usage = fields.pop("usage")
+                            completion_tokens += usage.completion_tokens
+                            cached_tokens = max(cached_tokens, usage.cached_tokens)
+                            if num_open == 0:
+                                fields["usage"] = common_pb2.Usage(
+                                    prompt_tokens=len(prompt_ids),
+                                    completion_tokens=completion_tokens,
+                                    cached_tokens=cached_tokens,
+                                )
+                        if num_open == 0:
+                            session.abort(worker_request.request_id)  # the worker frees its blocks
+                        elif last is None or not piece.last:  # a stop string ended it here
+                            session.abort_completion(worker_request.request_id, index)
+                        yield fields  # request_log.recorded logs the request's end after the last
+                        if num_open == 0:
+                            return
         finally:
             # a no-op once ended; on client cancel or deadline the worker frees the KV blocks
             session.abort(worker_request.request_id)

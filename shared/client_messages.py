@@ -318,8 +318,10 @@ def join_chunks(chunks: Iterable[Chunk]) -> Completion:
         tool_calls.setdefault(chunk.index, []).extend(chunk.tool_calls)
         if chunk.logprobs:
             logprobs.setdefault(chunk.index, []).extend(chunk.logprobs)
-        if chunk.prompt_logprobs:
-            prompt_logprobs = (prompt_logprobs or []) + chunk.prompt_logprobs
+        if chunk.prompt_logprobs:  # a long prompt's come in several chunks (frontend bound)
+            if prompt_logprobs is None:
+                prompt_logprobs = []
+            prompt_logprobs.extend(chunk.prompt_logprobs)
         if chunk.tool_call_parse_error:
             parse_error.add(chunk.index)
         if chunk.finish_reason is not None:

@@ -8,6 +8,8 @@ into it (vLLM's RequestOutputCollector). Streams owned by a Session are flushed 
 import asyncio
 from dataclasses import dataclass, field
 
+from nanoserve.logprob_split import MAX_LOGPROBS_PER_MESSAGE, split_logprobs
+
 
 @dataclass(slots=True)
 class Finish:
@@ -57,6 +59,24 @@ class Taken:
     finish: Finish | None  # once, when it ended
     logprobs: list[list] | None
     prompt_logprobs: list[list] | None
+
+    def pieces(self, max_entries: int = MAX_LOGPROBS_PER_MESSAGE) -> list["Taken"]:
+        """This take as several, each with at most `max_entries` logprob entries (a slow consumer
+        let a long prompt's entries pile up); the finish goes with the final one."""
+        if len(self.logprobs or ()) + len(self.prompt_logprobs or ()) <= max_entries:
+            return [self]
+        return [
+            Taken(
+                self.index,
+                piece.ids,
+                self.finish if piece.last else None,
+                piece.logprobs if self.logprobs is not None else None,
+                piece.prompt_logprobs if self.prompt_logprobs is not None else None,
+            )
+            for piece in split_logprobs(
+                self.ids, self.logprobs or [], self.prompt_logprobs or [], max_entries
+            )
+        ]
 
 
 @dataclass(eq=False, slots=True)

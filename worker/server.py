@@ -107,7 +107,8 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                     ended = (error.code.name, str(error))
                     raise error
                 # per completion, everything that arrived while the client was slow, in one message
-                for taken in stream.take():
+                # (several when its logprob entries pass MAX_LOGPROBS_PER_MESSAGE)
+                for taken in (piece for t in stream.take() for piece in t.pieces()):
                     response = worker_pb2.GenerateTokensResponse(
                         token_ids=taken.ids, index=taken.index
                     )

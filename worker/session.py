@@ -14,6 +14,7 @@ from nanoserve.errors import (
     ResourceExhausted,
     ServiceError,
 )
+from nanoserve.logprob_split import MAX_LOGPROBS_PER_MESSAGE
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.worker.async_engine import AsyncEngine, Collector, Stream
 from nanoserve.worker.request_log import (
@@ -196,7 +197,8 @@ class WorkerSession:
                 )
                 log_request_end(stream.request_id, error.code.name, str(error))
             else:
-                for taken in stream.take():  # one output per completion with news
+                # one output per completion with news (more when its logprobs are many)
+                for taken in (piece for t in stream.take() for piece in t.pieces()):
                     out = outputs.add(
                         request_id=stream.request_id, token_ids=taken.ids, index=taken.index
                     )
@@ -219,8 +221,25 @@ class WorkerSession:
         while self.error is None and (self.reading or self.live or self.refused):
             await self.collector.event.wait()
             response = self.take_outputs()
-            if response.outputs:
-                yield response
+            for part in bounded_responses(response):
+                yield part
+
+
+def bounded_responses(
+    response: worker_pb2.SessionResponse, max_entries: int = MAX_LOGPROBS_PER_MESSAGE
+) -> list[worker_pb2.SessionResponse]:
+    """`response` as consecutive responses of at most `max_entries` logprob entries each (every
+    output already has at most that many: Taken.pieces), outputs in order; none when empty."""
+    parts: list[worker_pb2.SessionResponse] = []
+    count = max_entries  # entries in parts[-1]; full: the first output opens a part
+    for out in response.outputs:
+        entries = len(out.logprobs) + len(out.prompt_logprobs)
+        if not parts or (entries and count + entries > max_entries):
+            parts.append(worker_pb2.SessionResponse())
+            count = 0
+        parts[-1].outputs.append(out)
+        count += entries
+    return parts
 
 
 def session_list_bound(max_queued_requests: int) -> int:

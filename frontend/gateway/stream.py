@@ -4,7 +4,7 @@ reason; then, with include_usage, the usage; then [DONE]. app.py serves them as 
 """
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from nanoserve.client_messages import Chunk
 from nanoserve.errors import ServiceError
@@ -35,6 +35,9 @@ class StreamShaper:
     include_usage: bool = False
     choices: dict[int, ChoiceState] = field(default_factory=dict)
     prompt_logprobs_sent: bool = False
+    # prompt entries of messages that carried nothing else (the frontend bounds each message's
+    # entries): held back so the first token's event has them all, as vLLM streams them
+    held_prompt_logprobs: list = field(default_factory=list)
 
     def opening(self) -> list[bytes]:
         """Chat: each choice's role delta first, as OpenAI sends it."""
@@ -55,6 +58,19 @@ class StreamShaper:
 
     def event(self, chunk: Chunk) -> bytes | None:
         """The chunk's event, or None when it carries nothing to say."""
+        if chunk.prompt_logprobs and not (
+            chunk.text
+            or chunk.reasoning_content
+            or chunk.tool_calls
+            or chunk.logprobs
+            or chunk.token_ids
+            or chunk.finish_reason is not None
+        ):
+            self.held_prompt_logprobs += chunk.prompt_logprobs
+            return None
+        if self.held_prompt_logprobs:
+            held, self.held_prompt_logprobs = self.held_prompt_logprobs, []
+            chunk = replace(chunk, prompt_logprobs=held + list(chunk.prompt_logprobs or ()))
         if not (
             chunk.text
             or chunk.reasoning_content

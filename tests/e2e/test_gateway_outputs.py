@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from nanoserve import Client
-from tests.e2e.conftest import Pair
+from tests.e2e.conftest import Pair, start_pair
 from tests.e2e.test_gateway import base_url, start_gateway
 
 openai = pytest.importorskip("openai", reason="pip install openai (the dev extra)")
@@ -219,3 +220,44 @@ def test_tools_reach_the_prompt_as_the_grpc_chat_renders_them(
         model=model, messages=history, tools=[WEATHER], max_tokens=4, temperature=0
     )
     assert reply.usage.prompt_tokens == expected.usage.prompt_tokens
+
+
+def test_prompt_logprobs_split_by_the_frontend_stream_in_the_first_event(
+    tiny_model_dir: Path,
+) -> None:
+    """The frontend sends a long prompt's entries in several messages (--max-logprobs-per-message
+    64); the gateway's stream still carries them all on one event, equal to the whole reply's."""
+    pair = start_pair(tiny_model_dir, frontend_args=("--max-logprobs-per-message", "64"))
+    try:
+        gateway = start_gateway(pair.frontend.address)
+    except BaseException:
+        pair.stop()
+        raise
+    try:
+        sdk = openai.OpenAI(base_url=base_url(gateway) + "/v1", api_key="unused", max_retries=0)
+        model = sdk.models.list().data[0].id
+        prompt = "The sea is wide and the sky is blue. " * 20  # ~200 tokens: 4 messages
+        args = {"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0, "logprobs": 1}
+        extra = {"prompt_logprobs": 2}
+        whole = sdk.completions.create(**args, extra_body=extra)
+        events = list(sdk.completions.create(**args, extra_body=extra, stream=True))
+        with Client(pair.frontend.address) as client:
+            prompt_ids = client.tokenize(prompt)
+    finally:
+        assert gateway.stop() == 0, gateway.output()
+        pair.stop()
+    expected = whole.choices[0].model_extra["prompt_logprobs"]
+    assert len(expected) == len(prompt_ids) > 3 * 64  # position 0's null, then one per token
+    carrying = [e for e in events if e.choices and e.choices[0].model_extra.get("prompt_logprobs")]
+    assert len(carrying) == 1
+    assert carrying[0].choices[0].model_extra["prompt_logprobs"] == expected
+    assert carrying[0].choices[0].text  # the first token's event
+    streamed = "".join(e.choices[0].text for e in events if e.choices)
+    assert streamed == whole.choices[0].text
+    tokens = [
+        t
+        for e in events
+        if e.choices and e.choices[0].logprobs
+        for t in e.choices[0].logprobs.tokens
+    ]
+    assert tokens == whole.choices[0].logprobs.tokens

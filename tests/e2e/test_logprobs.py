@@ -3,17 +3,20 @@ them with token text, equal to the offline engine's, and so do Chat and the work
 a request without them carries none; k > 20 is INVALID_ARGUMENT naming the field."""
 
 import math
+from collections.abc import Iterator
 
 import grpc
 import pytest
 
 from nanoserve.client import Client
+from nanoserve.client_messages import join_chunks
 from nanoserve.errors import InvalidArgument
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 from nanoserve.worker import SamplingParams
+from tests.e2e.conftest import Pair, start_pair
 
 pytestmark = pytest.mark.e2e
 
@@ -97,3 +100,60 @@ def test_chat_and_worker_generate_tokens_carry_logprobs(services) -> None:
     assert all(len(e.top_logprobs) == 2 and e.rank == 1 and not e.text for e in entries)
     assert [e.token_id for e in prompt_entries] == [6, 7, 8]
     assert all(not e.top_logprobs and e.logprob <= 0 for e in prompt_entries)
+
+
+MESSAGE_BOUND = 256  # --max-logprobs-per-message of the `bounded` pair
+
+
+@pytest.fixture(scope="module")
+def bounded(tiny_model_dir) -> Iterator[Pair]:
+    """A pair whose frontend sends at most MESSAGE_BOUND logprob entries per message."""
+    pair = start_pair(
+        tiny_model_dir, frontend_args=("--max-logprobs-per-message", str(MESSAGE_BOUND))
+    )
+    yield pair
+    pair.stop()
+
+
+def test_long_prompt_logprobs_come_in_bounded_messages(bounded, offline_llm) -> None:
+    """A 3,000-token prompt's entries arrive in messages of at most the bound (the worker splits
+    its prefill chunks' too), the first token's ids with their own entries; joined, they equal the
+    offline engine's."""
+    with Client(bounded.frontend.address, timeout=300) as client:
+        words = client.tokenize("The sea is wide and the sky is blue over the quiet town. " * 300)
+        prompt_ids = words[:3000]
+        chunks = list(
+            client.generate_stream(
+                prompt_ids,
+                temperature=0,
+                max_tokens=8,
+                ignore_eos=True,
+                logprobs=2,
+                prompt_logprobs=5,
+            )
+        )
+    for chunk in chunks:
+        assert len(chunk.logprobs or ()) + len(chunk.prompt_logprobs or ()) <= MESSAGE_BOUND
+        assert len(chunk.logprobs or ()) == len(chunk.token_ids)  # one entry per id
+    prompt_chunks = [c for c in chunks if c.prompt_logprobs]
+    assert len(prompt_chunks) >= math.ceil(2999 / MESSAGE_BOUND)
+    assert all(not c.token_ids and not c.text for c in prompt_chunks[:-1])
+    got = join_chunks(chunks)
+    want = offline_llm.generate(
+        [prompt_ids],
+        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2, prompt_logprobs=5),
+        use_tqdm=False,
+    )[0]
+    assert got.token_ids == want.token_ids
+    assert got.logprobs is not None and got.prompt_logprobs is not None
+    assert [e.token_id for e in got.logprobs] == got.token_ids
+    assert [e.logprob for e in got.logprobs] == pytest.approx(
+        [e[1] for e in want.logprobs], abs=1e-4
+    )
+    assert [e.token_id for e in got.prompt_logprobs] == prompt_ids[1:]
+    assert [e.logprob for e in got.prompt_logprobs] == pytest.approx(
+        [e[1] for e in want.prompt_logprobs], abs=1e-4
+    )
+    assert [[t.token_id for t in e.top_logprobs] for e in got.prompt_logprobs] == [
+        e[3] for e in want.prompt_logprobs
+    ]

@@ -60,6 +60,7 @@ class FakeWorker(worker_grpc.WorkerServiceServicer):
         self.cancelled = asyncio.Event()
         self.hang_after: int | None = None  # chunks sent before waiting forever
         self.stop_token_id: int | None = None  # appended as the last id, reported as stop_token_id
+        self.logprobs = False  # attach a TokenLogprobs to each id and prompt position 1..
 
     async def GenerateTokens(self, request, context) -> AsyncIterator:
         self.requests.append(request)
@@ -70,6 +71,11 @@ class FakeWorker(worker_grpc.WorkerServiceServicer):
                 if n == self.hang_after:
                     await asyncio.Event().wait()
                 chunk = worker_pb2.GenerateTokensResponse(token_ids=ids[start : start + 2])
+                if self.logprobs:
+                    chunk.logprobs.extend(_fake_entry(i) for i in chunk.token_ids)
+                    if start == 0:
+                        prompt = request.prompt_token_ids[1:]
+                        chunk.prompt_logprobs.extend(_fake_entry(i) for i in prompt)
                 if start + 2 >= len(ids):
                     chunk.finish_reason = (
                         common_pb2.FINISH_REASON_STOP
@@ -105,6 +111,8 @@ class FakeWorker(worker_grpc.WorkerServiceServicer):
                     token_ids=chunk.token_ids,
                     finish_reason=chunk.finish_reason,
                 )
+                out.logprobs.extend(chunk.logprobs)
+                out.prompt_logprobs.extend(chunk.prompt_logprobs)
                 if chunk.HasField("usage"):
                     out.usage.CopyFrom(chunk.usage)
                 if chunk.HasField("stop_token_id"):
@@ -171,6 +179,13 @@ async def _wait_health(harness: Harness, status: int, timeout: float = 5.0) -> N
     while await _health(harness) != status:
         assert time.monotonic() < deadline, "frontend health never changed"
         await asyncio.sleep(0.02)
+
+
+def _fake_entry(token_id: int) -> common_pb2.TokenLogprobs:
+    """A logprob entry naming its token (its logprob, -token_id / 1e6, tells entries apart)."""
+    logprob = -token_id / 1e6
+    top = common_pb2.TokenLogprob(token_id=token_id, logprob=logprob)
+    return common_pb2.TokenLogprobs(token_id=token_id, logprob=logprob, rank=1, top_logprobs=[top])
 
 
 @contextlib.asynccontextmanager
@@ -709,3 +724,39 @@ def test_chat_reasoning_opened_by_the_template(tiny_model_dir: Path, tmp_path: P
         run(test, tokenizer, tmp_path)
     finally:
         tokenizer.close()
+
+
+@pytest.mark.parametrize("stop", [None, "STOP"])
+def test_logprobs_split_across_bounded_messages(
+    tokenizer: Tokenizer, tiny_model_dir: Path, stop: str | None
+) -> None:
+    """Prompt entries go first in messages of at most max_logprobs_per_message entries, then ids
+    with one entry each (a backlog of ids is split too: stream_interval lets them pile up)."""
+    prompt = "one two three four five six seven eight nine ten"
+    prompt_ids = tokenizer.encode(prompt)
+
+    async def test(h: Harness) -> None:
+        h.fake.logprobs = True
+        params = {"logprobs": 1, "prompt_logprobs": 1, "stop": [stop] if stop else []}
+        call = h.stub.Generate(_generate(prompt=prompt, sampling_params=params))
+        responses = await _collect(call)
+        for r in responses:
+            assert len(r.logprobs) + len(r.prompt_logprobs) <= 3, r
+            assert len(r.logprobs) == len(r.token_ids)  # one entry per id
+            assert [e.token_id for e in r.logprobs] == list(r.token_ids)
+            assert all(e.text == tokenizer.token_texts([e.token_id])[0] for e in r.logprobs)
+        prompt_messages = [r for r in responses if r.prompt_logprobs]
+        assert all(not r.token_ids and not r.text for r in prompt_messages[:-1])
+        joined = [e.token_id for r in responses for e in r.prompt_logprobs]
+        assert joined == prompt_ids[1:]
+        text = "".join(r.text for r in responses)
+        ids = [i for r in responses for i in r.token_ids]
+        expected = OUTPUT[: OUTPUT.index(stop)] if stop else OUTPUT
+        assert text == expected
+        assert max(len(r.token_ids) for r in responses) == 3  # the backlog of 8 ids was split
+        assert [e.token_id for r in responses for e in r.logprobs] == ids
+        assert responses[-1].finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
+        if stop is None:
+            assert ids == h.fake.output_ids
+
+    run(test, tokenizer, tiny_model_dir, max_logprobs_per_message=3, stream_interval=8)
