@@ -45,6 +45,18 @@ def serve(argv: Sequence[str]) -> int:
         getattr(args, "worker_tls_client_cert_file", None),
         getattr(args, "worker_tls_client_key_file", None),
     )
+    # the frontend's health: over TLS when it serves TLS, trusting --probe-tls-ca-file or else
+    # exactly the certificate serve handed it (gRPC accepts a trusted leaf: a pin, no CA needed)
+    tls_cert = getattr(args, "tls_cert_file", None)
+    probe = (
+        channel_credentials(
+            args.probe_tls_ca_file or tls_cert,
+            args.probe_tls_client_cert_file,
+            args.probe_tls_client_key_file,
+        )
+        if tls_cert
+        else None
+    )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -76,7 +88,7 @@ def serve(argv: Sequence[str]) -> int:
         if not wait_until(frontend.listening.is_set, children, stop, "starting"):
             return 0 if stop.is_set() else 1
         if not wait_until(
-            lambda: is_serving(frontend.address, FRONTEND_SERVICE),
+            lambda: is_serving(probe_address(frontend.address), FRONTEND_SERVICE, probe),
             children,
             stop,
             "connecting to the worker",
@@ -112,6 +124,14 @@ def serve(argv: Sequence[str]) -> int:
     finally:
         for child in children:
             child.stop()
+
+
+def probe_address(address: str | None) -> str | None:
+    """host:port to dial for a service bound to `address`: loopback for a wildcard host."""
+    if address is None:
+        return None
+    host, port = address.rsplit(":", 1)
+    return f"127.0.0.1:{port}" if host in ("0.0.0.0", "::", "[::]") else address
 
 
 def generate(argv: Sequence[str]) -> int:

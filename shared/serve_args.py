@@ -19,6 +19,8 @@ from nanoserve.worker.config import WorkerConfig
 SERVE_OWNS = ("model", "host", "port", "worker_address")  # set by `serve` itself, per service
 # the worker's TLS fields, given to `serve` as --worker-<field> (the frontend's own are --<field>)
 WORKER_TLS = ("tls_cert_file", "tls_key_file", "tls_client_ca_file")
+# serve's own: how its readiness probe reaches a frontend that serves TLS
+PROBE_TLS = ("probe_tls_ca_file", "probe_tls_client_cert_file", "probe_tls_client_key_file")
 SERVE_NEEDS = {
     "torch": "worker",
     "safetensors": "worker",
@@ -65,6 +67,22 @@ def _serve_parser() -> argparse.ArgumentParser:
         ),
     ):
         parser.add_argument("--worker-" + name.replace("_", "-"), metavar="FILE", help=what)
+    for name, what in zip(
+        PROBE_TLS,
+        (
+            (
+                "PEM CA bundle serve's readiness probe checks the frontend's --tls-cert-file with "
+                "(default: that file itself, so the probe accepts exactly the certificate serve "
+                "handed the frontend). It must name --host (127.0.0.1 when --host is a wildcard)"
+            ),
+            (
+                "PEM client certificate of serve's readiness probe, signed by the frontend's "
+                "--tls-client-ca-file (needed under mutual TLS: the handshake comes before health)"
+            ),
+            "PEM private key of --probe-tls-client-cert-file",
+        ),
+    ):
+        parser.add_argument("--" + name.replace("_", "-"), metavar="FILE", help=what)
     parser.add_argument(
         "--demo",
         metavar="PROMPT",
@@ -122,6 +140,19 @@ def serve_argvs(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], lis
         _serve_parser().error(
             "--worker-tls-cert-file needs --worker-tls-ca-file: the CA the frontend (and serve's "
             "health probe) checks the worker's certificate with"
+        )
+    tls_cert = getattr(args, "tls_cert_file", None)
+    if (args.probe_tls_ca_file or args.probe_tls_client_cert_file) and not tls_cert:
+        _serve_parser().error("--probe-tls-* flags need the frontend's --tls-cert-file")
+    if (args.probe_tls_client_cert_file is None) != (args.probe_tls_client_key_file is None):
+        _serve_parser().error(
+            "--probe-tls-client-cert-file and --probe-tls-client-key-file go together"
+        )
+    if getattr(args, "tls_client_ca_file", None) and not args.probe_tls_client_cert_file:
+        _serve_parser().error(
+            "--tls-client-ca-file (mutual TLS) needs --probe-tls-client-cert-file and "
+            "--probe-tls-client-key-file: serve's readiness probe must present a client "
+            "certificate that CA signed"
         )
     worker_argv = [
         *("--model", args.model, "--host", "127.0.0.1", "--port", str(args.worker_port)),

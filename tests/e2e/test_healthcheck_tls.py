@@ -5,6 +5,7 @@ wrong CA, without the client certificate mutual TLS asks for, or against the wro
 """
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -13,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import FRONTEND_SERVICE, WORKER_SERVICE, Pair, start_frontend, start_worker
+from nanoserve.client import Client
+from tests.e2e.conftest import (
+    BLOCK_SIZE,
+    FRONTEND_SERVICE,
+    WORKER_SERVICE,
+    Pair,
+    Service,
+    start_frontend,
+    start_worker,
+)
 from tests.tls_certs import Certs, make_certs
 
 pytestmark = pytest.mark.e2e
@@ -165,3 +175,47 @@ def test_probe_of_a_tls_frontend_pins_its_certificate_or_trusts_the_given_ca(
         FRONTEND_SERVICE, port, NANOSERVE_FRONTEND_TLS_CERT_FILE=str(other_ca.server_cert)
     )
     assert pinned_other.returncode == 1  # a certificate the service does not serve
+
+
+def test_serve_probes_its_tls_frontend_and_reports_ready(tiny_model_dir, certs) -> None:
+    """`nanoserve serve` with frontend TLS (mutual: it asks for client certificates) comes up: its
+    readiness probe pins the certificate it handed the frontend and presents the probe client
+    certificate; callers need the CA, and a client certificate, too."""
+    argv = [
+        sys.executable, "-m", "nanoserve.cli", "serve", "--port", "0",
+        "--model", str(tiny_model_dir), "--device", "cpu",
+        "--kvcache-block-size", str(BLOCK_SIZE), "--num-kvcache-blocks", "128",
+        "--tls-cert-file", str(certs.server_cert),
+        "--tls-key-file", str(certs.server_key),
+        "--tls-client-ca-file", str(certs.ca),
+        "--probe-tls-client-cert-file", str(certs.client_cert),
+        "--probe-tls-client-key-file", str(certs.client_key),
+    ]  # fmt: skip
+    serving = re.compile(r"nanoserve serving \S+ on (?P<host>\S+):(?P<port>\d+) \(worker on ")
+    serve = Service("nanoserve serve", argv, listening=serving)
+    try:
+        address = serve.wait_listening()  # printed once both services are SERVING
+        client_cert = {"client_cert": certs.client_cert, "client_key": certs.client_key}
+        with Client(address, timeout=30, root_certificates=certs.ca, **client_cert) as client:
+            assert len(client.generate("hello", max_tokens=3).token_ids) == 3
+        port = int(address.rpartition(":")[2])
+        env = {
+            "NANOSERVE_FRONTEND_TLS_CERT_FILE": str(certs.server_cert),
+            "NANOSERVE_FRONTEND_TLS_CLIENT_CA_FILE": str(certs.ca),
+            "NANOSERVE_HEALTHCHECK_TLS_CLIENT_CERT_FILE": str(certs.client_cert),
+            "NANOSERVE_HEALTHCHECK_TLS_CLIENT_KEY_FILE": str(certs.client_key),
+        }
+        assert probe(FRONTEND_SERVICE, port, **env).returncode == 0
+        assert probe(FRONTEND_SERVICE, port).returncode == 1  # plaintext: refused
+    finally:
+        assert serve.stop(timeout=60) == 0, serve.output()
+
+
+def test_serve_refuses_a_mutual_tls_frontend_it_cannot_probe(tiny_model_dir, certs) -> None:
+    argv = [
+        sys.executable, "-m", "nanoserve.cli", "serve", "--model", str(tiny_model_dir),
+        "--tls-cert-file", str(certs.server_cert), "--tls-key-file", str(certs.server_key),
+        "--tls-client-ca-file", str(certs.ca),
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and "--probe-tls-client-cert-file" in done.stderr
