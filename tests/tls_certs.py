@@ -47,6 +47,7 @@ def _issue(
     issuer: x509.Certificate | None,
     issuer_key: ec.EllipticCurvePrivateKey,
     usage: ExtendedKeyUsageOID | None,
+    dns_names: tuple[str, ...] = ("localhost",),
 ) -> x509.Certificate:
     now = datetime.datetime.now(datetime.timezone.utc)
     builder = (
@@ -62,18 +63,24 @@ def _issue(
     if usage is not None:
         builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
     if usage == ExtendedKeyUsageOID.SERVER_AUTH:
-        names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+        names: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+        names.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
         builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
     return builder.sign(issuer_key, hashes.SHA256())
 
 
-def make_certs(directory: Path, ca_name: str = "nanoserve test CA") -> Certs:
-    """A fresh CA and the certificates it signs, under `directory`."""
+def make_certs(
+    directory: Path, ca_name: str = "nanoserve test CA", dns_names: tuple[str, ...] = ("localhost",)
+) -> Certs:
+    """A fresh CA and the certificates it signs, under `directory`; the server certificate names
+    `dns_names` and 127.0.0.1."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = _issue(ca_name, ca_key, None, ca_key, None)
     server_key = ec.generate_private_key(ec.SECP256R1())
-    server = _issue("localhost", server_key, ca, ca_key, ExtendedKeyUsageOID.SERVER_AUTH)
+    server = _issue(
+        dns_names[0], server_key, ca, ca_key, ExtendedKeyUsageOID.SERVER_AUTH, dns_names
+    )
     client_key = ec.generate_private_key(ec.SECP256R1())
     client = _issue("tenant-a", client_key, ca, ca_key, ExtendedKeyUsageOID.CLIENT_AUTH)
     return Certs(

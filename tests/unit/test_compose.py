@@ -459,3 +459,128 @@ def test_healthcheck_probes_the_gateway_over_http(monkeypatch) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --- worker-link mutual TLS: the `#tls ` lines of docker-compose.yml ------------------------------
+
+TLS_LINE = re.compile(r"^(\s*)#tls ", re.MULTILINE)
+CERTS_IN_IMAGE = "/certs"
+
+
+def load_compose_tls(env: dict[str, str] | None = None) -> dict:
+    """docker-compose.yml with its `#tls ` lines uncommented, as its header says to turn TLS on."""
+    env = env or {}
+    text = TLS_LINE.sub(r"\1", COMPOSE.read_text())
+    text = INTERPOLATION.sub(lambda m: env.get(m.group(1), m.group(2) or ""), text)
+    return yaml.safe_load(text)
+
+
+def container_env(service: dict, certs_dir: Path) -> dict[str, str]:
+    """The service's environment with /certs/... pointing into `certs_dir` (the mount's source)."""
+    return {
+        k: str(v).replace(CERTS_IN_IMAGE + "/", f"{certs_dir}/")
+        for k, v in service["environment"].items()
+    }
+
+
+def test_tls_lines_are_off_by_default_and_complete(services) -> None:
+    assert len(TLS_LINE.findall(COMPOSE.read_text())) >= 10
+    for name in ("worker", "frontend"):
+        assert not any("TLS" in key for key in services[name]["environment"])
+        assert not any(CERTS_IN_IMAGE in volume for volume in services[name]["volumes"])
+
+
+def test_docker_compose_accepts_the_file_with_tls_on(tmp_path) -> None:
+    compose = tmp_path / "docker-compose.yml"
+    compose.write_text(TLS_LINE.sub(r"\1", COMPOSE.read_text()))
+    done = run(
+        [*compose_v1()[:1], "-f", str(compose), "--project-directory", str(ROOT), "config"],
+        NANOSERVE_CERTS_DIR=str(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr
+    resolved = yaml.safe_load(done.stdout)["services"]
+    for name in ("worker", "frontend"):
+        assert f"{tmp_path}:{CERTS_IN_IMAGE}:ro" in resolved[name]["volumes"]
+
+
+@pytest.mark.parametrize("name", ["worker", "frontend"])
+def test_tls_lines_build_a_valid_mutual_tls_config(name: str, tmp_path, monkeypatch) -> None:
+    """Uncommented, the lines mount the certificates read-only and configure the link at both ends;
+    every variable is a config field, or one of the health probe's own."""
+    services = load_compose_tls({"NANOSERVE_CERTS_DIR": str(tmp_path)})["services"]
+    service = services[name]
+    assert f"{tmp_path}:{CERTS_IN_IMAGE}:ro" in service["volumes"]
+    cls = CONFIGS[name]
+    fields = {env_var(f.name, env_prefix(cls)) for f in dataclasses.fields(cls)}
+    probe = {k for k in service["environment"] if k.startswith(load_healthcheck().PROBE)}
+    assert set(service["environment"]) - probe <= fields
+    for key in [k for k in os.environ if k.startswith("NANOSERVE_")]:
+        monkeypatch.delenv(key)
+    for key, value in container_env(service, tmp_path).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv(env_var("model", env_prefix(cls)), str(tmp_path))
+    config = parse_config(cls, [])
+    if name == "worker":  # mutual: the probe presents the frontend's client certificate
+        assert config.tls_cert_file and config.tls_key_file and config.tls_client_ca_file
+        assert {"CLIENT_CERT_FILE", "CLIENT_KEY_FILE", "SERVER_NAME"} <= {
+            k.removeprefix(load_healthcheck().PROBE) for k in probe
+        }
+        frontend = services["frontend"]["environment"]
+        assert (
+            service["environment"]["NANOSERVE_HEALTHCHECK_TLS_CLIENT_CERT_FILE"]
+            == frontend["NANOSERVE_FRONTEND_WORKER_TLS_CLIENT_CERT_FILE"]
+        )
+        host = frontend["NANOSERVE_FRONTEND_WORKER_ADDRESS"].rsplit(":", 1)[0]
+        assert service["environment"]["NANOSERVE_HEALTHCHECK_TLS_SERVER_NAME"] == host
+    else:
+        assert config.worker_tls_ca_file and config.worker_tls_client_cert_file
+        assert config.tls_cert_file is None  # the published API stays as it was
+        assert not probe
+
+
+@pytest.fixture
+def mtls_health_server(tmp_path) -> Iterator[tuple[int, health.HealthServicer, Path]]:
+    """A health service behind mutual TLS, its certificates (for the name `worker`) where the
+    compose file's `#tls ` lines mount them."""
+    from tests.tls_certs import make_certs
+
+    certs = make_certs(tmp_path / "certs", dns_names=("worker",))
+    servicer = health.HealthServicer()
+    server = grpc.server(ThreadPoolExecutor(2))
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    credentials = grpc.ssl_server_credentials(
+        [(certs.server_key.read_bytes(), certs.server_cert.read_bytes())],
+        root_certificates=certs.ca.read_bytes(),
+        require_client_auth=True,
+    )
+    port = server.add_secure_port("127.0.0.1:0", credentials)
+    server.start()
+    yield port, servicer, certs.ca.parent
+    server.stop(0)
+
+
+def test_healthcheck_with_the_compose_tls_environment(mtls_health_server, monkeypatch) -> None:
+    """The worker's probe, with the environment the `#tls ` lines give it, against a server that
+    asks for client certificates: SERVING only over the verified mutual handshake."""
+    port, servicer, certs_dir = mtls_health_server
+    service = GRPC_SERVICES["worker"]
+    servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    worker = load_compose_tls()["services"]["worker"]
+    for key in [k for k in os.environ if k.startswith("NANOSERVE_")]:
+        monkeypatch.delenv(key)
+    for key, value in container_env(worker, certs_dir).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("NANOSERVE_WORKER_PORT", str(port))
+    check = load_healthcheck()
+    assert check.main([service, "1"]) == 0
+    servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    assert check.main([service, "1"]) == 1
+    servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    monkeypatch.delenv("NANOSERVE_HEALTHCHECK_TLS_CLIENT_KEY_FILE")
+    assert check.main([service, "1"]) == 1  # half a client certificate
+    monkeypatch.delenv("NANOSERVE_HEALTHCHECK_TLS_CLIENT_CERT_FILE")
+    assert check.main([service, "1"]) == 1  # none: mutual TLS refuses the handshake
+    monkeypatch.delenv("NANOSERVE_WORKER_TLS_CLIENT_CA_FILE")  # the probe cannot tell: refused
+    assert check.main([service, "1"]) == 1
+    monkeypatch.delenv("NANOSERVE_WORKER_TLS_CERT_FILE")
+    assert check.main([service, "1"]) == 1  # plaintext against TLS
