@@ -82,7 +82,10 @@ class WorkerLink:
         self.info: ModelInfo | None = None  # re-fetched after every UNREACHABLE
         # the latest load: a session's report or a GetLoad answer
         self.report: worker_pb2.GetLoadResponse | None = None
-        self.sent_since_report: set[str] = set()  # ids routed here since that report
+        self.sent_since_report: set[str] = set()  # ids routed here the report may not count yet
+        # ids routed here since the session's latest report: a report is built from the engine's
+        # latest frame, that may predate adds on their way, so an id is counted until the next one
+        self.sent_since_session_report: set[str] = set()
         self.session_report_at = -math.inf  # loop time of the session's latest report
         self.num_polls = 0  # GetLoad calls made (tests read it)
         self._watcher: asyncio.Task | None = None
@@ -137,6 +140,7 @@ class WorkerLink:
     ) -> Pending:
         """WorkerSession.start, counted in this worker's load until its next report."""
         self.sent_since_report.add(request.request_id)
+        self.sent_since_session_report.add(request.request_id)
         return self.session.start(request, timeout_s)
 
     def set_state(self, state: LinkState, reason: str = "") -> None:
@@ -178,7 +182,10 @@ class WorkerLink:
 
     def _on_session_load(self, report: worker_pb2.GetLoadResponse) -> None:
         self.report = report
-        self.sent_since_report = set()
+        self.sent_since_report, self.sent_since_session_report = (
+            self.sent_since_session_report,
+            set(),
+        )
         self.session_report_at = asyncio.get_running_loop().time()
         if self.state in (LinkState.READY, LinkState.DRAINING):  # info known: it answered
             self.set_state(LinkState.DRAINING if report.draining else LinkState.READY)
