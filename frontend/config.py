@@ -55,7 +55,10 @@ class FrontendConfig:
     )
     worker_poll_interval_s: float = field(
         default=0.25,
-        metadata={"help": "how often each worker's load and state are asked (GetLoad)"},
+        metadata={
+            "help": "how often each worker's load and state are asked (GetLoad) while no Session "
+            "stream reports them"
+        },
     )
     route_prefix_tokens: int = field(
         default=256,

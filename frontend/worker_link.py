@@ -1,12 +1,13 @@
 """The frontend's connection to one worker (one of WorkerPool's): its gRPC channel, the Session
-stream that carries the requests routed to it, and a watcher that polls GetLoad (GetModelInfo on
-each (re)connect) to keep its state and load current for routing and the frontend's health.
+stream that carries the requests routed to it and the worker's load reports, and a watcher that
+polls GetLoad while no session reports (GetModelInfo on each (re)connect) to keep its state and
+load current for routing and the frontend's health.
 """
 
 import asyncio
-import contextlib
 import enum
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,9 @@ DEFAULT_POLL_INTERVAL_S = 0.25
 # A worker's event loop answers GetLoad in milliseconds (the engine runs in its own process); one
 # that takes this long is treated as gone.
 POLL_TIMEOUT_S = 3.0
+# The worker reports its load on an open session at least every second (worker.load_report); a
+# report older than this means the session stopped reporting: GetLoad is polled again.
+SESSION_REPORT_STALE_S = 2.0
 
 ModelInfo = worker_pb2.WorkerServiceGetModelInfoResponse
 
@@ -70,12 +74,20 @@ class WorkerLink:
             else grpc.aio.secure_channel(address, credentials, options=options)
         )
         self.stub = worker_grpc.WorkerServiceStub(self.channel)
-        self.session = WorkerSession(self.stub, on_broken=self._on_session_broken)
+        self.session = WorkerSession(
+            self.stub, on_broken=self._on_session_broken, on_load=self._on_session_load
+        )
         self.state = LinkState.CONNECTING
         self.reason = ""  # why it is UNREACHABLE or REFUSED
         self.info: ModelInfo | None = None  # re-fetched after every UNREACHABLE
-        self.report: worker_pb2.GetLoadResponse | None = None  # the latest GetLoad answer
-        self.sent_since_report: set[str] = set()  # ids routed here since that answer
+        # the latest load: a session's report or a GetLoad answer
+        self.report: worker_pb2.GetLoadResponse | None = None
+        self.sent_since_report: set[str] = set()  # ids routed here the report may not count yet
+        # ids routed here since the session's latest report: a report is built from the engine's
+        # latest frame, that may predate adds on their way, so an id is counted until the next one
+        self.sent_since_session_report: set[str] = set()
+        self.session_report_at = -math.inf  # loop time of the session's latest report
+        self.num_polls = 0  # GetLoad calls made (tests read it)
         self._watcher: asyncio.Task | None = None
 
     @property
@@ -85,7 +97,8 @@ class WorkerLink:
     @property
     def load(self) -> WorkerLoad:
         """The worker's last report plus the requests this frontend sent it since, that still run
-        (the report is up to poll_interval_s old; a burst must not all go to one worker)."""
+        (the report is up to ~50 ms old on a busy session, up to poll_interval_s when polled; a
+        burst must not all go to one worker)."""
         pending = self.session.pending
         recent = sum(1 for request_id in self.sent_since_report if request_id in pending)
         r = self.report
@@ -127,6 +140,7 @@ class WorkerLink:
     ) -> Pending:
         """WorkerSession.start, counted in this worker's load until its next report."""
         self.sent_since_report.add(request.request_id)
+        self.sent_since_session_report.add(request.request_id)
         return self.session.start(request, timeout_s)
 
     def set_state(self, state: LinkState, reason: str = "") -> None:
@@ -166,6 +180,22 @@ class WorkerLink:
             self.info = None
             self.set_state(LinkState.UNREACHABLE, reason)
 
+    def _on_session_load(self, report: worker_pb2.GetLoadResponse) -> None:
+        self.report = report
+        self.sent_since_report, self.sent_since_session_report = (
+            self.sent_since_session_report,
+            set(),
+        )
+        self.session_report_at = asyncio.get_running_loop().time()
+        if self.state in (LinkState.READY, LinkState.DRAINING):  # info known: it answered
+            self.set_state(LinkState.DRAINING if report.draining else LinkState.READY)
+
+    @property
+    def session_reports(self) -> bool:
+        """A session is open and its load reports are fresh: no GetLoad poll is needed."""
+        age = asyncio.get_running_loop().time() - self.session_report_at
+        return self.session.call is not None and age < SESSION_REPORT_STALE_S
+
     async def _poll(self) -> None:
         timeout = max(POLL_TIMEOUT_S, self._connect_timeout_s)
         try:
@@ -179,6 +209,7 @@ class WorkerLink:
                     return  # info stays None: asked again next time (it may be replaced)
                 self.info = info
             try:
+                self.num_polls += 1
                 self.report = await self.stub.GetLoad(worker_pb2.GetLoadRequest(), timeout=timeout)
             except grpc.aio.AioRpcError as e:
                 if e.code() != grpc.StatusCode.UNIMPLEMENTED:
@@ -193,12 +224,20 @@ class WorkerLink:
         self.set_state(LinkState.DRAINING if draining else LinkState.READY)
 
     async def _watch(self) -> None:
-        """Polls every poll_interval_s, and at once when the connection changes state (a stopped
+        """Polls every poll_interval_s while no session reports the load (before the first request,
+        after a break, a stale report), and at once when the connection changes state (a stopped
         worker's GOAWAY is seen here before the next poll is due)."""
+        changed = True
         while True:
-            await self._poll()
+            answered = self.state in (LinkState.READY, LinkState.DRAINING)
+            if changed or not answered or not self.session_reports:
+                await self._poll()
             state = self.channel.get_state()
-            with contextlib.suppress(TimeoutError):
+            changed = False
+            try:
                 await asyncio.wait_for(
                     self.channel.wait_for_state_change(state), self._poll_interval_s
                 )
+                changed = True
+            except TimeoutError:
+                pass

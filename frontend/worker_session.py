@@ -105,9 +105,11 @@ class WorkerSession:
         self,
         stub: worker_grpc.WorkerServiceStub,
         on_broken: Callable[[str], None] | None = None,
+        on_load: Callable[[worker_pb2.GetLoadResponse], None] | None = None,
     ) -> None:
         self.stub = stub
         self.on_broken = on_broken  # told why, when the worker side broke it (not on close)
+        self.on_load = on_load  # given each load report the worker sends on the session
         self.call: grpc.aio.StreamStreamCall | None = None
         self.pending: dict[str, Pending] = {}  # request id -> its output
         self.adds: list[worker_pb2.SessionAdd] = []
@@ -191,6 +193,8 @@ class WorkerSession:
         reason = "the worker ended the session"
         try:
             async for response in call:
+                if response.HasField("load") and self.on_load is not None:
+                    self.on_load(response.load)
                 pending = self.pending
                 for out in response.outputs:
                     p = pending.get(out.request_id)

@@ -138,6 +138,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             self.config.max_queued_requests,
             self._ready,
             self.config.max_stop_token_ids,
+            draining=lambda: self.draining,
         )
         self.sessions.add(session)
         try:
@@ -280,6 +281,8 @@ async def serve(config: WorkerConfig) -> int:
 
     await stop.wait()
     servicer.draining = True
+    for session in servicer.sessions:  # their frontends learn it from the next load report
+        session.collector.event.set()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     if exit_code == 0:

@@ -1,7 +1,8 @@
 """WorkerService.Session: one frontend's requests multiplexed on one bidirectional stream.
 
 Adds and aborts arrive in batches (SessionRequest); every frame of the engine core that touches the
-session's requests becomes one SessionResponse. When the stream ends, every live request is aborted.
+session's requests becomes one SessionResponse, which also carries the worker's load when it is due
+(worker.load_report). When the stream ends, every live request is aborted.
 """
 
 import asyncio
@@ -17,6 +18,7 @@ from nanoserve.errors import (
 from nanoserve.logprob_split import MAX_LOGPROBS_PER_MESSAGE
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.worker.async_engine import AsyncEngine, Collector, Stream
+from nanoserve.worker.load_report import LoadReporter, load_key, session_load
 from nanoserve.worker.request_log import (
     CANCELLED_BY_CALLER,
     SESSION_ENDED,
@@ -45,7 +47,10 @@ class WorkerSession:
         max_queued_requests: int,
         check_ready: Callable[[], AsyncEngine],
         max_stop_token_ids: int = DEFAULT_MAX_STOP_TOKEN_IDS,
+        draining: Callable[[], bool] = lambda: False,
+        reporter: LoadReporter | None = None,
     ):
+        """`draining()`: whether the worker drains (its load reports say so)."""
         self.engine, self.max_queued_requests = engine, max_queued_requests
         self.max_stop_token_ids = max_stop_token_ids  # lists bounded before they are walked
         self.check_ready = check_ready  # raises UNAVAILABLE while draining or once the engine died
@@ -56,6 +61,8 @@ class WorkerSession:
         self.refused: list[worker_pb2.SessionOutput] = []  # requests ended outside the engine
         self.reading = True
         self.error: InvalidArgument | None = None  # a message past the bounds ends the session
+        self.draining = draining
+        self.reporter = reporter or LoadReporter()
 
     async def read(self, requests: AsyncIterator[worker_pb2.SessionRequest]) -> None:
         """Applies the frontend's batches until it closes its side of the stream."""
@@ -218,10 +225,28 @@ class WorkerSession:
 
     async def responses(self) -> AsyncIterator[worker_pb2.SessionResponse]:
         """Until the frontend has closed its side and no request of the session is live."""
+        event = self.collector.event
         while self.error is None and (self.reading or self.live or self.refused):
-            await self.collector.event.wait()
-            response = self.take_outputs()
-            for part in bounded_responses(response):
+            load = self.engine.load
+            key = load_key(load, self.draining())
+            if not event.is_set():
+                # woken by outputs (every step while its requests run), or when a report is due
+                wait_s = self.reporter.wait_s(
+                    key, self.loop.time(), busy=bool(load.num_running or load.num_waiting)
+                )
+                timer = self.loop.call_later(wait_s, event.set)  # a timer, not a task per wait
+                try:
+                    await event.wait()
+                finally:
+                    timer.cancel()
+            parts = bounded_responses(self.take_outputs())
+            load = self.engine.load
+            draining = self.draining()
+            if self.reporter.due(load_key(load, draining), self.loop.time()):
+                if not parts:  # a response with only the load
+                    parts.append(worker_pb2.SessionResponse())
+                parts[-1].load.CopyFrom(session_load(load, draining))
+            for part in parts:
                 yield part
 
 

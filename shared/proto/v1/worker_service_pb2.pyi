@@ -66,10 +66,12 @@ class SessionAdd(_message.Message):
     def __init__(self, request: _Optional[_Union[GenerateTokensRequest, _Mapping]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class SessionResponse(_message.Message):
-    __slots__ = ("outputs",)
+    __slots__ = ("outputs", "load")
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
     outputs: _containers.RepeatedCompositeFieldContainer[SessionOutput]
-    def __init__(self, outputs: _Optional[_Iterable[_Union[SessionOutput, _Mapping]]] = ...) -> None: ...
+    load: GetLoadResponse
+    def __init__(self, outputs: _Optional[_Iterable[_Union[SessionOutput, _Mapping]]] = ..., load: _Optional[_Union[GetLoadResponse, _Mapping]] = ...) -> None: ...
 
 class SessionOutput(_message.Message):
     __slots__ = ("request_id", "token_ids", "finish_reason", "usage", "stop_token_id", "error_code", "error_message", "logprobs", "prompt_logprobs", "index")
