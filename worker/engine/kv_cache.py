@@ -96,6 +96,31 @@ def largest_step(
     torch.cuda.synchronize()
 
 
+def num_kvcache_blocks(
+    config: EngineConfig,
+    device: torch.device,
+    block_bytes: int,
+    model: Qwen3ForCausalLM,
+    max_model_len: int,
+    world_size: int,
+) -> int:
+    """The configured block count, or what fits (the least over the ranks: every rank must hold
+    the same blocks); ValueError when not one block fits."""
+    num_blocks = config.num_kvcache_blocks
+    if num_blocks is None:
+        num_blocks = blocks_that_fit(config, device, block_bytes, model, max_model_len)
+        if world_size > 1:
+            t = torch.tensor([num_blocks], device=device)
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+            num_blocks = int(t.item())
+    if num_blocks < 1:
+        raise ValueError(
+            "not enough memory for a single KV-cache block; lower max_num_seqs / "
+            "max_num_batched_tokens or raise gpu_memory_utilization"
+        )
+    return num_blocks
+
+
 def allocate_kv_cache(
     attention_layers: list,
     num_blocks: int,

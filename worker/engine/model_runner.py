@@ -24,7 +24,7 @@ from nanoserve.worker.engine.device import (
     resolve_device,
     resolve_dtype,
 )
-from nanoserve.worker.engine.kv_cache import allocate_kv_cache, blocks_that_fit
+from nanoserve.worker.engine.kv_cache import allocate_kv_cache, num_kvcache_blocks
 from nanoserve.worker.engine.logprobs import (
     PROMPT_CHUNK_ROWS,
     PromptLogprobs,
@@ -176,20 +176,14 @@ class ModelRunner:
         return len(self.attention_layers) * self.block_size * per_token
 
     def allocate_kv_cache(self) -> int:
-        num_blocks = self.config.num_kvcache_blocks
-        if num_blocks is None:
-            num_blocks = blocks_that_fit(
-                self.config, self.device, self.block_bytes, self.model, self.max_model_len
-            )
-            if self.world_size > 1:  # every rank must hold the same blocks
-                t = torch.tensor([num_blocks], device=self.device)
-                torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
-                num_blocks = int(t.item())
-        if num_blocks < 1:
-            raise ValueError(
-                "not enough memory for a single KV-cache block; lower max_num_seqs / "
-                "max_num_batched_tokens or raise gpu_memory_utilization"
-            )
+        num_blocks = num_kvcache_blocks(
+            self.config,
+            self.device,
+            self.block_bytes,
+            self.model,
+            self.max_model_len,
+            self.world_size,
+        )
         self.kv_cache = allocate_kv_cache(
             self.attention_layers,
             num_blocks,
