@@ -229,6 +229,22 @@ def frontend_argv(model_dir: Path, worker_address: str, *args: str, port: int = 
     ]
 
 
+# what `nanoserve serve` prints once both of its services are SERVING
+SERVE_LISTENING = re.compile(r"nanoserve serving \S+ on (?P<host>\S+):(?P<port>\d+) \(worker on ")
+
+
+def start_serve(model_dir: Path, *args: str, command: tuple[str, ...] = ()) -> Service:
+    """`nanoserve serve` (through `command`, default `python -m nanoserve.cli`) on `model_dir` with
+    a small CPU cache, on a free port unless `args` name one; call wait_listening() on it."""
+    argv = [
+        *(command or (sys.executable, "-m", "nanoserve.cli")), "serve",
+        "--model", str(model_dir), "--device", "cpu",
+        "--kvcache-block-size", str(BLOCK_SIZE), "--num-kvcache-blocks", "128",
+        *(() if "--port" in args else ("--port", "0")), *args,
+    ]  # fmt: skip
+    return Service("nanoserve serve", argv, listening=SERVE_LISTENING)
+
+
 def start_worker(model_dir: Path, *args: str, port: int = 0, wait: bool = True) -> Service:
     worker = Service("worker", worker_argv(model_dir, *args, port=port))
     try:

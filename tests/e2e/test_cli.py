@@ -4,7 +4,6 @@ and a SIGKILLed `serve` takes its services with it.
 """
 
 import os
-import re
 import shutil
 import signal
 import socket
@@ -17,11 +16,9 @@ import pytest
 
 from nanoserve.client import Client
 from nanoserve.process import check_port_free
-from tests.e2e.conftest import BLOCK_SIZE, REPO_ROOT, Service, cmdline, descendant_pids, pid_running
+from tests.e2e.conftest import REPO_ROOT, cmdline, descendant_pids, pid_running, start_serve
 
 pytestmark = pytest.mark.e2e
-
-SERVING = re.compile(r"nanoserve serving \S+ on (?P<host>\S+):(?P<port>\d+) \(worker on ")
 
 
 def nanoserve() -> list[str]:
@@ -31,24 +28,7 @@ def nanoserve() -> list[str]:
 
 
 def test_serve_generate_and_sigterm(tiny_model_dir: Path, services) -> None:
-    serve = Service(
-        "nanoserve serve",
-        [
-            *nanoserve(),
-            "serve",
-            "--port",
-            "0",
-            "--model",
-            str(tiny_model_dir),
-            "--device",
-            "cpu",
-            "--kvcache-block-size",
-            str(BLOCK_SIZE),
-            "--num-kvcache-blocks",
-            "128",
-        ],
-        listening=SERVING,
-    )
+    serve = start_serve(tiny_model_dir, command=tuple(nanoserve()))
     children: list[int] = []
     try:
         address = serve.wait_listening()  # printed once both services are SERVING
@@ -98,25 +78,10 @@ def test_a_sigkilled_serve_takes_its_services_with_it(tiny_model_dir: Path) -> N
     """The kernel signals each service when `serve` dies (PR_SET_PDEATHSIG): no process is left
     running and both ports can be bound again."""
     port, worker_port = free_port(), free_port()
-    serve = Service(
-        "nanoserve serve",
-        [
-            *nanoserve(),
-            "serve",
-            "--port",
-            str(port),
-            "--worker-port",
-            str(worker_port),
-            "--model",
-            str(tiny_model_dir),
-            "--device",
-            "cpu",
-            "--kvcache-block-size",
-            str(BLOCK_SIZE),
-            "--num-kvcache-blocks",
-            "128",
-        ],
-        listening=SERVING,
+    serve = start_serve(
+        tiny_model_dir,
+        *("--port", str(port), "--worker-port", str(worker_port)),
+        command=tuple(nanoserve()),
     )
     children: list[int] = []
     try:

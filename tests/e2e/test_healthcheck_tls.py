@@ -5,7 +5,6 @@ wrong CA, without the client certificate mutual TLS asks for, or against the wro
 """
 
 import os
-import re
 import subprocess
 import sys
 import time
@@ -16,12 +15,11 @@ import pytest
 
 from nanoserve.client import Client
 from tests.e2e.conftest import (
-    BLOCK_SIZE,
     FRONTEND_SERVICE,
     WORKER_SERVICE,
     Pair,
-    Service,
     start_frontend,
+    start_serve,
     start_worker,
 )
 from tests.tls_certs import Certs, make_certs
@@ -181,18 +179,14 @@ def test_serve_probes_its_tls_frontend_and_reports_ready(tiny_model_dir, certs) 
     """`nanoserve serve` with frontend TLS (mutual: it asks for client certificates) comes up: its
     readiness probe pins the certificate it handed the frontend and presents the probe client
     certificate; callers need the CA, and a client certificate, too."""
-    argv = [
-        sys.executable, "-m", "nanoserve.cli", "serve", "--port", "0",
-        "--model", str(tiny_model_dir), "--device", "cpu",
-        "--kvcache-block-size", str(BLOCK_SIZE), "--num-kvcache-blocks", "128",
+    serve = start_serve(
+        tiny_model_dir,
         "--tls-cert-file", str(certs.server_cert),
         "--tls-key-file", str(certs.server_key),
         "--tls-client-ca-file", str(certs.ca),
         "--probe-tls-client-cert-file", str(certs.client_cert),
         "--probe-tls-client-key-file", str(certs.client_key),
-    ]  # fmt: skip
-    serving = re.compile(r"nanoserve serving \S+ on (?P<host>\S+):(?P<port>\d+) \(worker on ")
-    serve = Service("nanoserve serve", argv, listening=serving)
+    )  # fmt: skip
     try:
         address = serve.wait_listening()  # printed once both services are SERVING
         client_cert = {"client_cert": certs.client_cert, "client_key": certs.client_key}

@@ -5,7 +5,6 @@ to both services.
 """
 
 import re
-import sys
 import time
 from collections.abc import Iterator
 
@@ -16,12 +15,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from nanoserve.client import Client
 from nanoserve.security import channel_credentials
 from tests.e2e.conftest import (
-    BLOCK_SIZE,
     FRONTEND_SERVICE,
     WORKER_SERVICE,
     Pair,
-    Service,
     start_frontend,
+    start_serve,
     start_worker,
 )
 from tests.tls_certs import Certs, make_certs
@@ -104,19 +102,15 @@ def test_a_plaintext_worker_on_a_public_address_warns(tiny_model_dir) -> None:
 
 
 def test_serve_runs_the_worker_link_over_mtls(tiny_model_dir, certs) -> None:
-    argv = [
-        sys.executable, "-m", "nanoserve.cli", "serve", "--port", "0",
-        "--model", str(tiny_model_dir), "--device", "cpu",
-        "--kvcache-block-size", str(BLOCK_SIZE), "--num-kvcache-blocks", "128",
+    serve = start_serve(
+        tiny_model_dir,
         "--worker-tls-cert-file", str(certs.server_cert),
         "--worker-tls-key-file", str(certs.server_key),
         "--worker-tls-client-ca-file", str(certs.ca),
         "--worker-tls-ca-file", str(certs.ca),
         "--worker-tls-client-cert-file", str(certs.client_cert),
         "--worker-tls-client-key-file", str(certs.client_key),
-    ]  # fmt: skip
-    serving = re.compile(r"nanoserve serving \S+ on (?P<host>\S+):(?P<port>\d+) \(worker on ")
-    serve = Service("nanoserve serve", argv, listening=serving)
+    )  # fmt: skip
     try:
         address = serve.wait_listening()  # printed once both services are SERVING
         with Client(address, timeout=30) as client:
