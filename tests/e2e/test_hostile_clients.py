@@ -115,6 +115,12 @@ def session_status(
     return grpc.StatusCode.UNKNOWN, "the session ended without an output"
 
 
+def schema_of_bytes(size: int) -> common_pb2.StructuredOutput:
+    """A well-formed JSON Schema of about `size` bytes (an enum of many strings)."""
+    words = ",".join(f'"w{i}"' for i in range(size // 8))
+    return common_pb2.StructuredOutput(json_schema='{"enum": [' + words + "]}")
+
+
 def chat_request(num_messages: int) -> frontend_pb2.ChatRequest:
     request = frontend_pb2.ChatRequest()
     message = frontend_pb2.ChatMessage(role="user", content="hi")
@@ -208,6 +214,29 @@ def hostile_cases(frontend: grpc.Channel, worker: grpc.Channel) -> dict[str, Cal
         "worker session: 1M prompt ids": lambda: session_status(
             w, worker_pb2.GenerateTokensRequest(request_id="s2", prompt_token_ids=[1] * 1_000_000)
         ),
+        "a 1 MB json_schema": lambda: status_of(
+            f.Generate(
+                frontend_pb2.GenerateRequest(
+                    prompt="hi", sampling_params=SP(structured_output=schema_of_bytes(1 * MiB))
+                ),
+                timeout=120,
+            )
+        ),
+        "worker: a 1 MB json_schema": lambda: status_of(
+            w.GenerateTokens(
+                worker_pb2.GenerateTokensRequest(
+                    prompt_token_ids=[1, 2],
+                    sampling_params=SP(structured_output=schema_of_bytes(1 * MiB)),
+                ),
+                timeout=120,
+            )
+        ),
+        "worker session: 1M aborts in one message": lambda: status_of(
+            w.Session(iter([worker_pb2.SessionRequest(aborts=["x"] * 1_000_000)]), timeout=120)
+        ),
+        "worker: operator Abort of 1M ids": lambda: unary_status(
+            lambda: w.Abort(worker_pb2.AbortRequest(request_ids=["x"] * 1_000_000), timeout=120)
+        ),
     }
 
 
@@ -226,6 +255,13 @@ EXPECTED = {
     # a Session stream's messages carry many adds: each add's lists are bounded by their length
     "worker session: 1M stop_token_ids": (INVALID, "at most 128 stop token ids, got 1000000"),
     "worker session: 1M prompt ids": (INVALID, "the prompt has 1000000 tokens"),
+    "a 1 MB json_schema": (INVALID, "sampling_params.structured_output.json_schema"),
+    # past the worker's byte bound: refused before it is parsed (a smaller one meets the
+    # structured_output size check: tests/unit/test_structured_output_checks.py)
+    "worker: a 1 MB json_schema": (INVALID, "more than any valid request"),
+    "worker session: 1M aborts in one message": (INVALID, "aborts"),
+    # likewise; 4,097 ids meet the request_ids bound (tests/e2e/test_session.py)
+    "worker: operator Abort of 1M ids": (INVALID, "more than any valid request"),
 }
 
 
