@@ -10,8 +10,15 @@ from pathlib import Path
 import pytest
 from nanoserve.client import Client
 
-from tests.e2e.conftest import BLOCK_SIZE, Service, cmdline, descendant_pids, pid_running
-from tests.e2e.test_cli import SERVING
+from tests.e2e.conftest import (
+    BLOCK_SIZE,
+    SERVE_LISTENING,
+    Service,
+    cmdline,
+    descendant_pids,
+    pid_running,
+)
+
 
 pytestmark = pytest.mark.e2e
 
@@ -40,7 +47,7 @@ def test_serve_from_a_directory_with_its_own_worker_package(
         "64",
         "--no-enable-reflection",
     ]
-    serve = Service("nanoserve serve", argv, listening=SERVING, cwd=tmp_path)
+    serve = Service("nanoserve serve", argv, listening=SERVE_LISTENING, cwd=tmp_path)
     children: list[int] = []
     try:
         address = serve.wait_listening()
