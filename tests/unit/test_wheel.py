@@ -89,10 +89,12 @@ def client_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     run([*pip, "install", "-q", "--no-deps", "--no-index", str(wheel)])
     deps = home / "client-deps"
     deps.mkdir()
-    site = Path(next(p for p in sys.path if p.endswith("site-packages")))
+    # every site-packages on the path: a venv may layer its packages over a base one's (.pth)
+    sites = [Path(p) for p in sys.path if p.endswith("site-packages")]
     for name in CLIENT_DEPS:
-        if (site / name).exists():
-            (deps / name).symlink_to(site / name)
+        found = next((site / name for site in sites if (site / name).exists()), None)
+        if found is not None:
+            (deps / name).symlink_to(found)
     (site_of(python) / "client_deps.pth").write_text(f"{deps}\n")
     return home
 
