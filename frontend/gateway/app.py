@@ -1,7 +1,7 @@
 """The gateway's HTTP routes (FastAPI): each OpenAI request is checked (protocol.py), mapped onto a
 FrontendService call (params.py) made through one shared nanoserve.AsyncClient with the caller's
-own bearer token, and its chunks are answered whole (responses.py) or as server-sent events
-(stream.py).
+own bearer token, and its chunks (completions: echoed by echo.py, the best_of kept by best_of.py) are
+answered whole (responses.py) or as server-sent events (stream.py).
 """
 
 import asyncio
@@ -15,8 +15,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from nanoserve.client import AsyncClient
-from nanoserve.client_messages import Chunk, join_chunks
+from nanoserve.client_messages import Chunk, Completion, join_chunks
 from nanoserve.errors import ServiceError
+from nanoserve.frontend.gateway.best_of import keep_best
+from nanoserve.frontend.gateway.echo import echo_chunks
 from nanoserve.frontend.gateway.errors import OpenAIError, from_service_error
 from nanoserve.frontend.gateway.params import Mapped, map_chat, map_completion
 from nanoserve.frontend.gateway.protocol import ChatCompletionRequest, CompletionRequest
@@ -120,9 +122,16 @@ class Gateway:
         prompt, mapped = map_completion(body)
         name = await _until_disconnect(request, self.check_model(client, body.model))
         reply = Reply(name, False, logprobs=mapped.logprobs)
-        return await self._answer(
-            request, reply, mapped, lambda: client.generate_stream(prompt, **mapped.kwargs())
-        )
+        echo, best_of = mapped.echo, mapped.best_of
+
+        def start() -> AsyncIterator[Chunk]:
+            chunks = client.generate_stream(prompt, **mapped.kwargs())
+            return chunks if echo is None else echo_chunks(echo, chunks, client)
+
+        def finish(whole: Completion) -> Completion:
+            return whole if best_of is None else keep_best(whole, best_of)
+
+        return await self._answer(request, reply, mapped, start, finish)
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
         client = self.client.with_token(caller_token(request))
@@ -139,14 +148,16 @@ class Gateway:
         reply: Reply,
         mapped: Mapped,
         start: Callable[[], AsyncIterator[Chunk]],
+        finish: Callable[[Completion], Completion] = lambda whole: whole,
     ) -> Response:
-        """The whole reply, or a stream of events once the first chunk came: a call refused at
-        the start (400, 401, 429, ...) gets its HTTP status, not a 200 stream with an error."""
+        """The whole reply (`finish` has the last word on it), or a stream of events once the
+        first chunk came: a call refused at the start (400, 401, 429, ...) gets its HTTP status,
+        not a 200 stream with an error."""
         chunks = start()
         try:
             if not mapped.stream:
                 whole = await _until_disconnect(request, _collect(chunks))
-                return JSONResponse(reply.whole(join_chunks(whole)))
+                return JSONResponse(reply.whole(finish(join_chunks(whole))))
             first = await _until_disconnect(request, anext(chunks))
         except ServiceError as e:
             raise from_service_error(e, mapped.param_names) from None

@@ -3,6 +3,7 @@ bytes, top_logprobs}]}`, the legacy completions shape (tokens, token_logprobs, t
 text_offset) and vLLM's prompt_logprobs list. responses.py puts them on choices.
 """
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,6 +11,9 @@ from nanoserve.client_messages import TokenLogprobs
 
 # JSON has no -inf (a token the processed distribution filtered out): vLLM's stand-in for it.
 FLOOR = -9999.0
+# The logprob of the first prompt token's entry when completions echo the prompt (echo.py): it has
+# none, and the legacy shape gives it a null logprob and null top_logprobs (OpenAI's, vLLM's).
+NO_LOGPROB = math.nan
 
 
 def _lp(value: float) -> float:
@@ -40,7 +44,7 @@ def completion_logprobs(
 ) -> dict[str, Any] | None:
     """choices[].logprobs of a text completion (or of one streamed delta: `offset` is where its
     first token starts in the choice's text). Each top_logprobs dict holds the alternatives and
-    the sampled token, keyed by text."""
+    the sampled token, keyed by text; an entry with NO_LOGPROB has null for both."""
     if entries is None:
         return None
     text_offset = []
@@ -49,9 +53,11 @@ def completion_logprobs(
         offset += len(e.text)
     return {
         "tokens": [e.text for e in entries],
-        "token_logprobs": [_lp(e.logprob) for e in entries],
+        "token_logprobs": [None if math.isnan(e.logprob) else _lp(e.logprob) for e in entries],
         "top_logprobs": [
-            {**{t.text: _lp(t.logprob) for t in e.top_logprobs}, e.text: _lp(e.logprob)}
+            None
+            if math.isnan(e.logprob)
+            else {**{t.text: _lp(t.logprob) for t in e.top_logprobs}, e.text: _lp(e.logprob)}
             for e in entries
         ],
         "text_offset": text_offset,

@@ -1,13 +1,15 @@
 """OpenAI request -> gRPC request, table-driven: SAMPLING maps each parameter the gRPC API serves to
 its SamplingParams field; NOT_YET lists those it does not serve, with the values that change nothing
-(best_of=1, echo=false, ...), any other value a 400 naming the parameter. logprobs, response_format
-and the vLLM structured-output extras have their own rules (output_params.py); tools and messages too.
+(functions=[], ...), any other value a 400 naming the parameter. logprobs, response_format and the
+vLLM structured-output extras have their own rules (output_params.py), echo, best_of and suffix too
+(completion_params.py); tools and messages too.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nanoserve.frontend.gateway.completion_params import BestOf, Echo, map_completion_extras
 from nanoserve.frontend.gateway.errors import bad_param
 from nanoserve.frontend.gateway.output_params import map_logprobs, map_structured_output
 from nanoserve.frontend.gateway.protocol import (
@@ -45,9 +47,6 @@ CONVERT: dict[str, Callable[[Any], Any]] = {
 }
 # Not in the gRPC API -> is this value a no-op (served as if absent)?
 NOT_YET: dict[str, Callable[[Any], bool]] = {
-    "best_of": lambda v: v == 1,
-    "echo": lambda v: v is False,
-    "suffix": lambda v: v == "",
     "logit_bias": lambda v: v == {},
     "functions": lambda v: v == [],
     "function_call": lambda v: v == "none",
@@ -70,6 +69,8 @@ class Mapped:
     include_usage: bool = False
     n: int = 1
     logprobs: bool = False  # the reply carries choices[].logprobs
+    echo: Echo | None = None  # completions' echo: true (echo.py applies it)
+    best_of: BestOf | None = None  # completions' best_of > n (best_of.py applies it)
 
     def kwargs(self) -> dict[str, Any]:
         return {**self.sampling, **self.call}
@@ -129,6 +130,9 @@ def map_completion(request: CompletionRequest) -> tuple[str | list[int], Mapped]
     if request.logprobs is not None:
         mapped.sampling["logprobs"], mapped.logprobs = request.logprobs, True
         mapped.param_names["sampling_params.logprobs"] = "logprobs"
+    mapped.echo, mapped.best_of = map_completion_extras(
+        request, prompt, mapped.sampling, mapped.param_names
+    )
     return prompt, mapped
 
 

@@ -2,7 +2,7 @@
 request (types, ranges of the wire types, list lengths); params.py maps them onto the gRPC API.
 
 Unknown fields are refused (400 naming them), as OpenAI does. Fields the gRPC API cannot serve yet
-(best_of, echo, logit_bias, ...) are declared loosely here so that params.py can name them in its 400.
+(suffix, logit_bias, ...) are declared loosely here so that params.py can name them in its 400.
 Lists are bounded here; the frontend checks the tighter limits (tools, names, schema sizes).
 """
 
@@ -89,8 +89,8 @@ class CompletionRequest(OpenAIRequest):
 
     prompt: Text | Annotated[list[UInt32], Field(max_length=MAX_LIST)] | list[Any]
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None  # legacy: top alternatives
-    best_of: Any = None
-    echo: Any = None
+    best_of: UInt32 | None = None  # completion_params.py checks it against n
+    echo: bool | None = None
     suffix: Any = None
 
 

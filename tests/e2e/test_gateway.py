@@ -247,7 +247,7 @@ def test_chat_text_equals_the_grpc_chat_reply(
         ({"max_tokens": 0}, "max_tokens"),
         ({"extra_body": {"top_k": -5}}, "top_k"),
         ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
-        ({"extra_body": {"best_of": 3}}, "best_of"),
+        ({"n": 2, "best_of": 1}, "best_of"),
         ({"stop": ["ok", ""]}, "stop[1]"),
     ],
 )
