@@ -173,6 +173,38 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         return frontend_pb2.TokenizeResponse(token_ids=token_ids)
 
     @grpc_errors
+    async def Detokenize(
+        self, request: frontend_pb2.DetokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> frontend_pb2.DetokenizeResponse:
+        """Returns the text of token ids, whole and per id: at most a full context of ids
+        (max_model_len), each below the model's vocab_size."""
+        limits, _ = self._limits()
+        token_ids = request.token_ids
+        if not token_ids:
+            raise InvalidArgument("must not be empty", field="token_ids")
+        if len(token_ids) > limits.max_model_len:  # a repeated field's len() walks nothing
+            raise InvalidArgument(
+                f"{len(token_ids)} ids > max_model_len ({limits.max_model_len})", field="token_ids"
+            )
+        for i, token_id in enumerate(token_ids):
+            if token_id >= limits.vocab_size:
+                raise InvalidArgument(
+                    f"token id {token_id} >= vocab_size {limits.vocab_size}",
+                    field=f"token_ids[{i}]",
+                )
+        skip = not request.HasField("skip_special_tokens") or request.skip_special_tokens
+        ids = list(token_ids)
+        with self._admit(""):  # decoding holds a tokenizer thread like a Generate call
+            text, pieces = await self.tokenizer.run(self._decode, ids, skip)
+        return frontend_pb2.DetokenizeResponse(text=text, token_texts=pieces)
+
+    def _decode(self, token_ids: list[int], skip_special_tokens: bool) -> tuple[str, list[str]]:
+        return (
+            self.tokenizer.decode(token_ids, skip_special_tokens),
+            self.tokenizer.token_texts(token_ids),
+        )
+
+    @grpc_errors
     async def GetModelInfo(
         self, request: frontend_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> frontend_pb2.GetModelInfoResponse:

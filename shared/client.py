@@ -23,14 +23,17 @@ from nanoserve.client_messages import (  # noqa: F401 - also the names users imp
     ChatMessages,
     Chunk,
     Completion,
+    Detokenized,
     Logprob,
     ModelInfo,
     ToolCall,
     Tools,
     TokenLogprobs,
     Usage,
+    _detokenized,
     _model_info,
     chat_request,
+    detokenize_request,
     generate_request,
     join_chunks,
     sampling_params,
@@ -161,6 +164,16 @@ class Client:
         """The token ids of `text` under the served model's tokenizer."""
         request = tokenize_request(text, add_special_tokens)
         return list(self._unary(self._stub.Tokenize, request, timeout).token_ids)
+
+    def detokenize(
+        self,
+        token_ids: Sequence[int],
+        skip_special_tokens: bool | None = None,
+        timeout: float | None = None,
+    ) -> Detokenized:
+        """The text of `token_ids` under the served model's tokenizer, and each id's own text."""
+        request = detokenize_request(token_ids, skip_special_tokens)
+        return _detokenized(self._unary(self._stub.Detokenize, request, timeout))
 
     def model_info(self, timeout: float | None = None) -> ModelInfo:
         """The served model's name and limits."""
@@ -307,6 +320,15 @@ class AsyncClient:
     ) -> list[int]:
         request = tokenize_request(text, add_special_tokens)
         return list((await self._unary(self._stub.Tokenize, request, timeout)).token_ids)
+
+    async def detokenize(
+        self,
+        token_ids: Sequence[int],
+        skip_special_tokens: bool | None = None,
+        timeout: float | None = None,
+    ) -> Detokenized:
+        request = detokenize_request(token_ids, skip_special_tokens)
+        return _detokenized(await self._unary(self._stub.Detokenize, request, timeout))
 
     async def model_info(self, timeout: float | None = None) -> ModelInfo:
         request = frontend_pb2.GetModelInfoRequest()

@@ -120,6 +120,12 @@ class ModelInfo:
     has_chat_template: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Detokenized:
+    text: str  # the ids decoded together
+    token_texts: list[str]  # each id decoded alone, special tokens included
+
+
 def sampling_params(**kwargs: Any) -> common_pb2.SamplingParams:
     """SamplingParams from vLLM-named keyword arguments; `stop` may be one string."""
     unknown = set(kwargs) - _SAMPLING_FIELDS
@@ -373,6 +379,19 @@ def tokenize_request(text: str, add_special_tokens: bool | None) -> frontend_pb2
     if add_special_tokens is not None:
         request.add_special_tokens = add_special_tokens
     return request
+
+
+def detokenize_request(
+    token_ids: Sequence[int], skip_special_tokens: bool | None
+) -> frontend_pb2.DetokenizeRequest:
+    request = frontend_pb2.DetokenizeRequest(token_ids=token_ids)
+    if skip_special_tokens is not None:
+        request.skip_special_tokens = skip_special_tokens
+    return request
+
+
+def _detokenized(response: frontend_pb2.DetokenizeResponse) -> Detokenized:
+    return Detokenized(response.text, list(response.token_texts))
 
 
 def _model_info(response: frontend_pb2.GetModelInfoResponse) -> ModelInfo:

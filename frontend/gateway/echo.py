@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
 from nanoserve.client import AsyncClient
-from nanoserve.client_messages import Chunk, TokenLogprobs
+from nanoserve.client_messages import Chunk, Detokenized, TokenLogprobs
 from nanoserve.frontend.gateway.completion_params import Echo
 from nanoserve.frontend.gateway.logprobs_body import NO_LOGPROB
 
@@ -20,35 +20,30 @@ def _top(entry: TokenLogprobs, k: int) -> TokenLogprobs:
     return replace(entry, top_logprobs=entry.top_logprobs[:k])
 
 
-async def token_text(client: AsyncClient, token_id: int) -> str:
-    """One token's text, as the frontend writes logprob entries' (FrontendService has no decode
-    call and gives position 0 of a prompt no entry): position 1 of the prompt [id, id]."""
-    whole = await client.generate(
-        [token_id, token_id], max_tokens=1, temperature=0, prompt_logprobs=0
-    )
-    if not whole.prompt_logprobs:
-        raise RuntimeError("the frontend sent no prompt logprobs")
-    return whole.prompt_logprobs[0].text
+async def decoded_prompt(client: AsyncClient, token_ids: list[int]) -> Detokenized:
+    """A token-id prompt's text, whole and per id (the frontend's Detokenize: position 0 of a
+    prompt has no logprob entry to carry its text)."""
+    return await client.detokenize(token_ids, skip_special_tokens=False)
 
 
 def prompt_echo(
-    echo: Echo, rest: Sequence[TokenLogprobs], first: str | None
+    echo: Echo, rest: Sequence[TokenLogprobs], decoded: Detokenized | None
 ) -> tuple[str, list[TokenLogprobs] | None]:
     """(the echoed prompt text, the prompt's logprob entries or None without logprobs) from the
-    entries of prompt positions 1.. (`rest`) and, for a token-id prompt, position 0's text.
+    entries of prompt positions 1.. (`rest`) and, for a token-id prompt, its decoded text.
 
-    A token-id prompt's text is its tokens' texts joined. A text prompt is echoed as given; its
-    first token's text is what the others' leave of it, so text_offset (which counts token texts,
-    as vLLM's does) points into the echoed text, unless a token splits a UTF-8 character (its
-    text then holds U+FFFD)."""
+    A text prompt is echoed as given, a token-id prompt as decoded (as vLLM does); the first
+    token's text is what the others' leave of it, so text_offset (which counts token texts, as
+    vLLM's does) points into the echoed text, unless a token splits a UTF-8 character (its text
+    then holds U+FFFD)."""
     joined = "".join(e.text for e in rest)
     if isinstance(echo.prompt, str):
         text = echo.prompt
         first = text[: max(len(text) - len(joined), 0)]
         first_id = -1  # a text prompt's token ids are not returned
     else:
-        first = first or ""
-        text = first + joined
+        assert decoded is not None
+        text, first = decoded.text, decoded.token_texts[0]
         first_id = echo.prompt[0]
     if echo.logprobs is None:
         return text, None
@@ -95,9 +90,9 @@ async def echo_chunks(
 ) -> AsyncIterator[Chunk]:
     """The call's chunks with the prompt echoed. Prompt entries arrive with or before the first
     token (FrontendService's order), so they are all in by a choice's first token or finish."""
-    first: asyncio.Future[str] | None = None
+    first: asyncio.Future[Detokenized] | None = None
     if isinstance(echo.prompt, list):  # asked alongside the call: its text is needed at once
-        first = asyncio.ensure_future(token_text(client, echo.prompt[0]))
+        first = asyncio.ensure_future(decoded_prompt(client, echo.prompt))
     rest: list[TokenLogprobs] = []
     prefix: tuple[str, list[TokenLogprobs] | None] | None = None
     echoed: set[int] = set()

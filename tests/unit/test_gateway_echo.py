@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("fastapi", reason="the gateway extra: pip install 'nanoserve[gateway]'")
 
-from nanoserve.client_messages import Chunk, Completion, Usage, join_chunks, to_chunk
+from nanoserve.client_messages import Chunk, Detokenized, join_chunks, to_chunk
 from nanoserve.errors import error_for_code
 from nanoserve.frontend.gateway.best_of import keep_best
 from nanoserve.frontend.gateway.completion_params import BestOf, Echo
@@ -38,19 +38,17 @@ def lp(token_id: int, logprob: float, text: str, top=()) -> common_pb2.TokenLogp
 
 
 class FakeClient:
-    """The AsyncClient call echo.py makes for a token-id prompt's first token text."""
+    """The AsyncClient call echo.py makes for a token-id prompt: Detokenize."""
 
     def __init__(self, texts: dict[int, str]) -> None:
         self.texts = texts
         self.prompts: list[Sequence[int]] = []
 
-    async def generate(self, prompt: Sequence[int], **sampling) -> Completion:
-        self.prompts.append(prompt)
-        entry = to_chunk(
-            pb.GenerateResponse(prompt_logprobs=[lp(prompt[1], -1.0, self.texts[prompt[1]])])
-        )
-        assert sampling["prompt_logprobs"] == 0 and sampling["max_tokens"] == 1
-        return Completion("", [], "length", Usage(2, 1, 0), prompt_logprobs=entry.prompt_logprobs)
+    async def detokenize(self, token_ids: Sequence[int], skip_special_tokens: bool) -> Detokenized:
+        self.prompts.append(token_ids)
+        assert skip_special_tokens is False
+        pieces = [self.texts[i] for i in token_ids]
+        return Detokenized("".join(pieces), pieces)
 
 
 async def _iterate(chunks: list[Chunk]) -> AsyncIterator[Chunk]:
@@ -190,13 +188,13 @@ def test_echo_with_max_tokens_0_scores_the_prompt_and_drops_the_token() -> None:
 
 
 def test_a_token_id_prompt_echoes_its_tokens_texts() -> None:
-    client = FakeClient({10: "Hi"})
+    client = FakeClient({10: "Hi", 11: " there"})
     chunks = echoed(Echo([10, 11], logprobs=1), RESPONSES, client)
     whole = Reply("m", chat=False, logprobs=True).whole(join_chunks(chunks))
-    assert client.prompts == [[10, 10]]
+    assert client.prompts == [[10, 11]]
     assert whole["choices"][0]["text"] == "Hi there you!"
     assert whole["choices"][0]["logprobs"]["tokens"][:2] == ["Hi", " there"]
-    plain = echoed(Echo([10, 11]), RESPONSES, FakeClient({10: "Hi"}))
+    plain = echoed(Echo([10, 11]), RESPONSES, FakeClient({10: "Hi", 11: " there"}))
     assert join_chunks(plain).text == "Hi there you!" and join_chunks(plain).logprobs is not None
 
 

@@ -50,6 +50,11 @@ class FrontendServiceStub:
                 request_serializer=nanoserve_dot_v1_dot_frontend__service__pb2.TokenizeRequest.SerializeToString,
                 response_deserializer=nanoserve_dot_v1_dot_frontend__service__pb2.TokenizeResponse.FromString,
                 _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/nanoserve.v1.FrontendService/Detokenize',
+                request_serializer=nanoserve_dot_v1_dot_frontend__service__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=nanoserve_dot_v1_dot_frontend__service__pb2.DetokenizeResponse.FromString,
+                _registered_method=True)
         self.GetModelInfo = channel.unary_unary(
                 '/nanoserve.v1.FrontendService/GetModelInfo',
                 request_serializer=nanoserve_dot_v1_dot_frontend__service__pb2.GetModelInfoRequest.SerializeToString,
@@ -82,6 +87,13 @@ class FrontendServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Detokenize(self, request, context):
+        """Detokenize returns the text of token ids, and each id's own text.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetModelInfo(self, request, context):
         """GetModelInfo returns the served model's name and limits.
         """
@@ -106,6 +118,11 @@ def add_FrontendServiceServicer_to_server(servicer, server):
                     servicer.Tokenize,
                     request_deserializer=nanoserve_dot_v1_dot_frontend__service__pb2.TokenizeRequest.FromString,
                     response_serializer=nanoserve_dot_v1_dot_frontend__service__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=nanoserve_dot_v1_dot_frontend__service__pb2.DetokenizeRequest.FromString,
+                    response_serializer=nanoserve_dot_v1_dot_frontend__service__pb2.DetokenizeResponse.SerializeToString,
             ),
             'GetModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelInfo,
@@ -195,6 +212,33 @@ class FrontendService:
             '/nanoserve.v1.FrontendService/Tokenize',
             nanoserve_dot_v1_dot_frontend__service__pb2.TokenizeRequest.SerializeToString,
             nanoserve_dot_v1_dot_frontend__service__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nanoserve.v1.FrontendService/Detokenize',
+            nanoserve_dot_v1_dot_frontend__service__pb2.DetokenizeRequest.SerializeToString,
+            nanoserve_dot_v1_dot_frontend__service__pb2.DetokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,
