@@ -179,6 +179,11 @@ def hostile_cases(frontend: grpc.Channel, worker: grpc.Channel) -> dict[str, Cal
                 timeout=120,
             )
         ),
+        "1M Detokenize ids": lambda: unary_status(
+            lambda: f.Detokenize(
+                frontend_pb2.DetokenizeRequest(token_ids=[1] * 1_000_000), timeout=120
+            )
+        ),
         "15M prompt ids": lambda: status_of(
             f.Generate(frontend_pb2.GenerateRequest(prompt_token_ids=[1] * 15_000_000), timeout=120)
         ),
@@ -248,6 +253,7 @@ EXPECTED = {
     "300k tool calls in a message": (INVALID, "messages[1].tool_calls: at most 128 tool calls"),
     "a 900 kB nested tool schema": (INVALID, "tools[0].function.parameters: 900000 bytes > 65536"),
     "15M prompt ids": (INVALID, "more than any valid request (max_prompt_bytes + 1 MiB)"),
+    "1M Detokenize ids": (INVALID, "token_ids: 1000000 ids > max_model_len"),
     "3M stop_token_ids": (INVALID, "sampling_params.stop_token_ids"),
     "worker: 15M prompt ids": (INVALID, "more than any valid request (5 bytes * (max_model_len"),
     # 3M ids are more bytes than any valid request: refused before they are parsed
