@@ -1,7 +1,8 @@
 """The gateway's HTTP routes (FastAPI): each OpenAI request is checked (protocol.py), mapped onto a
 FrontendService call (params.py) made through one shared nanoserve.AsyncClient with the caller's
 own bearer token, and its chunks (completions: echoed by echo.py, the best_of kept by best_of.py) are
-answered whole (responses.py) or as server-sent events (stream.py).
+answered whole (responses.py) or as server-sent events (stream.py); /tokenize and /detokenize
+are tokens.py's.
 """
 
 import asyncio
@@ -24,6 +25,7 @@ from nanoserve.frontend.gateway.params import Mapped, map_chat, map_completion
 from nanoserve.frontend.gateway.protocol import ChatCompletionRequest, CompletionRequest
 from nanoserve.frontend.gateway.responses import Reply
 from nanoserve.frontend.gateway.stream import StreamShaper, events
+from nanoserve.frontend.gateway.tokens import DetokenizeBody, TokenizeBody, detokenize, tokenize
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -142,6 +144,18 @@ class Gateway:
             request, reply, mapped, lambda: client.chat_stream(messages, **mapped.kwargs())
         )
 
+    async def tokenize(self, body: TokenizeBody, request: Request) -> dict:
+        client = self.client.with_token(caller_token(request))
+        if body.model is not None:
+            await _until_disconnect(request, self.check_model(client, body.model))
+        return await _until_disconnect(request, tokenize(client, body))
+
+    async def detokenize(self, body: DetokenizeBody, request: Request) -> dict:
+        client = self.client.with_token(caller_token(request))
+        if body.model is not None:
+            await _until_disconnect(request, self.check_model(client, body.model))
+        return await _until_disconnect(request, detokenize(client, body))
+
     async def _answer(
         self,
         request: Request,
@@ -214,4 +228,6 @@ def build_app(client: AsyncClient, served_model_name: str | None = None) -> Fast
     app.add_api_route("/v1/models", gateway.models, methods=["GET"])
     app.add_api_route("/v1/completions", gateway.completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", gateway.chat_completions, methods=["POST"])
+    app.add_api_route("/tokenize", gateway.tokenize, methods=["POST"])  # vLLM's extras
+    app.add_api_route("/detokenize", gateway.detokenize, methods=["POST"])
     return app

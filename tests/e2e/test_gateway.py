@@ -390,3 +390,27 @@ def test_gateway_reaches_a_mutual_tls_frontend_with_the_callers_key(
             assert gateway.stop() == 0, gateway.output()
     finally:
         frontend.stop()
+
+
+def test_tokenize_and_detokenize_routes(gateway: Service, services: Pair, model: str) -> None:
+    """vLLM's /tokenize and /detokenize: the frontend's tokenizer, a wrong model is a 404, and a
+    bad id a 400 naming `tokens`."""
+    url = base_url(gateway)
+    with Client(services.frontend.address, timeout=30) as client:
+        ids, info = client.tokenize("Hello world"), client.model_info()
+    status, body = request_json(
+        "POST", url + "/tokenize", {"model": model, "prompt": "Hello world"}
+    )
+    assert status == 200 and body == {
+        "tokens": ids,
+        "count": len(ids),
+        "max_model_len": info.max_model_len,
+    }
+    status, body = request_json("POST", url + "/detokenize", {"tokens": ids})
+    assert status == 200 and body == {"prompt": "Hello world"}
+    status, body = request_json("POST", url + "/detokenize", {"model": "other", "tokens": ids})
+    assert status == 404 and body["error"]["param"] == "model"
+    status, body = request_json("POST", url + "/detokenize", {"tokens": [1, info.vocab_size]})
+    assert status == 400 and body["error"]["param"] == "tokens[1]", body
+    status, body = request_json("POST", url + "/tokenize", {"prompt": "x", "extra": 1})
+    assert status == 400 and body["error"]["param"] == "extra"
