@@ -69,8 +69,9 @@ def _map_echo(
         # does the same).
         sampling["max_tokens"] = 1
     k, p = request.logprobs, request.prompt_logprobs
-    # The prompt's entries: for the reply's logprobs (k), and a token-id prompt's texts (k=0).
-    wanted = [v for v in (k, p) if v is not None] + ([0] if isinstance(prompt, list) else [])
+    # The prompt's entries, for the reply's logprobs (k); a token-id prompt's text comes from
+    # Detokenize (echo.py), so without logprobs the call keeps its prefix-cache hits.
+    wanted = [v for v in (k, p) if v is not None]
     if wanted and (p is None or 0 <= p < max(wanted)):  # a bad p is left for the frontend to name
         sampling["prompt_logprobs"] = max(wanted)
         param_names["sampling_params.prompt_logprobs"] = "logprobs" if k is not None else "echo"

@@ -100,9 +100,10 @@ def test_echo_maps_onto_prompt_logprobs_and_max_tokens_0_onto_one_token() -> Non
     _, mapped = map_completion(completion(echo=True, max_tokens=0))
     assert mapped.sampling == {"max_tokens": 1} and mapped.echo is not None
     assert mapped.echo.no_tokens
-    # a token-id prompt's texts come with its prompt entries; the client's own k is kept
+    # a token-id prompt's text comes from Detokenize: no prompt entries (the prefix cache still
+    # serves it); the client's own k is kept
     _, mapped = map_completion(completion(echo=True, prompt=[[5, 6]]))
-    assert mapped.sampling == {"prompt_logprobs": 0} and mapped.echo == Echo([5, 6])
+    assert mapped.sampling == {} and mapped.echo == Echo([5, 6])
     _, mapped = map_completion(completion(echo=True, logprobs=1, prompt_logprobs=3))
     assert mapped.sampling["prompt_logprobs"] == 3 and mapped.echo == Echo("Hi there", 1, 3)
     _, mapped = map_completion(completion(echo=True, logprobs=4, prompt_logprobs=3))
