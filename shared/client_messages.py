@@ -141,14 +141,17 @@ def structured_output(
     regex: str | None = None,
     grammar: str | None = None,
     json_object: bool = False,
+    structural_tag: Mapping[str, Any] | str | None = None,
 ) -> common_pb2.StructuredOutput:
     """What the output must match, exactly one of: a JSON Schema (a dict, or its JSON text), a
-    regex, an EBNF grammar (GBNF dialect, rule `root`), or any JSON object. Passed to the calls
-    as `structured_output={"json_schema": {...}}` (this dict's keywords) or this message."""
-    given = [v is not None for v in (json_schema, regex, grammar)]
+    regex, an EBNF grammar (GBNF dialect, rule `root`), any JSON object, or an xgrammar structural
+    tag (a dict, or its JSON text). Passed to the calls as
+    `structured_output={"json_schema": {...}}` (this dict's keywords) or this message."""
+    given = [v is not None for v in (json_schema, regex, grammar, structural_tag)]
     if sum(given) + bool(json_object) != 1:
         raise ValueError(
-            "structured_output: give exactly one of json_schema, regex, grammar, json_object"
+            "structured_output: give exactly one of json_schema, regex, grammar, json_object, "
+            "structural_tag"
         )
     if json_object:
         return common_pb2.StructuredOutput(json_object=True)
@@ -156,6 +159,8 @@ def structured_output(
         return common_pb2.StructuredOutput(regex=regex)
     if grammar is not None:
         return common_pb2.StructuredOutput(grammar=grammar)
+    if structural_tag is not None:
+        return common_pb2.StructuredOutput(structural_tag=_json_text(structural_tag))
     schema = json_schema if isinstance(json_schema, str) else json.dumps(json_schema)
     return common_pb2.StructuredOutput(json_schema=schema)
 
