@@ -236,6 +236,7 @@ def chat_request(
     *,
     tools: Tools | None = None,
     tool_choice: str = "",
+    tool_choice_function: str = "",
     separate_reasoning: bool | None = None,
     **sampling: Any,
 ) -> frontend_pb2.ChatRequest:
@@ -246,6 +247,7 @@ def chat_request(
         messages=[_chat_message(m) for m in messages],
         tools=[_tool(t) for t in tools or ()],
         tool_choice=tool_choice,
+        tool_choice_function=tool_choice_function,
     )
     if enable_thinking is not None:
         request.enable_thinking = enable_thinking
