@@ -5,7 +5,7 @@ text -> ReasoningParser -> (reasoning_content, answer) -> ToolCallParser -> (tex
 """
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from nanoserve.frontend.reasoning_parser import THINK_END, THINK_START, ReasoningParser
 from nanoserve.frontend.tool_parser import ToolCallParser
@@ -15,17 +15,25 @@ from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 TURN_START = "<|im_start|>"  # Qwen3's; the generation prompt's turn opens with it
 
 
-def think_open_in_prompt(prompt_ids: Sequence[int], token_id: Callable[[str], int | None]) -> bool:
-    """Whether the prompt ends inside a think block (a template that opens it for the model): in
-    the last turn (after the last <|im_start|>), the last think tag is <think>. `token_id` maps a
-    token's text to its id."""
+# What the rendered prompt says about the reply's think block: "open" (the template opened it: the
+# reply reasons until </think>), "closed" (the template wrote an empty one: enable_thinking=false)
+# or "none" (the model may open one itself, as Qwen3 does with thinking on).
+ThinkState = Literal["open", "closed", "none"]
+
+
+def think_in_prompt(prompt_ids: Sequence[int], token_id: Callable[[str], int | None]) -> ThinkState:
+    """The think state of the prompt's last turn (after its last <|im_start|>): its last think tag
+    decides (none: "none", as for a tokenizer without the tags). `token_id` maps a token's text to
+    its id."""
     start, end, turn = token_id(THINK_START), token_id(THINK_END), token_id(TURN_START)
     for token in reversed(prompt_ids):
         if token == start:
-            return True
-        if token == end or token == turn:
-            return False
-    return False
+            return "open"
+        if token == end:
+            return "closed"
+        if token == turn:
+            return "none"
+    return "none"
 
 
 class ChatOutput:

@@ -1,5 +1,6 @@
 """Turns a ChatRequest into the chat template's inputs: messages and tools as the JSON-like dicts
-transformers' apply_chat_template takes (OpenAI's shapes), each field checked and bounded first.
+transformers' apply_chat_template takes (OpenAI's shapes), each field checked and bounded first,
+and a forced tool_choice into the calls the reply must make (frontend.tool_choice).
 
 The servicer calls chat_inputs() before admission; Tokenizer.apply_chat_template renders the result.
 """
@@ -11,8 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from nanoserve.errors import InvalidArgument, echo
+from nanoserve.frontend.tool_choice import ForcedTools, arguments_schema
 from nanoserve.frontend.validation import Limits, validate_messages
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
+from nanoserve.structured_output import from_proto as structured_output_from_proto
 
 MAX_TOOLS = 128
 MAX_TOOL_CALLS_PER_MESSAGE = 128
@@ -20,7 +23,9 @@ MAX_TOOL_NAME_LENGTH = 64  # OpenAI's limit
 MAX_TOOL_CALL_ID_LENGTH = 128
 MAX_TOOL_SCHEMA_BYTES = 64 * 1024  # one tool's parameters, or one call's arguments
 MAX_TOOL_CHOICE_LENGTH = 16
-TOOL_CHOICES = ("auto", "none")
+# "required" and "function" (tool_choice_function) force calls; "" is "auto", or "function" when
+# tool_choice_function is set
+TOOL_CHOICES = ("auto", "none", "required", "function")
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -29,6 +34,7 @@ class ChatInputs:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None  # None: the template renders no tools section
     parse_tool_calls: bool  # the reply's <tool_call> blocks become ChatResponse.tool_calls
+    forced: ForcedTools | None = None  # the calls the reply must make (constrained decoding)
 
     @property
     def size(self) -> int:
@@ -140,6 +146,47 @@ def _message(message: frontend_pb2.ChatMessage, field: str, budget: _Budget) -> 
     return rendered
 
 
+def _forced_tools(
+    request: frontend_pb2.ChatRequest, tools: list[dict[str, Any]]
+) -> ForcedTools | None:
+    """The calls a tool_choice "required" or a named function forces, or None ("auto", "none")."""
+    choice, name = request.tool_choice, request.tool_choice_function
+    if name and choice not in ("", "function"):
+        raise InvalidArgument(
+            f'set it with tool_choice "" or "function", not {choice!r}',
+            field="tool_choice_function",
+        )
+    if choice == "function" and not name:
+        raise InvalidArgument(
+            'is required with tool_choice "function"', field="tool_choice_function"
+        )
+    if choice != "required" and not name:
+        return None
+    if not tools:
+        raise InvalidArgument(
+            "forcing a tool call needs at least one of `tools`", field="tool_choice"
+        )
+    if structured_output_from_proto(request.sampling_params.structured_output) is not None:
+        raise InvalidArgument(
+            "give a structured output or a forced tool_choice, not both",
+            field="sampling_params.structured_output",
+        )
+    if name:
+        _name(name, "tool_choice_function")
+        chosen = [i for i, tool in enumerate(tools) if tool["function"]["name"] == name]
+        if not chosen:
+            raise InvalidArgument(f"no tool named {name!r} in tools", field="tool_choice_function")
+    else:
+        chosen = list(range(len(tools)))
+    calls = []
+    for i in chosen:
+        function = tools[i]["function"]
+        where = f"tools[{i}].function.parameters"
+        calls.append((function["name"], arguments_schema(function.get("parameters"), where)))
+    field = f"tools[{chosen[0]}].function.parameters" if len(chosen) == 1 else "tools"
+    return ForcedTools(calls, exactly_one=bool(name), field=field)
+
+
 def chat_inputs(request: frontend_pb2.ChatRequest, limits: Limits) -> ChatInputs:
     """Checks the request's messages, tools and tool_choice; INVALID_ARGUMENT names the field."""
     validate_messages(request.messages, limits)  # counted and sized before any is read
@@ -153,6 +200,7 @@ def chat_inputs(request: frontend_pb2.ChatRequest, limits: Limits) -> ChatInputs
         )
     budget = _Budget(limits.max_prompt_bytes)
     tools = _tools(request.tools, budget)
+    forced = _forced_tools(request, tools)
     messages = [_message(m, f"messages[{i}]", budget) for i, m in enumerate(request.messages)]
     use_tools = bool(tools) and request.tool_choice != "none"
-    return ChatInputs(messages, tools if use_tools else None, use_tools)
+    return ChatInputs(messages, tools if use_tools else None, use_tools, forced)

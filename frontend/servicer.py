@@ -18,13 +18,14 @@ from nanoserve.errors import (
     Unavailable,
     grpc_errors,
 )
-from nanoserve.frontend.chat_output import ChatOutput, think_open_in_prompt
+from nanoserve.frontend.chat_output import ChatOutput, think_in_prompt
 from nanoserve.frontend.chat_request import chat_inputs
 from nanoserve.frontend.config import FrontendConfig
 from nanoserve.frontend.reasoning_parser import ReasoningParser
 from nanoserve.frontend.request_log import RequestSink, recorded
 from nanoserve.frontend.request_stream import RequestRunner
 from nanoserve.frontend.tokenizer import Tokenizer
+from nanoserve.frontend.tool_choice import constrained_params
 from nanoserve.frontend.tool_parser import ToolCallParser
 from nanoserve.frontend.validation import (
     Limits,
@@ -37,6 +38,10 @@ from nanoserve.frontend.worker_pool import WorkerPool
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+
+
+# The field the worker names when a forced tool choice's constraint does not compile.
+FORCED_TAG_FIELD = "sampling_params.structured_output.structural_tag"
 
 
 class FrontendServicer(frontend_grpc.FrontendServiceServicer):
@@ -136,27 +141,32 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                 inputs.messages, enable_thinking, inputs.tools, inputs.size
             )
             validate_prompt_token_ids(prompt_ids, limits, "messages")
-            think_open = think_open_in_prompt(prompt_ids, self.tokenizer.token_to_id)
+            think = think_in_prompt(prompt_ids, self.tokenizer.token_to_id)
+            params = request.sampling_params
+            if inputs.forced is not None:  # the calls, as a structural tag the worker compiles
+                params = constrained_params(params, inputs.forced, think)
             outputs: dict[int, ChatOutput] = {}  # one parser state per completion (n > 1)
 
             def output(index: int) -> ChatOutput:
                 if index not in outputs:
                     outputs[index] = ChatOutput(
-                        ReasoningParser(think_open) if request.separate_reasoning else None,
+                        ReasoningParser(think == "open") if request.separate_reasoning else None,
                         ToolCallParser() if inputs.parse_tool_calls else None,
                     )
                 return outputs[index]
 
-            async for fields in self.requests.stream(
-                request_id,
-                prompt_ids,
-                request.sampling_params,
-                limits,
-                context,
-                "messages",
-                request.priority,
-            ):
-                yield frontend_pb2.ChatResponse(**output(fields.get("index", 0)).update(fields))
+            stream = self.requests.stream(
+                request_id, prompt_ids, params, limits, context, "messages", request.priority
+            )
+            try:
+                async for fields in stream:
+                    yield frontend_pb2.ChatResponse(**output(fields.get("index", 0)).update(fields))
+            except InvalidArgument as e:
+                # the worker could not compile the forced calls' tag: the tools' schemas did it
+                if inputs.forced is None or FORCED_TAG_FIELD not in e.message:
+                    raise
+                detail = e.message.split(f"{FORCED_TAG_FIELD}: ", 1)[-1]
+                raise InvalidArgument(detail, field=inputs.forced.field) from None
 
     @grpc_errors
     async def Tokenize(

@@ -135,13 +135,16 @@ class Client:
         priority: int | None = None,
         tools: Tools | None = None,
         tool_choice: str = "",
+        tool_choice_function: str = "",
         separate_reasoning: bool | None = None,
         **sampling: Any,
     ) -> Iterator[Chunk]:
         """Streams the reply to `messages` ({"role", "content"} dicts or (role, content) pairs).
         `tools` (OpenAI's shape) are rendered by the model's chat template and the reply's calls
-        come back as Chunk.tool_calls (tool_choice "none": no tools); `separate_reasoning` moves
-        the model's <think> reasoning from `text` to Chunk.reasoning_content."""
+        come back as Chunk.tool_calls (tool_choice "none": no tools). tool_choice "required" makes
+        the model call one or more of them, `tool_choice_function="name"` exactly that one once
+        (constrained decoding; the model may reason first when thinking is on). `separate_reasoning`
+        moves the model's <think> reasoning from `text` to Chunk.reasoning_content."""
         request = chat_request(
             messages,
             request_id,
@@ -149,6 +152,7 @@ class Client:
             priority,
             tools=tools,
             tool_choice=tool_choice,
+            tool_choice_function=tool_choice_function,
             separate_reasoning=separate_reasoning,
             **sampling,
         )
@@ -296,6 +300,7 @@ class AsyncClient:
         priority: int | None = None,
         tools: Tools | None = None,
         tool_choice: str = "",
+        tool_choice_function: str = "",
         separate_reasoning: bool | None = None,
         **sampling: Any,
     ) -> AsyncIterator[Chunk]:
@@ -307,6 +312,7 @@ class AsyncClient:
             priority,
             tools=tools,
             tool_choice=tool_choice,
+            tool_choice_function=tool_choice_function,
             separate_reasoning=separate_reasoning,
             **sampling,
         )

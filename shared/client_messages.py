@@ -147,14 +147,17 @@ def structured_output(
     regex: str | None = None,
     grammar: str | None = None,
     json_object: bool = False,
+    structural_tag: Mapping[str, Any] | str | None = None,
 ) -> common_pb2.StructuredOutput:
     """What the output must match, exactly one of: a JSON Schema (a dict, or its JSON text), a
-    regex, an EBNF grammar (GBNF dialect, rule `root`), or any JSON object. Passed to the calls
-    as `structured_output={"json_schema": {...}}` (this dict's keywords) or this message."""
-    given = [v is not None for v in (json_schema, regex, grammar)]
+    regex, an EBNF grammar (GBNF dialect, rule `root`), any JSON object, or an xgrammar structural
+    tag (a dict, or its JSON text). Passed to the calls as
+    `structured_output={"json_schema": {...}}` (this dict's keywords) or this message."""
+    given = [v is not None for v in (json_schema, regex, grammar, structural_tag)]
     if sum(given) + bool(json_object) != 1:
         raise ValueError(
-            "structured_output: give exactly one of json_schema, regex, grammar, json_object"
+            "structured_output: give exactly one of json_schema, regex, grammar, json_object, "
+            "structural_tag"
         )
     if json_object:
         return common_pb2.StructuredOutput(json_object=True)
@@ -162,6 +165,8 @@ def structured_output(
         return common_pb2.StructuredOutput(regex=regex)
     if grammar is not None:
         return common_pb2.StructuredOutput(grammar=grammar)
+    if structural_tag is not None:
+        return common_pb2.StructuredOutput(structural_tag=_json_text(structural_tag))
     schema = json_schema if isinstance(json_schema, str) else json.dumps(json_schema)
     return common_pb2.StructuredOutput(json_schema=schema)
 
@@ -237,6 +242,7 @@ def chat_request(
     *,
     tools: Tools | None = None,
     tool_choice: str = "",
+    tool_choice_function: str = "",
     separate_reasoning: bool | None = None,
     **sampling: Any,
 ) -> frontend_pb2.ChatRequest:
@@ -247,6 +253,7 @@ def chat_request(
         messages=[_chat_message(m) for m in messages],
         tools=[_tool(t) for t in tools or ()],
         tool_choice=tool_choice,
+        tool_choice_function=tool_choice_function,
     )
     if enable_thinking is not None:
         request.enable_thinking = enable_thinking

@@ -1,5 +1,5 @@
 """A request's structured-output constraint as plain values, and the checks that need no grammar
-engine (size bound, one kind, a JSON Schema that parses). The frontend runs them on the proto
+engine (size bound, one kind, JSON that parses). The frontend runs them on the proto
 (frontend/validation.py), the worker's SamplingParams again; the worker then compiles it
 (worker/engine/structured_output.py), and a text that does not compile is INVALID_ARGUMENT too.
 """
@@ -8,8 +8,8 @@ import json
 
 from nanoserve.proto.v1 import common_pb2
 
-KINDS = ("json_schema", "regex", "grammar", "json_object")
-# the longest schema / regex / grammar text accepted: compile time and memory grow with it
+KINDS = ("json_schema", "regex", "grammar", "json_object", "structural_tag")
+# the longest constraint text accepted (any kind): compile time and memory grow with it
 MAX_GRAMMAR_CHARS = 64 * 1024
 FIELD = "sampling_params.structured_output"
 
@@ -34,11 +34,13 @@ def check(kind: str, spec: str, max_chars: int = MAX_GRAMMAR_CHARS) -> tuple[str
         return field, "must not be empty"
     if len(spec) > max_chars:
         return field, f"longer than {max_chars} characters ({len(spec)})"
-    if kind == "json_schema":
+    if kind in ("json_schema", "structural_tag"):
         try:
-            schema = json.loads(spec)
+            value = json.loads(spec)
         except (ValueError, RecursionError) as e:
             return field, f"not JSON: {e}"
-        if not isinstance(schema, (dict, bool)):
+        if kind == "json_schema" and not isinstance(value, (dict, bool)):
             return field, "a JSON Schema is an object (or true / false)"
+        if kind == "structural_tag" and not isinstance(value, dict):
+            return field, 'a structural tag is a JSON object ({"type": "structural_tag", ...})'
     return None

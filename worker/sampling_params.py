@@ -37,8 +37,9 @@ class SamplingParams:
     logprobs: int | None = None  # top alternatives per output token; None: no logprobs
     prompt_logprobs: int | None = None  # the same for the prompt tokens
     logprobs_mode: str = "raw"  # "raw" (log_softmax of the logits) or "processed" (as sampled)
-    # (kind, text): the output must match a JSON Schema, a regex, an EBNF grammar or be any JSON
-    # object (kinds: nanoserve.structured_output.KINDS; text "" for json_object); None: free text
+    # (kind, text): the output must match a JSON Schema, a regex, an EBNF grammar, an xgrammar
+    # structural tag or be any JSON object (kinds: nanoserve.structured_output.KINDS; text "" for
+    # json_object); None: free text
     structured_output: tuple[str, str] | None = None
     # the fields of FALLBACKS that were not given (they hold the fallback value)
     unset: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)

@@ -16,6 +16,7 @@ from nanoserve.frontend.gateway.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    NamedToolChoice,
     OpenAIRequest,
 )
 
@@ -51,8 +52,6 @@ NOT_YET: dict[str, Callable[[Any], bool]] = {
     "functions": lambda v: v == [],
     "function_call": lambda v: v == "none",
 }
-# tool_choice values the gRPC API serves ("required" and a named function it cannot force).
-TOOL_CHOICES = ("auto", "none")
 ROLES = {"developer": "system"}  # OpenAI's newer name of the system role
 
 
@@ -170,22 +169,28 @@ def _message(message: ChatMessage, i: int) -> dict[str, Any]:
 
 
 def _map_tools(request: ChatCompletionRequest, mapped: Mapped) -> None:
-    """tools, tool_choice and parallel_tool_calls onto the Chat call's arguments."""
+    """tools, tool_choice and parallel_tool_calls onto the Chat call's arguments: a named function
+    becomes tool_choice_function (it must be one of `tools`); "required" and a named function are
+    forced by the frontend. parallel_tool_calls false is served where it changes nothing (a named
+    function is called once)."""
     choice = request.tool_choice
-    if choice is not None and choice not in TOOL_CHOICES:
+    names = [tool.function.name for tool in request.tools or ()]
+    if isinstance(choice, NamedToolChoice):
+        if choice.function.name not in names:
+            raise bad_param("tool_choice", f"no tool named {choice.function.name!r} in tools")
+        mapped.call["tool_choice_function"] = choice.function.name
+    elif choice is not None:
+        mapped.call["tool_choice"] = choice
+    if request.parallel_tool_calls is False and not isinstance(choice, NamedToolChoice):
         raise bad_param(
-            "tool_choice",
-            f"only {' or '.join(map(repr, TOOL_CHOICES))} is supported: the model cannot be "
-            "forced to call a tool",
+            "parallel_tool_calls", "false is supported only with a named tool_choice function"
         )
-    if request.parallel_tool_calls is False:
-        raise bad_param("parallel_tool_calls", "false is not supported: the model may call several")
     if request.tools:
         mapped.call["tools"] = [tool.model_dump(exclude_none=True) for tool in request.tools]
         mapped.param_names["tools"] = "tools"
     if choice is not None:
-        mapped.call["tool_choice"] = choice
         mapped.param_names["tool_choice"] = "tool_choice"
+        mapped.param_names["tool_choice_function"] = "tool_choice"
 
 
 def map_chat(request: ChatCompletionRequest) -> tuple[list[dict[str, Any]], Mapped]:

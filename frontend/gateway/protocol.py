@@ -138,6 +138,17 @@ class Tool(_Strict):
     function: FunctionSpec
 
 
+class NamedFunction(_Strict):
+    name: Name
+
+
+class NamedToolChoice(_Strict):
+    """tool_choice {"type": "function", "function": {"name": ...}}: call this tool, once."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatTemplateKwargs(_Strict):
     enable_thinking: bool | None = None
 
@@ -151,7 +162,7 @@ class ChatCompletionRequest(OpenAIRequest):
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     tools: Annotated[list[Tool], Field(max_length=1024)] | None = None
-    tool_choice: Any = None  # "auto" / "none" served; params.py names the rest in its 400
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     separate_reasoning: bool | None = None  # reasoning_content apart from content (see README)
     functions: Any = None

@@ -18,6 +18,9 @@ from nanoserve.frontend.gateway.logprobs_body import (
 )
 
 DONE = b"data: [DONE]\n\n"
+# An extra field of a chat choice, present (true) only when a <tool_call> block in the content held
+# no valid call: its text stayed in `content` (ChatResponse.tool_call_parse_error).
+PARSE_ERROR = "tool_call_parse_error"
 
 
 def usage_body(usage: Usage) -> dict:
@@ -86,6 +89,8 @@ class Reply:
             message["content"] = completion.text or None
         choice["message"] = message
         choice["logprobs"] = chat_logprobs(entries)
+        if completion.tool_call_parse_error:
+            choice[PARSE_ERROR] = True
         return choice
 
     def whole(self, completion: Completion) -> dict:

@@ -14,7 +14,7 @@ from nanoserve.frontend.gateway.logprobs_body import (
     completion_logprobs,
     prompt_logprobs,
 )
-from nanoserve.frontend.gateway.responses import DONE, Reply, sse, tool_calls_body
+from nanoserve.frontend.gateway.responses import DONE, PARSE_ERROR, Reply, sse, tool_calls_body
 
 
 @dataclass
@@ -96,6 +96,8 @@ class StreamShaper:
                 state.tool_calls += len(chunk.tool_calls)
             choice["delta"] = delta
             choice["logprobs"] = chat_logprobs(chunk.logprobs)
+            if chunk.tool_call_parse_error:  # on the event whose content has the block
+                choice[PARSE_ERROR] = True
             if prompt is not None:
                 extra["prompt_logprobs"] = prompt
         else:

@@ -263,11 +263,12 @@ def test_a_bad_parameter_is_400_in_openai_shape(
     assert param.split("[")[0] in error["message"]
 
 
-def test_chat_refuses_forced_tools_and_bad_schemas_by_name(sdk: openai.OpenAI, model: str) -> None:
+def test_chat_refuses_unknown_tools_and_bad_schemas_by_name(sdk: openai.OpenAI, model: str) -> None:
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     bad_schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}
+    named = {"type": "function", "function": {"name": "g"}}
     for kwargs, param in (
-        ({"tools": [tool], "tool_choice": "required"}, "tool_choice"),
+        ({"tools": [tool], "tool_choice": named}, "tool_choice"),
         ({"response_format": bad_schema}, "response_format"),
         ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),

@@ -9,7 +9,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanoserve.frontend.chat_output import ChatOutput, think_open_in_prompt
+from nanoserve.frontend.chat_output import ChatOutput, think_in_prompt
 from nanoserve.frontend.reasoning_parser import ReasoningParser
 from nanoserve.frontend.tool_parser import ToolCallParser
 from nanoserve.proto.v1 import common_pb2
@@ -228,10 +228,10 @@ def test_chat_output_tools_without_reasoning_split() -> None:
     )
 
 
-def test_think_open_in_prompt() -> None:
+def test_think_in_prompt() -> None:
     ids = {"<think>": 1, "</think>": 2, "<|im_start|>": 3}
-    assert think_open_in_prompt([3, 9, 3, 9, 1, 9], ids.get)  # the template opened it
-    assert not think_open_in_prompt([3, 9, 3, 9, 1, 9, 2, 9], ids.get)  # enable_thinking=false
-    assert not think_open_in_prompt([3, 9, 3, 9], ids.get)  # Qwen3: the model opens it
-    assert not think_open_in_prompt([3, 1, 9, 3, 9], ids.get)  # <think> in an earlier turn
-    assert not think_open_in_prompt([3, 9], {}.get)  # a tokenizer without the tags
+    assert think_in_prompt([3, 9, 3, 9, 1, 9], ids.get) == "open"  # the template opened it
+    assert think_in_prompt([3, 9, 3, 9, 1, 9, 2, 9], ids.get) == "closed"  # enable_thinking=false
+    assert think_in_prompt([3, 9, 3, 9], ids.get) == "none"  # Qwen3: the model opens it
+    assert think_in_prompt([3, 1, 9, 3, 9], ids.get) == "none"  # <think> in an earlier turn
+    assert think_in_prompt([3, 9], {}.get) == "none"  # a tokenizer without the tags

@@ -226,6 +226,10 @@ def test_chat_request_tools_and_tool_call_history() -> None:
         '{"a": 1}',
     )
     assert not chat_request([("user", "hi")]).HasField("separate_reasoning")
+    forced = chat_request([("user", "hi")], tools=[weather], tool_choice_function="get_weather")
+    assert (forced.tool_choice, forced.tool_choice_function) == ("", "get_weather")
+    required = chat_request([("user", "hi")], tools=[weather], tool_choice="required")
+    assert (required.tool_choice, required.tool_choice_function) == ("required", "")
 
     call = frontend_pb2.ToolCall(
         id="call_9",

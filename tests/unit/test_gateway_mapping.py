@@ -136,11 +136,29 @@ def test_no_op_values_of_missing_parameters_are_served() -> None:
     assert mapped.sampling == {} and mapped.call == {}
 
 
-def test_chat_refuses_forced_tools_images_and_both_max_tokens() -> None:
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+NAMED = {"type": "function", "function": {"name": "f"}}
+
+
+def test_chat_maps_forced_tool_choices() -> None:
+    _, mapped = map_chat(chat(tools=[TOOL], tool_choice="required"))
+    assert mapped.call["tool_choice"] == "required" and "tool_choice_function" not in mapped.call
+    _, mapped = map_chat(chat(tools=[TOOL], tool_choice=NAMED, parallel_tool_calls=False))
+    assert mapped.call["tool_choice_function"] == "f" and "tool_choice" not in mapped.call
+    # the frontend's errors name its fields; the caller sent tool_choice
+    assert mapped.param_names["tool_choice_function"] == "tool_choice"
+    assert map_chat(chat(tool_choice="none"))[1].call == {"tool_choice": "none"}
+
+
+def test_chat_refuses_unknown_tools_images_and_both_max_tokens() -> None:
     for fields, param in (
-        ({"tool_choice": "required"}, "tool_choice"),
-        ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+        ({"tool_choice": NAMED}, "tool_choice"),  # no tools
+        ({"tools": [TOOL], "tool_choice": {**NAMED, "function": {"name": "g"}}}, "tool_choice"),
         ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+        (
+            {"tools": [TOOL], "tool_choice": "required", "parallel_tool_calls": False},
+            "parallel_tool_calls",
+        ),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"max_tokens": 3, "max_completion_tokens": 4}, "max_completion_tokens"),
         (
@@ -170,6 +188,9 @@ def test_chat_refuses_forced_tools_images_and_both_max_tokens() -> None:
         {"tools": [{"type": "retrieval", "function": {"name": "f"}}]},
         {"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
         {"response_format": {"type": "xml"}},
+        {"tool_choice": "any"},
+        {"tool_choice": {"type": "function"}},
+        {"tool_choice": {"type": "allowed_tools", "function": {"name": "f"}}},
         {"messages": [{"role": "assistant", "tool_calls": [{"id": "1", "function": {}}]}]},
     ],
 )

@@ -207,6 +207,7 @@ def test_the_whole_chat_reply_carries_tool_calls_reasoning_and_logprobs() -> Non
         ]
         is None
     )
+    assert "tool_call_parse_error" not in choice
     asked = Reply("m", chat=True, logprobs=True).whole(join_chunks([to_chunk(responses[-1])]))
     assert asked["choices"][0]["logprobs"] == {"content": []}
     (entry,) = choice["logprobs"]["content"]
@@ -274,3 +275,23 @@ def test_prompt_logprobs_are_vllms_list_with_position_zero_null() -> None:
             "8": {"logprob": -2.0, "rank": 1, "decoded_token": "lo"},
         },
     ]
+
+
+def test_a_tool_call_parse_error_is_an_extra_field_of_the_choice() -> None:
+    """The malformed block stays in content; the choice (and the stream event that carries the
+    block) says so, as ChatResponse.tool_call_parse_error does."""
+    responses = [
+        pb.ChatResponse(text="<tool_call>\n{oops}\n</tool_call>", tool_call_parse_error=True),
+        pb.ChatResponse(
+            token_ids=[1],
+            finish_reason=common_pb2.FINISH_REASON_STOP,
+            usage=common_pb2.Usage(prompt_tokens=3, completion_tokens=1),
+        ),
+    ]
+    body = Reply("m", chat=True).whole(join_chunks(to_chunk(r) for r in responses))
+    (choice,) = body["choices"]
+    assert choice["tool_call_parse_error"] is True
+    assert choice["message"]["content"] == "<tool_call>\n{oops}\n</tool_call>"
+    bodies = asyncio.run(_stream(Reply("m", chat=True), responses))
+    flagged = [b["choices"][0].get("tool_call_parse_error") for b in bodies[1:-2]]
+    assert flagged == [True, None]

@@ -151,6 +151,9 @@ def test_grammar_and_json_object_with_free_rows_in_the_batch(llm, decode):
         ("grammar", "root ::= undefined_rule"),
         ("grammar", ""),
         ("regex", "a" * 70_000),
+        ("structural_tag", '{"type": "structural_tag", "format": {"type": "nope"}}'),
+        ("structural_tag", '{"type": "structural_tag"}'),
+        ("structural_tag", "[1]"),
     ],
 )
 def test_invalid_constraint_is_refused_naming_the_field(llm, kind, spec):

@@ -32,6 +32,11 @@ def test_client_builds_each_kind():
     assert from_proto(p.structured_output) == ("grammar", 'root ::= "x"')
     p = sampling_params(structured_output={"json_object": True})
     assert from_proto(p.structured_output) == ("json_object", "")
+    tag = {"type": "structural_tag", "format": {"type": "const_string", "value": "hi"}}
+    p = sampling_params(structured_output={"structural_tag": tag})
+    assert from_proto(p.structured_output) == ("structural_tag", json.dumps(tag))
+    p = sampling_params(structured_output={"structural_tag": '{"format": {}}'})
+    assert from_proto(p.structured_output) == ("structural_tag", '{"format": {}}')
     assert from_proto(sampling_params().structured_output) is None
     with pytest.raises(ValueError, match="exactly one"):
         structured_output(regex="a", grammar="b")
@@ -45,6 +50,13 @@ def test_client_builds_each_kind():
         (common_pb2.StructuredOutput(json_schema="[" * 100_000), "json_schema"),
         (common_pb2.StructuredOutput(regex=""), "regex"),
         (common_pb2.StructuredOutput(grammar="x" * (MAX_GRAMMAR_CHARS + 1)), "grammar"),
+        (common_pb2.StructuredOutput(structural_tag=""), "structural_tag"),
+        (common_pb2.StructuredOutput(structural_tag="{oops"), "structural_tag"),
+        (common_pb2.StructuredOutput(structural_tag="[1]"), "structural_tag"),
+        (
+            common_pb2.StructuredOutput(structural_tag="{" + " " * MAX_GRAMMAR_CHARS + "}"),
+            "structural_tag",
+        ),
     ],
 )
 def test_frontend_refuses_naming_the_field(message, field):
@@ -59,6 +71,7 @@ def test_frontend_passes_well_formed_constraints():
         common_pb2.StructuredOutput(json_schema='{"type": "object"}'),
         common_pb2.StructuredOutput(regex="[a-z]+"),
         common_pb2.StructuredOutput(json_object=True),
+        common_pb2.StructuredOutput(structural_tag='{"type": "structural_tag", "format": {}}'),
     ]:
         validate_sampling_params(common_pb2.SamplingParams(structured_output=message), LIMITS)
 
@@ -72,5 +85,7 @@ def test_worker_params_cross_a_msgpack_frame():
     sp = SamplingParams(structured_output=("regex", "a+"))
     back = SamplingParams(**msgpack.unpackb(msgpack.packb(sp.as_fields())))
     assert back.structured_output == ("regex", "a+") and back == sp
+    sp = SamplingParams(structured_output=("structural_tag", '{"format": {}}'))
+    assert SamplingParams(**msgpack.unpackb(msgpack.packb(sp.as_fields()))) == sp
     with pytest.raises(ValueError, match=r"^sampling_params\.structured_output\.json_schema: "):
         SamplingParams(structured_output=("json_schema", "{"))

@@ -1,6 +1,6 @@
-"""Structured output: compiles a request's JSON Schema, regex or EBNF grammar (xgrammar) on a thread
-off the engine loop, cached by (kind, text); keeps each sequence's matcher; fills the token bitmask
-of the rows that have one.
+"""Structured output: compiles a request's JSON Schema, regex, EBNF grammar or structural tag
+(xgrammar) on a thread off the engine loop, cached by (kind, text); keeps each sequence's matcher;
+fills the token bitmask of the rows that have one.
 
 LLMEngine.add_request hands a constrained sequence to Grammars.submit and admits it to the
 scheduler once compiled (take_ready), so a compile never stalls other sequences.
@@ -28,8 +28,9 @@ from nanoserve.worker.engine.sequence import Sequence
 logger = logging.getLogger(__name__)
 
 CACHE_SIZE = 256  # compiled grammars kept (least recently used out)
-# xgrammar prefixes its errors with "[time] /path/file.cc:line: "
-_ERROR_PREFIX = re.compile(r"^\[[^\]]*\]\s+\S+:\d+:\s*")
+# xgrammar prefixes its errors with "[time] /path/file.cc:line: ", some with the failed check
+# ("Check failed: (cond) is false: ")
+_ERROR_PREFIX = re.compile(r"^\[[^\]]*\]\s+\S+:\d+:\s*(?:Check failed: .*? is false:\s*)?")
 
 
 class Grammar:
@@ -115,6 +116,8 @@ class Grammars:
                 return c.compile_regex(spec)
             if kind == "grammar":
                 return c.compile_grammar(spec)
+            if kind == "structural_tag":
+                return c.compile_structural_tag(spec)  # JSON text: parsed by xgrammar's C++
             return c.compile_json_schema('{"type": "object"}', any_whitespace=False)
         except (RuntimeError, ValueError, TypeError) as e:
             message = _ERROR_PREFIX.sub("", str(e).strip().splitlines()[0] if str(e) else "")
