@@ -54,6 +54,9 @@ class SamplingParams:
     allowed_token_ids: Sequence[int] | None = None
     # the fields of FALLBACKS that were not given (they hold the fallback value)
     unset: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
+    # logit_bias or allowed_token_ids is set (worker.engine.token_rules applies them): a plain
+    # field, as the sampler's inputs read it for every row of every step
+    has_token_rules: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         given = {name: getattr(self, name) for name in RULES if getattr(self, name) is not None}
@@ -99,6 +102,8 @@ class SamplingParams:
             if problem is not None:
                 raise ValueError(f"allowed_token_ids{problem[0]}: {problem[1]}")
             object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
+        rules = self.logit_bias is not None or self.allowed_token_ids is not None
+        object.__setattr__(self, "has_token_rules", rules)
 
     def as_fields(self) -> dict:
         """The init fields as plain values (unset ones as None): `SamplingParams(**d)` rebuilds
@@ -144,11 +149,6 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
-
-    @property
-    def has_token_rules(self) -> bool:
-        """logit_bias or allowed_token_ids is set (worker.engine.token_rules applies them)."""
-        return self.logit_bias is not None or self.allowed_token_ids is not None
 
     @property
     def has_penalties(self) -> bool:

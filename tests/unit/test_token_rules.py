@@ -97,12 +97,12 @@ def test_the_inputs_are_sparse_pairs_and_follow_the_sequences():
     restricted, rows, ids = t.allowed_token_ids
     assert restricted.tolist() == [2]
     assert list(zip(rows.tolist(), ids.tolist())) == [(2, 3), (2, 5), (2, 7)]
-    # the second step reuses each sequence's arrays, in its new row; release forgets them
+    # the second step reuses each sequence's tensors, in its new row; release forgets them
     assert inputs.prepare(seqs[1:]).allowed_token_ids[0].tolist() == [1]
-    assert len(inputs.token_rules.arrays) == 2
+    assert len(inputs.token_rules.rules) == 2
     for seq in seqs:
         inputs.release(seq)
-    assert not inputs.token_rules.arrays
+    assert not inputs.token_rules.rules
 
 
 def test_a_batch_without_them_builds_and_runs_nothing(monkeypatch):

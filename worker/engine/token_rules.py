@@ -1,8 +1,10 @@
-"""Per-step tensors of logit_bias and allowed_token_ids for worker.sampler.apply_token_rules: each
-sequence's ids and biases become numpy arrays once, and a step concatenates those of its rows into
-(row, token) index tensors, two host->device copies in all. SamplingInputs.prepare calls it only
-for a batch where some row has one.
+"""Per-step tensors of logit_bias and allowed_token_ids for worker.sampler.apply_token_rules. Each
+sequence's ids and biases go to the device once, at its first step; a step then concatenates those of
+its rows on the device into (row, token) index tensors, after one small host->device copy of the
+rows and their counts. SamplingInputs.prepare calls it only for a batch where some row has one.
 """
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -11,61 +13,73 @@ from nanoserve.worker.engine.sequence import Sequence
 from nanoserve.worker.sampler import SamplingTensors
 
 
+@dataclass(slots=True)
+class RowRules:
+    """One sequence's rules on the device."""
+
+    bias: tuple[torch.Tensor, torch.Tensor] | None  # ids (N,) int64, biases (N,) float32
+    allowed: torch.Tensor | None  # (M,) int64 ids; None: every token allowed
+
+
 class TokenRules:
     def __init__(self, device: torch.device):
         self.device = device
-        # seq_id -> (bias ids (N,) int64, biases (N,) float32, allowed ids (M,) int64 or None)
-        self.arrays: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
+        self.rules: dict[int, RowRules] = {}  # seq_id -> its rules, until release()
 
     def fill(self, seqs: list[Sequence], t: SamplingTensors) -> None:
         """Sets t.logit_bias and t.allowed_token_ids for the rows (seqs, in batch order) that ask."""
-        bias_rows: list[int] = []  # rows with a bias, and their arrays
-        bias_ids: list[np.ndarray] = []
-        biases: list[np.ndarray] = []
-        restricted: list[int] = []  # rows with allowed_token_ids, and their arrays
-        allowed: list[np.ndarray] = []
+        bias_rows: list[int] = []
+        bias_ids: list[torch.Tensor] = []
+        biases: list[torch.Tensor] = []
+        restricted: list[int] = []
+        allowed: list[torch.Tensor] = []
         for row, seq in enumerate(seqs):
             if not seq.sampling_params.has_token_rules:
                 continue
-            ids, row_biases, only = self._arrays(seq)
-            if len(ids):
+            rules = self._rules(seq)
+            if rules.bias is not None:
                 bias_rows.append(row)
-                bias_ids.append(ids)
-                biases.append(row_biases)
-            if only is not None:
+                bias_ids.append(rules.bias[0])
+                biases.append(rules.bias[1])
+            if rules.allowed is not None:
                 restricted.append(row)
-                allowed.append(only)
-        # one int64 buffer: [bias rows (N) | bias ids (N) | restricted rows (G) | rows (M) | ids (M)]
-        parts: list[np.ndarray] = []
-        if bias_rows:
-            parts += [np.repeat(bias_rows, [len(a) for a in bias_ids]), *bias_ids]
-        if restricted:
-            rows = np.repeat(restricted, [len(a) for a in allowed])
-            parts += [np.asarray(restricted), rows, *allowed]
-        index = torch.from_numpy(np.concatenate(parts, dtype=np.int64)).to(self.device)
-        n = sum(len(a) for a in bias_ids)
-        if bias_rows:
-            bias = torch.from_numpy(np.concatenate(biases)).to(self.device)
-            t.logit_bias = (index[:n], index[n : 2 * n], bias)
-        if restricted:
-            g, m = len(restricted), sum(len(a) for a in allowed)
-            rest = index[2 * n :]
-            t.allowed_token_ids = (rest[:g], rest[g : g + m], rest[g + m :])
-
-    def _arrays(self, seq: Sequence) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """The sequence's (bias ids, biases, allowed ids), made at its first step."""
-        arrays = self.arrays.get(seq.seq_id)
-        if arrays is None:
-            sp = seq.sampling_params
-            bias = sp.logit_bias or {}
-            only = sp.allowed_token_ids
-            arrays = self.arrays[seq.seq_id] = (
-                np.fromiter(bias.keys(), dtype=np.int64, count=len(bias)),
-                np.fromiter(bias.values(), dtype=np.float32, count=len(bias)),
-                None if only is None else np.asarray(only, dtype=np.int64),
+                allowed.append(rules.allowed)
+        bias_counts = [len(ids) for ids in bias_ids]
+        allowed_counts = [len(ids) for ids in allowed]
+        # one copy: [bias rows | their counts | restricted rows | their counts]
+        host = bias_rows + bias_counts + restricted + allowed_counts
+        index = torch.tensor(host, dtype=torch.int64).to(self.device)
+        b, g = len(bias_rows), len(restricted)
+        if b:
+            rows = index[:b].repeat_interleave(index[b : 2 * b], output_size=sum(bias_counts))
+            t.logit_bias = (rows, torch.cat(bias_ids), torch.cat(biases))
+        if g:
+            restricted_rows = index[2 * b : 2 * b + g]
+            rows = restricted_rows.repeat_interleave(
+                index[2 * b + g :], output_size=sum(allowed_counts)
             )
-        return arrays
+            t.allowed_token_ids = (restricted_rows, rows, torch.cat(allowed))
+
+    def _rules(self, seq: Sequence) -> RowRules:
+        """The sequence's rules on the device, copied at its first step."""
+        rules = self.rules.get(seq.seq_id)
+        if rules is None:
+            sp = seq.sampling_params
+            bias, allowed = sp.logit_bias, sp.allowed_token_ids
+            rules = self.rules[seq.seq_id] = RowRules(
+                None
+                if bias is None
+                else (
+                    self._copy(np.fromiter(bias.keys(), np.int64, len(bias))),
+                    self._copy(np.fromiter(bias.values(), np.float32, len(bias))),
+                ),
+                None if allowed is None else self._copy(np.asarray(allowed, dtype=np.int64)),
+            )
+        return rules
+
+    def _copy(self, values: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(values).to(self.device)
 
     def release(self, seq: Sequence) -> None:
-        """Forget a finished or aborted sequence's arrays."""
-        self.arrays.pop(seq.seq_id, None)
+        """Forget a finished or aborted sequence's rules."""
+        self.rules.pop(seq.seq_id, None)
