@@ -47,18 +47,17 @@ class SamplingTensors:
     all_greedy: bool = False
 
 
-def apply_token_rules(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
-    """allowed_token_ids (-inf elsewhere), then logit_bias (added), on (B, V) float32 logits; out
-    of place, and only the listed rows and (row, token) pairs are touched."""
+def apply_token_rules(logits: torch.Tensor, t: SamplingTensors) -> None:
+    """allowed_token_ids (-inf elsewhere), then logit_bias (added), in place on (B, V) float32
+    logits the caller owns; only the listed rows and (row, token) pairs are touched."""
     if t.allowed_token_ids is not None:
         restricted, rows, ids = t.allowed_token_ids
         kept = logits[rows, ids]  # (M,) the allowed tokens' logits
-        logits = logits.index_fill(0, restricted, float("-inf")).index_put((rows, ids), kept)
+        logits.index_fill_(0, restricted, float("-inf")).index_put_((rows, ids), kept)
     if t.logit_bias is not None:
         rows, ids, biases = t.logit_bias
         # each (row, token) pair occurs once (a dict's keys): gather, add, scatter back
-        logits = logits.index_put((rows, ids), logits[rows, ids] + biases)
-    return logits
+        logits.index_put_((rows, ids), logits[rows, ids] + biases)
 
 
 def adjusted_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
@@ -66,9 +65,11 @@ def adjusted_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     then logit_bias (and the min_tokens mask: -inf either way), then the penalties (a bias is
     added before repetition_penalty scales the logit). Temperature and top-k / top-p / min-p come
     after, in sample(). Out of place: the logits may be a view of a CUDA graph's output."""
+    copied = logits.dtype != torch.float32  # then .float() made a copy the rules may change
     logits = logits.float()
     if t.allowed_token_ids is not None or t.logit_bias is not None:
-        logits = apply_token_rules(logits, t)
+        logits = logits if copied else logits.clone()
+        apply_token_rules(logits, t)
     if t.repetition_penalties is not None:
         logits = apply_penalties(logits, t)
     if t.banned is not None:

@@ -74,13 +74,19 @@ def test_only_the_rows_that_ask_change_in_a_mixed_batch():
         SamplingParams(temperature=1.0, allowed_token_ids=(6, 8), logit_bias={8: 2.0}),
         SamplingParams(temperature=0.5, top_k=5),
     ]
-    out = adjusted_logits(logits, prepared(params))
+    t = prepared(params)
+    before = logits.clone()
+    out = adjusted_logits(logits, t)
     want = logits.clone()
     want[1, 2] += 1.5
     want[1, 9] -= 4.0
     want[3] = float("-inf")
     want[3, 6], want[3, 8] = logits[3, 6], logits[3, 8] + 2.0
     assert torch.equal(out, want)
+    # the logits given are left as they were (they may view a CUDA graph's output buffer)
+    assert torch.equal(logits, before)
+    half = logits.bfloat16()
+    assert torch.equal(adjusted_logits(half, t), adjusted_logits(half.float(), t))
 
 
 def test_the_inputs_are_sparse_pairs_and_follow_the_sequences():
