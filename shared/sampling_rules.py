@@ -1,5 +1,6 @@
 """The ranges of the sampling fields (vLLM's rules): one table that the frontend checks on the proto
-(frontend/validation.py) and the worker's SamplingParams checks again (worker/sampling_params.py).
+(frontend/validation.py) and the worker's SamplingParams checks again (worker/sampling_params.py),
+and the bounds of logit_bias and allowed_token_ids, which LLMEngine.validate also checks by vocabulary.
 """
 
 import math
