@@ -7,6 +7,8 @@ tokens over Qwen3's 151,936-token vocabulary.
 
 --noise also times the seeded rows' exponential noise: one draw for all of them
 (worker.seeded_noise) against the one generator launch per row it replaced.
+--token-rules times logit_bias (--bias-entries per sequence) and allowed_token_ids (--allowed-ids
+per sequence) instead, against plain rows, with --rule-rows of the sequences using them.
 """
 
 import argparse
@@ -47,6 +49,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="also time the seeded rows' noise: one counter-based draw vs one generator per row",
     )
     ap.add_argument(
+        "--token-rules",
+        action="store_true",
+        help="time logit_bias / allowed_token_ids rows instead of penalties and seeds",
+    )
+    ap.add_argument("--bias-entries", type=int, default=1024, help="logit_bias entries per row")
+    ap.add_argument("--allowed-ids", type=int, default=64, help="allowed_token_ids per row")
+    ap.add_argument(
+        "--rule-rows", type=int, default=0, help="rows using them (default 0: every row)"
+    )
+    ap.add_argument(
         "--device",
         default="cuda" if torch.cuda.is_available() else "cpu",
         help="cpu or cuda (default: cuda when available)",
@@ -58,17 +70,24 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     device = torch.device(args.device)
     rng = random.Random(0)
-    cases = {
-        "penalties": SamplingParams(
-            temperature=1.0, repetition_penalty=1.1, frequency_penalty=0.2, max_tokens=None
-        ),
-        "seeded": SamplingParams(temperature=1.0, seed=7, max_tokens=None),
-    }
+    cases = (
+        token_rule_cases(args, rng)
+        if args.token_rules
+        else {
+            "penalties": SamplingParams(
+                temperature=1.0, repetition_penalty=1.1, frequency_penalty=0.2, max_tokens=None
+            ),
+            "seeded": SamplingParams(temperature=1.0, seed=7, max_tokens=None),
+        }
+    )
+    plain = SamplingParams(temperature=1.0, max_tokens=None)
+    rule_rows = args.rule_rows or args.seqs
     for name, sp in cases.items():
         inputs = SamplingInputs(device, args.vocab)
         seqs = []
-        for _ in range(args.seqs):
-            seq = Sequence([rng.randrange(args.vocab) for _ in range(args.prompt)], sp)
+        for i in range(args.seqs):
+            row_sp = sp if not args.token_rules or i < rule_rows else plain
+            seq = Sequence([rng.randrange(args.vocab) for _ in range(args.prompt)], row_sp)
             seq.token_ids += [rng.randrange(args.vocab) for _ in range(args.output)]
             seqs.append(seq)
         logits = torch.randn(args.seqs, args.vocab, device=device) if args.sample else None
@@ -87,12 +106,23 @@ def main(argv: list[str] | None = None) -> None:
             if step:  # the first step builds per-sequence state
                 prepare, sample_time = prepare + t1 - t0, sample_time + t2 - t1
         print(
-            f"{name:>9}: {args.seqs} seqs x {args.prompt + args.output} tokens, vocab "
+            f"{name:>10}: {args.seqs} seqs x {args.prompt + args.output} tokens, vocab "
             f"{args.vocab} on {device.type}: prepare {prepare / args.steps * 1e3:.2f} ms/step, "
             f"sample {sample_time / args.steps * 1e3:.2f} ms/step"
         )
     if args.noise:
         time_noise(args.seqs, args.vocab, args.steps, device)
+
+
+def token_rule_cases(args: argparse.Namespace, rng: random.Random) -> dict[str, SamplingParams]:
+    """Plain rows, then rows with a logit_bias, then rows with allowed_token_ids."""
+    bias = {t: rng.uniform(-100, 100) for t in rng.sample(range(args.vocab), args.bias_entries)}
+    allowed = rng.sample(range(args.vocab), args.allowed_ids)
+    return {
+        "plain": SamplingParams(temperature=1.0, max_tokens=None),
+        "logit_bias": SamplingParams(temperature=1.0, max_tokens=None, logit_bias=bias),
+        "allowed": SamplingParams(temperature=1.0, max_tokens=None, allowed_token_ids=allowed),
+    }
 
 
 def time_noise(num_rows: int, vocab: int, steps: int, device: torch.device) -> None:

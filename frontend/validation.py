@@ -10,7 +10,12 @@ from typing import Any
 
 from nanoserve.errors import InvalidArgument, echo
 from nanoserve.proto.v1 import common_pb2
-from nanoserve.sampling_rules import RULES, violations
+from nanoserve.sampling_rules import (
+    RULES,
+    allowed_token_ids_violation,
+    logit_bias_violation,
+    violations,
+)
 from nanoserve.structured_output import check as check_structured_output
 from nanoserve.structured_output import from_proto as structured_output_from_proto
 
@@ -81,6 +86,15 @@ def validate_sampling_params(
                 f"token id {token_id} >= vocab_size {limits.vocab_size}",
                 field=f"{prefix}.stop_token_ids[{i}]",
             )
+    # empty is unset (proto3); each is counted before an entry is read
+    if params.logit_bias:
+        problem = logit_bias_violation(params.logit_bias, limits.vocab_size)
+        if problem is not None:
+            raise InvalidArgument(problem[1], field=f"{prefix}.logit_bias{problem[0]}")
+    if params.allowed_token_ids:
+        problem = allowed_token_ids_violation(params.allowed_token_ids, limits.vocab_size)
+        if problem is not None:
+            raise InvalidArgument(problem[1], field=f"{prefix}.allowed_token_ids{problem[0]}")
 
 
 def resolve_max_tokens(

@@ -127,12 +127,15 @@ class Detokenized:
 
 
 def sampling_params(**kwargs: Any) -> common_pb2.SamplingParams:
-    """SamplingParams from vLLM-named keyword arguments; `stop` may be one string."""
+    """SamplingParams from vLLM-named keyword arguments; `stop` may be one string, `logit_bias`
+    a {token id: bias} dict whose ids may be strings (OpenAI's JSON shape)."""
     unknown = set(kwargs) - _SAMPLING_FIELDS
     if unknown:
         raise TypeError(f"unknown sampling parameters: {sorted(unknown)}")
     if isinstance(kwargs.get("stop"), str):
         kwargs["stop"] = [kwargs["stop"]]
+    if isinstance(kwargs.get("logit_bias"), Mapping):
+        kwargs["logit_bias"] = {int(k): v for k, v in kwargs["logit_bias"].items()}
     if isinstance(kwargs.get("logprobs_mode"), str):  # "raw" or "processed"
         kwargs["logprobs_mode"] = common_pb2.LogprobsMode.Value(
             f"LOGPROBS_MODE_{kwargs['logprobs_mode'].upper()}"

@@ -1,9 +1,10 @@
 """The ranges of the sampling fields (vLLM's rules): one table that the frontend checks on the proto
-(frontend/validation.py) and the worker's SamplingParams checks again (worker/sampling_params.py).
+(frontend/validation.py) and the worker's SamplingParams checks again (worker/sampling_params.py),
+and the bounds of logit_bias and allowed_token_ids, which LLMEngine.validate also checks by vocabulary.
 """
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 MAX_N = 16  # completions per request (SamplingParams.n): each takes one of the engine's batch slots
 
@@ -44,3 +45,52 @@ def violations(values: Mapping[str, float]) -> Iterator[tuple[str, str]]:
         and values["min_tokens"] > values["max_tokens"]
     ):
         yield "min_tokens", f"<= max_tokens ({values['max_tokens']})"
+
+
+# logit_bias (OpenAI) and allowed_token_ids (vLLM): bounded by their length before any entry is
+# read; the worker's byte bound of an unparsed request (worker.validation) leaves room for both
+MAX_LOGIT_BIAS = 1024  # entries (token id -> bias) per request
+MAX_BIAS = 100.0  # |bias| (OpenAI's range); -100 in effect bans a token, +100 forces it
+MAX_ALLOWED_TOKEN_IDS = 65_536  # ids per request (a 5-byte varint each on the wire)
+
+
+def logit_bias_violation(
+    bias: Mapping[int, float], vocab_size: int | None = None
+) -> tuple[str, str] | None:
+    """(field suffix, rule it breaks) when `bias` (token id -> bias) is refused, else None; ids
+    are checked against `vocab_size` when it is given. At most MAX_LOGIT_BIAS entries are read."""
+    if len(bias) > MAX_LOGIT_BIAS:
+        return "", f"at most {MAX_LOGIT_BIAS} entries, got {len(bias)}"
+    for token_id, value in bias.items():
+        if token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
+            return "", _outside(token_id, vocab_size)
+        if not -MAX_BIAS <= value <= MAX_BIAS:  # NaN fails the comparison too
+            return "", (
+                f"the bias of token {token_id} must be a finite number in "
+                f"[{-MAX_BIAS:g}, {MAX_BIAS:g}], got {value!r}"
+            )
+    return None
+
+
+def allowed_token_ids_violation(
+    token_ids: Sequence[int], vocab_size: int | None = None
+) -> tuple[str, str] | None:
+    """(field suffix, rule it breaks) when `token_ids` are refused, else None: 1 to
+    MAX_ALLOWED_TOKEN_IDS ids (counted before any is read), each in [0, vocab_size)."""
+    if not token_ids:
+        return "", "must not be empty (leave it unset to allow every token)"
+    if len(token_ids) > MAX_ALLOWED_TOKEN_IDS:
+        return "", f"at most {MAX_ALLOWED_TOKEN_IDS} ids, got {len(token_ids)}"
+    # min / max walk the ids in C; the Python loop only runs to name a bad one
+    too_big = vocab_size is not None and max(token_ids) >= vocab_size
+    if min(token_ids) < 0 or too_big:
+        for i, token_id in enumerate(token_ids):
+            if token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
+                return f"[{i}]", _outside(token_id, vocab_size)
+    return None
+
+
+def _outside(token_id: int, vocab_size: int | None) -> str:
+    if vocab_size is None:
+        return f"token id {token_id} must be >= 0"
+    return f"token id {token_id} is outside the vocabulary [0, {vocab_size})"

@@ -87,4 +87,9 @@ def sampling_params_from_proto(
     kw.setdefault("max_tokens", max(1, max_model_len - prompt_len))  # unset: fill the context
     if p.HasField("structured_output"):
         kw["structured_output"] = structured_output_from_proto(p.structured_output)
+    # empty is unset (proto3); their lengths were checked before (worker.validation)
+    if p.logit_bias:
+        kw["logit_bias"] = dict(p.logit_bias)
+    if p.allowed_token_ids:
+        kw["allowed_token_ids"] = tuple(p.allowed_token_ids)
     return SamplingParams(stop_token_ids=tuple(p.stop_token_ids), **kw)

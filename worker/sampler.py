@@ -1,8 +1,8 @@
 """Turns the last-token logits of a batch into next token ids, one row per sequence.
 
-Called by ModelRunner after compute_logits. Penalties, the min_tokens mask, then greedy rows by
-argmax and the rest by temperature -> top-k -> top-p -> min-p -> an exponential race (Gumbel-max
-without a host sync).
+Called by ModelRunner after compute_logits. allowed_token_ids, logit_bias, penalties, the min_tokens
+mask and a grammar's bitmask, then greedy rows by argmax and the rest by temperature -> top-k -> top-p
+-> min-p -> an exponential race (Gumbel-max without a host sync).
 Seeded rows draw their noise from a counter-based hash of (seed, output position, token)
 (worker.seeded_noise), so a seed gives the same tokens whatever else is in the batch.
 """
@@ -38,7 +38,43 @@ class SamplingTensors:
     # the rows with a grammar, bit t set = token t allowed (worker.engine.structured_output); None
     # when no row has one
     allowed: tuple[torch.Tensor | None, torch.Tensor] | None = None
+    # logit_bias: (rows, token ids) int64 and biases float32, each (N,), one entry per (row, token)
+    # pair; None when no row has a bias (worker.engine.token_rules builds both)
+    logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    # allowed_token_ids: (restricted rows (G,), rows (M,), token ids (M,)) int64: each restricted
+    # row keeps only the tokens of its (row, token) pairs; None when no row restricts them
+    allowed_token_ids: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     all_greedy: bool = False
+
+
+def apply_token_rules(logits: torch.Tensor, t: SamplingTensors) -> None:
+    """allowed_token_ids (-inf elsewhere), then logit_bias (added), in place on (B, V) float32
+    logits the caller owns; only the listed rows and (row, token) pairs are touched."""
+    if t.allowed_token_ids is not None:
+        restricted, rows, ids = t.allowed_token_ids
+        kept = logits[rows, ids]  # (M,) the allowed tokens' logits
+        logits.index_fill_(0, restricted, float("-inf")).index_put_((rows, ids), kept)
+    if t.logit_bias is not None:
+        rows, ids, biases = t.logit_bias
+        # each (row, token) pair occurs once (a dict's keys): gather, add, scatter back
+        logits.index_put_((rows, ids), logits[rows, ids] + biases)
+
+
+def adjusted_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    """(B, V) float32: the logits after each row's own rules, in vLLM v1's order: allowed_token_ids,
+    then logit_bias (and the min_tokens mask: -inf either way), then the penalties (a bias is
+    added before repetition_penalty scales the logit). Temperature and top-k / top-p / min-p come
+    after, in sample(). Out of place: the logits may be a view of a CUDA graph's output."""
+    copied = logits.dtype != torch.float32  # then .float() made a copy the rules may change
+    logits = logits.float()
+    if t.allowed_token_ids is not None or t.logit_bias is not None:
+        logits = logits if copied else logits.clone()
+        apply_token_rules(logits, t)
+    if t.repetition_penalties is not None:
+        logits = apply_penalties(logits, t)
+    if t.banned is not None:
+        logits = logits.index_put(t.banned, torch.tensor(float("-inf"), device=logits.device))
+    return logits
 
 
 def apply_penalties(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
@@ -91,14 +127,11 @@ def filter_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
 
 
 def processed_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
-    """(B, V) float32: the logits each row samples from (logprobs_mode "processed"): penalties
-    and the min_tokens mask, then for sampled rows temperature and the top-k/top-p/min-p filter
-    (-inf); greedy rows stop after the mask (their argmax is the sampled token)."""
-    logits = logits.float()
-    if t.repetition_penalties is not None:
-        logits = apply_penalties(logits, t)
-    if t.banned is not None:
-        logits = logits.index_put(t.banned, torch.tensor(float("-inf"), device=logits.device))
+    """(B, V) float32: the logits each row samples from (logprobs_mode "processed"): its rules
+    (allowed_token_ids, logit_bias, penalties, the min_tokens mask: adjusted_logits), then for
+    sampled rows temperature and the top-k/top-p/min-p filter (-inf); greedy rows stop after the
+    rules (their argmax is the sampled token)."""
+    logits = adjusted_logits(logits, t)
     if t.all_greedy or t.temperatures is None:
         return logits
     temperatures = t.temperatures
@@ -137,11 +170,7 @@ def sample(
     logits: torch.Tensor, t: SamplingTensors, generator: torch.Generator | None = None
 ) -> torch.Tensor:
     """logits: (B, V) -> (B,) int64 token ids; `generator` serves the unseeded rows."""
-    logits = logits.float()
-    if t.repetition_penalties is not None:
-        logits = apply_penalties(logits, t)
-    if t.banned is not None:  # out of place: the logits may be a view of a CUDA graph's output
-        logits = logits.index_put(t.banned, torch.tensor(float("-inf"), device=logits.device))
+    logits = adjusted_logits(logits, t)
     if t.allowed is not None:
         logits = apply_token_bitmask(logits, *t.allowed)
     greedy = logits.argmax(dim=-1)

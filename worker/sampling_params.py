@@ -7,11 +7,17 @@ default and is listed in `unset`, and LLMEngine.add_request fills it from the mo
 """
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from nanoserve.sampling_rules import RULES, violations
+from nanoserve.sampling_rules import (
+    MAX_LOGIT_BIAS,
+    RULES,
+    allowed_token_ids_violation,
+    logit_bias_violation,
+    violations,
+)
 from nanoserve.structured_output import check as check_structured_output
 
 LOGPROBS_MODES = ("raw", "processed")
@@ -41,8 +47,17 @@ class SamplingParams:
     # structural tag or be any JSON object (kinds: nanoserve.structured_output.KINDS; text "" for
     # json_object); None: free text
     structured_output: tuple[str, str] | None = None
+    # OpenAI's logit_bias: token id -> bias in [-100, 100], added to the logits before sampling (a
+    # dict once built; [id, bias] pairs on the far side of a msgpack frame); None or {}: no bias
+    logit_bias: Mapping[int, float] | None = None
+    # vLLM's allowed_token_ids: only these ids may be sampled (a tuple once built, not empty);
+    # None: every token
+    allowed_token_ids: Sequence[int] | None = None
     # the fields of FALLBACKS that were not given (they hold the fallback value)
     unset: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
+    # logit_bias or allowed_token_ids is set (worker.engine.token_rules applies them): a plain
+    # field, as the sampler's inputs read it for every row of every step
+    has_token_rules: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         given = {name: getattr(self, name) for name in RULES if getattr(self, name) is not None}
@@ -61,10 +76,35 @@ class SamplingParams:
             if problem is not None:
                 raise ValueError(f"{problem[0]}: {problem[1]}")
             object.__setattr__(self, "structured_output", (kind, spec))
+        self._normalize_token_rules()
         unset = frozenset(name for name in FALLBACKS if getattr(self, name) is None)
         for name in unset:
             object.__setattr__(self, name, FALLBACKS[name])
         object.__setattr__(self, "unset", unset)
+
+    def _normalize_token_rules(self) -> None:
+        """logit_bias as a dict of int -> float (None when empty) and allowed_token_ids as a
+        tuple, each counted before it is read; ValueError naming the field."""
+        bias = self.logit_bias
+        if bias is not None:
+            if len(bias) > MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias: at most {MAX_LOGIT_BIAS} entries, got {len(bias)}")
+            pairs = bias.items() if isinstance(bias, Mapping) else bias
+            try:
+                bias = {int(token_id): float(value) for token_id, value in pairs}
+            except (TypeError, ValueError):
+                raise ValueError("logit_bias: must map token ids to numbers") from None
+            problem = logit_bias_violation(bias)
+            if problem is not None:
+                raise ValueError(f"logit_bias{problem[0]}: {problem[1]}")
+            object.__setattr__(self, "logit_bias", bias or None)
+        if self.allowed_token_ids is not None:
+            problem = allowed_token_ids_violation(self.allowed_token_ids)
+            if problem is not None:
+                raise ValueError(f"allowed_token_ids{problem[0]}: {problem[1]}")
+            object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
+        rules = self.logit_bias is not None or self.allowed_token_ids is not None
+        object.__setattr__(self, "has_token_rules", rules)
 
     def as_fields(self) -> dict:
         """The init fields as plain values (unset ones as None): `SamplingParams(**d)` rebuilds
@@ -77,6 +117,10 @@ class SamplingParams:
         out["stop_token_ids"] = list(self.stop_token_ids)
         if self.structured_output is not None:
             out["structured_output"] = list(self.structured_output)
+        if self.logit_bias is not None:  # msgpack maps take str keys only: [id, bias] pairs
+            out["logit_bias"] = [[t, b] for t, b in self.logit_bias.items()]
+        if self.allowed_token_ids is not None:
+            out["allowed_token_ids"] = list(self.allowed_token_ids)
         return out
 
     def with_defaults(self, defaults: Mapping[str, float]) -> "SamplingParams":

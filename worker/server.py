@@ -226,7 +226,7 @@ async def serve(config: WorkerConfig) -> int:
         config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
     )
     interceptors = security.interceptors(
-        too_large, "5 bytes * (max_model_len + max_stop_token_ids)"
+        too_large, "5 bytes * (max_model_len + max_stop_token_ids) + 397 KiB"
     )
     server = grpc.aio.server(
         interceptors=interceptors, options=server_options(config.max_message_bytes)

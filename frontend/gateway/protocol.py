@@ -2,13 +2,15 @@
 request (types, ranges of the wire types, list lengths); params.py maps them onto the gRPC API.
 
 Unknown fields are refused (400 naming them), as OpenAI does. Fields the gRPC API cannot serve yet
-(suffix, logit_bias, ...) are declared loosely here so that params.py can name them in its 400.
+(functions, suffix, ...) are declared loosely here so that params.py can name them in its 400.
 Lists are bounded here; the frontend checks the tighter limits (tools, names, schema sizes).
 """
 
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from nanoserve.sampling_rules import MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS
 
 # The wire types of the SamplingParams fields: a larger JSON number is refused here, by name,
 # instead of overflowing the proto.
@@ -19,6 +21,10 @@ MAX_LIST = 1 << 20  # longest list of any field (prompt token ids); the body lim
 Text = Annotated[str, Field(max_length=64 * 1024 * 1024)]
 Name = Annotated[str, Field(max_length=256)]
 StopStrings = str | Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=256)]
+# OpenAI's logit_bias: {"token id": bias}; params.py reads the keys, the frontend checks the values
+LogitBias = Annotated[
+    dict[Annotated[str, Field(max_length=32)], float], Field(max_length=MAX_LOGIT_BIAS)
+]
 
 
 class _Strict(BaseModel):
@@ -58,6 +64,7 @@ class OpenAIRequest(_Strict):
     stop: StopStrings | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    logit_bias: LogitBias | None = None
     top_k: Int32 | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
@@ -66,6 +73,9 @@ class OpenAIRequest(_Strict):
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
     stop_token_ids: Annotated[list[UInt32], Field(max_length=4096)] | None = None
+    allowed_token_ids: (  # only these ids may be sampled
+        Annotated[list[UInt32], Field(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None
+    ) = None
     n: UInt32 | None = None
     prompt_logprobs: Int32 | None = None  # vLLM's
     logprobs_mode: Literal["raw", "processed"] | None = None  # vLLM's (a server flag there)
@@ -80,8 +90,6 @@ class OpenAIRequest(_Strict):
     metadata: dict[Name, Annotated[str, Field(max_length=512)]] | None = None
     store: bool | None = None
     service_tier: Name | None = None
-    # not served by the gRPC API yet (params.NOT_YET says which values are no-ops)
-    logit_bias: Any = None
 
 
 class CompletionRequest(OpenAIRequest):

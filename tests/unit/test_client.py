@@ -137,6 +137,13 @@ def test_errors_are_typed(server) -> None:
         dead.generate("x", timeout=2)
 
 
+def test_logit_bias_and_allowed_token_ids_kwargs() -> None:
+    params = sampling_params(logit_bias={"5": 100, 7: -1.5}, allowed_token_ids=[5, 7, 9])
+    assert dict(params.logit_bias) == {5: 100.0, 7: -1.5}
+    assert list(params.allowed_token_ids) == [5, 7, 9]
+    assert not sampling_params(temperature=0).logit_bias
+
+
 def test_breaking_out_of_the_stream_cancels(server) -> None:
     address, fake, _ = server
     with Client(address) as client:

@@ -108,7 +108,9 @@ def test_chat_maps_messages_parts_thinking_and_max_completion_tokens() -> None:
     ("fields", "param"),
     [
         ({"suffix": "x"}, "suffix"),
-        ({"logit_bias": {"1": 5}}, "logit_bias"),
+        ({"logit_bias": {"x": 5}}, "logit_bias"),
+        ({"logit_bias": {"-1": 5}}, "logit_bias"),
+        ({"logit_bias": {"4294967296": 5}}, "logit_bias"),
         ({"response_format": {"type": "json_schema"}}, "response_format.json_schema.schema"),
         (
             {"response_format": {"type": "json_object"}, "guided_regex": "a+"},
@@ -128,9 +130,7 @@ def test_what_the_grpc_api_lacks_is_a_400_naming_it(fields: dict, param: str) ->
 
 
 def test_no_op_values_of_missing_parameters_are_served() -> None:
-    _, mapped = map_completion(
-        completion(best_of=1, echo=False, suffix="", logit_bias={}, logprobs=None)
-    )
+    _, mapped = map_completion(completion(best_of=1, echo=False, suffix="", logprobs=None))
     assert mapped.sampling == {} and mapped.echo is None and mapped.best_of is None
     _, mapped = map_chat(chat(logprobs=False, response_format={"type": "text"}, tools=[]))
     assert mapped.sampling == {} and mapped.call == {}
@@ -148,6 +148,18 @@ def test_chat_maps_forced_tool_choices() -> None:
     # the frontend's errors name its fields; the caller sent tool_choice
     assert mapped.param_names["tool_choice_function"] == "tool_choice"
     assert map_chat(chat(tool_choice="none"))[1].call == {"tool_choice": "none"}
+
+
+def test_logit_bias_and_allowed_token_ids_map_on_both_endpoints() -> None:
+    fields = {"logit_bias": {"5": 100, "17": -100.0}, "allowed_token_ids": [5, 17, 30]}
+    want = {"logit_bias": {5: 100.0, 17: -100.0}, "allowed_token_ids": [5, 17, 30]}
+    for _, mapped in (map_completion(completion(**fields)), map_chat(chat(**fields))):
+        assert mapped.sampling == want
+        params = common_pb2.SamplingParams(**mapped.sampling)
+        assert dict(params.logit_bias) == {5: 100.0, 17: -100.0}
+        assert mapped.param_names["sampling_params.logit_bias"] == "logit_bias"
+    _, mapped = map_completion(completion(logit_bias={}))  # OpenAI's default: no bias
+    assert not common_pb2.SamplingParams(**mapped.sampling).logit_bias
 
 
 def test_chat_refuses_unknown_tools_images_and_both_max_tokens() -> None:
@@ -191,6 +203,10 @@ def test_chat_refuses_unknown_tools_images_and_both_max_tokens() -> None:
         {"tool_choice": "any"},
         {"tool_choice": {"type": "function"}},
         {"tool_choice": {"type": "allowed_tools", "function": {"name": "f"}}},
+        {"logit_bias": {"5": "much"}},
+        {"logit_bias": {str(i): 1 for i in range(1025)}},
+        {"allowed_token_ids": []},
+        {"allowed_token_ids": [-1]},
         {"messages": [{"role": "assistant", "tool_calls": [{"id": "1", "function": {}}]}]},
     ],
 )
@@ -234,6 +250,9 @@ def test_invalid_argument_names_the_openai_parameter_the_caller_sent() -> None:
         ("messages[2].role: must be one of", "messages[2].role"),
         ("prompt_token_ids[3]: token id 99 >= vocab_size 10", "prompt[3]"),
         ("worker: sampling_params.seed: bad", "seed"),
+        ("sampling_params.logit_bias: the bias of token 5 must be", "logit_bias"),
+        ("worker: logit_bias: token id 9 is outside the vocabulary", "logit_bias"),
+        ("sampling_params.allowed_token_ids[1]: token id 99", "allowed_token_ids[1]"),
         ("nothing to name here", None),
     ):
         error = from_service_error(error_for_code(grpc.StatusCode.INVALID_ARGUMENT, details), names)

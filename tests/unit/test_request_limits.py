@@ -2,6 +2,8 @@
 by their length before an element is read, echoed values and details are capped, worker statuses
 map to the frontend's, and the token check's key table and comparison."""
 
+import math
+
 import grpc
 import pytest
 
@@ -24,6 +26,7 @@ from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve import security
+from nanoserve.sampling_rules import allowed_token_ids_violation, logit_bias_violation
 from nanoserve.security import BearerTokenInterceptor, is_loopback, load_api_keys
 from nanoserve.worker.validation import check_request_sizes, max_request_bytes
 
@@ -92,6 +95,73 @@ def test_stop_token_ids_refused_by_count() -> None:
     validate_sampling_params(common_pb2.SamplingParams(stop_token_ids=[1] * 128), LIMITS)
 
 
+def test_logit_bias_and_allowed_token_ids_refused_naming_the_field() -> None:
+    largest = common_pb2.SamplingParams(
+        logit_bias={151935 - i: (-100.0, 100.0)[i % 2] for i in range(1024)},
+        allowed_token_ids=range(151936 - 65536, 151936),
+    )
+    validate_sampling_params(largest, LIMITS)
+    for params, refusal in [
+        (
+            common_pb2.SamplingParams(logit_bias={i: 1.0 for i in range(1025)}),
+            "sampling_params.logit_bias: at most 1024 entries, got 1025",
+        ),
+        (
+            common_pb2.SamplingParams(logit_bias={151936: 1.0}),
+            "sampling_params.logit_bias: token id 151936 is outside the vocabulary",
+        ),
+        (
+            common_pb2.SamplingParams(logit_bias={5: 100.5}),
+            "sampling_params.logit_bias: the bias of token 5 must be a finite number",
+        ),
+        (common_pb2.SamplingParams(logit_bias={5: -math.inf}), "sampling_params.logit_bias: "),
+        (common_pb2.SamplingParams(logit_bias={5: math.nan}), "sampling_params.logit_bias: "),
+        (
+            common_pb2.SamplingParams(allowed_token_ids=[1] * 65537),
+            "sampling_params.allowed_token_ids: at most 65536 ids, got 65537",
+        ),
+        (
+            common_pb2.SamplingParams(allowed_token_ids=[1, 151936]),
+            "sampling_params.allowed_token_ids[1]: token id 151936 is outside the vocabulary",
+        ),
+    ]:
+        with pytest.raises(InvalidArgument) as refused:
+            validate_sampling_params(params, LIMITS)
+        assert refused.value.message.startswith(refusal), refused.value.message
+
+
+def test_logit_bias_and_allowed_token_ids_counted_before_any_is_read() -> None:
+    assert logit_bias_violation(Unwalkable(10_000_000)) == (
+        "",
+        "at most 1024 entries, got 10000000",
+    )
+    assert allowed_token_ids_violation(Unwalkable(10_000_000), 151936) == (
+        "",
+        "at most 65536 ids, got 10000000",
+    )
+
+
+def test_the_worker_engine_checks_the_ids_against_its_vocabulary() -> None:
+    from nanoserve.worker.engine.llm_engine import LLMEngine
+    from nanoserve.worker.request_proto import sampling_params_from_proto
+    from nanoserve.worker.sampling_params import SamplingParams
+
+    for sp, refusal in [
+        (SamplingParams(logit_bias={512: 1.0}), "logit_bias: token id 512 is outside"),
+        (SamplingParams(allowed_token_ids=[3, 600]), r"allowed_token_ids\[1\]: token id 600"),
+    ]:
+        with pytest.raises(ValueError, match=refusal):
+            LLMEngine.validate_against([1, 2], sp, max_model_len=64, vocab=512)
+    LLMEngine.validate_against(
+        [1], SamplingParams(logit_bias={511: -100}, allowed_token_ids=[0, 511]), 64, 512
+    )
+    # values the frontend would refuse, sent to WorkerService directly
+    with pytest.raises(ValueError, match="logit_bias: the bias of token 3 must be"):
+        sampling_params_from_proto(common_pb2.SamplingParams(logit_bias={3: 1e9}), 1, 64)
+    unset = sampling_params_from_proto(common_pb2.SamplingParams(), 1, 64)
+    assert unset.logit_bias is None and unset.allowed_token_ids is None
+
+
 def test_worker_checks_sizes_before_copying() -> None:
     ok = worker_pb2.GenerateTokensRequest(prompt_token_ids=[1, 2, 3], cache_salt="s" * 256)
     check_request_sizes(ok, 4096)
@@ -103,6 +173,20 @@ def test_worker_checks_sizes_before_copying() -> None:
                 sampling_params=common_pb2.SamplingParams(stop_token_ids=[1] * 129),
             ),
             "sampling_params.stop_token_ids",
+        ),
+        (
+            worker_pb2.GenerateTokensRequest(
+                prompt_token_ids=[1],
+                sampling_params=common_pb2.SamplingParams(logit_bias={i: 1.0 for i in range(1025)}),
+            ),
+            "sampling_params.logit_bias",
+        ),
+        (
+            worker_pb2.GenerateTokensRequest(
+                prompt_token_ids=[1],
+                sampling_params=common_pb2.SamplingParams(allowed_token_ids=[1] * 65537),
+            ),
+            "sampling_params.allowed_token_ids",
         ),
         (
             worker_pb2.GenerateTokensRequest(prompt_token_ids=[1], request_id="r" * 129),
@@ -122,7 +206,13 @@ def test_worker_checks_sizes_before_copying() -> None:
         cache_salt="s" * 256,
         prompt_token_ids=[2**32 - 1] * 4095,
         sampling_params=common_pb2.SamplingParams(
-            stop_token_ids=[2**32 - 1] * 128, temperature=0.5, top_p=0.9, max_tokens=1, seed=7
+            stop_token_ids=[2**32 - 1] * 128,
+            temperature=0.5,
+            top_p=0.9,
+            max_tokens=1,
+            seed=7,
+            logit_bias={2**32 - 1 - i: -100.0 for i in range(1024)},
+            allowed_token_ids=[2**32 - 1] * 65536,
         ),
     )
     assert largest.ByteSize() < max_request_bytes(4096, 128)

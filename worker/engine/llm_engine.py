@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from nanoserve.sampling_rules import allowed_token_ids_violation, logit_bias_violation
 from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.engine.block_manager import BlockManager
 from nanoserve.worker.engine.scheduler import Scheduler
@@ -128,6 +129,14 @@ class LLMEngine:
             raise ValueError(
                 f"stop_token_ids: token id {bad} is outside the vocabulary [0, {vocab})"
             )
+        if sp.logit_bias is not None:  # SamplingParams bounded their lengths
+            problem = logit_bias_violation(sp.logit_bias, vocab)
+            if problem is not None:
+                raise ValueError(f"logit_bias{problem[0]}: {problem[1]}")
+        if sp.allowed_token_ids is not None:
+            problem = allowed_token_ids_violation(sp.allowed_token_ids, vocab)
+            if problem is not None:
+                raise ValueError(f"allowed_token_ids{problem[0]}: {problem[1]}")
         if len(token_ids) >= max_model_len:
             raise ValueError(
                 f"prompt_token_ids: the prompt has {len(token_ids)} tokens; "

@@ -1,6 +1,7 @@
 """Per-step sampling inputs: SamplingTensors built from the scheduled Sequences' parameters (one
-copy per field), the penalties' token statistics kept between steps, and the (seed, position) of
-the seeded rows. ModelRunner.run hands them, with the logits, to worker.sampler.sample.
+copy per field), the penalties' token statistics kept between steps, the (seed, position) of
+the seeded rows, and logit_bias / allowed_token_ids (worker.engine.token_rules). ModelRunner.run
+hands them, with the logits, to worker.sampler.sample.
 """
 
 import numpy as np
@@ -8,6 +9,7 @@ import torch
 
 from nanoserve.worker.engine.sequence import Sequence
 from nanoserve.worker.engine.structured_output import grammar_bitmask
+from nanoserve.worker.engine.token_rules import TokenRules
 from nanoserve.worker.sampler import SamplingTensors
 from nanoserve.worker.seeded_noise import as_int64
 
@@ -18,6 +20,7 @@ class SamplingInputs:
         # ids past the vocabulary are never sampled: nothing to mask
         self.eos_token_ids = tuple(t for t in eos_token_ids if t < vocab_size)
         self.penalty_counts = PenaltyCounts(device, vocab_size)
+        self.token_rules = TokenRules(device)
 
     def prepare(self, seqs: list[Sequence]) -> SamplingTensors:
         params = [seq.sampling_params for seq in seqs]
@@ -32,6 +35,8 @@ class SamplingInputs:
             self._penalty_tensors(seqs, t)
         if any(p.min_tokens for p in params):
             self._banned_tokens(seqs, t)
+        if any(p.has_token_rules for p in params):
+            self.token_rules.fill(seqs, t)
         if any(p.structured_output for p in params):
             mask = grammar_bitmask(seqs, self.vocab_size)
             if mask is not None:
@@ -112,6 +117,7 @@ class SamplingInputs:
     def release(self, seq: Sequence) -> None:
         """Forget per-request state of a finished or aborted sequence."""
         self.penalty_counts.release(seq)
+        self.token_rules.release(seq)
 
 
 class PenaltyCounts:
