@@ -24,10 +24,46 @@ logger = logging.getLogger(__name__)
 # max_queued_requests + 1024 (worker.session.session_list_bound), so a frontend that admits more
 # than that at once still sends batches it takes.
 MAX_BATCH = 1024
+# Bytes of adds in one SessionRequest: well under gRPC's 16 MiB message limit (a thousand long
+# prompts or allowed_token_ids lists would pass it, and a message past it breaks the session for
+# every request on it). One add larger than this goes alone: the worker's limit admits any valid one.
+MAX_BATCH_BYTES = 4 * 1024 * 1024
 
 
 def _size(message: worker_pb2.SessionRequest) -> int:
     return max(len(message.adds), len(message.aborts), len(message.completion_aborts))
+
+
+def session_batches(
+    adds: list[worker_pb2.SessionAdd],
+    aborts: list[str],
+    completion_aborts: list[worker_pb2.CompletionAbort],
+    max_entries: int = MAX_BATCH,
+    max_bytes: int = MAX_BATCH_BYTES,
+) -> list[worker_pb2.SessionRequest]:
+    """The SessionRequests that carry these entries, in order: at most max_entries per list and,
+    past one add, at most max_bytes of adds. Aborts ride in the first messages (ids and indexes:
+    small)."""
+    groups: list[list[worker_pb2.SessionAdd]] = [[]]
+    size = 0
+    for add in adds:
+        add_bytes = add.ByteSize()  # computed by the C library, without serializing
+        if groups[-1] and (len(groups[-1]) >= max_entries or size + add_bytes > max_bytes):
+            groups.append([])
+            size = 0
+        groups[-1].append(add)
+        size += add_bytes
+    count = max(
+        len(groups), -(-len(aborts) // max_entries), -(-len(completion_aborts) // max_entries)
+    )
+    return [
+        worker_pb2.SessionRequest(
+            adds=groups[i] if i < len(groups) else [],
+            aborts=aborts[i * max_entries : (i + 1) * max_entries],
+            completion_aborts=completion_aborts[i * max_entries : (i + 1) * max_entries],
+        )
+        for i in range(max(count, 1))
+    ]
 
 
 @dataclass(eq=False, slots=True)
@@ -163,14 +199,9 @@ class WorkerSession:
         self.flush_scheduled = False
         adds, aborts, completion_aborts = self.adds, self.aborts, self.completion_aborts
         self.adds, self.aborts, self.completion_aborts = [], [], []
-        for i in range(0, max(len(adds), len(aborts), len(completion_aborts)), MAX_BATCH):
-            self.outbox.put_nowait(
-                worker_pb2.SessionRequest(
-                    adds=adds[i : i + MAX_BATCH],
-                    aborts=aborts[i : i + MAX_BATCH],
-                    completion_aborts=completion_aborts[i : i + MAX_BATCH],
-                )
-            )
+        if adds or aborts or completion_aborts:
+            for message in session_batches(adds, aborts, completion_aborts):
+                self.outbox.put_nowait(message)
 
     async def _write(self, call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue) -> None:
         with contextlib.suppress(
@@ -178,15 +209,21 @@ class WorkerSession:
         ):
             while True:
                 message = await outbox.get()
+                size = message.ByteSize()
                 while not outbox.empty():  # the previous write was slow: merge what queued up
                     more = outbox.get_nowait()
-                    if _size(message) + _size(more) > MAX_BATCH:
+                    more_size = more.ByteSize()
+                    if (
+                        _size(message) + _size(more) > MAX_BATCH
+                        or size + more_size > MAX_BATCH_BYTES
+                    ):
                         await call.write(message)
-                        message = more
+                        message, size = more, more_size
                         continue
                     message.adds.extend(more.adds)
                     message.aborts.extend(more.aborts)
                     message.completion_aborts.extend(more.completion_aborts)
+                    size += more_size
                 await call.write(message)
 
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:

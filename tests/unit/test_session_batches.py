@@ -1,10 +1,15 @@
 """The frontend's Session batches stay within what the worker takes: _flush splits a pass's adds
-and aborts into messages of at most MAX_BATCH entries, and the slow-write merge stops there too;
-the worker's bound is far above it."""
+and aborts into messages of at most MAX_BATCH entries and MAX_BATCH_BYTES of adds (one larger add
+alone), and the slow-write merge stops at both too; the worker's list bound is far above it."""
 
 import asyncio
 
-from nanoserve.frontend.worker_session import MAX_BATCH, WorkerSession
+from nanoserve.frontend.worker_session import (
+    MAX_BATCH,
+    MAX_BATCH_BYTES,
+    WorkerSession,
+    session_batches,
+)
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.worker.session import session_list_bound
 
@@ -45,6 +50,48 @@ def test_flush_splits_a_large_pass_and_write_merges_up_to_the_bound() -> None:
         assert all(len(m.adds) <= MAX_BATCH for m in call.written) and len(call.written) == 2
 
     asyncio.run(main())
+
+
+def big_adds(n: int, ids: int) -> list[worker_pb2.SessionAdd]:
+    """Adds of about 3 bytes per allowed id (varints of ids past 2**14)."""
+    out = []
+    for i in range(n):
+        request = worker_pb2.GenerateTokensRequest(request_id=str(i))
+        request.sampling_params.allowed_token_ids.extend(range(100_000, 100_000 + ids))
+        out.append(worker_pb2.SessionAdd(request=request))
+    return out
+
+
+def test_batches_are_bounded_in_bytes_too() -> None:
+    """120 adds of ~200 kB (65,536 allowed ids each): 24 MB in one message would pass gRPC's
+    16 MiB limit; they go in messages of at most MAX_BATCH_BYTES, in order, and a single add
+    larger than the bound goes alone."""
+    many = big_adds(120, 65_536)
+    messages = session_batches(many, ["x"], [])
+    assert all(m.ByteSize() <= MAX_BATCH_BYTES + 64 for m in messages)  # + the abort's bytes
+    assert [a.request.request_id for m in messages for a in m.adds] == [str(i) for i in range(120)]
+    assert len(messages) >= -(-sum(a.ByteSize() for a in many) // MAX_BATCH_BYTES) >= 6
+    assert [len(m.aborts) for m in messages] == [1] + [0] * (len(messages) - 1)
+    huge = big_adds(3, 1_500_000)  # ~4.5 MB each: one a message
+    assert [len(m.adds) for m in session_batches(huge, [], [])] == [1, 1, 1]
+    assert [len(m.aborts) for m in session_batches([], ["a", "b"], [])] == [2]
+
+
+def test_the_slow_write_merge_stops_at_the_byte_bound() -> None:
+    async def main() -> list[worker_pb2.SessionRequest]:
+        session = WorkerSession(stub=None)  # type: ignore[arg-type]  # nothing is called on it
+        outbox: asyncio.Queue = asyncio.Queue()
+        for add in big_adds(60, 65_536):  # one add a message, as 60 passes of the event loop
+            outbox.put_nowait(worker_pb2.SessionRequest(adds=[add]))
+        call = FakeCall()
+        writer = asyncio.create_task(session._write(call, outbox))  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)
+        writer.cancel()
+        return call.written
+
+    written = asyncio.run(main())
+    assert sum(len(m.adds) for m in written) == 60 and len(written) > 1
+    assert all(m.ByteSize() <= MAX_BATCH_BYTES for m in written)
 
 
 def test_the_worker_bound_is_above_the_frontend_batch() -> None:
