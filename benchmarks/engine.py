@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nanoserve.benchmarks.shapes import H200_SPEED_OF_LIGHT, SHAPES, write_shape_dir  # noqa: F401
+from nanoserve.benchmarks.shapes import H200_SPEED_OF_LIGHT, SHAPES, write_shape_dir
 
 
 def make_llm(args):
@@ -214,7 +214,7 @@ def bench_scheduler(args) -> dict:
     steps = 1000
     t = time.perf_counter()
     for _ in range(steps):
-        seqs, is_prefill = sched.schedule()
+        seqs, _ = sched.schedule()
         sched.postprocess(seqs, [7] * len(seqs))
     dt = (time.perf_counter() - t) / steps
     return dict(running=len(seqs), ms_per_step=round(1000 * dt, 4))

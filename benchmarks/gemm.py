@@ -124,7 +124,7 @@ def bench_shape(shape: str, m: int, n: int, k: int, sweep: bool) -> dict:
         for cfg in sweep_configs(m, n, k):
             try:
                 t = us(cfg)
-            except Exception as e:  # a tile that fails to compile is reported, not fatal
+            except Exception as e:  # noqa: BLE001 - a tile that fails to compile is reported, not fatal
                 failed.append(f"{_short(cfg)}: {type(e).__name__}")
                 continue
             if t < best_us:
@@ -136,8 +136,6 @@ def bench_shape(shape: str, m: int, n: int, k: int, sweep: bool) -> dict:
             best_max_abs_diff=err(best),
             failed=failed,
         )
-    del ws, xk
-    torch.cuda.empty_cache()
     return row
 
 
@@ -170,6 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     for shape in args.shapes:
         for (n, k), m in itertools.product(SHAPES[shape], args.m):
             rows.append(bench_shape(shape, m, n, k, args.sweep))
+            torch.cuda.empty_cache()  # the shape's weight copies are freed with its frame
             print(json.dumps(rows[-1]), flush=True)
     print(
         f"\n{'shape':<13} {'m':>2} {'N x K':>13} {'cuBLAS µs':>10} {'chosen':>8} {'best':>8} "

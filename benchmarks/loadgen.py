@@ -11,10 +11,12 @@ import json
 import multiprocessing as mp
 import queue
 import resource
+import threading
 import time
 from dataclasses import asdict
 
 import grpc
+
 from nanoserve.benchmarks.gateway_stream import GatewayError, starter
 from nanoserve.benchmarks.workload import Request
 from nanoserve.grpc_options import channel_options
@@ -143,7 +145,7 @@ def _client_main(spec: str, barrier, out) -> None:
         res = asyncio.run(
             run(s["target"], s["address"], requests, s["temperature"], barrier=barrier)
         )
-    except Exception as e:  # reported, not raised: the parent must not wait forever
+    except Exception as e:  # noqa: BLE001 - reported, not raised: the parent must not wait forever
         barrier.abort()
         res = dict(error=f"{type(e).__name__}: {e}")
     out.put(json.dumps(res))
@@ -180,10 +182,10 @@ def run_processes(
         p.start()
         children.append(p)
     try:
-        try:
-            barrier.wait(timeout=120)  # every client connected: start the clocks together
-        except Exception:  # threading.BrokenBarrierError: a client failed; its error is in `out`
-            pass
+        # every client connected: start the clocks together (broken: a client failed; its error
+        # is in `out`)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait(timeout=120)
         parts: list[dict] = []
         deadline = time.monotonic() + timeout_s
         while len(parts) < procs:

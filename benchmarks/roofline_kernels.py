@@ -152,9 +152,10 @@ def profile_decode(llm, shape: Shape, batch: int, context: int, steps: int = 16)
     """torch.profiler over `steps` decode steps at `batch` x `context`: per kernel class and per
     GEMM op the GPU time a step against its bound, and the kernels that fill the step."""
     import torch
+    from torch.profiler import ProfilerActivity, profile
+
     from nanoserve.benchmarks.engine import sync
     from nanoserve.worker import SamplingParams
-    from torch.profiler import ProfilerActivity, profile
 
     rng = random.Random(batch)
     prompts = [[rng.randrange(1000) for _ in range(context)] for _ in range(batch)]

@@ -19,6 +19,7 @@ from pathlib import Path
 from statistics import median
 
 import grpc
+
 from nanoserve.benchmarks import loadgen, workload
 from nanoserve.benchmarks.offline import MARK
 from nanoserve.benchmarks.services import start_services, tree_cpu_s

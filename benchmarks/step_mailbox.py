@@ -51,7 +51,7 @@ def run_case(readers: int, words: int, steps: int, interval_us: float, max_words
     for p in procs:
         p.join(10)
     box.close(unlink=True)
-    us = lambda a, q: round(float(np.percentile(a, q)) / 1000, 1)  # noqa: E731
+    us = lambda a, q: round(float(np.percentile(a, q)) / 1000, 1)
     return {
         "readers": readers,
         "words": words,

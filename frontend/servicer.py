@@ -39,7 +39,6 @@ from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 
-
 # The field the worker names when a forced tool choice's constraint does not compile.
 FORCED_TAG_FIELD = "sampling_params.structured_output.structural_tag"
 

@@ -25,11 +25,12 @@ if ! command -v docker-compose >/dev/null 2>&1; then
       "(NANOSERVE_APT=1 bash scripts/test.sh installs it with apt-get, as root)" >&2
   fi
 fi
-# One formatter and a type checker (pyproject.toml [tool.ruff], [tool.mypy]); a finding fails the
-# command after the tests ran. NANOSERVE_LINT=0 skips both.
+# One formatter, a linter and a type checker (pyproject.toml [tool.ruff], [tool.mypy]); a finding
+# fails the command after the tests ran. NANOSERVE_LINT=0 skips them.
 lint_rc=0
 if [ "${NANOSERVE_LINT:-1}" != 0 ]; then
   ruff format --check . || { echo "ruff format: run \`ruff format .\`" >&2; lint_rc=1; }
+  ruff check . || { echo "ruff check: findings above (\`ruff check --fix .\` mends some)" >&2; lint_rc=1; }
   bash scripts/typecheck.sh --no-error-summary || { echo "mypy: type errors above" >&2; lint_rc=1; }
 fi
 set +e

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from nanoserve.client_messages import (  # noqa: F401 - also the names users import from here
     DEFAULT_ADDRESS,
     SERVICE_NAME,
@@ -26,9 +27,9 @@ from nanoserve.client_messages import (  # noqa: F401 - also the names users imp
     Detokenized,
     Logprob,
     ModelInfo,
+    TokenLogprobs,
     ToolCall,
     Tools,
-    TokenLogprobs,
     Usage,
     _detokenized,
     _model_info,

@@ -225,7 +225,8 @@ def grpc_errors(handler: Callable) -> Callable:
             except Exception as e:  # noqa: BLE001 - every failure becomes a status
                 await on_error(context, e)
 
-        setattr(stream_wrapper, "refuses_undecodable", True)  # read by request_decoding
+        # read by request_decoding; setattr: the wrapper's type has no such attribute for mypy
+        setattr(stream_wrapper, "refuses_undecodable", True)  # noqa: B010
         return stream_wrapper
 
     @functools.wraps(handler)
@@ -239,5 +240,5 @@ def grpc_errors(handler: Callable) -> Callable:
         except Exception as e:  # noqa: BLE001
             await on_error(context, e)
 
-    setattr(unary_wrapper, "refuses_undecodable", True)
+    setattr(unary_wrapper, "refuses_undecodable", True)  # noqa: B010
     return unary_wrapper

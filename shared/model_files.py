@@ -99,7 +99,7 @@ def _hub_snapshot(repo_id: str, revision: str | None) -> str:
             f"no network); download it where there is network (hf download {repo_id}) and copy "
             "the cache, or pass a model directory"
         ) from None
-    except Exception as e:  # unknown repository or revision, gated model, network error
+    except Exception as e:  # noqa: BLE001 - unknown repository or revision, gated model, network error
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(
             f"--model {repo_id}{at}: cannot fetch it from the hub ({reason})"

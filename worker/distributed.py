@@ -151,7 +151,7 @@ def init_symmetric_all_reduce(
     comm, error = None, ""
     try:
         comm = SymmetricAllReduce(device, max_bytes, dtype, max_rows)
-    except Exception as e:  # no P2P, no symmetric-memory backend in this torch build, ...
+    except Exception as e:  # noqa: BLE001 - no P2P, no symmetric-memory backend in this torch build, ...
         error = f"{type(e).__name__}: {e}"
     ok = torch.tensor([int(comm is not None)], device=device)
     dist.all_reduce(ok, op=dist.ReduceOp.MIN)

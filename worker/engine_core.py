@@ -198,7 +198,7 @@ def run_engine_core(config: WorkerConfig, inbox: Connection, outbox: Connection)
     setup_logging("worker", config.log_level)
     try:
         core = EngineCore(config, inbox, outbox)
-    except BaseException as exc:  # noqa: BLE001 - the server reports it and exits non-zero
+    except BaseException as exc:
         # the server logs the one line that says why; the traceback only at DEBUG
         logger.debug("loading the engine failed", exc_info=True)
         outbox.send_bytes(encode([ERROR, f"loading the engine failed: {exc}"]))
@@ -207,7 +207,7 @@ def run_engine_core(config: WorkerConfig, inbox: Connection, outbox: Connection)
     core.send([READY, core.info()])
     try:
         core.run()
-    except BaseException as exc:  # noqa: BLE001 - a dead engine must end every stream
+    except BaseException as exc:
         logger.exception("engine step failed")
         core.die(str(core.engine.model_runner.explain(exc)))
     core.engine.shutdown()  # between steps: no step is running now

@@ -4,10 +4,11 @@ as text (encoded with the model's tokenizer.json by nanoserve.prompt_text, loade
 from dataclasses import dataclass, field
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.engine.llm_engine import LLMEngine
 from nanoserve.worker.sampling_params import SamplingParams
-from tqdm.auto import tqdm
 
 
 @dataclass(slots=True)

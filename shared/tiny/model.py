@@ -14,6 +14,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
+
 from nanoserve.tiny.tokenizer import (
     ADDED_TOKENS,
     ENDOFTEXT_ID,

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from nanoserve.benchmarks import gpu_table, serving
 
+from nanoserve.benchmarks import gpu_table, serving
 from tests.e2e.conftest import REPO_ROOT, assert_idle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -6,7 +6,6 @@ returned."""
 import time
 
 from nanoserve.client import Client
-
 from tests.e2e.conftest import assert_idle, get_load
 
 PROMPT = "Once upon a time"

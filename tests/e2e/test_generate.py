@@ -11,8 +11,8 @@ import pytest
 
 from nanoserve.client import AsyncClient, Client
 from nanoserve.errors import DeadlineExceeded
-from tests.e2e.conftest import assert_idle
 from nanoserve.worker import SamplingParams
+from tests.e2e.conftest import assert_idle
 
 pytestmark = pytest.mark.e2e
 

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
+
 from nanoserve.client import Client
 from nanoserve.errors import Aborted
 from nanoserve.proto.v1 import common_pb2

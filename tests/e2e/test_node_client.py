@@ -9,8 +9,8 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from nanoserve.client import Client
 
+from nanoserve.client import Client
 from tests.e2e.conftest import REPO_ROOT, Service, start_frontend
 from tests.tls_certs import Certs, make_certs
 
@@ -199,6 +199,7 @@ def test_node_client_prints_reasoning_and_tool_calls(node, tmp_path) -> None:
     from concurrent import futures
 
     import grpc
+
     from nanoserve.proto.v1 import common_pb2
     from nanoserve.proto.v1 import frontend_service_pb2 as pb
     from nanoserve.proto.v1 import frontend_service_pb2_grpc as pb_grpc

@@ -17,10 +17,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nanoserve.client import Client
+from nanoserve.errors import DeadlineExceeded, InvalidArgument
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
-from nanoserve.errors import DeadlineExceeded, InvalidArgument
 from tests.e2e.conftest import Pair, start_pair, wait_idle
 
 pytestmark = pytest.mark.e2e

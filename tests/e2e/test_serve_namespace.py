@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from nanoserve.client import Client
 
+from nanoserve.client import Client
 from tests.e2e.conftest import (
     BLOCK_SIZE,
     SERVE_LISTENING,
@@ -18,7 +18,6 @@ from tests.e2e.conftest import (
     descendant_pids,
     pid_running,
 )
-
 
 pytestmark = pytest.mark.e2e
 

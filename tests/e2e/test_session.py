@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from nanoserve.client import Client
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
-from nanoserve.client import Client
 from tests.e2e.conftest import assert_idle, get_load, start_frontend
 from tests.e2e.test_bad_inputs import WORKER_CASES
 

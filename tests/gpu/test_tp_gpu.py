@@ -21,8 +21,9 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from tests.gpu.test_engine_gpu import SHAPE
     from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from tests.gpu.test_engine_gpu import SHAPE
 
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("qwen3-0.6b-tp")

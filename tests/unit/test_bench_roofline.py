@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+
 from nanoserve.benchmarks import roofline, roofline_kernels
 from nanoserve.benchmarks.roofline import Cost, Shape, simulate, step_cost
 from nanoserve.benchmarks.roofline_kernels import gemm_op_costs, gemm_ops, kernel_class

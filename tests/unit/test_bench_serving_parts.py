@@ -5,6 +5,7 @@ import argparse
 import math
 
 import pytest
+
 from nanoserve.benchmarks import engine, roofline, serving, workload
 from nanoserve.benchmarks.stats import bucket_label, percentile, summarize, summarize_by_bucket
 from nanoserve.config import add_config_args, config_from_args

@@ -20,9 +20,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from nanoserve.config import env_prefix, env_var, parse_config
 from nanoserve.frontend.config import FrontendConfig
 from nanoserve.frontend.gateway.config import GatewayConfig
-from nanoserve.config import env_prefix, env_var, parse_config
 from nanoserve.proto.v1 import frontend_service_pb2, worker_service_pb2
 from nanoserve.worker.config import WorkerConfig
 
@@ -435,7 +435,7 @@ def test_healthcheck_probes_the_gateway_over_http(monkeypatch) -> None:
     answer = {"status": 200}
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+        def do_GET(self) -> None:
             self.send_response(answer["status"] if self.path == "/health" else 404)
             self.end_headers()
 

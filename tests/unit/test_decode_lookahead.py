@@ -7,11 +7,11 @@ import random
 import numpy as np
 import pytest
 
-from tests.unit.hf_reference import hf_greedy, make_hf_model
 from nanoserve.worker import LLM, SamplingParams
 from nanoserve.worker.engine.lookahead import Foreseen, foreseen_rows, next_decode_inputs
 from nanoserve.worker.engine.sequence import Sequence
 from nanoserve.worker.engine.step_inputs import StepInputs
+from tests.unit.hf_reference import hf_greedy, make_hf_model
 
 
 def prompts_of(lengths: list[int], seed: int) -> list[list[int]]:

@@ -6,9 +6,9 @@ import threading
 from multiprocessing import Pipe
 
 import pytest
+
 from nanoserve.worker import engine_core
 from nanoserve.worker.config import WorkerConfig
-
 from tests.unit.hf_reference import make_hf_model
 
 NUM_BLOCKS = 32

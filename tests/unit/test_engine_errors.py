@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from tests.unit.hf_reference import make_hf_model
 from nanoserve.worker import LLM, SamplingParams
 from nanoserve.worker.config import EngineConfig
+from tests.unit.hf_reference import make_hf_model
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import random
 import pytest
 import torch
 
-from tests.unit.hf_reference import EOS, hf_greedy, make_hf_model
 from nanoserve.worker import LLM, SamplingParams
+from tests.unit.hf_reference import EOS, hf_greedy, make_hf_model
 
 MAX_NEW = 32
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)

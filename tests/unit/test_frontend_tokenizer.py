@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from nanoserve.frontend.config import FrontendConfig
-from nanoserve.frontend.tokenizer import Tokenizer
 from nanoserve.config import parse_config
 from nanoserve.errors import InvalidArgument
+from nanoserve.frontend.config import FrontendConfig
+from nanoserve.frontend.tokenizer import Tokenizer
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "你好"}]
 

@@ -3,6 +3,7 @@
 import shutil
 
 import pytest
+
 from nanoserve.frontend.tokenizer import Tokenizer
 from nanoserve.worker import LLM, SamplingParams
 

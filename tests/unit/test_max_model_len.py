@@ -4,6 +4,7 @@ holds, and a log line says which; set, it is capped the same way (a warning when
 import logging
 
 import pytest
+
 from nanoserve.tiny.model import make_tiny_model
 from nanoserve.worker import LLM, SamplingParams
 from nanoserve.worker.config import EngineConfig

@@ -8,12 +8,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.conftest import free_port
 from nanoserve.worker.context import reset_context, set_context
 from nanoserve.worker.layers.attention import Attention
 from nanoserve.worker.loader import load_model
 from nanoserve.worker.model_config import ModelConfig
 from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM
+from tests.conftest import free_port
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 32
@@ -273,7 +273,7 @@ def test_fused_all_reduce_slots_alternate_across_layers_and_steps(tmp_path, monk
 
     def record(x, residual, weight, eps, slot):
         slots.append(slot)
-        return None  # then the unfused path runs, as on one rank
+        # then the unfused path runs, as on one rank
 
     monkeypatch.setattr(layernorm, "all_reduce_add_rms_norm", record)
     hf = make_hf_model(tmp_path, **CONFIGS["untied-gqa2-headdim"])

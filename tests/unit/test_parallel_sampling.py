@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nanoserve.sampling_rules import MAX_N
+from nanoserve.worker import LLM, SamplingParams
+from nanoserve.worker.engine.sequence import Sequence
 from tests.unit.hf_reference import make_hf_model
 from tests.unit.test_engine_parity import assert_clean, prompts_of
 from tests.unit.test_scheduler_blocks import check_invariants, make
-from nanoserve.worker import LLM, SamplingParams
-from nanoserve.worker.engine.sequence import Sequence
-from nanoserve.sampling_rules import MAX_N
 
 
 def test_n_is_bounded():

@@ -4,13 +4,13 @@ give the plain model forward's hidden states and KV cache (on CUDA the same piec
 
 import torch
 
-from tests.unit.test_kernels_attention import kernels  # noqa: F401 (interpreter + numpy shim)
 from nanoserve.worker.context import reset_context, set_context
 from nanoserve.worker.engine.device import init_dummy_weights
 from nanoserve.worker.engine.prefill_graph import PrefillGraphRunner
 from nanoserve.worker.layers.attention import Attention
 from nanoserve.worker.model_config import ModelConfig
 from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM
+from tests.unit.test_kernels_attention import kernels  # noqa: F401 (interpreter + numpy shim)
 
 BLOCK_SIZE, NUM_BLOCKS = 8, 8
 CONFIG = ModelConfig(

@@ -2,11 +2,11 @@
 
 import importlib.util
 import re
-import tomllib
 import subprocess
 from pathlib import Path
 
 import pytest
+import tomllib
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = REPO_ROOT / "shared" / "proto"

@@ -7,6 +7,7 @@ import math
 import grpc
 import pytest
 
+from nanoserve import security
 from nanoserve.errors import (
     MAX_DETAILS_CHARS,
     Aborted,
@@ -25,7 +26,6 @@ from nanoserve.frontend.validation import (
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
-from nanoserve import security
 from nanoserve.sampling_rules import allowed_token_ids_violation, logit_bias_violation
 from nanoserve.security import BearerTokenInterceptor, is_loopback, load_api_keys
 from nanoserve.worker.validation import check_request_sizes, max_request_bytes

@@ -3,15 +3,15 @@
 import pytest
 import torch
 
-from tests.unit.hf_reference import make_hf_model
 from nanoserve.worker import LLM, SamplingParams
 from nanoserve.worker.sampler import SamplingTensors, sample
+from tests.unit.hf_reference import make_hf_model
 
 
 def tensors(
     b: int, temperature: float = 1.0, top_k=None, top_p=None, min_p=None
 ) -> SamplingTensors:
-    full = lambda v, dt=torch.float32: None if v is None else torch.full((b,), v, dtype=dt)  # noqa: E731
+    full = lambda v, dt=torch.float32: None if v is None else torch.full((b,), v, dtype=dt)
     return SamplingTensors(
         temperatures=full(temperature),
         top_ks=full(top_k, torch.long),

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from tests.unit.hf_reference import make_hf_model
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.worker import LLM, SamplingParams
 from nanoserve.worker.server import sampling_params_from_proto
+from tests.unit.hf_reference import make_hf_model
 
 
 def test_unset_fields_read_as_vllm_defaults_and_take_the_model_defaults():

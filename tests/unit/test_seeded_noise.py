@@ -13,12 +13,10 @@ import pytest
 import torch
 from triton.runtime import interpreter
 
-from tests.unit.hf_reference import make_hf_model
-from nanoserve.worker import LLM, SamplingParams
+from nanoserve.worker import LLM, SamplingParams, seeded_noise
 from nanoserve.worker.engine.sampling_inputs import SamplingInputs
 from nanoserve.worker.engine.sequence import Sequence
 from nanoserve.worker.sampler import SamplingTensors, sample
-from nanoserve.worker import seeded_noise
 from nanoserve.worker.seeded_noise import (
     GOLDEN,
     MIX1,
@@ -27,13 +25,14 @@ from nanoserve.worker.seeded_noise import (
     seeded_bits,
     seeded_exponential,
 )
+from tests.unit.hf_reference import make_hf_model
 
 _KERNEL = "nanoserve.worker.kernels.seeded_noise"
 if _KERNEL in sys.modules and not isinstance(
     sys.modules[_KERNEL]._seeded_exponential_kernel, interpreter.InterpretedFunction
 ):
     importlib.reload(sys.modules[_KERNEL])
-from nanoserve.worker.kernels.seeded_noise import fill_seeded_exponential  # noqa: E402
+from nanoserve.worker.kernels.seeded_noise import fill_seeded_exponential
 
 M64 = (1 << 64) - 1
 

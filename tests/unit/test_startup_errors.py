@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from nanoserve import cli, serve_args
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,8 +12,8 @@ import torch
 jsonschema = pytest.importorskip("jsonschema")
 pytest.importorskip("xgrammar")
 
-from nanoserve.worker import LLM, SamplingParams  # noqa: E402
-from nanoserve.worker.sampler import apply_token_bitmask  # noqa: E402
+from nanoserve.worker import LLM, SamplingParams
+from nanoserve.worker.sampler import apply_token_bitmask
 
 NAMES = ["id", "name", "ok", "tags", "kind", "n", "x", "meta"]
 

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from nanoserve.tiny import model as tiny_model
 from nanoserve.tiny import tokenizer as qwen_tokenizer
-from nanoserve.tiny.tokenizer import CHAT_TEMPLATE
 from nanoserve.tiny.model import default_model_dir, make_tiny_model
+from nanoserve.tiny.tokenizer import CHAT_TEMPLATE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from tests.unit.hf_reference import make_hf_model
 from nanoserve.worker import LLM, SamplingParams
+from tests.unit.hf_reference import make_hf_model
 
 PROMPTS = [[5, 9, 33], [100, 200, 300, 400]]
 

@@ -10,14 +10,14 @@ import pytest
 jsonschema = pytest.importorskip("jsonschema")
 pytest.importorskip("xgrammar")
 
-from nanoserve.frontend.chat_output import think_in_prompt  # noqa: E402
-from nanoserve.frontend.chat_request import chat_inputs  # noqa: E402
-from nanoserve.frontend.tokenizer import Tokenizer  # noqa: E402
-from nanoserve.frontend.tool_choice import structural_tag  # noqa: E402
-from nanoserve.frontend.tool_parser import ToolCallParser  # noqa: E402
-from nanoserve.frontend.validation import Limits  # noqa: E402
-from nanoserve.proto.v1 import frontend_service_pb2 as pb  # noqa: E402
-from nanoserve.worker import LLM, SamplingParams  # noqa: E402
+from nanoserve.frontend.chat_output import think_in_prompt
+from nanoserve.frontend.chat_request import chat_inputs
+from nanoserve.frontend.tokenizer import Tokenizer
+from nanoserve.frontend.tool_choice import structural_tag
+from nanoserve.frontend.tool_parser import ToolCallParser
+from nanoserve.frontend.validation import Limits
+from nanoserve.proto.v1 import frontend_service_pb2 as pb
+from nanoserve.worker import LLM, SamplingParams
 
 LIMITS = Limits(
     max_model_len=4096,

@@ -3,8 +3,8 @@ offline API, with KV heads split and replicated; sizes that cannot split the hea
 
 import pytest
 
-from tests.unit.hf_reference import hf_greedy, make_hf_model
 from nanoserve.worker import LLM, SamplingParams
+from tests.unit.hf_reference import hf_greedy, make_hf_model
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 50)), [3] * 17, [400, 2, 77]]

@@ -15,7 +15,7 @@ from nanoserve.worker.engine.sequence import Sequence
 
 
 class Block:
-    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+    __slots__ = ("block_id", "hash", "ref_count", "token_ids")
 
     def __init__(self, block_id: int):
         self.block_id = block_id

@@ -68,7 +68,7 @@ class LLMEngine:
             self.block_manager,
         )
         self.requests: dict[str, Sequence] = {}
-        self._grammars: "Grammars | None" = None  # made by the first structured-output request
+        self._grammars: Grammars | None = None  # made by the first structured-output request
         self.num_prompt_tokens_done = 0
         self.num_generated_tokens = 0
 

@@ -36,7 +36,7 @@ _ERROR_PREFIX = re.compile(r"^\[[^\]]*\]\s+\S+:\d+:\s*(?:Check failed: .*? is fa
 class Grammar:
     """One sequence's matcher, advanced by each token the sequence samples."""
 
-    __slots__ = ("matcher", "compiled")
+    __slots__ = ("compiled", "matcher")
 
     def __init__(self, matcher: Any, compiled: Any):
         self.matcher = matcher  # xgrammar.GrammarMatcher

@@ -158,7 +158,7 @@ def rank_main(
                 dist.broadcast(ids, src=0)
             try:
                 runner.execute(x, message, input_ids=ids)
-            except Exception:  # noqa: BLE001 - best effort; the step then hangs as before
+            except Exception:
                 reason = fused_all_reduce_error()
                 if reason is not None:
                     logging.getLogger(__name__).error("rank %d: %s", rank, reason)

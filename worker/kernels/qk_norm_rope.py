@@ -69,7 +69,7 @@ def _qk_norm_rope_kernel(
     y2 = (x2 * cos + x1 * sin).to(dtype)
     tl.store(ptr + dims, y1)
     tl.store(ptr + HALF + dims, y2)
-    if STORE:  # noqa: SIM102 (STORE is a constexpr: False drops the block at compile time)
+    if STORE:
         if head >= NUM_Q_HEADS:
             # the k head's program also writes the cache slot of this token (k and the same head
             # of v); slot -1 marks a padded token (CUDA-graph padding) and stores nothing
