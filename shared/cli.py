@@ -1,7 +1,7 @@
 """The `nanoserve` console script: `serve` runs a worker and a frontend as child processes on
 loopback (its flags: nanoserve.serve_args); `worker`, `frontend` and `gateway` (OpenAI HTTP API) run
-one service; `generate` streams a completion from a running frontend; `bench` and `make-tiny-model`
-hand over to their modules.
+one service; `generate` (nanoserve.generate_cli) streams a completion from a running frontend;
+`bench` and `make-tiny-model` hand over to their modules.
 """
 
 import argparse
@@ -12,8 +12,7 @@ import threading
 from collections.abc import Sequence
 
 import nanoserve
-from nanoserve.client import DEFAULT_ADDRESS, Client
-from nanoserve.errors import ServiceError
+from nanoserve.generate_cli import generate
 from nanoserve.process import (
     FRONTEND_SERVICE,
     WORKER_SERVICE,
@@ -132,94 +131,6 @@ def probe_address(address: str | None) -> str | None:
         return None
     host, port = address.rsplit(":", 1)
     return f"127.0.0.1:{port}" if host in ("0.0.0.0", "::", "[::]") else address
-
-
-def generate(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="nanoserve generate", description="Stream a completion from a running frontend."
-    )
-    parser.add_argument("prompt")
-    parser.add_argument(
-        "--address",
-        default=DEFAULT_ADDRESS,
-        help=f"frontend host:port (default: {DEFAULT_ADDRESS})",
-    )
-    parser.add_argument(
-        "--chat",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="send the prompt as one user message through the chat template (default: off)",
-    )
-    parser.add_argument(
-        "--thinking",
-        action=argparse.BooleanOptionalAction,
-        help="with --chat: Qwen3's enable_thinking (default: the chat template's)",
-    )
-    parser.add_argument(
-        "--timeout", type=float, default=None, help="deadline in seconds (default: none)"
-    )
-    parser.add_argument(
-        "--usage",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="print token usage to stderr (default: off)",
-    )
-    sampling_flags = parser.add_argument_group("sampling (unset: the server's default)")
-    for name, kind, what in (
-        ("max_tokens", int, "most tokens to generate"),
-        ("min_tokens", int, "fewest tokens before a stop may end the reply"),
-        ("temperature", float, "0 = greedy"),
-        ("top_p", float, "nucleus: smallest set of tokens with this probability"),
-        ("top_k", int, "sample among the k likeliest tokens"),
-        ("min_p", float, "drop tokens below min_p x the likeliest token's probability"),
-        ("seed", int, "seed of this request's sampling"),
-        ("repetition_penalty", float, "> 1 discourages tokens already in prompt or reply"),
-        ("presence_penalty", float, "subtracted from the logits of tokens already generated"),
-        ("frequency_penalty", float, "subtracted per occurrence in the reply so far"),
-    ):
-        metavar = kind.__name__.upper()
-        sampling_flags.add_argument(
-            "--" + name.replace("_", "-"), dest=name, type=kind, metavar=metavar, help=what
-        )
-    parser.add_argument("--stop", action="append", help="stop string (repeatable)")
-    parser.add_argument(
-        "--ignore-eos",
-        action=argparse.BooleanOptionalAction,
-        help="keep generating past end-of-sequence tokens (default: the server's, off)",
-    )
-    args = parser.parse_args(argv)
-    sampling = {
-        k: v
-        for k, v in vars(args).items()
-        if v is not None and k not in ("prompt", "address", "chat", "thinking", "timeout", "usage")
-    }
-    with Client(args.address, timeout=args.timeout) as client:
-        try:
-            if args.chat:
-                stream = client.chat_stream(
-                    [("user", args.prompt)],
-                    enable_thinking=args.thinking,
-                    **sampling,
-                )
-            else:
-                stream = client.generate_stream(args.prompt, **sampling)
-            last = None
-            for chunk in stream:
-                sys.stdout.write(chunk.text)
-                sys.stdout.flush()
-                last = chunk
-        except ServiceError as e:
-            print(f"\nerror: {e.code.name}: {e.message}", file=sys.stderr)
-            return 1
-    print()
-    if args.usage and last is not None and last.usage is not None:
-        print(
-            f"finish_reason={last.finish_reason} prompt_tokens={last.usage.prompt_tokens} "
-            f"completion_tokens={last.usage.completion_tokens} "
-            f"cached_tokens={last.usage.cached_tokens}",
-            file=sys.stderr,
-        )
-    return 0
 
 
 def _parser() -> argparse.ArgumentParser:
