@@ -1,7 +1,7 @@
 """The `nanoserve` console script: `serve` runs a worker and a frontend as child processes on
 loopback (its flags: nanoserve.serve_args); `worker`, `frontend` and `gateway` (OpenAI HTTP API) run
-one service; `generate` (nanoserve.generate_cli) streams a completion from a running frontend;
-`bench` and `make-tiny-model` hand over to their modules.
+one service; `generate` (nanoserve.generate_cli), `tokenize` and `detokenize` (nanoserve.token_cli)
+call a running frontend; `bench` and `make-tiny-model` hand over to their modules.
 """
 
 import argparse
@@ -22,6 +22,7 @@ from nanoserve.process import (
 )
 from nanoserve.security import channel_credentials
 from nanoserve.serve_args import serve_argvs
+from nanoserve.token_cli import detokenize, tokenize
 
 # Child, the service names and the health probe moved to nanoserve.process; this keeps
 # `from nanoserve.cli import Child, _serving` working until every caller imports nanoserve.process.
@@ -139,6 +140,8 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     commands.add_parser("serve", help="run a worker and a frontend on loopback", add_help=False)
     commands.add_parser("generate", help="stream a completion from a frontend", add_help=False)
+    commands.add_parser("tokenize", help="token ids of a text, from a frontend", add_help=False)
+    commands.add_parser("detokenize", help="text of token ids, from a frontend", add_help=False)
     for name, help_text in PASS_THROUGH.items():
         commands.add_parser(name, help=help_text, add_help=False)
     return parser
@@ -176,6 +179,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(serve(rest))
     elif command == "generate":
         sys.exit(generate(rest))
+    elif command == "tokenize":
+        sys.exit(tokenize(rest))
+    elif command == "detokenize":
+        sys.exit(detokenize(rest))
     else:
         _parser().parse_args(argv)
 

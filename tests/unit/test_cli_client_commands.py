@@ -1,5 +1,6 @@
-"""`nanoserve generate`: flags -> Client and call keywords (parse), and what it prints against a
-scripted in-process frontend (n > 1, logprobs, --json, tool calls, reasoning, refusals)."""
+"""`nanoserve generate`, `tokenize` and `detokenize`: flags -> Client and call keywords (parse), and
+what they print against a scripted in-process frontend (n > 1, logprobs, --json, tool calls,
+reasoning, refusals)."""
 
 import json
 from collections.abc import Iterator
@@ -194,6 +195,13 @@ class ScriptedFrontend(frontend_grpc.FrontendServiceServicer):
         return frontend_pb2.DetokenizeResponse(text="".join(texts), token_texts=texts)
 
 
+def main(argv: list[str]) -> object:
+    """`nanoserve ARGV`'s exit code."""
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    return done.value.code
+
+
 def serve(fake: ScriptedFrontend) -> Iterator[tuple[str, ScriptedFrontend]]:
     server = grpc.server(ThreadPoolExecutor(2))
     frontend_grpc.add_FrontendServiceServicer_to_server(fake, server)
@@ -274,7 +282,23 @@ def test_chat_prints_reasoning_to_stderr_and_tool_calls_as_json(frontend, capsys
     assert err == "[0] reasoning: hmm\n[1] reasoning: hmm\n"
 
 
-def test_a_token_goes_with_the_call_and_is_never_printed(monkeypatch, capsys) -> None:
+def test_tokenize_and_detokenize(frontend, capsys) -> None:
+    address, fake = frontend
+    assert main(["tokenize", "hi", "--address", address, "--no-add-special-tokens"]) == 0
+    assert capsys.readouterr().out == "104 105\n"
+    assert fake.requests[-1].HasField("add_special_tokens")
+    assert main(["detokenize", "104", "105", "--address", address]) == 0
+    assert capsys.readouterr().out == "hi\n"
+    assert main(["detokenize", "104", "32", "--per-token", "--address", address]) == 0
+    assert capsys.readouterr().out == '104\t"h"\n32\t" "\n'
+    assert main(["detokenize", "5000", "--address", address]) == 1
+    err = capsys.readouterr().err
+    assert err == "error: INVALID_ARGUMENT: token_ids[0]: outside the vocabulary\n"
+    assert main(["detokenize", "-1", "--address", address]) == 2
+    assert "not a token id" in capsys.readouterr().err
+
+
+def test_a_token_goes_with_every_command_and_is_never_printed(monkeypatch, capsys) -> None:
     monkeypatch.delenv("NANOSERVE_CA_FILE", raising=False)
     monkeypatch.delenv("NANOSERVE_TOKEN", raising=False)
     for address, _ in serve(ScriptedFrontend(token=TOKEN)):
@@ -283,8 +307,11 @@ def test_a_token_goes_with_the_call_and_is_never_printed(monkeypatch, capsys) ->
         assert err == "error: UNAUTHENTICATED: missing or unknown bearer token\n"
         monkeypatch.setenv("NANOSERVE_TOKEN", TOKEN)
         assert cli.generate(["p", "--address", address]) == 0
+        assert main(["tokenize", "a", "--address", address]) == 0
+        assert main(["detokenize", "97", "--address", address]) == 0
         out, err = capsys.readouterr()
-        assert out == "c0!\n" and err == ""
-    with pytest.raises(SystemExit):
-        cli.main(["generate", "--help"])
-    assert TOKEN not in capsys.readouterr().out
+        assert out == "c0!\n97\na\n" and err == ""
+    for command in ("generate", "tokenize", "detokenize"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        assert TOKEN not in capsys.readouterr().out
