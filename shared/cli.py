@@ -12,6 +12,8 @@ import threading
 from collections.abc import Sequence
 
 import nanoserve
+from nanoserve.client_args import Connection
+from nanoserve.frontend.config import FrontendConfig
 from nanoserve.generate_cli import generate
 from nanoserve.process import (
     FRONTEND_SERVICE,
@@ -20,7 +22,7 @@ from nanoserve.process import (
     is_serving,
     wait_until,
 )
-from nanoserve.security import channel_credentials
+from nanoserve.security import channel_credentials, load_api_keys
 from nanoserve.serve_args import serve_argvs
 from nanoserve.token_cli import detokenize, tokenize
 
@@ -97,26 +99,31 @@ def serve(argv: Sequence[str]) -> int:
         assert frontend.address is not None
         host, port = frontend.address.rsplit(":", 1)
         connect = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
+        config: FrontendConfig = args.frontend_config
+        connection = hint_connection(f"{connect}:{port}", config, args)
         print(
             f"nanoserve serving {args.model} on {frontend.address} (worker on {worker.address})\n"
             f"  stop: Ctrl-C (or SIGTERM to pid {os.getpid()}); in-flight requests finish first\n"
-            f'  try:  nanoserve generate --address {connect}:{port} "Hello"\n'
-            f'  or:   python -c "from nanoserve import Client; '
-            f"print(Client('{connect}:{port}').generate('Hello').text)\"",
+            f"  try:  {connection.command()}\n"
+            f"  or:   {connection.python()}"
+            + (
+                "\n        (KEY: one of the api keys the frontend accepts)"
+                if connection.needs_token
+                else ""
+            ),
             flush=True,
         )
         if args.demo:
             print(f"> {args.demo}", flush=True)
+            keys = load_api_keys(config.api_keys_file, config.api_keys)
+            # the demo runs in this process: its token travels in no process's command line
+            token = ["--token", next(iter(keys)).decode()] if keys else []
             generate(
                 [
                     args.demo,
-                    "--chat",
-                    "--no-thinking",
-                    "--max-tokens",
-                    "48",
-                    "--usage",
-                    "--address",
-                    f"{connect}:{port}",
+                    *("--chat", "--no-thinking", "--max-tokens", "48", "--usage"),
+                    *connection.flags(),
+                    *token,
                 ]
             )
         wait_until(lambda: False, children, stop, "serving")
@@ -124,6 +131,24 @@ def serve(argv: Sequence[str]) -> int:
     finally:
         for child in children:
             child.stop()
+
+
+def hint_connection(address: str, config: FrontendConfig, args: argparse.Namespace) -> Connection:
+    """How a client reaches the frontend serve started: the CA its probe trusts (--probe-tls-ca-file,
+    else the frontend's own certificate), the probe's client certificate under mutual TLS (the CA
+    signed it), and whether api keys are set (flags or environment: the parsed config says)."""
+
+    def path(name: str | None) -> str | None:  # absolute: the hint works from any directory
+        return os.path.abspath(name) if name else None
+
+    tls, mutual = config.tls_cert_file is not None, config.tls_client_ca_file is not None
+    return Connection(
+        address,
+        ca_file=path(args.probe_tls_ca_file or config.tls_cert_file) if tls else None,
+        client_cert_file=path(args.probe_tls_client_cert_file) if mutual else None,
+        client_key_file=path(args.probe_tls_client_key_file) if mutual else None,
+        needs_token=bool(config.api_keys_file or config.api_keys),
+    )
 
 
 def probe_address(address: str | None) -> str | None:

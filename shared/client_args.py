@@ -1,10 +1,13 @@
 """The client commands' way to a frontend (`nanoserve generate`, `tokenize`, `detokenize`): the
-connection flags (address, deadline, TLS, bearer token) -> nanoserve.client.Client keywords.
+connection flags (address, deadline, TLS, bearer token) -> nanoserve.client.Client keywords, and
+`Connection`, the same flags spelled out for `nanoserve serve`'s "try:" hint.
 """
 
 import argparse
 import os
+import shlex
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from nanoserve.client import DEFAULT_ADDRESS
@@ -14,6 +17,7 @@ from nanoserve.security import is_loopback
 # The Node client's variables too (clients/node/README.md): one environment serves both clients.
 TOKEN_ENV = "NANOSERVE_TOKEN"
 CA_ENV = "NANOSERVE_CA_FILE"
+HINT_PROMPT = "Hello"
 
 
 def pem_file(path: str) -> bytes:
@@ -100,3 +104,52 @@ def print_error(error: ServiceError) -> int:
     """The refusal on stderr as `error: CODE: message` (the message names the field); exit 1."""
     print(f"error: {error.code.name}: {error.message}", file=sys.stderr)
     return 1
+
+
+@dataclass(frozen=True)
+class Connection:
+    """What a client needs to reach one frontend, for the hint `nanoserve serve` prints. The token
+    is only said to be needed (KEY stands for it): a hint never prints a key."""
+
+    address: str
+    ca_file: str | None = None
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+    needs_token: bool = False
+
+    def flags(self) -> list[str]:
+        """The connection flags of the client commands, the token left out."""
+        argv = ["--address", self.address]
+        for flag, path in (
+            ("--tls-ca-file", self.ca_file),
+            ("--tls-client-cert-file", self.client_cert_file),
+            ("--tls-client-key-file", self.client_key_file),
+        ):
+            if path is not None:
+                argv += [flag, path]
+        return argv
+
+    def command(self) -> str:
+        """A `nanoserve generate` shell command line."""
+        env = f"{TOKEN_ENV}=KEY " if self.needs_token else ""
+        return env + shlex.join(["nanoserve", "generate", *self.flags()]) + f' "{HINT_PROMPT}"'
+
+    def python(self) -> str:
+        """The same call as a `python -c` line (Python literals inside shell double quotes)."""
+        kwargs = "".join(
+            f", {name}={value!r}"
+            for name, value in (
+                ("root_certificates", self.ca_file),
+                ("client_cert", self.client_cert_file),
+                ("client_key", self.client_key_file),
+            )
+            if value is not None
+        )
+        if self.needs_token:
+            kwargs += f", token=os.environ[{TOKEN_ENV!r}]"
+        imports = "import os; " if self.needs_token else ""
+        env = f"{TOKEN_ENV}=KEY " if self.needs_token else ""
+        return (
+            f'{env}python -c "{imports}from nanoserve import Client; '
+            f'print(Client({self.address!r}{kwargs}).generate({HINT_PROMPT!r}).text)"'
+        )

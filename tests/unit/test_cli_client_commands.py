@@ -1,8 +1,10 @@
 """`nanoserve generate`, `tokenize` and `detokenize`: flags -> Client and call keywords (parse), and
 what they print against a scripted in-process frontend (n > 1, logprobs, --json, tool calls,
-reasoning, refusals)."""
+reasoning, refusals); `nanoserve serve`'s hint for a frontend with TLS and api keys."""
 
+import argparse
 import json
+import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -11,6 +13,7 @@ import grpc
 import pytest
 
 from nanoserve import cli
+from nanoserve.client_args import Connection
 from nanoserve.generate_args import SAMPLING_FLAGS, STRUCTURED_OUTPUT, parse
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
@@ -315,3 +318,37 @@ def test_a_token_goes_with_every_command_and_is_never_printed(monkeypatch, capsy
         with pytest.raises(SystemExit):
             cli.main([command, "--help"])
         assert TOKEN not in capsys.readouterr().out
+
+
+def test_serve_hint_for_tls_and_api_keys(tmp_path: Path) -> None:
+    plain = Connection("127.0.0.1:50051")
+    assert plain.command() == 'nanoserve generate --address 127.0.0.1:50051 "Hello"'
+    assert plain.python() == (
+        'python -c "from nanoserve import Client; '
+        "print(Client('127.0.0.1:50051').generate('Hello').text)\""
+    )
+    from nanoserve.frontend.config import FrontendConfig
+
+    config = FrontendConfig(
+        model="tiny",
+        worker_address="w:1",
+        tls_cert_file="cert.pem",
+        tls_key_file="key.pem",
+        tls_client_ca_file="ca.pem",
+        api_keys=TOKEN,
+    )
+    probe = argparse.Namespace(
+        probe_tls_ca_file=None, probe_tls_client_cert_file="/p/c.pem", probe_tls_client_key_file="k"
+    )
+    secured = cli.hint_connection("127.0.0.1:9", config, probe)
+    cert, key = os.path.abspath("cert.pem"), os.path.abspath("k")
+    assert secured.command() == (
+        f"NANOSERVE_TOKEN=KEY nanoserve generate --address 127.0.0.1:9 --tls-ca-file {cert} "
+        f'--tls-client-cert-file /p/c.pem --tls-client-key-file {key} "Hello"'
+    )
+    assert secured.python() == (
+        'NANOSERVE_TOKEN=KEY python -c "import os; from nanoserve import Client; '
+        f"print(Client('127.0.0.1:9', root_certificates={cert!r}, client_cert='/p/c.pem', "
+        f"client_key={key!r}, token=os.environ['NANOSERVE_TOKEN']).generate('Hello').text)\""
+    )
+    assert TOKEN not in secured.command() + secured.python()
