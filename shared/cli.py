@@ -1,7 +1,7 @@
 """The `nanoserve` console script: `serve` runs a worker and a frontend as child processes on
 loopback (its flags: nanoserve.serve_args); `worker`, `frontend` and `gateway` (OpenAI HTTP API) run
-one service; `generate` streams a completion from a running frontend; `bench` and `make-tiny-model`
-hand over to their modules.
+one service; `generate` (nanoserve.generate_cli), `tokenize` and `detokenize` (nanoserve.token_cli)
+call a running frontend; `bench` and `make-tiny-model` hand over to their modules.
 """
 
 import argparse
@@ -12,8 +12,9 @@ import threading
 from collections.abc import Sequence
 
 import nanoserve
-from nanoserve.client import DEFAULT_ADDRESS, Client
-from nanoserve.errors import ServiceError
+from nanoserve.client_args import Connection
+from nanoserve.frontend.config import FrontendConfig
+from nanoserve.generate_cli import generate
 from nanoserve.process import (
     FRONTEND_SERVICE,
     WORKER_SERVICE,
@@ -21,8 +22,9 @@ from nanoserve.process import (
     is_serving,
     wait_until,
 )
-from nanoserve.security import channel_credentials
+from nanoserve.security import channel_credentials, load_api_keys
 from nanoserve.serve_args import serve_argvs
+from nanoserve.token_cli import detokenize, tokenize
 
 # Child, the service names and the health probe moved to nanoserve.process; this keeps
 # `from nanoserve.cli import Child, _serving` working until every caller imports nanoserve.process.
@@ -97,26 +99,31 @@ def serve(argv: Sequence[str]) -> int:
         assert frontend.address is not None
         host, port = frontend.address.rsplit(":", 1)
         connect = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
+        config: FrontendConfig = args.frontend_config
+        connection = hint_connection(f"{connect}:{port}", config, args)
         print(
             f"nanoserve serving {args.model} on {frontend.address} (worker on {worker.address})\n"
             f"  stop: Ctrl-C (or SIGTERM to pid {os.getpid()}); in-flight requests finish first\n"
-            f'  try:  nanoserve generate --address {connect}:{port} "Hello"\n'
-            f'  or:   python -c "from nanoserve import Client; '
-            f"print(Client('{connect}:{port}').generate('Hello').text)\"",
+            f"  try:  {connection.command()}\n"
+            f"  or:   {connection.python()}"
+            + (
+                "\n        (KEY: one of the api keys the frontend accepts)"
+                if connection.needs_token
+                else ""
+            ),
             flush=True,
         )
         if args.demo:
             print(f"> {args.demo}", flush=True)
+            keys = load_api_keys(config.api_keys_file, config.api_keys)
+            # the demo runs in this process: its token travels in no process's command line
+            token = ["--token", next(iter(keys)).decode()] if keys else []
             generate(
                 [
                     args.demo,
-                    "--chat",
-                    "--no-thinking",
-                    "--max-tokens",
-                    "48",
-                    "--usage",
-                    "--address",
-                    f"{connect}:{port}",
+                    *("--chat", "--no-thinking", "--max-tokens", "48", "--usage"),
+                    *connection.flags(),
+                    *token,
                 ]
             )
         wait_until(lambda: False, children, stop, "serving")
@@ -124,6 +131,24 @@ def serve(argv: Sequence[str]) -> int:
     finally:
         for child in children:
             child.stop()
+
+
+def hint_connection(address: str, config: FrontendConfig, args: argparse.Namespace) -> Connection:
+    """How a client reaches the frontend serve started: the CA its probe trusts (--probe-tls-ca-file,
+    else the frontend's own certificate), the probe's client certificate under mutual TLS (the CA
+    signed it), and whether api keys are set (flags or environment: the parsed config says)."""
+
+    def path(name: str | None) -> str | None:  # absolute: the hint works from any directory
+        return os.path.abspath(name) if name else None
+
+    tls, mutual = config.tls_cert_file is not None, config.tls_client_ca_file is not None
+    return Connection(
+        address,
+        ca_file=path(args.probe_tls_ca_file or config.tls_cert_file) if tls else None,
+        client_cert_file=path(args.probe_tls_client_cert_file) if mutual else None,
+        client_key_file=path(args.probe_tls_client_key_file) if mutual else None,
+        needs_token=bool(config.api_keys_file or config.api_keys),
+    )
 
 
 def probe_address(address: str | None) -> str | None:
@@ -134,100 +159,14 @@ def probe_address(address: str | None) -> str | None:
     return f"127.0.0.1:{port}" if host in ("0.0.0.0", "::", "[::]") else address
 
 
-def generate(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="nanoserve generate", description="Stream a completion from a running frontend."
-    )
-    parser.add_argument("prompt")
-    parser.add_argument(
-        "--address",
-        default=DEFAULT_ADDRESS,
-        help=f"frontend host:port (default: {DEFAULT_ADDRESS})",
-    )
-    parser.add_argument(
-        "--chat",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="send the prompt as one user message through the chat template (default: off)",
-    )
-    parser.add_argument(
-        "--thinking",
-        action=argparse.BooleanOptionalAction,
-        help="with --chat: Qwen3's enable_thinking (default: the chat template's)",
-    )
-    parser.add_argument(
-        "--timeout", type=float, default=None, help="deadline in seconds (default: none)"
-    )
-    parser.add_argument(
-        "--usage",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="print token usage to stderr (default: off)",
-    )
-    sampling_flags = parser.add_argument_group("sampling (unset: the server's default)")
-    for name, kind, what in (
-        ("max_tokens", int, "most tokens to generate"),
-        ("min_tokens", int, "fewest tokens before a stop may end the reply"),
-        ("temperature", float, "0 = greedy"),
-        ("top_p", float, "nucleus: smallest set of tokens with this probability"),
-        ("top_k", int, "sample among the k likeliest tokens"),
-        ("min_p", float, "drop tokens below min_p x the likeliest token's probability"),
-        ("seed", int, "seed of this request's sampling"),
-        ("repetition_penalty", float, "> 1 discourages tokens already in prompt or reply"),
-        ("presence_penalty", float, "subtracted from the logits of tokens already generated"),
-        ("frequency_penalty", float, "subtracted per occurrence in the reply so far"),
-    ):
-        metavar = kind.__name__.upper()
-        sampling_flags.add_argument(
-            "--" + name.replace("_", "-"), dest=name, type=kind, metavar=metavar, help=what
-        )
-    parser.add_argument("--stop", action="append", help="stop string (repeatable)")
-    parser.add_argument(
-        "--ignore-eos",
-        action=argparse.BooleanOptionalAction,
-        help="keep generating past end-of-sequence tokens (default: the server's, off)",
-    )
-    args = parser.parse_args(argv)
-    sampling = {
-        k: v
-        for k, v in vars(args).items()
-        if v is not None and k not in ("prompt", "address", "chat", "thinking", "timeout", "usage")
-    }
-    with Client(args.address, timeout=args.timeout) as client:
-        try:
-            if args.chat:
-                stream = client.chat_stream(
-                    [("user", args.prompt)],
-                    enable_thinking=args.thinking,
-                    **sampling,
-                )
-            else:
-                stream = client.generate_stream(args.prompt, **sampling)
-            last = None
-            for chunk in stream:
-                sys.stdout.write(chunk.text)
-                sys.stdout.flush()
-                last = chunk
-        except ServiceError as e:
-            print(f"\nerror: {e.code.name}: {e.message}", file=sys.stderr)
-            return 1
-    print()
-    if args.usage and last is not None and last.usage is not None:
-        print(
-            f"finish_reason={last.finish_reason} prompt_tokens={last.usage.prompt_tokens} "
-            f"completion_tokens={last.usage.completion_tokens} "
-            f"cached_tokens={last.usage.cached_tokens}",
-            file=sys.stderr,
-        )
-    return 0
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nanoserve", description=__doc__)
     parser.add_argument("--version", action="version", version=f"nanoserve {nanoserve.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     commands.add_parser("serve", help="run a worker and a frontend on loopback", add_help=False)
     commands.add_parser("generate", help="stream a completion from a frontend", add_help=False)
+    commands.add_parser("tokenize", help="token ids of a text, from a frontend", add_help=False)
+    commands.add_parser("detokenize", help="text of token ids, from a frontend", add_help=False)
     for name, help_text in PASS_THROUGH.items():
         commands.add_parser(name, help=help_text, add_help=False)
     return parser
@@ -265,6 +204,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(serve(rest))
     elif command == "generate":
         sys.exit(generate(rest))
+    elif command == "tokenize":
+        sys.exit(tokenize(rest))
+    elif command == "detokenize":
+        sys.exit(detokenize(rest))
     else:
         _parser().parse_args(argv)
 

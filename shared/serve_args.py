@@ -121,7 +121,8 @@ def _fields(cls: type) -> set[str]:
 def serve_argvs(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
     """Parses `nanoserve serve` flags into (serve's own, worker argv, frontend argv), and checks
     every input it can before anything starts: flags, model directory, tokenizer files, installed
-    extras, ports. A problem ends the command in one line (exit 2 for flags, 1 otherwise)."""
+    extras, ports. A problem ends the command in one line (exit 2 for flags, 1 otherwise).
+    `args.frontend_config` is the frontend's FrontendConfig as it will parse it (environment too)."""
     args = _serve_parser().parse_args(argv)
     given = vars(args)  # serve's own flags, and only the service flags given on the command line
     worker_values = {k: v for k, v in given.items() if k in _fields(WorkerConfig)}
@@ -165,7 +166,8 @@ def serve_argvs(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], lis
     ]
     # Parse both now, as the services will: a bad value fails here, before minutes of loading.
     worker = parse_config(WorkerConfig, worker_argv, prog="nanoserve serve (worker flags)")
-    parse_config(
+    # kept for serve's "try:" hint: the frontend's TLS and api keys, its environment included
+    args.frontend_config = parse_config(
         FrontendConfig,
         [*frontend_argv, "--worker-address", "127.0.0.1:1"],
         prog="nanoserve serve (frontend flags)",
