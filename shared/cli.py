@@ -41,15 +41,16 @@ PASS_THROUGH = {
 
 def serve(argv: Sequence[str]) -> int:
     args, worker_argv, frontend_argv = serve_argvs(argv)
+    config: FrontendConfig = args.frontend_config  # flags and environment: what the frontend sees
     # the worker's health, probed as the frontend connects: over TLS when the link uses it
     link = channel_credentials(
-        getattr(args, "worker_tls_ca_file", None),
-        getattr(args, "worker_tls_client_cert_file", None),
-        getattr(args, "worker_tls_client_key_file", None),
+        config.worker_tls_ca_file,
+        config.worker_tls_client_cert_file,
+        config.worker_tls_client_key_file,
     )
     # the frontend's health: over TLS when it serves TLS, trusting --probe-tls-ca-file or else
     # exactly the certificate serve handed it (gRPC accepts a trusted leaf: a pin, no CA needed)
-    tls_cert = getattr(args, "tls_cert_file", None)
+    tls_cert = config.tls_cert_file
     probe = (
         channel_credentials(
             args.probe_tls_ca_file or tls_cert,
@@ -99,7 +100,6 @@ def serve(argv: Sequence[str]) -> int:
         assert frontend.address is not None
         host, port = frontend.address.rsplit(":", 1)
         connect = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
-        config: FrontendConfig = args.frontend_config
         connection = hint_connection(f"{connect}:{port}", config, args)
         print(
             f"nanoserve serving {args.model} on {frontend.address} (worker on {worker.address})\n"

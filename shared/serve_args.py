@@ -142,19 +142,6 @@ def serve_argvs(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], lis
             "--worker-tls-cert-file needs --worker-tls-ca-file: the CA the frontend (and serve's "
             "health probe) checks the worker's certificate with"
         )
-    tls_cert = getattr(args, "tls_cert_file", None)
-    if (args.probe_tls_ca_file or args.probe_tls_client_cert_file) and not tls_cert:
-        _serve_parser().error("--probe-tls-* flags need the frontend's --tls-cert-file")
-    if (args.probe_tls_client_cert_file is None) != (args.probe_tls_client_key_file is None):
-        _serve_parser().error(
-            "--probe-tls-client-cert-file and --probe-tls-client-key-file go together"
-        )
-    if getattr(args, "tls_client_ca_file", None) and not args.probe_tls_client_cert_file:
-        _serve_parser().error(
-            "--tls-client-ca-file (mutual TLS) needs --probe-tls-client-cert-file and "
-            "--probe-tls-client-key-file: serve's readiness probe must present a client "
-            "certificate that CA signed"
-        )
     worker_argv = [
         *("--model", args.model, "--host", "127.0.0.1", "--port", str(args.worker_port)),
         *config_argv(worker_values),
@@ -166,12 +153,25 @@ def serve_argvs(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], lis
     ]
     # Parse both now, as the services will: a bad value fails here, before minutes of loading.
     worker = parse_config(WorkerConfig, worker_argv, prog="nanoserve serve (worker flags)")
-    # kept for serve's "try:" hint: the frontend's TLS and api keys, its environment included
-    args.frontend_config = parse_config(
+    # kept for serve's probes and "try:" hint: the frontend's TLS and api keys as it will see
+    # them (flags, --frontend-args and NANOSERVE_FRONTEND_* variables alike)
+    frontend = args.frontend_config = parse_config(
         FrontendConfig,
         [*frontend_argv, "--worker-address", "127.0.0.1:1"],
         prog="nanoserve serve (frontend flags)",
     )
+    if (args.probe_tls_ca_file or args.probe_tls_client_cert_file) and not frontend.tls_cert_file:
+        _serve_parser().error("--probe-tls-* flags need the frontend's --tls-cert-file")
+    if (args.probe_tls_client_cert_file is None) != (args.probe_tls_client_key_file is None):
+        _serve_parser().error(
+            "--probe-tls-client-cert-file and --probe-tls-client-key-file go together"
+        )
+    if frontend.tls_client_ca_file and not args.probe_tls_client_cert_file:
+        _serve_parser().error(
+            "--tls-client-ca-file (mutual TLS) needs --probe-tls-client-cert-file and "
+            "--probe-tls-client-key-file: serve's readiness probe must present a client "
+            "certificate that CA signed"
+        )
     missing = sorted({extra for module, extra in SERVE_NEEDS.items() if not _installed(module)})
     try:
         if missing:

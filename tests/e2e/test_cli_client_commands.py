@@ -89,16 +89,20 @@ def test_a_refusal_prints_its_code_and_field(services) -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("tls_from", ["flags", "environment"])
 def test_serve_with_tls_and_api_keys_hints_a_working_command(
-    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tls_from: str
 ) -> None:
+    """The keys come through the environment, as docs/operations.md advises, and the TLS files
+    through flags or the environment: serve's readiness probe and its hint see both."""
     certs = make_certs(tmp_path / "certs")
-    # through the environment, as docs/operations.md advises: the hint must see it too
     monkeypatch.setenv("NANOSERVE_FRONTEND_API_KEYS", TOKEN)
-    serve = start_serve(
-        tiny_model_dir, "--tls-cert-file", str(certs.server_cert),
-        "--tls-key-file", str(certs.server_key),
-    )  # fmt: skip
+    tls = ("--tls-cert-file", str(certs.server_cert), "--tls-key-file", str(certs.server_key))
+    if tls_from == "environment":
+        monkeypatch.setenv("NANOSERVE_FRONTEND_TLS_CERT_FILE", str(certs.server_cert))
+        monkeypatch.setenv("NANOSERVE_FRONTEND_TLS_KEY_FILE", str(certs.server_key))
+        tls = ()
+    serve = start_serve(tiny_model_dir, *tls)
     try:
         serve.wait_listening()
         hint = re.search(r"try:  (.*)", serve.output())
