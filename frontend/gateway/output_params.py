@@ -36,8 +36,15 @@ def map_structured_output(request: OpenAIRequest) -> tuple[str, dict[str, Any]] 
         if rf.json_schema is None or rf.json_schema.schema_ is None:
             raise bad_param("response_format.json_schema.schema", "is required")
         asked.append(("response_format", {"json_schema": rf.json_schema.schema_}))
-    elif rf is not None and rf.json_schema is not None:
+    elif rf is not None and rf.type == "structural_tag":
+        if rf.format is None:
+            raise bad_param("response_format.format", "is required")
+        tag = {"type": "structural_tag", "format": rf.format}
+        asked.append(("response_format", {"structural_tag": tag}))
+    if rf is not None and rf.json_schema is not None and rf.type != "json_schema":
         raise bad_param("response_format.json_schema", 'needs type "json_schema"')
+    if rf is not None and rf.format is not None and rf.type != "structural_tag":
+        raise bad_param("response_format.format", 'needs type "structural_tag"')
     for name, kind in GUIDED.items():
         value = getattr(request, name)
         if value is not None:

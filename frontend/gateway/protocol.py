@@ -44,10 +44,12 @@ class JSONSchemaFormat(_Strict):
 
 
 class ResponseFormat(_Strict):
-    """OpenAI's response_format: text, any JSON object, or JSON valid against a schema."""
+    """OpenAI's response_format: text, any JSON object, or JSON valid against a schema; vLLM's
+    structural_tag (xgrammar's format: `format` holds the tag's structure)."""
 
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JSONSchemaFormat | None = None
+    format: dict[str, Any] | None = None
 
 
 class OpenAIRequest(_Strict):

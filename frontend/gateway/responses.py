@@ -70,7 +70,7 @@ class Reply:
     def _head(self, object_type: str) -> dict:
         return {"id": self.id, "object": object_type, "created": self.created, "model": self.model}
 
-    def _choice(self, index: int, completion: Completion) -> dict:
+    def _choice(self, index: int, completion: Completion, prompt: list | None = None) -> dict:
         choice: dict = {"index": index, "finish_reason": completion.finish_reason}
         entries = completion.logprobs
         if entries is None and self.logprobs:
@@ -78,8 +78,8 @@ class Reply:
         if not self.chat:
             choice["text"] = completion.text
             choice["logprobs"] = completion_logprobs(entries)
-            if completion.prompt_logprobs is not None:
-                choice["prompt_logprobs"] = prompt_logprobs(completion.prompt_logprobs, True)
+            if prompt is not None:
+                choice["prompt_logprobs"] = prompt_logprobs(prompt, True)
             return choice
         message: dict = {"role": "assistant", "content": completion.text}
         if completion.reasoning_content:
@@ -94,12 +94,14 @@ class Reply:
         return choice
 
     def whole(self, completion: Completion) -> dict:
-        """The non-streaming body: one choice per completion (n), the call's usage."""
+        """The non-streaming body: one choice per completion (n), the call's usage. The prompt's
+        logprobs (one set per call) go on every completion's choice, as vLLM's do."""
         every = completion.choices or (completion,)
         kind = "chat.completion" if self.chat else "text_completion"
+        prompt = completion.prompt_logprobs
         body = {
             **self._head(kind),
-            "choices": [self._choice(i, c) for i, c in enumerate(every)],
+            "choices": [self._choice(i, c, prompt) for i, c in enumerate(every)],
             "usage": usage_body(completion.usage),
         }
         if self.chat and completion.prompt_logprobs is not None:

@@ -180,6 +180,26 @@ def test_response_format_json_schema_returns_valid_json(sdk: openai.OpenAI, mode
         extra_body={"guided_regex": "[ab]{3}-[0-9]{2}"},
     )
     assert len(reply.choices[0].text) == 6 and reply.choices[0].text[3] == "-"
+    # vLLM's structural_tag response_format: xgrammar's structure, here a tag around a JSON value
+    # (a finite one: the reply must end within max_tokens whatever the random weights pick)
+    tag = {
+        "type": "tag",
+        "begin": "<answer>",
+        "content": {"type": "json_schema", "json_schema": {"enum": ["yes", "no"]}},
+        "end": "</answer>",
+    }
+    reply = sdk.completions.create(
+        model=model,
+        prompt="The answer:",
+        max_tokens=24,
+        temperature=1.0,
+        seed=3,
+        extra_body={"response_format": {"type": "structural_tag", "format": tag}},
+    )
+    text = reply.choices[0].text
+    assert reply.choices[0].finish_reason == "stop", text
+    assert text.startswith("<answer>") and text.endswith("</answer>"), text
+    assert json.loads(text.removeprefix("<answer>").removesuffix("</answer>")) in ("yes", "no")
 
 
 def test_tools_reach_the_prompt_as_the_grpc_chat_renders_them(

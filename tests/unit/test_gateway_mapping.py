@@ -112,6 +112,8 @@ def test_chat_maps_messages_parts_thinking_and_max_completion_tokens() -> None:
         ({"logit_bias": {"-1": 5}}, "logit_bias"),
         ({"logit_bias": {"4294967296": 5}}, "logit_bias"),
         ({"response_format": {"type": "json_schema"}}, "response_format.json_schema.schema"),
+        ({"response_format": {"type": "structural_tag"}}, "response_format.format"),
+        ({"response_format": {"type": "text", "format": {}}}, "response_format.format"),
         (
             {"response_format": {"type": "json_object"}, "guided_regex": "a+"},
             "guided_regex",

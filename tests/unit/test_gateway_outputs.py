@@ -277,6 +277,21 @@ def test_prompt_logprobs_are_vllms_list_with_position_zero_null() -> None:
     ]
 
 
+def test_every_choice_of_n_carries_the_prompt_logprobs() -> None:
+    """One set per call (the frontend sends it once, before the first token), on each of the n
+    choices of a whole reply, as vLLM's completions are."""
+    usage = common_pb2.Usage(prompt_tokens=2, completion_tokens=2)
+    responses = [
+        pb.GenerateResponse(prompt_logprobs=[lp(8, -2.0, "lo")]),
+        pb.GenerateResponse(text="a", token_ids=[1], index=0, finish_reason=STOP),
+        pb.GenerateResponse(text="b", token_ids=[2], index=1, finish_reason=STOP, usage=usage),
+    ]
+    body = Reply("m", chat=False).whole(join_chunks(to_chunk(r) for r in responses))
+    want = [None, {"8": {"logprob": -2.0, "rank": 1, "decoded_token": "lo"}}]
+    assert [c["text"] for c in body["choices"]] == ["a", "b"]
+    assert [c["prompt_logprobs"] for c in body["choices"]] == [want, want]
+
+
 def test_a_tool_call_parse_error_is_an_extra_field_of_the_choice() -> None:
     """The malformed block stays in content; the choice (and the stream event that carries the
     block) says so, as ChatResponse.tool_call_parse_error does."""
