@@ -220,6 +220,42 @@ def hostile_cases(frontend: grpc.Channel, worker: grpc.Channel) -> dict[str, Cal
         "worker session: 1M prompt ids": lambda: session_status(
             w, worker_pb2.GenerateTokensRequest(request_id="s2", prompt_token_ids=[1] * 1_000_000)
         ),
+        "200k logit_bias entries": lambda: status_of(
+            f.Generate(
+                frontend_pb2.GenerateRequest(
+                    prompt="hi",
+                    sampling_params=SP(logit_bias={i: 1.0 for i in range(200_000)}),
+                ),
+                timeout=120,
+            )
+        ),
+        "3M allowed_token_ids": lambda: status_of(
+            f.Generate(
+                frontend_pb2.GenerateRequest(
+                    prompt="hi", sampling_params=SP(allowed_token_ids=[1] * 3_000_000)
+                ),
+                timeout=120,
+            )
+        ),
+        "worker: 20k logit_bias entries": lambda: status_of(
+            w.GenerateTokens(
+                worker_pb2.GenerateTokensRequest(
+                    prompt_token_ids=[1, 2],
+                    sampling_params=SP(logit_bias={i: 1.0 for i in range(20_000)}),
+                ),
+                timeout=120,
+            )
+        ),
+        "a 1 MB forced tool name": lambda: status_of(
+            f.Chat(
+                frontend_pb2.ChatRequest(
+                    messages=[frontend_pb2.ChatMessage(role="user", content="hi")],
+                    tools=[frontend_pb2.Tool(function=frontend_pb2.ToolFunction(name="f"))],
+                    tool_choice_function="f" * MiB,
+                ),
+                timeout=120,
+            )
+        ),
         "a 1 MB json_schema": lambda: status_of(
             f.Generate(
                 frontend_pb2.GenerateRequest(
@@ -255,6 +291,10 @@ EXPECTED = {
     "a 900 kB nested tool schema": (INVALID, "tools[0].function.parameters: 900000 bytes > 65536"),
     "15M prompt ids": (INVALID, "more than any valid request (max_prompt_bytes + 1 MiB)"),
     "1M Detokenize ids": (INVALID, "token_ids: 1000000 ids > max_model_len"),
+    "200k logit_bias entries": (INVALID, "sampling_params.logit_bias"),
+    "3M allowed_token_ids": (INVALID, "sampling_params.allowed_token_ids"),
+    "worker: 20k logit_bias entries": (INVALID, "logit_bias"),
+    "a 1 MB forced tool name": (INVALID, "tool_choice_function"),
     "3M stop_token_ids": (INVALID, "sampling_params.stop_token_ids"),
     "worker: 15M prompt ids": (INVALID, "more than any valid request (5 bytes * (max_model_len"),
     # 3M ids are more bytes than any valid request: refused before they are parsed
