@@ -1,4 +1,5 @@
-"""The gateway's HTTP routes (FastAPI): each OpenAI request is checked (protocol.py), mapped onto a
+"""The gateway's HTTP routes (FastAPI): each OpenAI request is checked (protocol.py; body_parse.py
+parses large bodies off the event loop), mapped onto a
 FrontendService call (params.py) made through one shared nanoserve.AsyncClient with the caller's
 own bearer token, and its chunks (completions: echoed by echo.py, the best_of kept by best_of.py) are
 answered whole (responses.py) or as server-sent events (stream.py); /tokenize and /detokenize
@@ -6,6 +7,7 @@ are tokens.py's.
 """
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -19,6 +21,7 @@ from nanoserve.client import AsyncClient
 from nanoserve.client_messages import Chunk, Completion, join_chunks
 from nanoserve.errors import ServiceError
 from nanoserve.frontend.gateway.best_of import keep_best
+from nanoserve.frontend.gateway.body_parse import BodyParser
 from nanoserve.frontend.gateway.echo import echo_chunks
 from nanoserve.frontend.gateway.errors import OpenAIError, from_service_error
 from nanoserve.frontend.gateway.params import Mapped, map_chat, map_completion
@@ -74,11 +77,14 @@ async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
 
 
 class Gateway:
-    """Route handlers around one AsyncClient (one channel to the frontend)."""
+    """Route handlers around one AsyncClient (one channel to the frontend) and one BodyParser."""
 
-    def __init__(self, client: AsyncClient, served_model_name: str | None = None) -> None:
+    def __init__(
+        self, client: AsyncClient, served_model_name: str | None, bodies: BodyParser
+    ) -> None:
         self.client = client
         self._model_name = served_model_name
+        self.bodies = bodies
 
     async def model_name(self, client: AsyncClient) -> str:
         """The served model's name: the configured one, else the frontend's (asked once)."""
@@ -119,7 +125,8 @@ class Gateway:
         model = {"id": name, "object": "model", "created": 0, "owned_by": "nanoserve"}
         return {"object": "list", "data": [model]}
 
-    async def completions(self, body: CompletionRequest, request: Request) -> Response:
+    async def completions(self, request: Request) -> Response:
+        body = await self.bodies.parse(CompletionRequest, await request.body())
         client = self.client.with_token(caller_token(request))
         prompt, mapped = map_completion(body)
         name = await _until_disconnect(request, self.check_model(client, body.model))
@@ -135,7 +142,8 @@ class Gateway:
 
         return await self._answer(request, reply, mapped, start, finish)
 
-    async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
+    async def chat_completions(self, request: Request) -> Response:
+        body = await self.bodies.parse(ChatCompletionRequest, await request.body())
         client = self.client.with_token(caller_token(request))
         messages, mapped = map_chat(body)
         name = await _until_disconnect(request, self.check_model(client, body.model))
@@ -144,13 +152,15 @@ class Gateway:
             request, reply, mapped, lambda: client.chat_stream(messages, **mapped.kwargs())
         )
 
-    async def tokenize(self, body: TokenizeBody, request: Request) -> dict:
+    async def tokenize(self, request: Request) -> dict:
+        body = await self.bodies.parse(TokenizeBody, await request.body())
         client = self.client.with_token(caller_token(request))
         if body.model is not None:
             await _until_disconnect(request, self.check_model(client, body.model))
         return await _until_disconnect(request, tokenize(client, body))
 
-    async def detokenize(self, body: DetokenizeBody, request: Request) -> dict:
+    async def detokenize(self, request: Request) -> dict:
+        body = await self.bodies.parse(DetokenizeBody, await request.body())
         client = self.client.with_token(caller_token(request))
         if body.model is not None:
             await _until_disconnect(request, self.check_model(client, body.model))
@@ -194,10 +204,28 @@ def _error_response(error: OpenAIError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status)
 
 
-def build_app(client: AsyncClient, served_model_name: str | None = None) -> FastAPI:
-    """The ASGI app; `client` is shared by every request (the caller closes it)."""
-    gateway = Gateway(client, served_model_name)
-    app = FastAPI(title="nanoserve OpenAI-compatible gateway", docs_url=None, redoc_url=None)
+def build_app(
+    client: AsyncClient, served_model_name: str | None = None, parse_processes: int = 2
+) -> FastAPI:
+    """The ASGI app; `client` is shared by every request (the caller closes it). Its lifespan
+    starts and stops the processes that parse large bodies."""
+    bodies = BodyParser(parse_processes)
+    gateway = Gateway(client, served_model_name, bodies)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await bodies.warm(CompletionRequest)
+        try:
+            yield
+        finally:
+            bodies.close()
+
+    app = FastAPI(
+        title="nanoserve OpenAI-compatible gateway",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+    )
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, error: OpenAIError) -> JSONResponse:

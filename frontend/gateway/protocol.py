@@ -8,22 +8,56 @@ Lists are bounded here; the frontend checks the tighter limits (tools, names, sc
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from nanoserve.sampling_rules import MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS
+
+
+def at_most(limit: int) -> BeforeValidator:
+    """Refuses a list or object of more than `limit` items before pydantic converts any of them:
+    its own max_length counts after converting every item (a 600k-key logit_bias held the event
+    loop for 0.3 s), and the event loop serves every caller."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, (list, dict)) and len(value) > limit:
+            raise ValueError(f"at most {limit} items, got {len(value)}")
+        return value
+
+    return BeforeValidator(check)
+
+
+MAX_LIST = 1 << 20  # longest list of any field (prompt token ids); the body limit bounds the rest
+MAX_BATCH = 2048  # OpenAI's most prompts in one request (params.py serves a batch of one)
+
+
+def prompt_shape(value: Any) -> Any:
+    """A completions prompt: text, token ids (at most MAX_LIST), or a batch of prompts (at most
+    MAX_BATCH), told apart by the first item before any item is converted."""
+    if isinstance(value, list) and value:
+        is_ids = isinstance(value[0], int)
+        limit = MAX_LIST if is_ids else MAX_BATCH
+        if len(value) > limit:
+            kind = "token ids" if is_ids else "prompts in a batch"
+            raise ValueError(f"at most {limit} {kind}, got {len(value)}")
+    return value
+
 
 # The wire types of the SamplingParams fields: a larger JSON number is refused here, by name,
 # instead of overflowing the proto.
 Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 UInt32 = Annotated[int, Field(ge=0, le=2**32 - 1)]
-MAX_LIST = 1 << 20  # longest list of any field (prompt token ids); the body limit bounds the rest
 Text = Annotated[str, Field(max_length=64 * 1024 * 1024)]
 Name = Annotated[str, Field(max_length=256)]
-StopStrings = str | Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=256)]
+StopStrings = (
+    str
+    | Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=256), at_most(256)]
+)
 # OpenAI's logit_bias: {"token id": bias}; params.py reads the keys, the frontend checks the values
 LogitBias = Annotated[
-    dict[Annotated[str, Field(max_length=32)], float], Field(max_length=MAX_LOGIT_BIAS)
+    dict[Annotated[str, Field(max_length=32)], float],
+    Field(max_length=MAX_LOGIT_BIAS),
+    at_most(MAX_LOGIT_BIAS),
 ]
 
 
@@ -74,9 +108,15 @@ class OpenAIRequest(_Strict):
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
-    stop_token_ids: Annotated[list[UInt32], Field(max_length=4096)] | None = None
-    allowed_token_ids: (  # only these ids may be sampled
-        Annotated[list[UInt32], Field(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None
+    stop_token_ids: Annotated[list[UInt32], Field(max_length=4096), at_most(4096)] | None = None
+    # only these ids may be sampled
+    allowed_token_ids: (
+        Annotated[
+            list[UInt32],
+            Field(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS),
+            at_most(MAX_ALLOWED_TOKEN_IDS),
+        ]
+        | None
     ) = None
     n: UInt32 | None = None
     prompt_logprobs: Int32 | None = None  # vLLM's
@@ -89,7 +129,12 @@ class OpenAIRequest(_Strict):
     priority: Int32 | None = None  # vLLM's: lower is served first
     # accepted, no effect on the reply
     user: Name | None = None
-    metadata: dict[Name, Annotated[str, Field(max_length=512)]] | None = None
+    metadata: (
+        Annotated[
+            dict[Name, Annotated[str, Field(max_length=512)]], Field(max_length=16), at_most(16)
+        ]
+        | None
+    ) = None
     store: bool | None = None
     service_tier: Name | None = None
 
@@ -97,7 +142,7 @@ class OpenAIRequest(_Strict):
 class CompletionRequest(OpenAIRequest):
     """POST /v1/completions. `prompt`: text, token ids, or a one-element list of either."""
 
-    prompt: Text | Annotated[list[UInt32], Field(max_length=MAX_LIST)] | list[Any]
+    prompt: Annotated[Text | list[UInt32] | list[Any], BeforeValidator(prompt_shape)]
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None  # legacy: top alternatives
     best_of: UInt32 | None = None  # completion_params.py checks it against n
     echo: bool | None = None
@@ -129,9 +174,11 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Annotated[str, Field(max_length=32)]
-    content: Text | Annotated[list[dict[str, Any]], Field(max_length=4096)] | None = None
+    content: (
+        Text | Annotated[list[dict[str, Any]], Field(max_length=4096), at_most(4096)] | None
+    ) = None
     name: Name | None = None
-    tool_calls: Annotated[list[ToolCall], Field(max_length=1024)] | None = None
+    tool_calls: Annotated[list[ToolCall], Field(max_length=1024), at_most(1024)] | None = None
     tool_call_id: Name | None = None
     reasoning_content: Text | None = None
 
@@ -166,12 +213,12 @@ class ChatTemplateKwargs(_Strict):
 class ChatCompletionRequest(OpenAIRequest):
     """POST /v1/chat/completions."""
 
-    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=65536)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=65536), at_most(65536)]
     max_completion_tokens: Int32 | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    tools: Annotated[list[Tool], Field(max_length=1024)] | None = None
+    tools: Annotated[list[Tool], Field(max_length=1024), at_most(1024)] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     separate_reasoning: bool | None = None  # reasoning_content apart from content (see README)
