@@ -4,13 +4,19 @@ so a thread would stall the event loop all the same (8 MB of 600k object keys to
 """
 
 import asyncio
+import contextlib
+import ctypes
 import multiprocessing
+import os
+import signal
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
+
+from nanoserve.process import PR_SET_PDEATHSIG
 
 M = TypeVar("M", bound=BaseModel)
 # Parsed on the event loop: a few milliseconds even for the slowest JSON shapes (many object keys)
@@ -28,6 +34,15 @@ def validate(model: type[M], body: bytes) -> M | list[dict[str, Any]]:
         return [{**first, "loc": ("body", *first["loc"])}]
 
 
+def die_with(parent: int) -> None:
+    """A worker's initializer: it gets SIGTERM when the gateway dies, even by SIGKILL (its task
+    queue's pipe stays open in the other workers, so it would wait for work forever)."""
+    with contextlib.suppress(OSError, AttributeError):  # prctl is Linux's
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    if os.getppid() != parent:  # the gateway died before prctl
+        os._exit(1)
+
+
 class BodyParser:
     """One pool of `processes` spawned workers for large bodies, shared by every route; the
     workers start with the first large body (or warm())."""
@@ -39,7 +54,9 @@ class BodyParser:
     def _workers(self) -> ProcessPoolExecutor:
         if self._pool is None:  # spawn: a forked child would inherit the event loop's threads
             context = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(self.processes, mp_context=context)
+            self._pool = ProcessPoolExecutor(
+                self.processes, context, initializer=die_with, initargs=(os.getpid(),)
+            )
         return self._pool
 
     async def warm(self, model: type[BaseModel]) -> None:

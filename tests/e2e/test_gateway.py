@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import re
@@ -459,3 +460,26 @@ def test_large_hostile_bodies_do_not_stall_the_gateway(gateway: Service, model: 
         prober.join()
     print(f"\nworst /health beside the hostile bodies: {worst[0] * 1000:.0f} ms")
     assert worst[0] < 0.25
+
+
+def children_of(pid: int) -> list[int]:
+    """The live child processes of `pid` (Linux's /proc/PID/task/*/children)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux's /proc")
+def test_body_parse_workers_die_with_a_killed_gateway(services: Pair) -> None:
+    gateway = start_gateway(services.frontend.address)
+    deadline = time.monotonic() + 20
+    while len(workers := children_of(gateway.process.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # started by the app's start-up, after the socket listens
+    assert len(workers) >= 2, "the gateway starts its two body-parse workers at start-up"
+    gateway.kill()
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{p}").exists() for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in workers if Path(f"/proc/{p}").exists()]
