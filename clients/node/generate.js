@@ -242,7 +242,7 @@ function generate() {
     }
     if (chunk.tool_call_parse_error) {
       const label = n > 1 ? `[${index}] ` : "";
-      process.stderr.write(`${stderrOpen ? "\n" : ""}${label}note: a <tool_call> block held no valid call (its text is left in the reply)\n`);
+      process.stderr.write(`${stderrOpen ? "\n" : ""}${label}warning: a <tool_call> block held no valid call\n`);
       stderrOpen = false;
     }
     for (const c of chunk.tool_calls || []) {

@@ -405,10 +405,7 @@ def test_node_client_sends_the_api_fields(node, tmp_path) -> None:
     assert required.HasField("enable_thinking") and not required.tool_choice_function
     assert named.tool_choice_function == "get_weather" and not named.HasField("enable_thinking")
     assert runs[7].stdout == "<tool_call>{oops</tool_call>\n"
-    assert (
-        runs[7].stderr
-        == "note: a <tool_call> block held no valid call (its text is left in the reply)\n"
-    )
+    assert runs[7].stderr == "warning: a <tool_call> block held no valid call\n"
 
 
 @contextmanager
