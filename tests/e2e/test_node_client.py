@@ -1,12 +1,15 @@
 """A client in another language, written from the .proto files alone: clients/node/generate.js
 (@grpc/grpc-js + @grpc/proto-loader) streams the same text as the Python client, in plaintext and
-over TLS with a bearer token."""
+over TLS with a bearer token, and reaches the API's features: structured output, logit bias, forced
+tool calls, Tokenize and Detokenize."""
 
 import json
 import os
 import shutil
 import subprocess
 from collections.abc import Iterator
+from concurrent import futures
+from contextlib import contextmanager
 
 import pytest
 
@@ -196,10 +199,6 @@ def test_node_client_prints_reasoning_and_tool_calls(node, tmp_path) -> None:
     """Against a stand-in FrontendService that replies as a Qwen3 with tools would (the tiny
     model's random weights never do): the request carries what the flags say, the reasoning
     goes to stderr, each completed tool call is one JSON line after the text."""
-    from concurrent import futures
-
-    import grpc
-
     from nanoserve.proto.v1 import common_pb2
     from nanoserve.proto.v1 import frontend_service_pb2 as pb
     from nanoserve.proto.v1 import frontend_service_pb2_grpc as pb_grpc
@@ -221,22 +220,16 @@ def test_node_client_prints_reasoning_and_tool_calls(node, tmp_path) -> None:
             yield pb.ChatResponse(finish_reason=common_pb2.FINISH_REASON_STOP, index=0)
             yield pb.ChatResponse(finish_reason=common_pb2.FINISH_REASON_STOP, index=1)
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    pb_grpc.add_FrontendServiceServicer_to_server(Frontend(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        tools_path = tmp_path / "tools.json"
-        tools_path.write_text(json.dumps([WEATHER]))
+    tools_path = tmp_path / "tools.json"
+    tools_path.write_text(json.dumps([WEATHER]))
+    with stand_in(Frontend()) as address:
         result = run_node(
             node,
-            "--address", f"127.0.0.1:{port}",
+            "--address", address,
             "--chat", "--separate-reasoning", "--tools", str(tools_path),
             "--n", "2", "--priority", "-1", "--max-tokens", "9",
             "Weather in Paris?",
         )  # fmt: skip
-    finally:
-        server.stop(None)
     assert result.returncode == 0, result.stderr
     assert result.stdout == (
         "[0] Let me check.\n[1] Checking.\n" + compact({"index": 1, **call_dict(call)}) + "\n"
@@ -248,6 +241,188 @@ def test_node_client_prints_reasoning_and_tool_calls(node, tmp_path) -> None:
     assert request.sampling_params.n == 2 and request.sampling_params.max_tokens == 9
     assert [t.function.name for t in request.tools] == ["get_weather"]
     assert json.loads(request.tools[0].function.parameters) == WEATHER["function"]["parameters"]
+
+
+AGE = {
+    "type": "object",
+    "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120}},
+    "required": ["age"],
+    "additionalProperties": False,
+}
+
+
+def test_node_client_json_schema_output_validates(node, services, tmp_path) -> None:
+    """--json-schema @FILE: the worker's grammar engine ends the JSON (random weights)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("xgrammar")
+    schema = tmp_path / "age.json"
+    schema.write_text(json.dumps(AGE))
+    result = run_node(
+        node, "--address", services.frontend.address, "--json-schema", f"@{schema}",
+        "--temperature", "1", "--seed", "1", "--max-tokens", "64", "An age as JSON:",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    jsonschema.validate(json.loads(result.stdout), AGE)
+
+
+def test_node_client_token_ids_round_trip_and_logit_bias_forces_one(node, services) -> None:
+    """--tokenize prints the Python client's ids, --detokenize reads them back, and
+    --logit-bias ID=100 makes that id every greedy token."""
+    address = ("--address", services.frontend.address)
+    text = "The sea is 你好🙂"
+    with Client(services.frontend.address, timeout=30) as client:
+        want = client.tokenize(text)
+        (wave,) = client.tokenize(" wave")
+    tokenized = run_node(node, *address, "--tokenize", text)
+    assert tokenized.returncode == 0, tokenized.stderr
+    assert tokenized.stdout == " ".join(map(str, want)) + "\n"
+    detokenized = run_node(node, *address, "--detokenize", *tokenized.stdout.split())
+    assert detokenized.returncode == 0, detokenized.stderr
+    assert detokenized.stdout == text + "\n"
+    biased = run_node(node, *address, "--max-tokens", "3", "--logit-bias", f"{wave}=100", "Hi")
+    assert biased.returncode == 0, biased.stderr
+    assert biased.stdout == " wave" * 3 + "\n"
+    out_of_vocab = run_node(node, *address, "--detokenize", str(10**9))
+    assert out_of_vocab.returncode == 1
+    assert out_of_vocab.stderr.startswith("error: INVALID_ARGUMENT: token_ids")
+
+
+# every instance short: a random model's forced call ends well within max_tokens
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}},
+    },
+}
+
+
+def test_node_client_forces_the_named_tool(node, services, tmp_path) -> None:
+    """--tool-function NAME: the worker constrains the reply to one call of NAME whose arguments
+    fit its schema (thinking off: a random model would not close a think block)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("xgrammar")
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": CITY}}
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([TIME, weather]))
+    result = run_node(
+        node, "--address", services.frontend.address, "--chat", "--no-thinking",
+        "--tools", str(tools), "--tool-function", "get_weather",
+        "--temperature", "1", "--seed", "3", "--max-tokens", "256", "Weather in Paris?",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    text, *lines = result.stdout.splitlines()
+    assert text == ""
+    (call,) = [json.loads(line) for line in lines]
+    assert call["type"] == "function" and call["function"]["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), CITY)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-token", "3"], "unknown option --max-token"),
+        (["--logit-bias", "9707"], "expected ID=BIAS"),
+        (["--logit-bias", "x=1"], "not a token id"),
+        (["--allowed-token-ids", "1,-2"], "not a token id"),
+        (["--chat", "--tool-choice", "always"], "--tool-choice must be one of auto, none"),
+        (["--tool-function", "f"], "need --chat"),
+        (["--json-schema", "@/nonexistent/schema.json"], "cannot read /nonexistent"),
+        (["--regex", "a+", "--json-object"], "--regex and --json-object are mutually exclusive"),
+        (["--grammar", "root ::= 'a'", "--structural-tag", "{}"], "mutually exclusive"),
+        (["--detokenize", "12", "abc"], "not a token id"),
+        (["--seed"], "--seed needs a value"),
+    ],
+)
+def test_node_client_refuses_bad_options(node, args, message) -> None:
+    """Exit 2 before any call (the address is never dialled); the prompt first: --seed last."""
+    result = run_node(node, "--address", "127.0.0.1:9", "hi", *args)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: ") and message in result.stderr
+    assert result.stdout == ""
+
+
+def test_node_client_sends_the_api_fields(node, tmp_path) -> None:
+    """Against a stand-in: each structured output option, logit_bias, allowed_token_ids,
+    tool_choice and enable_thinking reach the request as the proto spells them, and a chunk with
+    tool_call_parse_error is noted on stderr."""
+    from nanoserve.proto.v1 import common_pb2
+    from nanoserve.proto.v1 import frontend_service_pb2 as pb
+    from nanoserve.proto.v1 import frontend_service_pb2_grpc as pb_grpc
+
+    received: list = []
+    done = {"finish_reason": common_pb2.FINISH_REASON_STOP}
+
+    class Frontend(pb_grpc.FrontendServiceServicer):
+        def Generate(self, request, context):
+            received.append(request)
+            yield pb.GenerateResponse(text="ok", **done)
+
+        def Chat(self, request, context):
+            received.append(request)
+            yield pb.ChatResponse(text="<tool_call>{oops</tool_call>", tool_call_parse_error=True)
+            yield pb.ChatResponse(**done)
+
+    grammar = tmp_path / "grammar.gbnf"
+    grammar.write_text('root ::= "yes" | "no"\n')
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([WEATHER]))
+    with stand_in(Frontend()) as address:
+        runs = [
+            run_node(node, "--address", address, *args, "hi")
+            for args in (
+                ("--json-schema", json.dumps(AGE)),
+                ("--regex", "[a-z]+"),
+                ("--grammar", f"@{grammar}"),
+                ("--json-object",),
+                ("--structural-tag", '{"type": "structural_tag"}'),
+                ("--logit-bias", "7=100", "--logit-bias", "9=-2.5", "--logit-bias", "7=-100"),
+                ("--allowed-token-ids", "3,5", "--allowed-token-ids", "8"),
+                ("--chat", "--tools", str(tools), "--tool-choice", "required", "--no-thinking"),
+                ("--chat", "--tools", str(tools), "--tool-function", "get_weather"),
+            )
+        ]
+    for result in runs:
+        assert result.returncode == 0, result.stderr
+    assert [r.stdout for r in runs[:7]] == ["ok\n"] * 7
+    outputs = [r.sampling_params.structured_output for r in received[:5]]
+    assert [o.WhichOneof("kind") for o in outputs] == [
+        "json_schema", "regex", "grammar", "json_object", "structural_tag",
+    ]  # fmt: skip
+    assert json.loads(outputs[0].json_schema) == AGE and outputs[1].regex == "[a-z]+"
+    assert outputs[2].grammar == grammar.read_text() and outputs[3].json_object
+    assert outputs[4].structural_tag == '{"type": "structural_tag"}'
+    assert dict(received[5].sampling_params.logit_bias) == {7: -100.0, 9: -2.5}
+    assert list(received[6].sampling_params.allowed_token_ids) == [3, 5, 8]
+    required, named = received[7:]
+    assert required.tool_choice == "required" and not required.enable_thinking
+    assert required.HasField("enable_thinking") and not required.tool_choice_function
+    assert named.tool_choice_function == "get_weather" and not named.HasField("enable_thinking")
+    assert runs[7].stdout == "<tool_call>{oops</tool_call>\n"
+    assert runs[7].stderr == "warning: a <tool_call> block held no valid call\n"
+
+
+@contextmanager
+def stand_in(servicer) -> Iterator[str]:
+    """A FrontendService servicer served on a free loopback port: yields its address."""
+    import grpc
+
+    from nanoserve.proto.v1 import frontend_service_pb2_grpc as pb_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_FrontendServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(None)
 
 
 def call_dict(call) -> dict:
