@@ -364,7 +364,14 @@ def _terminate(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for low, high in (("min_len", "max_len"), ("min_out", "max_out")):
+        if not 1 <= getattr(args, low) <= getattr(args, high):
+            parser.error(
+                f"--{low.replace('_', '-')} must be in [1, --{high.replace('_', '-')}], got "
+                f"{getattr(args, low)} and {getattr(args, high)}"
+            )
     signal.signal(signal.SIGTERM, _terminate)  # e.g. gpu_run.sh's timeout
     res = run(args)
     print(json.dumps(res) if args.json else summary(res), flush=True)

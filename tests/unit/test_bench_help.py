@@ -35,3 +35,16 @@ def test_each_bench_subcommand_documents_every_flag(name: str) -> None:
     assert len(parser._actions) >= 1
     assert undocumented(parser) == [], name
     parser.format_help()  # renders (a bad % in a help string raises here)
+
+
+@pytest.mark.parametrize(
+    "argv", [["--min-out", "100", "--max-out", "64"], ["--min-len", "0"], ["--max-len", "5"]]
+)
+def test_bench_serving_refuses_empty_length_ranges(argv: list[str], capsys) -> None:
+    """An empty range is argparse's error (exit 2) naming the flags, not a traceback."""
+    from nanoserve.benchmarks.serving import main
+
+    with pytest.raises(SystemExit) as raised:
+        main(argv)
+    assert raised.value.code == 2
+    assert "must be in [1, --max-" in capsys.readouterr().err
