@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,7 +23,11 @@ from nanoserve.errors import ServiceError
 from nanoserve.frontend.gateway.best_of import keep_best
 from nanoserve.frontend.gateway.body_parse import BodyParser
 from nanoserve.frontend.gateway.echo import echo_chunks
-from nanoserve.frontend.gateway.errors import OpenAIError, from_service_error
+from nanoserve.frontend.gateway.errors import (
+    OpenAIError,
+    from_service_error,
+    from_validation_errors,
+)
 from nanoserve.frontend.gateway.params import Mapped, map_chat, map_completion
 from nanoserve.frontend.gateway.protocol import ChatCompletionRequest, CompletionRequest
 from nanoserve.frontend.gateway.responses import Reply
@@ -41,18 +45,6 @@ def caller_token(request: Request) -> str | None:
     if value[: len(_BEARER)].lower() != _BEARER:
         return None
     return value[len(_BEARER) :].strip() or None
-
-
-def _param(loc: tuple[Any, ...]) -> str:
-    """A pydantic error location as the parameter path: ("body", "messages", 0, "role") ->
-    "messages[0].role"; union member names (pydantic adds them) are dropped."""
-    path = ""
-    for part in loc[1:] if loc and loc[0] == "body" else loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif not (isinstance(part, str) and ("[" in part or part in ("str", "list", "int"))):
-            path += f".{part}" if path else str(part)
-    return path
 
 
 async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
@@ -233,14 +225,7 @@ def build_app(
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:
-        first = error.errors()[0] if error.errors() else {"loc": (), "msg": "invalid body"}
-        param = _param(tuple(first.get("loc", ()))) or None
-        if first.get("type") == "extra_forbidden":
-            message = f"unrecognized request argument: {param}"
-        else:
-            message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
-        code = str(first.get("type", "invalid_value"))
-        return _error_response(OpenAIError(400, message, param=param, code=code))
+        return _error_response(from_validation_errors(error.errors()))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
