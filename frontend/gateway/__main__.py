@@ -1,5 +1,6 @@
 """`python -m nanoserve.frontend.gateway --frontend-address HOST:PORT --port P`: serves the OpenAI
-HTTP API on uvicorn until SIGTERM or SIGINT, with one gRPC channel to the frontend.
+HTTP API on uvicorn until SIGTERM or SIGINT, with one gRPC channel to the frontend and a request
+log line per request (access.py).
 A gateway that cannot start (a busy port, a missing certificate) says why in one line, exit 1.
 """
 
@@ -31,8 +32,10 @@ def bind(host: str, port: int) -> socket.socket:
 
 async def serve(config: GatewayConfig) -> None:
     import uvicorn  # the `gateway` extra
+    from starlette.routing import Route
 
     from nanoserve.client import AsyncClient
+    from nanoserve.frontend.gateway.access import AccessLog, RequestLog
     from nanoserve.frontend.gateway.app import build_app
     from nanoserve.frontend.gateway.body_limit import BodyLimit
 
@@ -45,7 +48,9 @@ async def serve(config: GatewayConfig) -> None:
         client_key=config.tls_client_key_file,
     )
     sock = bind(config.host, config.port)
-    app = BodyLimit(build_app(client, config.served_model_name), config.max_body_bytes)
+    api = build_app(client, config.served_model_name)
+    paths = [route.path for route in api.routes if isinstance(route, Route)]
+    app = AccessLog(BodyLimit(api, config.max_body_bytes), paths, [RequestLog()])
 
     class Server(uvicorn.Server):
         """uvicorn's server with our signal handling: SIGTERM drains and the process exits 0

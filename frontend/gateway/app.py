@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException
 from nanoserve.client import AsyncClient
 from nanoserve.client_messages import Chunk, Completion, join_chunks
 from nanoserve.errors import ServiceError
+from nanoserve.frontend.gateway.access import access_of
 from nanoserve.frontend.gateway.best_of import keep_best
 from nanoserve.frontend.gateway.body_parse import BodyParser
 from nanoserve.frontend.gateway.echo import echo_chunks
@@ -124,9 +125,10 @@ class Gateway:
         name = await _until_disconnect(request, self.check_model(client, body.model))
         reply = Reply(name, False, logprobs=mapped.logprobs)
         echo, best_of = mapped.echo, mapped.best_of
+        request_id = access_of(request.scope).request_id
 
         def start() -> AsyncIterator[Chunk]:
-            chunks = client.generate_stream(prompt, **mapped.kwargs())
+            chunks = client.generate_stream(prompt, request_id=request_id, **mapped.kwargs())
             return chunks if echo is None else echo_chunks(echo, chunks, client)
 
         def finish(whole: Completion) -> Completion:
@@ -140,8 +142,12 @@ class Gateway:
         messages, mapped = map_chat(body)
         name = await _until_disconnect(request, self.check_model(client, body.model))
         reply = Reply(name, True, logprobs=mapped.logprobs)
+        request_id = access_of(request.scope).request_id
         return await self._answer(
-            request, reply, mapped, lambda: client.chat_stream(messages, **mapped.kwargs())
+            request,
+            reply,
+            mapped,
+            lambda: client.chat_stream(messages, request_id=request_id, **mapped.kwargs()),
         )
 
     async def tokenize(self, request: Request) -> dict:
@@ -169,11 +175,13 @@ class Gateway:
         """The whole reply (`finish` has the last word on it), or a stream of events once the
         first chunk came: a call refused at the start (400, 401, 429, ...) gets its HTTP status,
         not a 200 stream with an error."""
+        access = access_of(request.scope)
         chunks = start()
         try:
             if not mapped.stream:
-                whole = await _until_disconnect(request, _collect(chunks))
-                return JSONResponse(reply.whole(finish(join_chunks(whole))))
+                whole = finish(join_chunks(await _until_disconnect(request, _collect(chunks))))
+                access.ended(whole.usage, whole.finish_reason)
+                return JSONResponse(reply.whole(whole))
             first = await _until_disconnect(request, anext(chunks))
         except ServiceError as e:
             raise from_service_error(e, mapped.param_names) from None
@@ -182,7 +190,7 @@ class Gateway:
             raise
         shaper = StreamShaper(reply, mapped.n, mapped.include_usage)
         return StreamingResponse(
-            events(shaper, first, chunks, mapped.param_names),
+            events(shaper, first, chunks, mapped.param_names, access),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
