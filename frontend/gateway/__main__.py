@@ -1,6 +1,6 @@
 """`python -m nanoserve.frontend.gateway --frontend-address HOST:PORT --port P`: serves the OpenAI
-HTTP API on uvicorn until SIGTERM or SIGINT, with one gRPC channel to the frontend and a request
-log line per request (access.py).
+HTTP API on uvicorn until SIGTERM or SIGINT, with one gRPC channel to the frontend, a request log
+line per request and, with --metrics-port, Prometheus metrics (access.py, metrics.py).
 A gateway that cannot start (a busy port, a missing certificate) says why in one line, exit 1.
 """
 
@@ -11,6 +11,7 @@ import signal
 import socket
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 from nanoserve.config import parse_config
 from nanoserve.frontend.gateway.config import GatewayConfig
@@ -51,6 +52,11 @@ async def serve(config: GatewayConfig) -> None:
     api = build_app(client, config.served_model_name)
     paths = [route.path for route in api.routes if isinstance(route, Route)]
     app = AccessLog(BodyLimit(api, config.max_body_bytes), paths, [RequestLog()])
+    metrics_server: Any = None
+    if config.metrics_port:  # prometheus_client is imported only when asked for
+        from nanoserve.frontend.gateway.metrics import serve_gateway_metrics
+
+        metrics_server = serve_gateway_metrics(app, config.metrics_port, config.host)
 
     class Server(uvicorn.Server):
         """uvicorn's server with our signal handling: SIGTERM drains and the process exits 0
@@ -77,6 +83,8 @@ async def serve(config: GatewayConfig) -> None:
     try:
         await server.serve(sockets=[sock])
     finally:
+        if metrics_server is not None:
+            metrics_server.shutdown()
         await client.close()
         logger.info("gateway stopped")
 

@@ -1,6 +1,6 @@
-"""The gateway's per-request record (frontend/gateway/access.py) without any service: the
-X-Request-Id rule, the log line, and what AccessLog sees of plain, streamed, refused and abandoned
-responses."""
+"""The gateway's per-request record (frontend/gateway/access.py) and metrics (metrics.py) without any
+service: the X-Request-Id rule, the log line, what AccessLog sees of plain, streamed, refused and
+abandoned responses, and what GatewayMetrics counts from it."""
 
 import asyncio
 import logging
@@ -188,3 +188,38 @@ def test_the_log_line_never_carries_the_token_or_the_prompt(caplog) -> None:
     (line,) = [r.getMessage() for r in caplog.records if r.name == "nanoserve.requests"]
     assert line.startswith("request 'id-9' POST /v1/completions 200 ")
     assert secret not in line and prompt not in line
+
+
+def test_metrics_count_by_route_and_status() -> None:
+    from nanoserve.frontend.gateway.metrics import GatewayMetrics
+
+    metrics = GatewayMetrics()
+    streamed = Access("a", "/v1/chat/completions", "POST", "-", start=0.0, status=200, end=2.0)
+    streamed.first_event_at, streamed.body_bytes = 0.05, 700
+    streamed.ended(Usage(10, 20, 0), "stop")
+    refused = Access("b", "/v1/completions", "POST", "-", start=0.0, status=400, end=0.003)
+    health = Access("c", "/health", "GET", "-", start=0.0, status=200, end=0.001)
+    for access in (streamed, refused, refused, health):
+        metrics.observe(access)
+    metrics.track_in_flight(lambda: 3)
+
+    def sample(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    total = "nanoserve:gateway_requests_total"
+    assert sample(total, route="/v1/chat/completions", status="200") == 1
+    assert sample(total, route="/v1/completions", status="400") == 2
+    assert sample(total, route="/health", status="200") == 1
+    duration = "nanoserve:gateway_request_duration_seconds"
+    assert sample(f"{duration}_count", route="/v1/completions") == 2
+    assert sample(f"{duration}_sum", route="/v1/chat/completions") == 2.0
+    first = "nanoserve:gateway_time_to_first_event_seconds"
+    assert sample(f"{first}_count", route="/v1/chat/completions") == 1
+    assert sample(f"{first}_count", route="/v1/completions") is None  # no stream there
+    body = "nanoserve:gateway_request_body_bytes"
+    assert sample(f"{body}_sum", route="/v1/chat/completions") == 700
+    assert sample(f"{body}_count", route="/health") is None  # a GET has no body
+    assert sample("nanoserve:gateway_prompt_tokens_total", route="/v1/chat/completions") == 10
+    assert sample("nanoserve:gateway_completion_tokens_total", route="/v1/chat/completions") == 20
+    assert sample("nanoserve:gateway_completion_tokens_total", route="/v1/completions") is None
+    assert sample("nanoserve:gateway_requests_in_flight") == 3
