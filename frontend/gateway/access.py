@@ -61,13 +61,11 @@ class Access:
     def ended(
         self, usage: Usage | None, finish_reason: str | None, error_status: int | None = None
     ) -> None:
-        """What a completion route learned at its end: the call's usage and finish reason (the
-        last choice's, with n > 1), and for a stream the status of the error event it sent."""
+        """What a completion route learned at its end: the call's usage and finish reason (one
+        choice's, with n > 1), and for a stream the status of the error event it sent."""
         if usage is not None:
-            self.prompt_tokens, self.completion_tokens = (
-                usage.prompt_tokens,
-                usage.completion_tokens,
-            )
+            self.prompt_tokens = usage.prompt_tokens
+            self.completion_tokens = usage.completion_tokens
         self.finish_reason = finish_reason
         self.stream_error = error_status
 
