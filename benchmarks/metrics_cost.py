@@ -1,7 +1,8 @@
 """`python -m nanoserve.benchmarks.metrics_cost`: what recording one ended request costs on the
-frontend's event loop (FrontendMetrics.observe and the request log line), and what one /metrics
-scrape of each service costs. Compare with the frontend's per-message cost (~55-65 us, reviews).
-Prints figures, asserts nothing.
+frontend's event loop (FrontendMetrics.observe and the request log line) and on the gateway's
+(AccessLog, GatewayMetrics.observe, its log line; with the gateway extra installed), and what one
+/metrics scrape of each service costs. Compare with the frontend's per-message cost (~55-65 us,
+reviews). Prints figures, asserts nothing.
 """
 
 import argparse
@@ -37,6 +38,60 @@ def per_call_us(fn, n: int) -> float:
     for _ in range(n):
         fn()
     return 1e6 * (time.perf_counter() - start) / n
+
+
+def gateway_figures(n: int) -> dict[str, float]:
+    """The gateway's per-request cost: AccessLog around an ASGI app that never waits (run by
+    hand, no event loop), less that app alone; its sinks one by one; a /metrics scrape."""
+    try:
+        from nanoserve.client_messages import Usage
+        from nanoserve.frontend.gateway.access import Access, AccessLog, RequestLog
+        from nanoserve.frontend.gateway.metrics import GatewayMetrics
+    except ImportError:  # no gateway extra (fastapi)
+        return {}
+
+    async def app(scope, receive, send) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    message = {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def receive():
+        return message
+
+    async def send(message) -> None:
+        pass
+
+    headers = [(b"host", b"gw"), (b"content-type", b"application/json")]
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers}
+    given = {**scope, "headers": [*headers, (b"x-request-id", b"trace-0123456789")]}
+
+    def run(asgi, scope: dict) -> None:
+        try:
+            asgi(dict(scope), receive, send).send(None)
+        except StopIteration:
+            pass
+
+    metrics, log = GatewayMetrics(), RequestLog()
+    middleware = AccessLog(app, ["/v1/chat/completions"], [])
+    access = Access("bench", "/v1/chat/completions", "POST", "127.0.0.1:1", start=0.0, end=1.5)
+    access.status, access.first_event_at, access.body_bytes = 200, 0.1, 500
+    access.ended(Usage(100, 128, 0), "length")
+    bare = per_call_us(lambda: run(app, scope), n)
+    return dict(
+        gateway_access_per_request_us=round(
+            per_call_us(lambda: run(middleware, scope), n) - bare, 2
+        ),
+        gateway_access_given_id_per_request_us=round(
+            per_call_us(lambda: run(middleware, given), n) - bare, 2
+        ),
+        gateway_observe_per_request_us=round(per_call_us(lambda: metrics.observe(access), n), 2),
+        gateway_log_per_request_us=round(per_call_us(lambda: log(access), n), 2),
+        gateway_scrape_ms=round(
+            per_call_us(lambda: generate_latest(metrics.registry), 200) / 1e3, 3
+        ),
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
             per_call_us(lambda: histograms.observe_finish(finish), args.requests), 2
         ),
         worker_scrape_ms=round(per_call_us(lambda: generate_latest(worker), 200) / 1e3, 3),
+        **gateway_figures(args.requests),
     )
     print(json.dumps(res))
 

@@ -16,7 +16,8 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM ${BASE_IMAGE}
 COPY --from=wheel /wheels /wheels
-# The `gateway` extra only: fastapi, uvicorn and pydantic on top of grpcio and protobuf.
+# The `gateway` extra only: fastapi, uvicorn, pydantic and prometheus-client on top of grpcio
+# and protobuf.
 # hadolint ignore=DL3013
 RUN WHEEL="$(ls /wheels/nanoserve-*.whl)" \
     && pip install --no-cache-dir "${WHEEL}[gateway]" \

@@ -1,5 +1,6 @@
-"""Histogram buckets (seconds, tokens, sequences) shared by the frontend's and the worker's metrics:
-vLLM's where vLLM has the histogram, so its dashboards' quantiles read the same."""
+"""Histogram buckets (seconds, tokens, sequences, bytes) shared by the frontend's, the worker's and
+the gateway's metrics: vLLM's where vLLM has the histogram, so its dashboards' quantiles read the
+same."""
 
 # vLLM's buckets for the latency histograms (seconds)
 TTFT_BUCKETS = (
@@ -108,3 +109,5 @@ FRONTEND_BUCKETS = (
     1.0,
     2.5,
 )
+# the gateway's request bodies (bytes): 256 B to 16 MiB by fours (--max-body-bytes: 8 MiB)
+BODY_BYTES_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216)

@@ -1,5 +1,6 @@
 """`python -m nanoserve.frontend.gateway --frontend-address HOST:PORT --port P`: serves the OpenAI
-HTTP API on uvicorn until SIGTERM or SIGINT, with one gRPC channel to the frontend.
+HTTP API on uvicorn until SIGTERM or SIGINT, with one gRPC channel to the frontend, a request log
+line per request and, with --metrics-port, Prometheus metrics (access.py, metrics.py).
 A gateway that cannot start (a busy port, a missing certificate) says why in one line, exit 1.
 """
 
@@ -10,6 +11,7 @@ import signal
 import socket
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 from nanoserve.config import parse_config
 from nanoserve.frontend.gateway.config import GatewayConfig
@@ -31,8 +33,10 @@ def bind(host: str, port: int) -> socket.socket:
 
 async def serve(config: GatewayConfig) -> None:
     import uvicorn  # the `gateway` extra
+    from starlette.routing import Route
 
     from nanoserve.client import AsyncClient
+    from nanoserve.frontend.gateway.access import AccessLog, RequestLog
     from nanoserve.frontend.gateway.app import build_app
     from nanoserve.frontend.gateway.body_limit import BodyLimit
 
@@ -45,7 +49,14 @@ async def serve(config: GatewayConfig) -> None:
         client_key=config.tls_client_key_file,
     )
     sock = bind(config.host, config.port)
-    app = BodyLimit(build_app(client, config.served_model_name), config.max_body_bytes)
+    api = build_app(client, config.served_model_name)
+    paths = [route.path for route in api.routes if isinstance(route, Route)]
+    app = AccessLog(BodyLimit(api, config.max_body_bytes), paths, [RequestLog()])
+    metrics_server: Any = None
+    if config.metrics_port:  # prometheus_client is imported only when asked for
+        from nanoserve.frontend.gateway.metrics import serve_gateway_metrics
+
+        metrics_server = serve_gateway_metrics(app, config.metrics_port, config.host)
 
     class Server(uvicorn.Server):
         """uvicorn's server with our signal handling: SIGTERM drains and the process exits 0
@@ -72,6 +83,8 @@ async def serve(config: GatewayConfig) -> None:
     try:
         await server.serve(sockets=[sock])
     finally:
+        if metrics_server is not None:
+            metrics_server.shutdown()
         await client.close()
         logger.info("gateway stopped")
 

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -20,10 +20,15 @@ from starlette.exceptions import HTTPException
 from nanoserve.client import AsyncClient
 from nanoserve.client_messages import Chunk, Completion, join_chunks
 from nanoserve.errors import ServiceError
+from nanoserve.frontend.gateway.access import access_of
 from nanoserve.frontend.gateway.best_of import keep_best
 from nanoserve.frontend.gateway.body_parse import BodyParser
 from nanoserve.frontend.gateway.echo import echo_chunks
-from nanoserve.frontend.gateway.errors import OpenAIError, from_service_error
+from nanoserve.frontend.gateway.errors import (
+    OpenAIError,
+    from_service_error,
+    from_validation_errors,
+)
 from nanoserve.frontend.gateway.params import Mapped, map_chat, map_completion
 from nanoserve.frontend.gateway.protocol import ChatCompletionRequest, CompletionRequest
 from nanoserve.frontend.gateway.responses import Reply
@@ -41,18 +46,6 @@ def caller_token(request: Request) -> str | None:
     if value[: len(_BEARER)].lower() != _BEARER:
         return None
     return value[len(_BEARER) :].strip() or None
-
-
-def _param(loc: tuple[Any, ...]) -> str:
-    """A pydantic error location as the parameter path: ("body", "messages", 0, "role") ->
-    "messages[0].role"; union member names (pydantic adds them) are dropped."""
-    path = ""
-    for part in loc[1:] if loc and loc[0] == "body" else loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif not (isinstance(part, str) and ("[" in part or part in ("str", "list", "int"))):
-            path += f".{part}" if path else str(part)
-    return path
 
 
 async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
@@ -132,9 +125,10 @@ class Gateway:
         name = await _until_disconnect(request, self.check_model(client, body.model))
         reply = Reply(name, False, logprobs=mapped.logprobs)
         echo, best_of = mapped.echo, mapped.best_of
+        request_id = access_of(request.scope).request_id
 
         def start() -> AsyncIterator[Chunk]:
-            chunks = client.generate_stream(prompt, **mapped.kwargs())
+            chunks = client.generate_stream(prompt, request_id=request_id, **mapped.kwargs())
             return chunks if echo is None else echo_chunks(echo, chunks, client)
 
         def finish(whole: Completion) -> Completion:
@@ -148,8 +142,12 @@ class Gateway:
         messages, mapped = map_chat(body)
         name = await _until_disconnect(request, self.check_model(client, body.model))
         reply = Reply(name, True, logprobs=mapped.logprobs)
+        request_id = access_of(request.scope).request_id
         return await self._answer(
-            request, reply, mapped, lambda: client.chat_stream(messages, **mapped.kwargs())
+            request,
+            reply,
+            mapped,
+            lambda: client.chat_stream(messages, request_id=request_id, **mapped.kwargs()),
         )
 
     async def tokenize(self, request: Request) -> dict:
@@ -177,11 +175,13 @@ class Gateway:
         """The whole reply (`finish` has the last word on it), or a stream of events once the
         first chunk came: a call refused at the start (400, 401, 429, ...) gets its HTTP status,
         not a 200 stream with an error."""
+        access = access_of(request.scope)
         chunks = start()
         try:
             if not mapped.stream:
-                whole = await _until_disconnect(request, _collect(chunks))
-                return JSONResponse(reply.whole(finish(join_chunks(whole))))
+                whole = finish(join_chunks(await _until_disconnect(request, _collect(chunks))))
+                access.ended(whole.usage, whole.finish_reason)
+                return JSONResponse(reply.whole(whole))
             first = await _until_disconnect(request, anext(chunks))
         except ServiceError as e:
             raise from_service_error(e, mapped.param_names) from None
@@ -190,7 +190,7 @@ class Gateway:
             raise
         shaper = StreamShaper(reply, mapped.n, mapped.include_usage)
         return StreamingResponse(
-            events(shaper, first, chunks, mapped.param_names),
+            events(shaper, first, chunks, mapped.param_names, access),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -233,14 +233,7 @@ def build_app(
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:
-        first = error.errors()[0] if error.errors() else {"loc": (), "msg": "invalid body"}
-        param = _param(tuple(first.get("loc", ()))) or None
-        if first.get("type") == "extra_forbidden":
-            message = f"unrecognized request argument: {param}"
-        else:
-            message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
-        code = str(first.get("type", "invalid_value"))
-        return _error_response(OpenAIError(400, message, param=param, code=code))
+        return _error_response(from_validation_errors(error.errors()))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:

@@ -63,10 +63,16 @@ class GatewayConfig:
         metadata={"help": "on SIGTERM, how long in-flight requests may run before they are cut"},
     )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
+    metrics_port: int = field(
+        default=0, metadata={"help": "port of the Prometheus /metrics HTTP endpoint (0 = off)"}
+    )
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        for name in ("port", "metrics_port"):
+            if not 0 <= getattr(self, name) < 65536:
+                raise ValueError(f"{name} must be in [0, 65535], got {getattr(self, name)}")
+        if self.metrics_port and self.metrics_port == self.port:
+            raise ValueError(f"metrics_port and port must differ, both are {self.port}")
         host, sep, port = self.frontend_address.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ValueError(f"frontend_address must be host:port, got {self.frontend_address!r}")

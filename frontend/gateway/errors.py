@@ -1,8 +1,11 @@
 """OpenAI-shaped errors of the gateway: `{"error": {"message", "type", "param", "code"}}` with the
-HTTP status that matches, from a gateway check (OpenAIError) or a failed gRPC call (ServiceError).
+HTTP status that matches, from a gateway check (OpenAIError), a body pydantic refused or a failed
+gRPC call (ServiceError).
 """
 
 import re
+from collections.abc import Sequence
+from typing import Any
 
 import grpc
 
@@ -83,3 +86,27 @@ def from_service_error(
         name = (param_names or {}).get(base, base.removeprefix("sampling_params."))
         param = name + field[len(base) :]
     return OpenAIError(status, message or error.code.name, kind, param, error.code.name.lower())
+
+
+def _param(loc: tuple[Any, ...]) -> str:
+    """A pydantic error location as the parameter path: ("body", "messages", 0, "role") ->
+    "messages[0].role"; union member names (pydantic adds them) are dropped."""
+    path = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif not (isinstance(part, str) and ("[" in part or part in ("str", "list", "int"))):
+            path += f".{part}" if path else str(part)
+    return path
+
+
+def from_validation_errors(errors: Sequence[Any]) -> OpenAIError:
+    """The 400 for a body that failed validation: its first error, naming the parameter."""
+    first = errors[0] if errors else {"loc": (), "msg": "invalid body"}
+    param = _param(tuple(first.get("loc", ()))) or None
+    if first.get("type") == "extra_forbidden":
+        message = f"unrecognized request argument: {param}"
+    else:
+        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+    code = str(first.get("type", "invalid_value"))
+    return OpenAIError(400, message, param=param, code=code)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 
 from nanoserve.client_messages import Chunk
 from nanoserve.errors import ServiceError
+from nanoserve.frontend.gateway.access import Access
 from nanoserve.frontend.gateway.errors import OpenAIError, from_service_error
 from nanoserve.frontend.gateway.logprobs_body import (
     chat_logprobs,
@@ -115,11 +116,15 @@ async def events(
     first: Chunk,
     chunks: AsyncIterator[Chunk],
     param_names: dict[str, str],
+    access: Access | None = None,
 ) -> AsyncIterator[bytes]:
     """The stream's events until every choice finished. A failure mid-stream becomes an error
-    event (the SDK raises it). Cancelled (the caller hung up): closing `chunks` cancels the call."""
+    event (the SDK raises it). Cancelled (the caller hung up): closing `chunks` cancels the call.
+    `access` learns the usage, the finish reason and an error event's status as the stream ends."""
     finished: set[int] = set()
     usage = None
+    finish_reason: str | None = None
+    error: OpenAIError | None = None
     try:
         for opening in shaper.opening():
             yield opening
@@ -130,6 +135,7 @@ async def events(
                 yield event
             if chunk.finish_reason is not None:
                 finished.add(chunk.index)
+                finish_reason = chunk.finish_reason
             usage = chunk.usage or usage  # the call's last message carries it
             chunk = await anext(chunks, None)
         if len(finished) < shaper.n or usage is None:
@@ -138,7 +144,10 @@ async def events(
         elif shaper.include_usage:
             yield shaper.reply.usage_chunk(usage)
     except ServiceError as e:
-        yield sse(from_service_error(e, param_names).body())
+        error = from_service_error(e, param_names)
+        yield sse(error.body())
     finally:
+        if access is not None:
+            access.ended(usage, finish_reason, None if error is None else error.status)
         await chunks.aclose()  # type: ignore[attr-defined]
     yield DONE

@@ -199,6 +199,16 @@ def test_frontend_metrics_are_published_and_the_workers_stay_internal(services) 
     assert [int(p) for p in worker["expose"]] == [default(WorkerConfig, "port"), worker_port]
 
 
+def test_gateway_metrics_stay_on_the_compose_network(services) -> None:
+    """The gateway serves /metrics too and, as the worker's, only to the compose network: its one
+    published port is the HTTP API's."""
+    gateway = services["gateway"]
+    port = int(gateway["environment"]["NANOSERVE_GATEWAY_METRICS_PORT"])
+    assert port > 0 and port != default(GatewayConfig, "port")
+    assert [int(p) for p in gateway["expose"]] == [port]
+    assert not [p for p in gateway["ports"] if p.rsplit(":", 1)[-1] == str(port)]
+
+
 @pytest.mark.parametrize("name", ["worker", "frontend", "gateway"])
 def test_environment_names_are_config_fields(services, name: str) -> None:
     cls = CONFIGS[name]
@@ -228,6 +238,7 @@ def test_environment_builds_a_valid_config(services, name: str, tmp_path, monkey
         assert config.tensor_parallel_size == 1 and config.device == "cuda"
     elif name == "gateway":
         assert config.port == int(service["ports"][0].rsplit(":", 1)[1])
+        assert config.metrics_port == int(service["expose"][0])
         host, port = config.frontend_address.rsplit(":", 1)
         assert host == "frontend" and int(port) == default(FrontendConfig, "port")
     else:
