@@ -1,11 +1,13 @@
 """Offline API, no gRPC (`from nanoserve.worker import LLM, SamplingParams`): prompts as token ids or
 as text (encoded with the model's tokenizer.json by nanoserve.prompt_text, loaded on first use)."""
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from tqdm.auto import tqdm
 
+from nanoserve.model_files import resolve_model_dir
 from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.engine.llm_engine import LLMEngine
 from nanoserve.worker.sampling_params import SamplingParams
@@ -38,13 +40,16 @@ class RequestOutput:
 
 
 class LLM(LLMEngine):
-    """`LLM(model_dir, device="cpu", ...)`: keyword arguments are EngineConfig's fields.
+    """`LLM(model, device="cpu", ...)`: keyword arguments are EngineConfig's fields. `model` is
+    what the worker's --model takes: a directory, a Hugging Face id (its cached snapshot, fetched
+    when missing; `revision=` picks one) or `tiny`, the embedded random model.
 
     Any thread may build it. Under tensor parallelism a rank that dies makes generate raise
     nanoserve.worker.engine.tp.RankDied (call shutdown() then); the caller's process goes on."""
 
-    def __init__(self, model: str, **kwargs):
-        super().__init__(EngineConfig(model=str(model), **kwargs))
+    def __init__(self, model: str | os.PathLike, revision: str | None = None, **kwargs):
+        model_dir = resolve_model_dir(os.fspath(model), revision)
+        super().__init__(EngineConfig(model=model_dir, **kwargs))
         self._tokenizer: Any = None  # nanoserve.prompt_text's, loaded by the first text prompt
 
     def _encode(self, prompt: str | list[int]) -> list[int]:

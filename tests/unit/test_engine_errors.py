@@ -102,3 +102,14 @@ def test_gpu_backends_need_cuda(model_dir):
         LLM(model_dir, device="cpu", attention_backend="triton")
     with pytest.raises(ValueError, match="attention_backend"):
         EngineConfig(attention_backend="xformers")
+
+
+def test_the_offline_api_takes_the_workers_model_names():
+    """LLM("tiny") loads the embedded model, as `--model tiny` does (a hub id resolves the same
+    way, through nanoserve.model_files.resolve_model_dir)."""
+    from nanoserve.tiny.model import default_model_dir
+
+    llm = LLM("tiny", device="cpu", kvcache_block_size=16, num_kvcache_blocks=16)
+    assert llm.config.model == str(default_model_dir())
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)
+    assert len(out[0].token_ids) == 2
