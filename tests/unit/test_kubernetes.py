@@ -1,6 +1,7 @@
 """deploy/kubernetes/nanoserve.yaml, read structurally: workers behind a headless Service that the
-frontends' worker address names, frontends behind a Service, probes on gRPC health, and every
-NANOSERVE_* variable a config field that builds a valid config."""
+frontends' worker address names, frontends behind a Service that the gateways' frontend address
+names, probes on gRPC health (the gateway's on its HTTP /health), and every NANOSERVE_* variable a
+config field that builds a valid config."""
 
 import dataclasses
 import os
@@ -10,6 +11,7 @@ import pytest
 
 from nanoserve.config import env_prefix, env_var, parse_config
 from nanoserve.frontend.config import FrontendConfig
+from nanoserve.frontend.gateway.config import GatewayConfig
 from nanoserve.worker.config import WorkerConfig
 
 yaml = pytest.importorskip("yaml", reason="PyYAML reads the manifests (pip install pyyaml)")
@@ -45,7 +47,7 @@ def build(name: str, c: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     return parse_config(CONFIGS[name], [])
 
 
-@pytest.mark.parametrize("name", ["worker", "frontend"])
+@pytest.mark.parametrize("name", ["worker", "frontend", "gateway"])
 def test_services_select_their_pods(objects, name: str) -> None:
     deployment = objects["Deployment", f"nanoserve-{name}"]
     service = objects["Service", f"nanoserve-{name}"]
@@ -96,3 +98,25 @@ def test_worker_gets_gpus_for_its_ranks(objects, tmp_path, monkeypatch) -> None:
     config = build("worker", c, tmp_path, monkeypatch)
     assert config.device == "cuda"
     assert c["resources"]["limits"]["nvidia.com/gpu"] == config.tensor_parallel_size
+
+
+def test_gateways_speak_to_the_frontends_service_and_probe_their_health(
+    objects, monkeypatch
+) -> None:
+    c = container(objects, "gateway")
+    fields = {env_var(f.name, env_prefix(GatewayConfig)) for f in dataclasses.fields(GatewayConfig)}
+    assert set(env(c)) <= fields, set(env(c)) - fields
+    for key in [k for k in os.environ if k.startswith("NANOSERVE_")]:
+        monkeypatch.delenv(key)
+    for key, value in env(c).items():
+        monkeypatch.setenv(key, value)
+    config = parse_config(GatewayConfig, [])
+    frontend_service = objects["Service", "nanoserve-frontend"]["spec"]["ports"][0]["port"]
+    assert config.frontend_address == f"nanoserve-frontend:{frontend_service}"
+    assert config.host == "0.0.0.0" and config.metrics_port
+    named = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert named == {"http": config.port, "metrics": config.metrics_port}
+    probe = c["readinessProbe"]["httpGet"]
+    assert (probe["path"], named[probe["port"]]) == ("/health", config.port)
+    pod = objects["Deployment", "nanoserve-gateway"]["spec"]["template"]["spec"]
+    assert config.grace_period_s < pod["terminationGracePeriodSeconds"]
