@@ -51,7 +51,7 @@ async def serve(config: GatewayConfig) -> None:
     sock = bind(config.host, config.port)
     api = build_app(client, config.served_model_name)
     paths = [route.path for route in api.routes if isinstance(route, Route)]
-    app = AccessLog(BodyLimit(api, config.max_body_bytes), paths, [RequestLog()])
+    app = AccessLog(BodyLimit(api, config.max_body_bytes), paths, [RequestLog(config.log_format)])
     metrics_server: Any = None
     if config.metrics_port:  # prometheus_client is imported only when asked for
         from nanoserve.frontend.gateway.metrics import serve_gateway_metrics

@@ -4,6 +4,7 @@ streamed event, duration), handed when the request ends to its sinks: RequestLog
 GatewayMetrics (metrics.py). The routes fill in what only they know (finish reason, usage).
 """
 
+import json
 import logging
 import os
 import time
@@ -173,11 +174,32 @@ class AccessLog:
 
 class RequestLog:
     """Writes one line per ended request to the `nanoserve.requests` logger, in the frontend's
-    style; never the prompt, the body or the caller's token."""
+    style (text, or one JSON object with --log-format json); never the prompt, the body or the
+    caller's token."""
+
+    def __init__(self, log_format: str = "text") -> None:
+        if log_format not in ("text", "json"):
+            raise ValueError(f"log_format must be text or json, got {log_format!r}")
+        self.log_format = log_format
 
     def format(self, access: Access) -> str:
         ttft = access.ttft
         prompt, completion = access.prompt_tokens, access.completion_tokens
+        if self.log_format == "json":
+            fields = {
+                "event": "request_end",
+                "request_id": access.request_id[:MAX_REQUEST_ID_LENGTH],
+                "method": access.method,
+                "route": access.route,
+                "status": access.outcome,
+                "finish_reason": access.finish_reason,
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "ttft_s": None if ttft is None else round(ttft, 6),
+                "duration_s": round(access.duration, 6),
+                "peer": access.peer,
+            }
+            return json.dumps(fields, ensure_ascii=True)
         return (
             f"request {echo(access.request_id, MAX_REQUEST_ID_LENGTH)} {access.method}"
             f" {access.route} {access.outcome} finish={access.finish_reason or '-'}"

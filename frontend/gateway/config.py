@@ -63,6 +63,9 @@ class GatewayConfig:
         metadata={"help": "on SIGTERM, how long in-flight requests may run before they are cut"},
     )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
+    log_format: str = field(
+        default="text", metadata={"help": "request log lines: text or json (one object a line)"}
+    )
     metrics_port: int = field(
         default=0, metadata={"help": "port of the Prometheus /metrics HTTP endpoint (0 = off)"}
     )
@@ -71,6 +74,8 @@ class GatewayConfig:
         for name in ("port", "metrics_port"):
             if not 0 <= getattr(self, name) < 65536:
                 raise ValueError(f"{name} must be in [0, 65535], got {getattr(self, name)}")
+        if self.log_format not in ("text", "json"):
+            raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
         if self.metrics_port and self.metrics_port == self.port:
             raise ValueError(f"metrics_port and port must differ, both are {self.port}")
         host, sep, port = self.frontend_address.rpartition(":")

@@ -3,6 +3,7 @@ service: the X-Request-Id rule, the log line, what AccessLog sees of plain, stre
 abandoned responses, and what GatewayMetrics counts from it."""
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -53,6 +54,27 @@ def test_log_line_format() -> None:
         "request 'r2' POST /v1/completions 400 finish=- prompt=- completion=- ttft=- "
         "duration=0.002s peer=-"
     )
+
+
+def test_json_log_lines() -> None:
+    access = Access("req-1", "/v1/chat/completions", "POST", "10.0.0.7:51234", start=100.0)
+    access.status, access.first_event_at, access.end = 200, 100.0125, 101.5
+    access.ended(Usage(12, 30, 0), "length")
+    assert json.loads(RequestLog("json").format(access)) == {
+        "event": "request_end",
+        "request_id": "req-1",
+        "method": "POST",
+        "route": "/v1/chat/completions",
+        "status": 200,
+        "finish_reason": "length",
+        "prompt_tokens": 12,
+        "completion_tokens": 30,
+        "ttft_s": 0.0125,
+        "duration_s": 1.5,
+        "peer": "10.0.0.7:51234",
+    }
+    with pytest.raises(ValueError, match="log_format"):
+        RequestLog("xml")
 
 
 def test_outcome_status() -> None:
