@@ -33,12 +33,14 @@ from nanoserve.client_messages import (  # noqa: F401 - also the names users imp
     Usage,
     _detokenized,
     _model_info,
+    join_chunks,
+    to_chunk,
+)
+from nanoserve.client_requests import (  # noqa: F401 - sampling_params: users build one with it
     chat_request,
     detokenize_request,
     generate_request,
-    join_chunks,
     sampling_params,
-    to_chunk,
     tokenize_request,
 )
 from nanoserve.errors import DeadlineExceeded, ServiceError, error_from_rpc

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from nanoserve.client_messages import sampling_params, structured_output
+from nanoserve.client_requests import sampling_params, structured_output
 from nanoserve.errors import InvalidArgument
 from nanoserve.frontend.validation import Limits, validate_sampling_params
 from nanoserve.proto.v1 import common_pb2
