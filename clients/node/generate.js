@@ -163,8 +163,19 @@ const { FrontendService } = grpc.loadPackageDefinition(definition).nanoserve.v1;
 // anywhere else, give --ca: in plaintext the token is readable on the wire.
 let credentials = grpc.credentials.createInsecure();
 if (opts.ca) {
-  const roots = opts.ca === "system" ? null : fs.readFileSync(opts.ca);
-  credentials = grpc.credentials.createSsl(roots);
+  let roots = null;
+  if (opts.ca !== "system") {
+    try {
+      roots = fs.readFileSync(opts.ca);
+    } catch (err) {
+      fail(`--ca: cannot read ${opts.ca}: ${err.message}`);
+    }
+  }
+  try {
+    credentials = grpc.credentials.createSsl(roots);
+  } catch (err) {
+    fail(`--ca: ${opts.ca} is not a PEM CA bundle: ${err.message}`);
+  }
 }
 const metadata = new grpc.Metadata();
 if (opts.token) metadata.set("authorization", `Bearer ${opts.token}`);

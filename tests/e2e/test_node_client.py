@@ -338,6 +338,7 @@ def test_node_client_forces_the_named_tool(node, services, tmp_path) -> None:
         (["--grammar", "root ::= 'a'", "--structural-tag", "{}"], "mutually exclusive"),
         (["--detokenize", "12", "abc"], "not a token id"),
         (["--seed"], "--seed needs a value"),
+        (["--ca", "/nonexistent/ca.pem"], "--ca: cannot read /nonexistent/ca.pem"),
     ],
 )
 def test_node_client_refuses_bad_options(node, args, message) -> None:
