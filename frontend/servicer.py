@@ -66,6 +66,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
             max_prompt_bytes=self.config.max_prompt_bytes,
             max_stop_token_ids=self.config.max_stop_token_ids,
             max_chat_messages=self.config.max_chat_messages,
+            eos_token_ids=tuple(info.eos_token_ids),
         ), info
 
     @contextlib.contextmanager

@@ -41,6 +41,7 @@ class Limits:
     max_prompt_bytes: int
     max_stop_token_ids: int = DEFAULT_MAX_STOP_TOKEN_IDS
     max_chat_messages: int = DEFAULT_MAX_CHAT_MESSAGES
+    eos_token_ids: tuple[int, ...] = ()  # the model's, as the worker reported them
 
 
 def validate_sampling_params(
@@ -95,6 +96,17 @@ def validate_sampling_params(
         problem = allowed_token_ids_violation(params.allowed_token_ids, limits.vocab_size)
         if problem is not None:
             raise InvalidArgument(problem[1], field=f"{prefix}.allowed_token_ids{problem[0]}")
+        if params.min_tokens > 0:
+            # min_tokens bans the ids that end the output: none would be left to sample
+            ends = set(params.stop_token_ids)
+            if not params.ignore_eos:
+                ends.update(limits.eos_token_ids)
+            if ends.issuperset(params.allowed_token_ids):
+                raise InvalidArgument(
+                    "every allowed id ends the output (an eos or stop token id), so "
+                    f"min_tokens {params.min_tokens} could not be met",
+                    field=f"{prefix}.allowed_token_ids",
+                )
 
 
 def resolve_max_tokens(

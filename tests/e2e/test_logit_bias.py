@@ -67,6 +67,10 @@ def test_generate_follows_logit_bias_and_allowed_token_ids(client: Client, words
         ({"logit_bias": {i: 1.0 for i in range(1025)}}, "sampling_params.logit_bias: at most"),
         ({"allowed_token_ids": [5, VOCAB]}, "sampling_params.allowed_token_ids[1]: token id"),
         ({"allowed_token_ids": [5] * 65537}, "sampling_params.allowed_token_ids: at most"),
+        (  # <|im_end|>, the tiny model's eos: min_tokens would ban the only allowed id
+            {"allowed_token_ids": [151645], "min_tokens": 2},
+            "sampling_params.allowed_token_ids: every allowed id ends the output",
+        ),
     ],
 )
 def test_the_frontend_refuses_naming_the_field(client: Client, sampling: dict, field: str) -> None:

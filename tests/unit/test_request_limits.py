@@ -2,6 +2,7 @@
 by their length before an element is read, echoed values and details are capped, worker statuses
 map to the frontend's, and the token check's key table and comparison."""
 
+import dataclasses
 import math
 
 import grpc
@@ -128,6 +129,25 @@ def test_logit_bias_and_allowed_token_ids_refused_naming_the_field() -> None:
         with pytest.raises(InvalidArgument) as refused:
             validate_sampling_params(params, LIMITS)
         assert refused.value.message.startswith(refusal), refused.value.message
+
+
+def test_min_tokens_with_only_ending_ids_allowed_is_refused() -> None:
+    """min_tokens bans the eos and stop ids until it is met: allowing only those would leave a
+    row with nothing to sample (every logit -inf), so the request is refused, naming the field."""
+    limits = dataclasses.replace(LIMITS, eos_token_ids=(151645, 151643))
+    for params in (
+        common_pb2.SamplingParams(allowed_token_ids=[151645], min_tokens=3),
+        common_pb2.SamplingParams(allowed_token_ids=[7, 151643], stop_token_ids=[7], min_tokens=1),
+    ):
+        with pytest.raises(InvalidArgument) as refused:
+            validate_sampling_params(params, limits)
+        assert refused.value.message.startswith("sampling_params.allowed_token_ids: every allowed")
+    for params in (
+        common_pb2.SamplingParams(allowed_token_ids=[151645, 9], min_tokens=3),  # 9 is left
+        common_pb2.SamplingParams(allowed_token_ids=[151645], min_tokens=3, ignore_eos=True),
+        common_pb2.SamplingParams(allowed_token_ids=[151645]),  # no min_tokens: it may end
+    ):
+        validate_sampling_params(params, limits)
 
 
 def test_logit_bias_and_allowed_token_ids_counted_before_any_is_read() -> None:
