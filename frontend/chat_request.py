@@ -35,6 +35,7 @@ class ChatInputs:
     tools: list[dict[str, Any]] | None  # None: the template renders no tools section
     parse_tool_calls: bool  # the reply's <tool_call> blocks become ChatResponse.tool_calls
     forced: ForcedTools | None = None  # the calls the reply must make (constrained decoding)
+    single_call: bool = False  # parallel_tool_calls false: the parser keeps the first call only
 
     @property
     def size(self) -> int:
@@ -147,9 +148,11 @@ def _message(message: frontend_pb2.ChatMessage, field: str, budget: _Budget) -> 
 
 
 def _forced_tools(
-    request: frontend_pb2.ChatRequest, tools: list[dict[str, Any]]
+    request: frontend_pb2.ChatRequest, tools: list[dict[str, Any]], single_call: bool
 ) -> ForcedTools | None:
-    """The calls a tool_choice "required" or a named function forces, or None ("auto", "none")."""
+    """The calls a tool_choice "required" or a named function forces, or None ("auto", "none").
+    A named function is called once; "required" once too with `single_call`
+    (parallel_tool_calls false), else one or more times."""
     choice, name = request.tool_choice, request.tool_choice_function
     if name and choice not in ("", "function"):
         raise InvalidArgument(
@@ -184,7 +187,7 @@ def _forced_tools(
         where = f"tools[{i}].function.parameters"
         calls.append((function["name"], arguments_schema(function.get("parameters"), where)))
     field = f"tools[{chosen[0]}].function.parameters" if len(chosen) == 1 else "tools"
-    return ForcedTools(calls, exactly_one=bool(name), field=field)
+    return ForcedTools(calls, exactly_one=bool(name) or single_call, field=field)
 
 
 def chat_inputs(request: frontend_pb2.ChatRequest, limits: Limits) -> ChatInputs:
@@ -200,7 +203,9 @@ def chat_inputs(request: frontend_pb2.ChatRequest, limits: Limits) -> ChatInputs
         )
     budget = _Budget(limits.max_prompt_bytes)
     tools = _tools(request.tools, budget)
-    forced = _forced_tools(request, tools)
+    # unset is true (OpenAI's default); "none" parses no calls, so false changes nothing there
+    single_call = request.HasField("parallel_tool_calls") and not request.parallel_tool_calls
+    forced = _forced_tools(request, tools, single_call)
     messages = [_message(m, f"messages[{i}]", budget) for i, m in enumerate(request.messages)]
     use_tools = bool(tools) and request.tool_choice != "none"
-    return ChatInputs(messages, tools if use_tools else None, use_tools, forced)
+    return ChatInputs(messages, tools if use_tools else None, use_tools, forced, single_call)

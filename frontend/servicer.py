@@ -151,7 +151,9 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                 if index not in outputs:
                     outputs[index] = ChatOutput(
                         ReasoningParser(think == "open") if request.separate_reasoning else None,
-                        ToolCallParser() if inputs.parse_tool_calls else None,
+                        ToolCallParser(single_call=inputs.single_call)
+                        if inputs.parse_tool_calls
+                        else None,
                     )
                 return outputs[index]
 

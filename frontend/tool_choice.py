@@ -30,8 +30,9 @@ MAX_JSON_WHITESPACE = 1
 @dataclass(frozen=True, slots=True)
 class ForcedTools:
     """The calls a reply must make, (tool name, arguments schema) each, and how many:
-    `exactly_one` for a named function, else one or more (tool_choice "required": parallel calls
-    allowed). `field` is the request field a constraint that does not compile is blamed on."""
+    `exactly_one` (a named function, or "required" with parallel_tool_calls false: one call of any
+    of them), else one or more (tool_choice "required": parallel calls allowed). `field` is the
+    request field a constraint that does not compile is blamed on."""
 
     calls: list[tuple[str, dict[str, Any]]]
     exactly_one: bool
@@ -89,9 +90,9 @@ def structural_tag(forced: ForcedTools, think: ThinkState) -> str:
     """The structural tag (JSON text, xgrammar 0.2.9's format) of a reply that reasons (when the
     prompt lets it) and then makes its forced call(s), nothing else: the grammar is complete after
     a call, so the eos can end the reply only there."""
-    calls = [_call(name, schema) for name, schema in forced.calls]  # one name: alternatives
+    calls = [_call(name, schema) for name, schema in forced.calls]
     body: dict[str, Any]
-    if forced.exactly_one:
+    if forced.exactly_one:  # one call: of the one tool, or one of the alternatives
         body = calls[0] if len(calls) == 1 else {"type": "or", "elements": calls}
     else:
         body = {

@@ -3,6 +3,10 @@ Chat reply's text stream (the answer part, after the reasoning split) into struc
 
 Each call is returned once its block closes; a block whose JSON is not a call stays in the text,
 flagged, as vLLM's hermes parser does. The frontend sends them as ChatResponse.tool_calls.
+
+With `single_call` (ChatRequest.parallel_tool_calls false) only the reply's first call is
+returned; a later block that holds a call is dropped whole, neither a call nor text, as vLLM keeps
+the first call only. A block is held until it closes, so a dropped call is never streamed.
 """
 
 import json
@@ -60,12 +64,13 @@ class ToolCallParser:
     writes between text and calls) is dropped, as the chat template writes it back; text outside
     blocks is otherwise passed through unchanged, so a reply without blocks is untouched."""
 
-    def __init__(self, new_id: Callable[[], str] = new_call_id) -> None:
+    def __init__(self, new_id: Callable[[], str] = new_call_id, single_call: bool = False) -> None:
         self._new_id = new_id
+        self._single_call = single_call
         self._in_call = False
         self._held = ""  # outside a block: trailing whitespace and a partial tag; inside: the body
         self._space_before = ""  # whitespace dropped before the open block (back if it is bad)
-        self.num_calls = 0
+        self.num_calls = 0  # returned; dropped ones (single_call) are not counted
         self._after_call = False  # nothing but whitespace since the last call
 
     @property
@@ -130,7 +135,10 @@ class ToolCallParser:
             self._emit(self._space_before + TOOL_CALL_START + body + end_tag, delta)
             delta.parse_error = True
         else:
-            delta.tool_calls.append(ParsedToolCall(self._new_id(), *parsed))
-            self.num_calls += 1
+            if not (self._single_call and self.num_calls):
+                delta.tool_calls.append(ParsedToolCall(self._new_id(), *parsed))
+                self.num_calls += 1
+            # A dropped call counts as one for how the reply ends: ending with it is ending with a
+            # call (finish_reason "tool_calls"), and the whitespace after it goes as after any.
             self._after_call = True
         self._space_before = ""

@@ -139,6 +139,7 @@ class Client:
         tools: Tools | None = None,
         tool_choice: str = "",
         tool_choice_function: str = "",
+        parallel_tool_calls: bool | None = None,
         separate_reasoning: bool | None = None,
         **sampling: Any,
     ) -> Iterator[Chunk]:
@@ -146,8 +147,10 @@ class Client:
         `tools` (OpenAI's shape) are rendered by the model's chat template and the reply's calls
         come back as Chunk.tool_calls (tool_choice "none": no tools). tool_choice "required" makes
         the model call one or more of them, `tool_choice_function="name"` exactly that one once
-        (constrained decoding; the model may reason first when thinking is on). `separate_reasoning`
-        moves the model's <think> reasoning from `text` to Chunk.reasoning_content."""
+        (constrained decoding; the model may reason first when thinking is on).
+        `parallel_tool_calls=False`: at most one call ("required": exactly one; "auto": the first
+        call only). `separate_reasoning` moves the model's <think> reasoning from `text` to
+        Chunk.reasoning_content."""
         request = chat_request(
             messages,
             request_id,
@@ -156,6 +159,7 @@ class Client:
             tools=tools,
             tool_choice=tool_choice,
             tool_choice_function=tool_choice_function,
+            parallel_tool_calls=parallel_tool_calls,
             separate_reasoning=separate_reasoning,
             **sampling,
         )
@@ -304,6 +308,7 @@ class AsyncClient:
         tools: Tools | None = None,
         tool_choice: str = "",
         tool_choice_function: str = "",
+        parallel_tool_calls: bool | None = None,
         separate_reasoning: bool | None = None,
         **sampling: Any,
     ) -> AsyncIterator[Chunk]:
@@ -316,6 +321,7 @@ class AsyncClient:
             tools=tools,
             tool_choice=tool_choice,
             tool_choice_function=tool_choice_function,
+            parallel_tool_calls=parallel_tool_calls,
             separate_reasoning=separate_reasoning,
             **sampling,
         )

@@ -133,6 +133,7 @@ def chat_request(
     tools: Tools | None = None,
     tool_choice: str = "",
     tool_choice_function: str = "",
+    parallel_tool_calls: bool | None = None,
     separate_reasoning: bool | None = None,
     **sampling: Any,
 ) -> frontend_pb2.ChatRequest:
@@ -149,6 +150,8 @@ def chat_request(
         request.enable_thinking = enable_thinking
     if separate_reasoning is not None:
         request.separate_reasoning = separate_reasoning
+    if parallel_tool_calls is not None:
+        request.parallel_tool_calls = parallel_tool_calls
     return request
 
 

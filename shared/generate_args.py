@@ -136,6 +136,7 @@ CHAT_ONLY = {
     "tools": "--tools",
     "tool_choice": "--tool-choice",
     "tool_choice_function": "--tool-function",
+    "parallel_tool_calls": "--parallel-tool-calls",
     "separate_reasoning": "--separate-reasoning",
 }
 
@@ -225,6 +226,12 @@ def _parser() -> argparse.ArgumentParser:
         dest="tool_choice_function",
         metavar="NAME",
         help="the model must call this one of --tools, once",
+    )
+    chat.add_argument(
+        "--parallel-tool-calls",
+        action=argparse.BooleanOptionalAction,
+        help="--no-parallel-tool-calls: at most one call (required: exactly one; auto: the first "
+        "call only) (default: the server's, several allowed)",
     )
     chat.add_argument(
         "--separate-reasoning",

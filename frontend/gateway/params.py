@@ -188,8 +188,8 @@ def _message(message: ChatMessage, i: int) -> dict[str, Any]:
 def _map_tools(request: ChatCompletionRequest, mapped: Mapped) -> None:
     """tools, tool_choice and parallel_tool_calls onto the Chat call's arguments: a named function
     becomes tool_choice_function (it must be one of `tools`); "required" and a named function are
-    forced by the frontend. parallel_tool_calls false is served where it changes nothing (a named
-    function is called once)."""
+    forced by the frontend. parallel_tool_calls goes as it is, for every tool_choice: false is at
+    most one call (the frontend's "required" makes exactly one, "auto" keeps the first)."""
     choice = request.tool_choice
     names = [tool.function.name for tool in request.tools or ()]
     if isinstance(choice, NamedToolChoice):
@@ -198,10 +198,9 @@ def _map_tools(request: ChatCompletionRequest, mapped: Mapped) -> None:
         mapped.call["tool_choice_function"] = choice.function.name
     elif choice is not None:
         mapped.call["tool_choice"] = choice
-    if request.parallel_tool_calls is False and not isinstance(choice, NamedToolChoice):
-        raise bad_param(
-            "parallel_tool_calls", "false is supported only with a named tool_choice function"
-        )
+    if request.parallel_tool_calls is not None:
+        mapped.call["parallel_tool_calls"] = request.parallel_tool_calls
+        mapped.param_names["parallel_tool_calls"] = "parallel_tool_calls"
     if request.tools:
         mapped.call["tools"] = [tool.model_dump(exclude_none=True) for tool in request.tools]
         mapped.param_names["tools"] = "tools"

@@ -1,6 +1,7 @@
 """Forced tool choice through the real frontend and worker (tiny random model, CPU): gRPC Chat with
-tool_choice_function / "required", and the gateway with the official `openai` SDK's named
-tool_choice, whole and streamed. Random weights call the tool only because decoding is constrained:
+tool_choice_function / "required" (one call with parallel_tool_calls false), and the gateway with
+the official `openai` SDK's named tool_choice and "required" (parallel_tool_calls=False too), whole
+and streamed. Random weights call the tool only because decoding is constrained:
 the reply is parsed calls of the forced tool(s), arguments valid against the schema, finish reason
 "tool_calls"; an unknown name or a schema the grammar engine refuses is an error naming the field."""
 
@@ -102,6 +103,22 @@ def test_grpc_chat_forced_calls_and_refusals(services: Pair) -> None:
     assert_idle(services.worker.address)
 
 
+def test_grpc_chat_required_without_parallel_calls_makes_one_call(services: Pair) -> None:
+    with Client(services.frontend.address, timeout=120) as client:
+        single = {"tools": [WEATHER, TIME], "tool_choice": "required", "parallel_tool_calls": False}
+        for seed in range(3):
+            reply = client.chat(MESSAGES, seed=seed, **single, **FORCED)
+            assert reply.finish_reason == "tool_calls", reply.text
+            assert reply.text == "" and not reply.tool_call_parse_error
+            (call,) = reply.tool_calls
+            jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+        chunks = list(client.chat_stream(MESSAGES, seed=7, **single, **FORCED))
+        (call,) = [call for chunk in chunks for call in chunk.tool_calls]
+        jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+        assert chunks[-1].finish_reason == "tool_calls"
+    assert_idle(services.worker.address)
+
+
 @pytest.fixture(scope="module")
 def sdk(services: Pair) -> Iterator[openai.OpenAI]:
     gateway = start_gateway(services.frontend.address)
@@ -152,6 +169,31 @@ def test_gateway_named_tool_choice_returns_tool_calls(sdk: openai.OpenAI, model:
     assert streamed and [c.index for c in streamed] == list(range(len(streamed)))
     for call in streamed:
         jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    assert events[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_gateway_required_without_parallel_calls(sdk: openai.OpenAI, model: str) -> None:
+    """OpenAI's parallel_tool_calls=False with tool_choice "required": exactly one call."""
+    common = {
+        "model": model,
+        "messages": MESSAGES,
+        "tools": [WEATHER, TIME],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "temperature": 1.0,
+        "max_tokens": 256,
+        "extra_body": NO_THINKING,
+    }
+    reply = sdk.chat.completions.create(seed=3, **common)
+    (choice,) = reply.choices
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+    events = list(sdk.chat.completions.create(seed=7, stream=True, **common))
+    (streamed,) = [c for e in events if e.choices for c in e.choices[0].delta.tool_calls or ()]
+    assert streamed.index == 0
+    jsonschema.validate(json.loads(streamed.function.arguments), SCHEMAS[streamed.function.name])
     assert events[-1].choices[0].finish_reason == "tool_calls"
 
 

@@ -1,7 +1,7 @@
 """The Chat output parsers on recorded Qwen3 replies: frontend.reasoning_parser (<think> split),
-frontend.tool_parser (<tool_call> blocks) and frontend.chat_output (both, as ChatResponse fields).
-Every reply is also fed split into chunks at every position (hypothesis): the result must not
-depend on where the stream's deltas fell."""
+frontend.tool_parser (<tool_call> blocks; the first call only with parallel_tool_calls false) and
+frontend.chat_output (both, as ChatResponse fields). Every reply is also fed split into chunks at
+every position (hypothesis): the result must not depend on where the stream's deltas fell."""
 
 import itertools
 import json
@@ -99,6 +99,36 @@ TOOL_CASES = {
         ("", [("echo", {"s": "<tool_call>"})], False, True),
     ),
 }
+# parallel_tool_calls false (ToolCallParser(single_call=True)): the first call only, as vLLM keeps;
+# a later block that holds a call is dropped whole, one that holds none stays as text
+SINGLE_CALL_CASES = {
+    "one call": (CALL_WEATHER, ("", [("get_weather", {"city": "Paris"})], False, True)),
+    "two calls: the first is kept": (
+        f"Let me check.\n{CALL_WEATHER}\n{CALL_TIME}\n",
+        ("Let me check.", [("get_weather", {"city": "Paris"})], False, True),
+    ),
+    "text between, the dropped call ends the reply": (
+        f"{CALL_TIME}\nand also\n{CALL_WEATHER}",
+        ("and also", [("get_time", {})], False, True),
+    ),
+    "text after the dropped call": (
+        f"{CALL_TIME}\n{CALL_WEATHER}\n{CALL_TIME}\nDone.",
+        ("Done.", [("get_time", {})], False, False),
+    ),
+    "a bad block is no call: the next one is the first": (
+        f"<tool_call>\n[1]\n</tool_call>\n{CALL_TIME}\n{CALL_WEATHER}",
+        ("<tool_call>\n[1]\n</tool_call>", [("get_time", {})], True, True),
+    ),
+    "a bad block after the call stays": (
+        f"{CALL_TIME}\n<tool_call>\n[1, 2]\n</tool_call>",
+        ("<tool_call>\n[1, 2]\n</tool_call>", [("get_time", {})], True, False),
+    ),
+    "an unclosed second call is dropped too": (
+        f'{CALL_TIME}\n<tool_call>\n{{"name": "f", "arguments": {{}}}}\n',
+        ("", [("get_time", {})], False, True),
+    ),
+    "no calls": ("Just text.\n", ("Just text.\n", [], False, False)),
+}
 
 
 def _chunks(text: str, cuts: list[int]) -> list[str]:
@@ -116,9 +146,11 @@ def _split(text: str, open_in_prompt: bool, cuts: list[int]) -> tuple[str, str]:
     return reasoning + tail.reasoning, content + tail.content
 
 
-def _calls(text: str, cuts: list[int]) -> tuple[str, list[tuple[str, dict]], bool, bool]:
+def _calls(
+    text: str, cuts: list[int], single_call: bool = False
+) -> tuple[str, list[tuple[str, dict]], bool, bool]:
     ids = (f"call_{i}" for i in itertools.count())
-    parser = ToolCallParser(lambda: next(ids))
+    parser = ToolCallParser(lambda: next(ids), single_call=single_call)
     out, calls, error = "", [], False
     for delta in [*(parser.feed(c) for c in _chunks(text, cuts)), parser.finish()]:
         out += delta.text
@@ -147,6 +179,14 @@ def test_every_single_cut() -> None:
     for reply, expected in TOOL_CASES.values():
         for i in range(len(reply) + 1):
             assert _calls(reply, [i]) == expected, (reply, i)
+    for reply, expected in SINGLE_CALL_CASES.values():
+        for i in range(len(reply) + 1):
+            assert _calls(reply, [i], single_call=True) == expected, (reply, i)
+
+
+def test_single_call_recorded_replies() -> None:
+    for name, (reply, expected) in SINGLE_CALL_CASES.items():
+        assert _calls(reply, [], single_call=True) == expected, name
 
 
 @st.composite
@@ -171,6 +211,14 @@ def test_tool_calls_any_chunking(case: tuple[str, list[int]]) -> None:
     name, cuts = case
     reply, expected = TOOL_CASES[name]
     assert _calls(reply, cuts) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(_reply_and_cuts(SINGLE_CALL_CASES))
+def test_single_call_any_chunking(case: tuple[str, list[int]]) -> None:
+    name, cuts = case
+    reply, expected = SINGLE_CALL_CASES[name]
+    assert _calls(reply, cuts, single_call=True) == expected
 
 
 @settings(max_examples=200, deadline=None)
@@ -226,6 +274,20 @@ def test_chat_output_tools_without_reasoning_split() -> None:
     assert ChatOutput(tools=ToolCallParser()).update(length)["finish_reason"] == (
         common_pb2.FINISH_REASON_LENGTH
     )
+
+
+def test_chat_output_never_streams_a_second_call() -> None:
+    """parallel_tool_calls false, streamed token by token (about): one call in all, in the message
+    where its block closed; nothing of the dropped block in any message's text."""
+    reply = f"<think>\nboth?\n</think>\n\nChecking.\n{CALL_WEATHER}\n{CALL_TIME}"
+    chunks = [reply[i : i + 3] for i in range(0, len(reply), 3)]
+    output = ChatOutput(ReasoningParser(), ToolCallParser(single_call=True))
+    out = _stream(output, chunks)
+    calls = [(i, call) for i, f in enumerate(out) for call in f["tool_calls"]]
+    assert [call.function.name for _, call in calls] == ["get_weather"]
+    assert calls[0][0] == (reply.index("</tool_call>") + len("</tool_call>") - 1) // 3
+    assert "".join(f["text"] for f in out) == "Checking."
+    assert out[-1]["finish_reason"] == common_pb2.FINISH_REASON_TOOL_CALLS
 
 
 def test_think_in_prompt() -> None:

@@ -62,13 +62,14 @@ def test_chat_flags(tmp_path: Path) -> None:
     tools.write_text(json.dumps(TOOLS))
     args = parse(
         ["q", "--chat", "--no-thinking", "--tools", f"@{tools}", "--tool-choice", "required"]
-        + ["--tool-function", "weather", "--separate-reasoning"]
+        + ["--tool-function", "weather", "--no-parallel-tool-calls", "--separate-reasoning"]
     )
     assert args.chat and args.call == {
         "enable_thinking": False,
         "tools": TOOLS,
         "tool_choice": "required",
         "tool_choice_function": "weather",
+        "parallel_tool_calls": False,
         "separate_reasoning": True,
     }
     assert parse(["q", "--chat"]).call == {"enable_thinking": None}
@@ -87,6 +88,7 @@ def test_chat_flags(tmp_path: Path) -> None:
         (["--tools", "{}", "--chat"], "expected a JSON list of tools"),
         (["--separate-reasoning"], "--separate-reasoning needs --chat"),
         (["--tool-function", "f"], "--tool-function needs --chat"),
+        (["--no-parallel-tool-calls"], "--parallel-tool-calls needs --chat"),
         (["--tool-choice", "maybe", "--chat"], "invalid choice"),
         (["--tls-ca-file", "/no/such.pem"], "cannot read /no/such.pem"),
     ],

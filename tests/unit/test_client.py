@@ -238,6 +238,9 @@ def test_chat_request_tools_and_tool_call_history() -> None:
     assert (forced.tool_choice, forced.tool_choice_function) == ("", "get_weather")
     required = chat_request([("user", "hi")], tools=[weather], tool_choice="required")
     assert (required.tool_choice, required.tool_choice_function) == ("required", "")
+    assert not required.HasField("parallel_tool_calls")  # unset: the server's default, true
+    single = chat_request([("user", "hi")], tool_choice="required", parallel_tool_calls=False)
+    assert single.HasField("parallel_tool_calls") and not single.parallel_tool_calls
 
     call = frontend_pb2.ToolCall(
         id="call_9",

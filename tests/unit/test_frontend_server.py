@@ -614,7 +614,8 @@ def test_chat_tools_and_reasoning(
     tokenizer: Tokenizer, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Through the servicer: tools reach the prompt, the reply's ids (streamed two at a time) come
-    back split into reasoning_content, text and structured tool_calls; finish_reason TOOL_CALLS."""
+    back split into reasoning_content, text and structured tool_calls; finish_reason TOOL_CALLS.
+    With parallel_tool_calls false, only the first call."""
     monkeypatch.setitem(globals(), "MAX_MODEL_LEN", 4096)  # room for the tools' prompt
     tool = frontend_pb2.Tool(
         type="function",
@@ -657,6 +658,16 @@ def test_chat_tools_and_reasoning(
         )
         assert "<tools>" in expected
         assert list(h.fake.requests[-1].prompt_token_ids) == tokenizer.encode(expected, False)
+
+        # parallel_tool_calls false ("auto"): the first call only, the second never sent
+        request.parallel_tool_calls = False
+        single = await _collect(h.stub.Chat(request))
+        assert "".join(r.text for r in single) == "Let me check both."
+        calls = [c for r in single for c in r.tool_calls]
+        assert [(c.function.name, c.function.arguments) for c in calls] == [
+            ("get_weather", '{"city": "Paris"}')
+        ]
+        assert single[-1].finish_reason == common_pb2.FINISH_REASON_TOOL_CALLS
 
         # tool_choice "none": no tools in the prompt, the reply's text untouched
         plain = await _collect(

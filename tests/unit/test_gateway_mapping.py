@@ -152,6 +152,20 @@ def test_chat_maps_forced_tool_choices() -> None:
     assert map_chat(chat(tool_choice="none"))[1].call == {"tool_choice": "none"}
 
 
+@pytest.mark.parametrize("choice", [None, "auto", "none", "required", NAMED])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_chat_maps_parallel_tool_calls_for_every_tool_choice(choice, parallel) -> None:
+    fields = {"tools": [TOOL], "parallel_tool_calls": parallel}
+    if choice is not None:
+        fields["tool_choice"] = choice
+    _, mapped = map_chat(chat(**fields))
+    assert mapped.call["parallel_tool_calls"] is parallel
+    assert mapped.param_names["parallel_tool_calls"] == "parallel_tool_calls"
+    assert "parallel_tool_calls" not in map_chat(chat(tools=[TOOL]))[1].call  # unset: the default
+    # without tools too: OpenAI accepts it, and it changes nothing
+    assert map_chat(chat(parallel_tool_calls=False))[1].call == {"parallel_tool_calls": False}
+
+
 def test_logit_bias_and_allowed_token_ids_map_on_both_endpoints() -> None:
     fields = {"logit_bias": {"5": 100, "17": -100.0}, "allowed_token_ids": [5, 17, 30]}
     want = {"logit_bias": {5: 100.0, 17: -100.0}, "allowed_token_ids": [5, 17, 30]}
@@ -168,11 +182,6 @@ def test_chat_refuses_unknown_tools_images_and_both_max_tokens() -> None:
     for fields, param in (
         ({"tool_choice": NAMED}, "tool_choice"),  # no tools
         ({"tools": [TOOL], "tool_choice": {**NAMED, "function": {"name": "g"}}}, "tool_choice"),
-        ({"parallel_tool_calls": False}, "parallel_tool_calls"),
-        (
-            {"tools": [TOOL], "tool_choice": "required", "parallel_tool_calls": False},
-            "parallel_tool_calls",
-        ),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"max_tokens": 3, "max_completion_tokens": 4}, "max_completion_tokens"),
         (

@@ -1,7 +1,8 @@
 """Forced tool choice (frontend.tool_choice, chat_request): the request checks name the field; the
 structural tag built for "required" and a named function compiles with xgrammar and, fed the real
 Qwen tokenizer's ids, accepts well-formed Qwen3 calls (after a think block where the prompt allows
-one) and refuses a wrong name, arguments off the schema, text around the calls, or no call."""
+one) and refuses a wrong name, arguments off the schema, text around the calls, or no call; with
+parallel_tool_calls false, "required" takes exactly one call of any tool."""
 
 import json
 
@@ -155,8 +156,9 @@ PARIS_F = _call("get_weather", '{"city":"Paris","unit":"f"}')  # compact JSON to
 NOW = _call("get_time", '{"tz": "UTC", "n": [1, 2]}')
 
 
-def _forced(choice: str, name: str = "") -> ForcedTools:
-    forced = chat_inputs(_request(tool_choice=choice, tool_choice_function=name), LIMITS).forced
+def _forced(choice: str, name: str = "", **fields) -> ForcedTools:
+    request = _request(tool_choice=choice, tool_choice_function=name, **fields)
+    forced = chat_inputs(request, LIMITS).forced
     assert forced is not None
     return forced
 
@@ -187,6 +189,48 @@ def test_required_takes_one_or_more_calls_of_any_tool(compile_tag, encode) -> No
         assert _complete(compiled, encode(good)), good
     for bad in ("", "Hello", PARIS + "\nHello", _call("nope", "{}"), _call("get_time", "[]")):
         assert not _complete(compiled, encode(bad)), bad
+
+
+def test_required_without_parallel_calls_takes_exactly_one_call_of_any_tool(
+    compile_tag, encode
+) -> None:
+    forced = _forced("required", parallel_tool_calls=False)
+    assert forced.exactly_one and [name for name, _ in forced.calls] == ["get_weather", "get_time"]
+    compiled = compile_tag(structural_tag(forced, "closed"))
+    for good in (PARIS, PARIS_F, NOW):
+        assert _complete(compiled, encode(good)), good
+    for bad in (
+        "",
+        PARIS + "\n" + NOW,  # two calls, of either tool
+        NOW + "\n" + PARIS,
+        PARIS + "\n" + PARIS_F,
+        PARIS + "\nHello",
+        _call("get_weather", '{"town": "Paris"}'),
+    ):
+        assert not _complete(compiled, encode(bad)), bad
+    thinking = compile_tag(structural_tag(forced, "none"))
+    assert _complete(thinking, encode("<think>\nthe time, then.\n</think>\n\n" + NOW))
+    assert not _complete(thinking, encode("<think>\nboth\n</think>\n\n" + NOW + "\n" + PARIS))
+
+
+def test_parallel_tool_calls_true_or_unset_keeps_required_parallel() -> None:
+    for fields in ({}, {"parallel_tool_calls": True}):
+        inputs = chat_inputs(_request(tool_choice="required", **fields), LIMITS)
+        assert inputs.forced is not None and not inputs.forced.exactly_one
+        assert not inputs.single_call
+
+
+def test_parallel_tool_calls_false_with_other_choices() -> None:
+    """A named function is called once either way; "auto" is not constrained (the parser keeps
+    one call); "none" has no tools to call: accepted, changes nothing."""
+    named = chat_inputs(
+        _request(tool_choice_function="get_time", parallel_tool_calls=False), LIMITS
+    )
+    assert named.forced == _forced("", "get_time") and named.single_call
+    auto = chat_inputs(_request(tool_choice="auto", parallel_tool_calls=False), LIMITS)
+    assert auto.forced is None and auto.parse_tool_calls and auto.single_call
+    none = chat_inputs(_request(tool_choice="none", parallel_tool_calls=False), LIMITS)
+    assert none.forced is None and not none.parse_tool_calls and none.tools is None
 
 
 def test_thinking_comes_first_when_the_prompt_allows_it(compile_tag, encode) -> None:

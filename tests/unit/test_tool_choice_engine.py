@@ -1,7 +1,8 @@
 """Forced tool choice on the offline engine with the tiny random Qwen3 (real Qwen tokenizer and chat
 template): the frontend's chat inputs and structural tag, the worker's grammar; whatever the random
 weights pick, the reply is calls that the tool parser reads, of the forced name(s), with arguments
-valid against the tool's schema, ended by the eos once the grammar is complete."""
+valid against the tool's schema, ended by the eos once the grammar is complete; one call only with
+parallel_tool_calls false."""
 
 import json
 
@@ -118,3 +119,13 @@ def test_required_calls_any_of_the_tools(llm, tokenizer) -> None:
             jsonschema.validate(arguments, SCHEMAS[name])
             names.add(name)
     assert names == set(SCHEMAS)  # 8 random replies: both tools are called (not one forced)
+
+
+def test_required_without_parallel_calls_makes_exactly_one_call(llm, tokenizer) -> None:
+    names = set()
+    for calls in _replies(llm, tokenizer, tool_choice="required", parallel_tool_calls=False):
+        assert len(calls) == 1, calls  # the parser reads every block: the grammar allowed one
+        name, arguments = calls[0]
+        jsonschema.validate(arguments, SCHEMAS[name])
+        names.add(name)
+    assert names == set(SCHEMAS)  # one call, but of either tool

@@ -98,7 +98,7 @@ class ToolCallFunction(_message.Message):
     def __init__(self, name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class ChatRequest(_message.Message):
-    __slots__ = ("messages", "sampling_params", "request_id", "enable_thinking", "priority", "tools", "tool_choice", "tool_choice_function", "separate_reasoning")
+    __slots__ = ("messages", "sampling_params", "request_id", "enable_thinking", "priority", "tools", "tool_choice", "tool_choice_function", "separate_reasoning", "parallel_tool_calls")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +108,7 @@ class ChatRequest(_message.Message):
     TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
     TOOL_CHOICE_FUNCTION_FIELD_NUMBER: _ClassVar[int]
     SEPARATE_REASONING_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     sampling_params: _common_pb2.SamplingParams
     request_id: str
@@ -117,7 +118,8 @@ class ChatRequest(_message.Message):
     tool_choice: str
     tool_choice_function: str
     separate_reasoning: bool
-    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., enable_thinking: _Optional[bool] = ..., priority: _Optional[int] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[str] = ..., tool_choice_function: _Optional[str] = ..., separate_reasoning: _Optional[bool] = ...) -> None: ...
+    parallel_tool_calls: bool
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., enable_thinking: _Optional[bool] = ..., priority: _Optional[int] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[str] = ..., tool_choice_function: _Optional[str] = ..., separate_reasoning: _Optional[bool] = ..., parallel_tool_calls: _Optional[bool] = ...) -> None: ...
 
 class ChatResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "usage", "matched_stop", "matched_stop_token_id", "logprobs", "prompt_logprobs", "index", "reasoning_content", "tool_calls", "tool_call_parse_error")
