@@ -14,6 +14,7 @@ from nanoserve.sampling_rules import (
     RULES,
     allowed_token_ids_violation,
     logit_bias_violation,
+    only_ending_ids_violation,
     violations,
 )
 from nanoserve.structured_output import check as check_structured_output
@@ -96,17 +97,15 @@ def validate_sampling_params(
         problem = allowed_token_ids_violation(params.allowed_token_ids, limits.vocab_size)
         if problem is not None:
             raise InvalidArgument(problem[1], field=f"{prefix}.allowed_token_ids{problem[0]}")
-        if params.min_tokens > 0:
-            # min_tokens bans the ids that end the output: none would be left to sample
-            ends = set(params.stop_token_ids)
-            if not params.ignore_eos:
-                ends.update(limits.eos_token_ids)
-            if ends.issuperset(params.allowed_token_ids):
-                raise InvalidArgument(
-                    "every allowed id ends the output (an eos or stop token id), so "
-                    f"min_tokens {params.min_tokens} could not be met",
-                    field=f"{prefix}.allowed_token_ids",
-                )
+        ending = only_ending_ids_violation(
+            params.allowed_token_ids,
+            params.stop_token_ids,
+            limits.eos_token_ids,
+            params.ignore_eos,
+            params.min_tokens,
+        )
+        if ending is not None:
+            raise InvalidArgument(ending, field=f"{prefix}.allowed_token_ids")
 
 
 def resolve_max_tokens(

@@ -4,7 +4,7 @@ and the bounds of logit_bias and allowed_token_ids, which LLMEngine.validate als
 """
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 MAX_N = 16  # completions per request (SamplingParams.n): each takes one of the engine's batch slots
 
@@ -88,6 +88,28 @@ def allowed_token_ids_violation(
             if token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
                 return f"[{i}]", _outside(token_id, vocab_size)
     return None
+
+
+def only_ending_ids_violation(
+    allowed_token_ids: Sequence[int],
+    stop_token_ids: Iterable[int],
+    eos_token_ids: Iterable[int],
+    ignore_eos: bool,
+    min_tokens: int,
+) -> str | None:
+    """The rule broken when min_tokens must ban every allowed id (each an eos or a stop id): the
+    row would have nothing to sample. None when an allowed id is left, or min_tokens is 0."""
+    if min_tokens <= 0 or not allowed_token_ids:
+        return None
+    ends = set(stop_token_ids)
+    if not ignore_eos:
+        ends.update(eos_token_ids)
+    if not ends.issuperset(allowed_token_ids):
+        return None
+    return (
+        "every allowed id ends the output (an eos or stop token id), so "
+        f"min_tokens {min_tokens} could not be met"
+    )
 
 
 def _outside(token_id: int, vocab_size: int | None) -> str:

@@ -42,6 +42,7 @@ class EngineLimits:
     max_model_len: int = 0
     vocab_size: int = 0
     max_num_seqs: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
 
 
 class StepObserver(Protocol):
@@ -103,7 +104,12 @@ class AsyncEngine:
         """LLMEngine.validate against the limits the core reported (ValueError naming the field)."""
         limits = self.limits
         self.engine_class.validate_against(
-            token_ids, sp, limits.max_model_len, limits.vocab_size, limits.max_num_seqs
+            token_ids,
+            sp,
+            limits.max_model_len,
+            limits.vocab_size,
+            limits.max_num_seqs,
+            limits.eos_token_ids,
         )
 
     def add(
@@ -227,6 +233,7 @@ class AsyncEngine:
         self.limits.max_model_len = info["max_model_len"]
         self.limits.vocab_size = info["vocab_size"]
         self.limits.max_num_seqs = info.get("max_num_seqs")
+        self.limits.eos_token_ids = tuple(info.get("eos_token_ids", ()))
         self.ready.set_result(info)
 
     def _on_load(self, load: list) -> None:

@@ -107,6 +107,10 @@ def test_generate_tokens_follows_them_and_refuses_bad_ones(worker_stub, words, s
         ({"logit_bias": {i: 1.0 for i in range(1025)}}, "sampling_params.logit_bias: at most"),
         ({"allowed_token_ids": [VOCAB]}, "allowed_token_ids[0]: token id 151936 is outside"),
         ({"allowed_token_ids": [1] * 65537}, "sampling_params.allowed_token_ids: at most"),
+        (  # the tiny model's eos: min_tokens bans it, nothing would be left to sample
+            {"allowed_token_ids": [151645], "min_tokens": 1},
+            "allowed_token_ids: every allowed id ends the output",
+        ),
     ]:
         code, details, received = status_of(
             worker_stub.GenerateTokens(worker_request(max_tokens=2, **sampling), timeout=30)

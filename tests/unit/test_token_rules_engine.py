@@ -65,6 +65,18 @@ def test_allowed_token_ids_bound_every_completion(llm):
     assert set(run(llm, [greedy, greedy])[1]) <= {a, b}
 
 
+def test_min_tokens_with_only_ending_ids_allowed_is_refused(llm):
+    """The engine checks it too (WorkerService.GenerateTokens reaches it without the frontend):
+    min_tokens would ban every allowed id, leaving the row nothing to sample."""
+    eos = llm.eos_token_ids[0]
+    stop_only = SamplingParams(allowed_token_ids=[eos], min_tokens=2, max_tokens=4)
+    with pytest.raises(ValueError, match="allowed_token_ids: every allowed id ends the output"):
+        llm.generate(PROMPTS[:1], stop_only, use_tqdm=False)
+    plus_one = SamplingParams(allowed_token_ids=[eos, 17], min_tokens=2, max_tokens=4)
+    out = llm.generate(PROMPTS[:1], plus_one, use_tqdm=False)[0]
+    assert out.token_ids[:2] == [17, 17]  # eos banned until min_tokens: 17 is all that is left
+
+
 def test_decode_lookahead_changes_nothing(model_path):
     """The step forwarded ahead samples with the rules of the step it turns out to be."""
     params = [

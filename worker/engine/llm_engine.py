@@ -8,7 +8,11 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from nanoserve.sampling_rules import allowed_token_ids_violation, logit_bias_violation
+from nanoserve.sampling_rules import (
+    allowed_token_ids_violation,
+    logit_bias_violation,
+    only_ending_ids_violation,
+)
 from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.engine.block_manager import BlockManager
 from nanoserve.worker.engine.scheduler import Scheduler
@@ -104,6 +108,7 @@ class LLMEngine:
             self.max_model_len,
             self.model_config.vocab_size,
             self.config.max_num_seqs,
+            self.eos_token_ids,
         )
 
     @staticmethod
@@ -113,6 +118,7 @@ class LLMEngine:
         max_model_len: int,
         vocab: int,
         max_num_seqs: int | None = None,
+        eos_token_ids: tuple[int, ...] = (),
     ) -> None:
         """validate() under given limits (AsyncEngine's: those its core process reported)."""
         if max_num_seqs is not None and sp.n > max_num_seqs:
@@ -137,6 +143,11 @@ class LLMEngine:
             problem = allowed_token_ids_violation(sp.allowed_token_ids, vocab)
             if problem is not None:
                 raise ValueError(f"allowed_token_ids{problem[0]}: {problem[1]}")
+            rule = only_ending_ids_violation(
+                sp.allowed_token_ids, sp.stop_token_ids, eos_token_ids, sp.ignore_eos, sp.min_tokens
+            )
+            if rule is not None:
+                raise ValueError(f"allowed_token_ids: {rule}")
         if len(token_ids) >= max_model_len:
             raise ValueError(
                 f"prompt_token_ids: the prompt has {len(token_ids)} tokens; "
