@@ -5,7 +5,8 @@
 //                     --json-object | --structural-tag TEXT|@FILE]
 //                    [--logit-bias ID=BIAS]... [--allowed-token-ids ID[,ID...]]...
 //                    [--chat [--separate-reasoning] [--tools FILE.json] [--[no-]thinking]
-//                            [--tool-choice auto|none|required] [--tool-function NAME]] "prompt"
+//                            [--tool-choice auto|none|required] [--tool-function NAME]
+//                            [--no-parallel-tool-calls]] "prompt"
 //   node generate.js [--address ...] --tokenize "text"        prints the text's token ids
 //   node generate.js [--address ...] --detokenize ID [ID...]  prints the ids' text
 // --ca (env NANOSERVE_CA_FILE): connect over TLS, trusting this PEM CA bundle (`--ca system`: the
@@ -29,6 +30,7 @@ const protoLoader = require("@grpc/proto-loader");
 // options without a value
 const FLAGS = new Set([
   "chat", "separate-reasoning", "thinking", "no-thinking", "json-object", "tokenize", "detokenize",
+  "no-parallel-tool-calls",
 ]);
 // options with one; REPEATED ones collect every value
 const OPTIONS = new Set([
@@ -42,7 +44,10 @@ const STRUCTURED = {
   "json-schema": "json_schema", regex: "regex", grammar: "grammar", "json-object": "json_object",
   "structural-tag": "structural_tag",
 };
-const CHAT_ONLY = ["separate-reasoning", "tools", "tool-choice", "tool-function", "thinking", "no-thinking"];
+const CHAT_ONLY = [
+  "separate-reasoning", "tools", "tool-choice", "tool-function", "thinking", "no-thinking",
+  "no-parallel-tool-calls",
+];
 const TOOL_CHOICES = ["auto", "none", "required"];
 const MAX_TOOLS = 128; // the frontend's bound too; checked here before the file is walked
 
@@ -106,7 +111,10 @@ function textOrFile(name) {
 const n = Number(opts.n);
 if (!Number.isInteger(n) || n < 1) fail(`--n must be a positive integer, got ${opts.n}`);
 if (CHAT_ONLY.some((name) => opts[name] !== undefined) && !opts.chat) {
-  fail("--separate-reasoning, --tools, --tool-choice, --tool-function and --[no-]thinking need --chat");
+  fail(
+    "--separate-reasoning, --tools, --tool-choice, --tool-function, --no-parallel-tool-calls and " +
+      "--[no-]thinking need --chat",
+  );
 }
 if (opts["tool-choice"] !== undefined && !TOOL_CHOICES.includes(opts["tool-choice"])) {
   fail(`--tool-choice must be one of ${TOOL_CHOICES.join(", ")}, got ${opts["tool-choice"]}`);
@@ -233,6 +241,8 @@ function generate() {
     if (opts.tools !== undefined) request.tools = readTools(opts.tools);
     if (opts["tool-choice"] !== undefined) request.tool_choice = opts["tool-choice"];
     if (opts["tool-function"] !== undefined) request.tool_choice_function = opts["tool-function"];
+    // at most one call per reply (OpenAI's parallel_tool_calls: false)
+    if (opts["no-parallel-tool-calls"]) request.parallel_tool_calls = false;
     call = client.Chat(request, metadata);
   } else {
     request.prompt = prompt.join(" ");

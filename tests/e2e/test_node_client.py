@@ -385,7 +385,15 @@ def test_node_client_sends_the_api_fields(node, tmp_path) -> None:
                 ("--structural-tag", '{"type": "structural_tag"}'),
                 ("--logit-bias", "7=100", "--logit-bias", "9=-2.5", "--logit-bias", "7=-100"),
                 ("--allowed-token-ids", "3,5", "--allowed-token-ids", "8"),
-                ("--chat", "--tools", str(tools), "--tool-choice", "required", "--no-thinking"),
+                (
+                    "--chat",
+                    "--tools",
+                    str(tools),
+                    "--tool-choice",
+                    "required",
+                    "--no-thinking",
+                    "--no-parallel-tool-calls",
+                ),
                 ("--chat", "--tools", str(tools), "--tool-function", "get_weather"),
             )
         ]
@@ -405,6 +413,8 @@ def test_node_client_sends_the_api_fields(node, tmp_path) -> None:
     assert required.tool_choice == "required" and not required.enable_thinking
     assert required.HasField("enable_thinking") and not required.tool_choice_function
     assert named.tool_choice_function == "get_weather" and not named.HasField("enable_thinking")
+    assert required.HasField("parallel_tool_calls") and not required.parallel_tool_calls
+    assert not named.HasField("parallel_tool_calls")
     assert runs[7].stdout == "<tool_call>{oops</tool_call>\n"
     assert runs[7].stderr == "warning: a <tool_call> block held no valid call\n"
 
