@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import pytest
@@ -23,6 +24,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
+
+if TYPE_CHECKING:
+    from tests.tls_certs import Certs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER_SERVICE = "nanoserve.v1.WorkerService"
@@ -333,6 +337,15 @@ def services(tiny_model_dir: Path) -> Iterator[Pair]:
     pair = start_pair(tiny_model_dir)
     yield pair
     pair.stop()
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    """A CA, a server certificate and a client certificate (tests/tls_certs), shared by the TLS
+    tests; imported here, so that only they need `cryptography`."""
+    from tests.tls_certs import make_certs
+
+    return make_certs(tmp_path_factory.mktemp("certs"))
 
 
 @pytest.fixture(scope="session")

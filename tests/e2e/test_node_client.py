@@ -15,7 +15,6 @@ import pytest
 
 from nanoserve.client import Client
 from tests.e2e.conftest import REPO_ROOT, Service, start_frontend
-from tests.tls_certs import Certs, make_certs
 
 pytestmark = pytest.mark.e2e
 
@@ -59,11 +58,6 @@ def test_node_client_reports_the_status(node, services) -> None:
 
 
 TOKEN = "node-client-key-0123456789"
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    return make_certs(tmp_path_factory.mktemp("certs"))
 
 
 @pytest.fixture(scope="module")

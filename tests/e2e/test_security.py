@@ -22,11 +22,6 @@ TOKEN_A, TOKEN_B = "key-of-tenant-a-0123456789", "key-of-tenant-b-9876543210"
 
 
 @pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    return make_certs(tmp_path_factory.mktemp("certs"))
-
-
-@pytest.fixture(scope="module")
 def other_ca(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     """Certificates of a CA the servers do not trust."""
     return make_certs(tmp_path_factory.mktemp("other"), ca_name="someone else's CA")

@@ -22,14 +22,9 @@ from tests.e2e.conftest import (
     start_serve,
     start_worker,
 )
-from tests.tls_certs import Certs, make_certs
+from tests.tls_certs import make_certs
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    return make_certs(tmp_path_factory.mktemp("certs"))
 
 
 @pytest.fixture(scope="module")
