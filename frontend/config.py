@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from nanoserve.frontend.validation import DEFAULT_MAX_CHAT_MESSAGES, DEFAULT_MAX_STOP_TOKEN_IDS
 from nanoserve.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
-from nanoserve.log import parse_level
+from nanoserve.log import check_log_format, parse_level
 from nanoserve.model_files import REVISION_HELP, check_model_name
 
 
@@ -218,8 +218,7 @@ class FrontendConfig:
             raise ValueError(
                 f"cache_isolation must be tenant or none, got {self.cache_isolation!r}"
             )
-        if self.log_format not in ("text", "json"):
-            raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
+        check_log_format(self.log_format)
 
     def __post_init__(self) -> None:
         check_model_name(self.model)

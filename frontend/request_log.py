@@ -20,6 +20,7 @@ import grpc
 import grpc.aio
 
 from nanoserve.errors import echo
+from nanoserve.log import check_log_format
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.request_decoding import Undecodable
 
@@ -101,8 +102,7 @@ class RequestLog:
     """Writes one line per ended request to the `nanoserve.requests` logger."""
 
     def __init__(self, log_format: str = "text") -> None:
-        if log_format not in ("text", "json"):
-            raise ValueError(f"log_format must be text or json, got {log_format!r}")
+        check_log_format(log_format)
         self.log_format = log_format
 
     def format(self, record: RequestRecord) -> str:

@@ -9,6 +9,16 @@ import sys
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
+LOG_FORMATS = ("text", "json")  # of the request log lines (frontend and gateway)
+
+
+def check_log_format(log_format: str) -> str:
+    """`log_format` itself, or ValueError naming the field."""
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log_format must be text or json, got {log_format!r}")
+    return log_format
+
+
 def parse_level(level: str | int) -> int:
     if isinstance(level, int):
         return level

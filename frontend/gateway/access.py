@@ -15,6 +15,7 @@ from typing import Any
 from nanoserve.client_messages import Usage
 from nanoserve.errors import echo
 from nanoserve.frontend.gateway.body_limit import ASGIApp, Message, Receive, Scope, Send
+from nanoserve.log import check_log_format
 
 logger = logging.getLogger("nanoserve.requests")
 REQUEST_ID_HEADER = b"x-request-id"
@@ -178,8 +179,7 @@ class RequestLog:
     caller's token."""
 
     def __init__(self, log_format: str = "text") -> None:
-        if log_format not in ("text", "json"):
-            raise ValueError(f"log_format must be text or json, got {log_format!r}")
+        check_log_format(log_format)
         self.log_format = log_format
 
     def format(self, access: Access) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from nanoserve.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
-from nanoserve.log import parse_level
+from nanoserve.log import check_log_format, parse_level
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +74,7 @@ class GatewayConfig:
         for name in ("port", "metrics_port"):
             if not 0 <= getattr(self, name) < 65536:
                 raise ValueError(f"{name} must be in [0, 65535], got {getattr(self, name)}")
-        if self.log_format not in ("text", "json"):
-            raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
+        check_log_format(self.log_format)
         if self.metrics_port and self.metrics_port == self.port:
             raise ValueError(f"metrics_port and port must differ, both are {self.port}")
         host, sep, port = self.frontend_address.rpartition(":")
