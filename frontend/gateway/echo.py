@@ -90,9 +90,9 @@ async def echo_chunks(
 ) -> AsyncIterator[Chunk]:
     """The call's chunks with the prompt echoed. Prompt entries arrive with or before the first
     token (FrontendService's order), so they are all in by a choice's first token or finish."""
-    first: asyncio.Future[Detokenized] | None = None
+    decoding: asyncio.Future[Detokenized] | None = None
     if isinstance(echo.prompt, list):  # asked alongside the call: its text is needed at once
-        first = asyncio.ensure_future(decoded_prompt(client, echo.prompt))
+        decoding = asyncio.ensure_future(decoded_prompt(client, echo.prompt))
     rest: list[TokenLogprobs] = []
     prefix: tuple[str, list[TokenLogprobs] | None] | None = None
     echoed: set[int] = set()
@@ -103,7 +103,7 @@ async def echo_chunks(
             if chunk.index not in echoed and (chunk.token_ids or chunk.finish_reason is not None):
                 echoed.add(chunk.index)
                 if prefix is None:
-                    prefix = prompt_echo(echo, rest, None if first is None else await first)
+                    prefix = prompt_echo(echo, rest, None if decoding is None else await decoding)
                 text, entries = prefix
                 logprobs = out.logprobs
                 if entries is not None:
@@ -112,8 +112,8 @@ async def echo_chunks(
             if not _empty(out):
                 yield out
     finally:
-        if first is not None:
-            first.cancel()
-            if first.done() and not first.cancelled():
-                first.exception()  # the call's own error (if any) is the one raised
+        if decoding is not None:
+            decoding.cancel()
+            if decoding.done() and not decoding.cancelled():
+                decoding.exception()  # the call's own error (if any) is the one raised
         await chunks.aclose()  # type: ignore[attr-defined]
