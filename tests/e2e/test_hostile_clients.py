@@ -256,6 +256,20 @@ def hostile_cases(frontend: grpc.Channel, worker: grpc.Channel) -> dict[str, Cal
                 timeout=120,
             )
         ),
+        "a 1 MB structural_tag": lambda: status_of(
+            f.Generate(
+                frontend_pb2.GenerateRequest(
+                    prompt="hi",
+                    sampling_params=SP(
+                        structured_output=common_pb2.StructuredOutput(
+                            structural_tag='{"type": "structural_tag", "format": {"type": '
+                            '"const_string", "value": "' + "x" * MiB + '"}}'
+                        )
+                    ),
+                ),
+                timeout=120,
+            )
+        ),
         "a 1 MB json_schema": lambda: status_of(
             f.Generate(
                 frontend_pb2.GenerateRequest(
@@ -295,6 +309,7 @@ EXPECTED = {
     "3M allowed_token_ids": (INVALID, "sampling_params.allowed_token_ids"),
     "worker: 20k logit_bias entries": (INVALID, "logit_bias"),
     "a 1 MB forced tool name": (INVALID, "tool_choice_function"),
+    "a 1 MB structural_tag": (INVALID, "sampling_params.structured_output.structural_tag"),
     "3M stop_token_ids": (INVALID, "sampling_params.stop_token_ids"),
     "worker: 15M prompt ids": (INVALID, "more than any valid request (5 bytes * (max_model_len"),
     # 3M ids are more bytes than any valid request: refused before they are parsed
