@@ -31,6 +31,7 @@ def make_llm(args):
         attention_backend=args.attention_backend,
         custom_all_reduce=not args.no_custom_all_reduce,
         decode_lookahead={"auto": None, "on": True, "off": False}[args.decode_lookahead],
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     if args.model:
         return LLM(args.model, **kw)
@@ -287,6 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-num-seqs", type=int, default=512, help="max sequences in one batch")
     p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "fp8"],
+        help="KV cache element type: auto (the model's dtype) or fp8 (e4m3, per-tensor scale)",
+    )
+    p.add_argument(
         "--max-num-batched-tokens", type=int, default=16384, help="max tokens in one prefill step"
     )
     p.add_argument(
@@ -342,7 +349,7 @@ def main(argv: list[str] | None = None) -> None:
                 "prefill": bench_prefill,
                 "profile": bench_profile,
             }[what](llm, args)
-        label = args.model or args.shape
+        label = (args.model or args.shape) + (" kv=fp8" if args.kv_cache_dtype == "fp8" else "")
         print(
             json.dumps({"bench": what, "model": label, "tp": args.tensor_parallel_size, **res})
             if args.json

