@@ -1,7 +1,9 @@
 """Prefix-cache reruns over 16-token blocks (issue 12): after a busy run (preemption, chunked prefill,
 mixed decode + prefill steps, arrivals while others decode, decode lookahead, steps padded to the
 prefill buckets as on CUDA) every prompt's rerun reads cached blocks whose KV is right: in float32
-its logits equal a full prefill's and every generated token is the argmax of full-prefill logits."""
+its logits equal a full prefill's and every generated token is the argmax of full-prefill logits.
+Also on the Triton path of CUDA (its kernels in the interpreter, the piecewise prefill forward run
+eagerly), CUDA graphs aside."""
 
 import random
 
@@ -9,9 +11,10 @@ import pytest
 import torch
 
 from nanoserve.worker import LLM, SamplingParams
-from nanoserve.worker.engine.prefill_graph import prefill_buckets
+from nanoserve.worker.engine.prefill_graph import PrefillGraphRunner, prefill_buckets
 from tests.engine_logits import prefix_hit_logits, teacher_forced_logits
 from tests.unit.hf_reference import make_hf_model
+from tests.unit.test_kernels_attention import kernels  # noqa: F401 (interpreter + numpy shim)
 
 BLOCK = 16
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -24,11 +27,18 @@ def model_dir(tmp_path_factory):
     return path
 
 
-def make_llm(path, **kw) -> LLM:
+def make_llm(path, triton: bool = False, **kw) -> LLM:
     args = dict(device="cpu", kvcache_block_size=BLOCK, decode_lookahead=True)
     llm = LLM(path, **{**args, **kw})
     # pad prefill steps to the buckets as the Triton backend does on CUDA (padded rows: slot -1)
-    llm.model_runner.prefill_buckets = prefill_buckets(llm.config.max_num_batched_tokens)
+    runner = llm.model_runner
+    runner.prefill_buckets = prefill_buckets(llm.config.max_num_batched_tokens)
+    if triton:  # CUDA's path: k/v stored by the q/k-norm + rotary kernel, the piecewise forward
+        for layer in runner.attention_layers:
+            layer.backend = "triton"
+        runner.prefill_graphs = PrefillGraphRunner(
+            runner.model, runner.prefill_buckets, runner.dtype, runner.device, capture=False
+        )
     return llm
 
 
@@ -80,12 +90,20 @@ def test_teacher_forced_logits_ignore_the_prefix_cache(model_dir):
     ids=["chunked-mixed", "whole-prompts"],
 )
 def test_reruns_after_a_busy_run_read_the_right_kv(model_dir, kw, every):
-    llm = make_llm(model_dir, **kw)
-    ps = prompts(24, 10, 150, seed=2)
+    check_reruns(model_dir, make_llm(model_dir, **kw), prompts(24, 10, 150, seed=2), every, 8)
+
+
+@pytest.mark.slow
+def test_reruns_on_the_triton_path(model_dir):
+    llm = make_llm(model_dir, True, num_kvcache_blocks=16, max_num_batched_tokens=64)
+    check_reruns(model_dir, llm, prompts(8, 10, 100, seed=3), 1, 4)
+
+
+def check_reruns(model_dir, llm: LLM, ps: list[list[int]], every: int, num_reruns: int) -> None:
     out = run_arriving(llm, ps, every)
-    assert llm.scheduler.num_preemptions > 0  # 48 blocks of 16 hold a few sequences
+    assert llm.scheduler.num_preemptions > 0  # a few sequences fill the cache
     assert llm.model_runner.num_foreseen_steps > 0
-    rerun = [i for i in reversed(range(len(ps))) if len(ps[i]) > BLOCK][:8]
+    rerun = [i for i in reversed(range(len(ps))) if len(ps[i]) > BLOCK][:num_reruns]
     hits_before = llm.block_manager.num_hit_tokens
     again = run_arriving(llm, [ps[i] for i in rerun], every=2)
     assert llm.block_manager.num_hit_tokens > hits_before
