@@ -107,8 +107,10 @@ def check_reruns(model_dir, llm: LLM, ps: list[list[int]], every: int, num_rerun
     hits_before = llm.block_manager.num_hit_tokens
     again = run_arriving(llm, [ps[i] for i in rerun], every=2)
     assert llm.block_manager.num_hit_tokens > hits_before
-    for i, tokens in zip(rerun, again):
-        assert tokens == out[i], i
+    # and all at once (the GPU test's reruns): one prefill step of several cached prefixes
+    together = llm.generate([ps[i] for i in rerun], GREEDY, use_tqdm=False)
+    for i, tokens, output in zip(rerun, again, together):
+        assert tokens == out[i] and output.token_ids == out[i], i
     # the prompts' blocks as the reruns left them (cached by the busy run, through preemptions,
     # generated-token blocks, lookahead writes): a prefix-hit prefill equals a full one, which an
     # engine of its own computes (its allocations would evict the blocks under test); the last
