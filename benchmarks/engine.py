@@ -232,6 +232,7 @@ BENCHMARKS = {
     "metrics-cost": ("metrics_cost", "what recording a request and a /metrics scrape cost"),
     "sampling-step-cost": ("sampling_step_cost", "host cost of a step's sampling inputs"),
     "step-mailbox": ("step_mailbox", "host cost of the tensor-parallel step mailbox"),
+    "frontend-cost": ("frontend_cost", "the frontend's CPU per token, against a stand-in worker"),
 }
 
 

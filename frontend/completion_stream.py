@@ -6,7 +6,7 @@ with SamplingParams.n > 1 has one per completion (FrontendServicer._stream).
 from dataclasses import dataclass
 from typing import Any
 
-from nanoserve.frontend.detokenizer import Detokenizer
+from nanoserve.frontend.detokenizer import Detokenizer, DetokenizerOutput
 from nanoserve.frontend.tokenizer import Tokenizer
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
@@ -32,24 +32,47 @@ class CompletionStream:
     ) -> dict[str, Any]:
         """New ids (and the worker's last output once it ended) -> the fields of the next message;
         with finish_reason and usage when the completion ended (at the worker, or by a stop
-        string matched here)."""
-        detokenizer = self.detokenizer
+        string matched here). Long batches are detokenized in the tokenizer's thread pool."""
+        skip_last = self._skip_last(ids, last, include_stop)
+        out = await tokenizer.run(self.detokenizer.add, ids, skip_last)
+        return self._fields(out, ids, last, prompt_len)
+
+    def fields_inline(
+        self,
+        ids: list[int],
+        last: worker_pb2.SessionOutput | None,
+        include_stop: bool,
+        prompt_len: int,
+    ) -> dict[str, Any]:
+        """`fields` on the event loop, for at most DETOKENIZE_INLINE_MAX_IDS ids: the common case
+        (one step's id) without a coroutine or a thread hop."""
+        out = self.detokenizer.add(ids, self._skip_last(ids, last, include_stop))
+        return self._fields(out, ids, last, prompt_len)
+
+    @staticmethod
+    def _skip_last(
+        ids: list[int], last: worker_pb2.SessionOutput | None, include_stop: bool
+    ) -> bool:
         # A stop token's text stays out of the output, like a stop string's (vLLM).
-        skip_last = (
+        return (
             last is not None
-            and last.HasField("stop_token_id")
             and not include_stop
             and len(ids) > 0
+            and last.HasField("stop_token_id")
             and ids[-1] == last.stop_token_id
         )
-        if len(ids) > DETOKENIZE_INLINE_MAX_IDS:
-            out = await tokenizer.run(detokenizer.add, ids, skip_last)
-        else:
-            out = detokenizer.add(ids, skip_last)
+
+    def _fields(
+        self,
+        out: DetokenizerOutput,
+        ids: list[int],
+        last: worker_pb2.SessionOutput | None,
+        prompt_len: int,
+    ) -> dict[str, Any]:
         self.completion_tokens += out.num_tokens
         fields: dict[str, Any] = {"text": out.text, "token_ids": ids[: out.num_tokens]}
         if out.matched_stop is None and last is not None:
-            tail = detokenizer.flush()
+            tail = self.detokenizer.flush()
             fields["text"] += tail.text
             out.matched_stop = tail.matched_stop
             if tail.matched_stop is None:

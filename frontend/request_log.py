@@ -50,13 +50,22 @@ class RequestRecord:
     end: float | None = None
 
     def add(self, response: Any) -> None:
-        """Counts one GenerateResponse/ChatResponse."""
+        """Counts one GenerateResponse/ChatResponse (add_tokens, then finish)."""
         if response.token_ids:
-            now = time.perf_counter()
-            if self.first_token_at is None:
-                self.first_token_at = now
-            self.last_token_at = now
-            self.completion_tokens += len(response.token_ids)
+            self.add_tokens(len(response.token_ids))
+        self.finish(response)
+
+    def add_tokens(self, count: int) -> None:
+        """`count` more output ids go out now: RequestRunner calls it per message, from the
+        fields it already holds (cheaper than reading them back from each response proto)."""
+        now = time.perf_counter()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.last_token_at = now
+        self.completion_tokens += count
+
+    def finish(self, response: Any) -> None:
+        """The finish reason and usage, when `response` is a call's last message."""
         if response.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
             self.finish_reason = _FINISH_NAMES.get(response.finish_reason, "unknown")
             self.prompt_tokens = response.usage.prompt_tokens
@@ -89,6 +98,11 @@ RequestSink = Callable[[RequestRecord], None]
 _current: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
     "nanoserve_request_record", default=None
 )
+
+
+def current_record() -> RequestRecord | None:
+    """The record of the call this task serves (None outside `recorded`)."""
+    return _current.get()
 
 
 def mark_sent_to_worker() -> None:
@@ -153,9 +167,12 @@ def recorded(handler: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncI
         _current.set(record)
         if _metadata_safe(request.request_id):
             context.set_trailing_metadata(((REQUEST_ID_METADATA, request.request_id),))
+        last = None
         try:
+            # output ids are counted by RequestRunner (RequestRecord.add_tokens) as it makes each
+            # message; here only the last message is read, for its finish and usage
             async for response in handler(self, request, context):
-                record.add(response)
+                last = response
                 yield response
             record.code = "OK"
         except grpc.aio.AbortError:
@@ -166,6 +183,8 @@ def recorded(handler: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncI
             record.code = "CANCELLED"
             raise
         finally:
+            if last is not None:
+                record.finish(last)
             record.end = time.perf_counter()
             if record.code == "CANCELLED" and context.time_remaining() is not None:
                 if context.time_remaining() <= 0:

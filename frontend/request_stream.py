@@ -3,7 +3,6 @@ response messages. Builds the worker request, routes it (frontend.worker_pool), 
 stream's ids into per-completion fields: detokenized text, stop strings, logprobs, usage.
 """
 
-import functools
 import itertools
 import secrets
 from collections.abc import AsyncIterator
@@ -11,16 +10,16 @@ from collections.abc import AsyncIterator
 import grpc.aio
 
 from nanoserve.errors import Unavailable, worker_status_error
-from nanoserve.frontend.completion_stream import CompletionStream
+from nanoserve.frontend.completion_stream import DETOKENIZE_INLINE_MAX_IDS, CompletionStream
 from nanoserve.frontend.config import FrontendConfig
 from nanoserve.frontend.detokenizer import Detokenizer
 from nanoserve.frontend.logprobs import response_logprobs
-from nanoserve.frontend.request_log import mark_sent_to_worker
+from nanoserve.frontend.request_log import current_record, mark_sent_to_worker
 from nanoserve.frontend.tokenizer import Tokenizer
 from nanoserve.frontend.validation import Limits, resolve_max_tokens, worker_sampling_params
 from nanoserve.frontend.worker_link import WorkerLink
 from nanoserve.frontend.worker_pool import WorkerPool
-from nanoserve.logprob_split import split_logprobs
+from nanoserve.logprob_split import Piece, split_logprobs
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.security import tenant_cache_salt
@@ -68,7 +67,7 @@ class RequestRunner:
         completions = [
             CompletionStream(
                 Detokenizer(
-                    functools.partial(self.tokenizer.decode, skip_special_tokens=skip_special),
+                    self.tokenizer.decoder(skip_special_tokens=skip_special),
                     stop=list(params.stop),
                     include_stop_str_in_output=include_stop,
                     min_tokens=params.min_tokens,
@@ -84,6 +83,7 @@ class RequestRunner:
         session = link.session
         pending = link.start_request(worker_request, timeout)
         mark_sent_to_worker()
+        record = current_record()
         num_open, completion_tokens, cached_tokens = n, 0, 0
         try:
             while True:
@@ -98,17 +98,23 @@ class RequestRunner:
                     logprobs, prompt_logprobs = pending.take_logprobs(index)
                     # several messages when the logprob entries are many (a long prompt's, or a
                     # slow client's backlog): each id keeps its logprobs and text in one message
-                    for piece in split_logprobs(
-                        ids, logprobs, prompt_logprobs, self.config.max_logprobs_per_message
-                    ):
+                    pieces = (
+                        split_logprobs(
+                            ids, logprobs, prompt_logprobs, self.config.max_logprobs_per_message
+                        )
+                        if logprobs or prompt_logprobs
+                        else (Piece(ids, logprobs, prompt_logprobs, True),)
+                    )
+                    for piece in pieces:
                         if c.done:
                             break  # a stop string matched in an earlier piece
-                        fields = await c.fields(
-                            piece.ids,
-                            last if piece.last else None,
-                            self.tokenizer,
-                            include_stop,
-                            len(prompt_ids),
+                        piece_last = last if piece.last else None
+                        fields = (
+                            c.fields_inline(piece.ids, piece_last, include_stop, len(prompt_ids))
+                            if len(piece.ids) <= DETOKENIZE_INLINE_MAX_IDS
+                            else await c.fields(
+                                piece.ids, piece_last, self.tokenizer, include_stop, len(prompt_ids)
+                            )
                         )
                         if piece.logprobs or piece.prompt_logprobs:
                             fields.update(
@@ -121,6 +127,8 @@ class RequestRunner:
                             )
                         if n > 1:
                             fields["index"] = index
+                        if record is not None and fields["token_ids"]:
+                            record.add_tokens(len(fields["token_ids"]))
                         if "finish_reason" not in fields:
                             if fields["text"] or fields["token_ids"] or "prompt_logprobs" in fields:
                                 yield fields

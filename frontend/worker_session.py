@@ -117,11 +117,23 @@ class Pending:
     async def take(self) -> list[tuple[int, list[int], worker_pb2.SessionOutput | None]]:
         """Waits for new ids or an end; returns (index, ids, the last output or None) of each
         completion with output. Raises when the session broke."""
-        if not (self.ended or any(len(ids) >= self.min_ids for ids in self.ids)):
+        if self.n == 1:  # the common case, without the generator
+            if not (self.ended or len(self.ids[0]) >= self.min_ids):
+                await self.event.wait()
+        elif not (self.ended or any(len(ids) >= self.min_ids for ids in self.ids)):
             await self.event.wait()
         self.event.clear()
         if self.error is not None:
             raise self.error
+        if self.n == 1 and not self.prompt_logprobs:
+            ids, last = self.ids[0], self.lasts[0]
+            if not ids and last is None:
+                return []
+            self.ids[0] = []
+            if last is not None:
+                self.lasts[0] = None  # taken: reported once
+                self.taken += 1
+            return [(0, ids, last)]
         out = []
         for index, (ids, last) in enumerate(zip(self.ids, self.lasts)):
             if ids or last is not None or (index == 0 and self.prompt_logprobs):

@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nanoserve.frontend.metrics import FrontendMetrics
-from nanoserve.frontend.request_log import RequestLog, RequestRecord, recorded
+from nanoserve.frontend.request_log import RequestLog, RequestRecord, current_record, recorded
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.worker.async_engine import Finish
@@ -196,17 +196,25 @@ async def _drain(servicer, request, context) -> None:
         pass
 
 
+def sent(r: frontend_pb2.GenerateResponse) -> frontend_pb2.GenerateResponse:
+    """As RequestRunner does for each message: its ids counted in the call's record."""
+    record = current_record()
+    assert record is not None  # inside `recorded`
+    record.add_tokens(len(r.token_ids))
+    return r
+
+
 def test_recorded_sees_every_end() -> None:
     async def finishes(request, context):
-        yield response([1, 2])
-        yield response([3], common_pb2.FINISH_REASON_STOP, prompt=5, completion=3)
+        yield sent(response([1, 2]))
+        yield sent(response([3], common_pb2.FINISH_REASON_STOP, prompt=5, completion=3))
 
     async def refused(request, context):
         await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "full")
         yield  # pragma: no cover
 
     async def hangs(request, context):
-        yield response([1])
+        yield sent(response([1]))
         await asyncio.sleep(60)
         yield response([2])  # pragma: no cover
 

@@ -1,0 +1,203 @@
+"""`nanoserve bench frontend-cost`: the frontend's CPU per streamed token, measured without a GPU.
+
+A stand-in worker (WorkerService with no model: every `--step-ms` it gives each live request one
+random id, as a decode step would) feeds a real frontend process; the load generator streams
+Generate calls through it. The figure is the frontend process tree's CPU seconds per output token:
+at the H200's ~22k tok/s one frontend core allows at most ~45 µs, so this is where the served
+path's ceiling is read on a CPU machine.
+"""
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from nanoserve.benchmarks.loadgen import run_processes
+from nanoserve.benchmarks.services import Service, tree_cpu_s
+from nanoserve.benchmarks.workload import Request
+from nanoserve.grpc_options import server_options
+from nanoserve.model_files import resolve_model_dir, tokenizer_digest
+from nanoserve.process import WORKER_SERVICE
+from nanoserve.proto.v1 import common_pb2
+from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
+
+
+class StandInWorker(worker_grpc.WorkerServiceServicer):
+    """Answers GetModelInfo, GetLoad and Session as a worker would, at `step_s` per decode step."""
+
+    def __init__(self, model_dir: str, step_s: float) -> None:
+        self.step_s = step_s
+        self.info = worker_pb2.WorkerServiceGetModelInfoResponse(
+            model_name="stand-in",
+            max_model_len=4096,
+            vocab_size=151936,
+            eos_token_ids=[151645],
+            kvcache_block_size=256,
+            num_kvcache_blocks=4096,
+            tensor_parallel_size=1,
+            tokenizer_digest=tokenizer_digest(model_dir),
+            max_num_seqs=512,
+            max_num_batched_tokens=16384,
+            dtype="bfloat16",
+            device="stand-in",
+        )
+
+    async def GetModelInfo(self, request, context):
+        return self.info
+
+    async def GetLoad(self, request, context):
+        return worker_pb2.GetLoadResponse(num_free_blocks=4096, num_total_blocks=4096)
+
+    async def Session(self, request_iterator, context):
+        live: dict[str, list[int]] = {}  # request id -> [tokens left, tokens given, prompt len]
+
+        async def read() -> None:
+            async for message in request_iterator:
+                for add in message.adds:
+                    r = add.request
+                    live[r.request_id] = [r.sampling_params.max_tokens, 0, len(r.prompt_token_ids)]
+                for request_id in message.aborts:
+                    live.pop(request_id, None)
+
+        reader = asyncio.create_task(read())
+        rng = random.Random(0)
+        try:
+            while not reader.done():
+                await asyncio.sleep(self.step_s)
+                if not live:
+                    continue
+                response = worker_pb2.SessionResponse()
+                for request_id, state in list(live.items()):
+                    out = response.outputs.add(
+                        request_id=request_id, token_ids=[rng.randrange(1000, 30000)]
+                    )
+                    state[0] -= 1
+                    state[1] += 1
+                    if state[0] <= 0:
+                        out.finish_reason = common_pb2.FINISH_REASON_LENGTH
+                        out.usage.prompt_tokens = state[2]
+                        out.usage.completion_tokens = state[1]
+                        del live[request_id]
+                yield response
+        finally:
+            reader.cancel()
+
+
+async def serve_stand_in(model: str, step_ms: float) -> None:
+    server = grpc.aio.server(options=server_options())  # the keepalive the frontend expects
+    worker_grpc.add_WorkerServiceServicer_to_server(
+        StandInWorker(resolve_model_dir(model), step_ms / 1000), server
+    )
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", WORKER_SERVICE):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(f"worker listening on 127.0.0.1:{port}", flush=True)
+    await server.wait_for_termination()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nanoserve bench frontend-cost", description=__doc__)
+    p.add_argument("--model", default="tiny", help="the frontend's tokenizer (default: tiny)")
+    p.add_argument("--step-ms", type=float, default=5.0, help="the stand-in's decode step")
+    p.add_argument("--num-prompts", type=int, default=256, help="concurrent requests")
+    p.add_argument("--max-tokens", type=int, default=200, help="output tokens of each request")
+    p.add_argument("--prompt-len", type=int, default=100, help="prompt tokens of each request")
+    p.add_argument("--client-procs", type=int, default=2, help="load generator processes")
+    p.add_argument("--frontend-args", default="", help="more flags for the frontend")
+    p.add_argument(
+        "--frontend-python",
+        default=sys.executable,
+        help="the frontend's interpreter (another checkout's venv: compare two frontends)",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON line")
+    p.add_argument("--stand-in-worker", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def measure(args: argparse.Namespace) -> dict:
+    py = [sys.executable, "-m"]
+    worker = Service(
+        "worker",
+        [*py, "nanoserve.benchmarks.frontend_cost", "--stand-in-worker", "--model", args.model,
+         "--step-ms", str(args.step_ms)],
+    )  # fmt: skip
+    services = [worker]
+    try:
+        address = worker.wait_serving(60)
+        frontend = Service(
+            "frontend",
+            [args.frontend_python, "-m", "nanoserve.frontend", "--model", args.model, "--port", "0",
+             "--worker-address", address, *args.frontend_args.split()],
+        )  # fmt: skip
+        services.append(frontend)
+        frontend_address = frontend.wait_serving(120)
+        rng = random.Random(0)
+
+        def requests(tag: str, n: int, max_tokens: int) -> list[Request]:
+            return [
+                Request(
+                    f"{tag}-{i}",
+                    [rng.randrange(1000, 30000) for _ in range(args.prompt_len)],
+                    max_tokens,
+                    0.0,
+                )
+                for i in range(n)
+            ]
+
+        run_processes("frontend", frontend_address, requests("warm", 32, 8), 0.0, 1)
+        cpu = {s.name: tree_cpu_s(s.process.pid) for s in services}
+        t = time.perf_counter()
+        res = run_processes(
+            "frontend",
+            frontend_address,
+            requests("run", args.num_prompts, args.max_tokens),
+            0.0,
+            args.client_procs,
+        )
+        wall = time.perf_counter() - t
+        used = {s.name: tree_cpu_s(s.process.pid) - cpu[s.name] for s in services}
+    finally:
+        for s in reversed(services):
+            s.stop()
+    tokens = sum(r["tokens"] for r in res["results"])
+    errors = sum(1 for r in res["results"] if r.get("error"))
+    return dict(
+        bench="frontend_cost",
+        requests=args.num_prompts,
+        output_tokens=tokens,
+        errors=errors,
+        tok_s=round(tokens / wall, 1),
+        frontend_us_per_token=round(used["frontend"] / max(tokens, 1) * 1e6, 2),
+        frontend_cores=round(used["frontend"] / wall, 2),
+        stand_in_us_per_token=round(used["worker"] / max(tokens, 1) * 1e6, 2),
+        loadgen_us_per_token=round(
+            sum(c["cpu_s"] for c in res["clients"]) / max(tokens, 1) * 1e6, 2
+        ),
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.stand_in_worker:
+        asyncio.run(serve_stand_in(args.model, args.step_ms))
+        return
+    res = measure(args)
+    if args.json:
+        print(json.dumps(res), flush=True)
+    else:
+        for k, v in res.items():
+            print(f"{k:<24} {v}")
+
+
+if __name__ == "__main__":
+    main()
