@@ -7,6 +7,7 @@
 #   quick:   the same without tests/gpu and the Poisson run
 #   tests:   all of tests/gpu (tp ones too on two GPUs), 0.6B engine figures, prefill host/GPU time
 #   serve:   bench serving at 256 streams, at 16 req/s Poisson, and at tp=2 on two GPUs
+#   retest:  tests/gpu -k "$GPU_TESTS_K";  load: Poisson at ~80% of the maximum;  roofline: alone
 #   features: per-step costs of logprobs, seeded rows and logit_bias / allowed_token_ids
 #   tp:      (two GPUs) tensor-parallel tests, 8B tp=2 batch-1 latency, bench serving tp=2
 #   kernels: the roofline account (benchmarks/roofline.py), attention and all-reduce sweeps, 8B
@@ -107,6 +108,16 @@ case $mode in
       step structured_mask 60 $py -m nanoserve.benchmarks.structured_mask \
         --model /tmp/nanoserve-tiny --engines xgrammar --apply-rows 256 --device cuda
     ;;
+  retest)  # the GPU tests named by GPU_TESTS_K (a pytest -k expression), e.g. last run's failures
+    step gpu_retest 200 $py -m pytest -q tests/gpu -p no:cacheprovider -rA -s -k "${GPU_TESTS_K:?}"
+    ;;
+  load)  # Poisson arrivals at ~80% of the measured maximum (32 req/s of this workload ~ 18k tok/s)
+    step serving_poisson80 150 $serving --num-prompts 512 --request-rate 32 --skip-offline \
+      --warmup light --target both
+    ;;
+  roofline)
+    step roofline 150 $py -m nanoserve.benchmarks.roofline --json
+    ;;
   features)  # issue 16's per-step costs: logprob gather, seeded noise, logit_bias / allowed ids
     step logprobs 60 $py -m nanoserve.benchmarks.logprobs --json
     step sampling_noise 60 $py -m nanoserve.benchmarks.sampling_step_cost --noise --sample
@@ -136,7 +147,7 @@ case $mode in
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|features|serve|tp|kernels|gateway|wheels]" >&2
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|roofline|features|serve|tp|kernels|gateway|wheels]" >&2
      exit 2 ;;
 esac
 done

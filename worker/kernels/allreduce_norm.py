@@ -31,7 +31,10 @@ MAX_SPINS = 1 << 25  # flag polls before a wait is declared hopeless (~1 µs eac
 ERR_TAKEN, ERR_ARRIVED, ERR_GENERATION = tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
 
 
-@triton.jit
+# rank and slot_offset not specialised: Triton would compile rank 1 (== 1) and odd-sized slots apart,
+# and a rank that compiles its variant while its peer's kernel already spins waits seconds for it
+# (two ranks simulated on one GPU trapped so; on two GPUs the first call's skew grows the same way)
+@triton.jit(do_not_specialize=["slot_offset", "rank"])
 def _allreduce_add_rms_norm_kernel(
     x_ptr,  # (M, hidden): this rank's partial sum
     residual_ptr,
