@@ -159,11 +159,17 @@ def profile_decode(llm, shape: Shape, batch: int, context: int, steps: int = 16)
 
     rng = random.Random(batch)
     prompts = [[rng.randrange(1000) for _ in range(context)] for _ in range(batch)]
-    sp = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
+    # room for the decode steps that mix into the prefills before the profiled ones
+    sp = SamplingParams(temperature=0, max_tokens=steps + 32, ignore_eos=True)
     llm.generate(prompts, sp, use_tqdm=False)  # warm-up, and the prompts into the prefix cache
     for p in prompts:
         llm.add_request(p, sp)
-    llm.step()  # the prefill: a prefix hit, only the last token
+    # the prefills: prefix hits up to the last full block, which is recomputed (256 x a block's
+    # tokens take several steps at the batch's token budget): profile only once every sequence
+    # decodes, or prefill kernels land in the decode account
+    sched = llm.scheduler
+    while sched.waiting or any(s.num_computed_tokens < s.num_prompt_tokens for s in sched.running):
+        llm.step()
     llm.step()
     sync(llm)
     cuda = torch.cuda.is_available()  # on a CPU (tests): the ops' CPU time, same accounting

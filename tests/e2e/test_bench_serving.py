@@ -158,3 +158,18 @@ def test_bench_serving_through_the_gateway_next_to_grpc(tiny_model_dir):
     assert f"({res['gateway_over_frontend']} of frontend)" in serving.summary(res)
     table = "\n".join(gpu_table.serving_lines({**res, "step": "serving_gateway"}))
     assert "  gateway " in table and "gateway (HTTP) / frontend (gRPC)" in table
+
+
+def test_frontend_cost_streams_every_token_through_a_stand_in_worker() -> None:
+    """`nanoserve bench frontend-cost`: a real frontend against the stand-in worker; every id of
+    every request arrives, and the frontend's CPU per token is reported (a figure, not a bound)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "nanoserve.cli", "bench", "frontend-cost", "--json",
+         "--num-prompts", "6", "--max-tokens", "9", "--prompt-len", "5", "--step-ms", "1",
+         "--client-procs", "1"],
+        capture_output=True, text=True, timeout=180, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (res["requests"], res["output_tokens"], res["errors"]) == (6, 54, 0)
+    assert res["frontend_us_per_token"] > 0 and res["tok_s"] > 0
