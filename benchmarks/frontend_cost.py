@@ -20,7 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from nanoserve.benchmarks.loadgen import run_processes
 from nanoserve.benchmarks.services import Service, tree_cpu_s
-from nanoserve.benchmarks.workload import Request
+from nanoserve.benchmarks.workload import Request, arrivals
 from nanoserve.grpc_options import server_options
 from nanoserve.model_files import resolve_model_dir, tokenizer_digest
 from nanoserve.process import WORKER_SERVICE
@@ -113,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=200, help="output tokens of each request")
     p.add_argument("--prompt-len", type=int, default=100, help="prompt tokens of each request")
     p.add_argument("--client-procs", type=int, default=2, help="load generator processes")
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=float("inf"),
+        help="Poisson arrivals of this many requests/s (default: all at once)",
+    )
     p.add_argument("--frontend-args", default="", help="more flags for the frontend")
     p.add_argument(
         "--frontend-python",
@@ -143,24 +149,24 @@ def measure(args: argparse.Namespace) -> dict:
         frontend_address = frontend.wait_serving(120)
         rng = random.Random(0)
 
-        def requests(tag: str, n: int, max_tokens: int) -> list[Request]:
+        def requests(tag: str, n: int, max_tokens: int, rate: float) -> list[Request]:
             return [
                 Request(
                     f"{tag}-{i}",
                     [rng.randrange(1000, 30000) for _ in range(args.prompt_len)],
                     max_tokens,
-                    0.0,
+                    at,
                 )
-                for i in range(n)
+                for i, at in enumerate(arrivals(n, rate))
             ]
 
-        run_processes("frontend", frontend_address, requests("warm", 32, 8), 0.0, 1)
+        run_processes("frontend", frontend_address, requests("warm", 32, 8, float("inf")), 0.0, 1)
         cpu = {s.name: tree_cpu_s(s.process.pid) for s in services}
         t = time.perf_counter()
         res = run_processes(
             "frontend",
             frontend_address,
-            requests("run", args.num_prompts, args.max_tokens),
+            requests("run", args.num_prompts, args.max_tokens, args.request_rate),
             0.0,
             args.client_procs,
         )
