@@ -296,6 +296,22 @@ def run_prefill_case(
     hkv: int = 2,
     d: int = 32,
 ) -> None:
+    out, ref = prefill_and_reference(q_lens, context_lens, block_size, group, dtype, seed, hkv, d)
+    assert out.dtype == dtype and out.shape == ref.shape
+    assert rel_err(out, ref) < TOL[dtype]
+
+
+def prefill_and_reference(
+    q_lens: list[int],
+    context_lens: list[int],
+    block_size: int,
+    group: int,
+    dtype,
+    seed: int,
+    hkv: int,
+    d: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's output over a random paged cache (unread slots NaN) and the fp32 reference."""
     gen = torch.Generator().manual_seed(seed)
     num_blocks = sum((n + block_size - 1) // block_size for n in context_lens) + 3
     k_cache, v_cache = make_cache(num_blocks, block_size, hkv, d, dtype, gen)
@@ -310,8 +326,7 @@ def run_prefill_case(
     ref = paged_attention_torch(
         q.float(), k_cache.float(), v_cache.float(), tables, cu, lens, d**-0.5
     )
-    assert out.dtype == dtype and out.shape == q.shape
-    assert rel_err(out, ref) < TOL[dtype]
+    return out, ref
 
 
 @pytest.mark.parametrize("group", [1, 2, 4])
@@ -380,19 +395,8 @@ def test_prefill_extend_over_16_token_pages_row_by_row(group, dtype):
     hkv, d, block_size = 2, 32, 16
     atol = 1e-4 if dtype == torch.float32 else 0.06
     for call, (q_lens, context_lens) in enumerate(extend_cases(group, 4, 6)):
-        gen = torch.Generator().manual_seed(100 * group + call)
-        num_blocks = sum((n + block_size - 1) // block_size for n in context_lens) + 3
-        k_cache, v_cache = make_cache(num_blocks, block_size, hkv, d, dtype, gen)
-        tables = make_block_tables(context_lens, block_size, num_blocks, gen, pad=0)
-        poison_unused(k_cache, v_cache, tables, context_lens)
-        cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
-        lens = torch.tensor(context_lens, dtype=torch.int32)
-        q = torch.randn(sum(q_lens), group * hkv, d, generator=gen).to(dtype)
-        out = kernels.paged_prefill_attention(
-            q, k_cache, v_cache, tables, cu, lens, max(q_lens), d**-0.5
-        )
-        ref = paged_attention_torch(
-            q.float(), k_cache.float(), v_cache.float(), tables, cu, lens, d**-0.5
+        out, ref = prefill_and_reference(
+            q_lens, context_lens, block_size, group, dtype, 100 * group + call, hkv, d
         )
         err = (out.float() - ref).abs().amax(dim=(1, 2))  # (tokens,)
         bad = (err > atol).nonzero().flatten().tolist()
