@@ -32,6 +32,7 @@ def make_llm(args):
         custom_all_reduce=not args.no_custom_all_reduce,
         decode_lookahead={"auto": None, "on": True, "off": False}[args.decode_lookahead],
         kv_cache_dtype=args.kv_cache_dtype,
+        max_prefill_tokens_while_decoding=args.max_prefill_tokens_while_decoding,
     )
     if args.model:
         return LLM(args.model, **kw)
@@ -288,6 +289,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="max prompt + completion tokens of a sequence",
     )
     p.add_argument("--max-num-seqs", type=int, default=512, help="max sequences in one batch")
+    p.add_argument(
+        "--max-prefill-tokens-while-decoding",
+        type=int,
+        default=0,
+        help="prompt tokens a mixed step may carry (0: --max-num-batched-tokens)",
+    )
     p.add_argument(
         "--kv-cache-dtype",
         default="auto",

@@ -116,6 +116,13 @@ case $mode in
     step serving_poisson80 150 $serving --num-prompts 608 --request-rate 38 --skip-offline \
       --warmup light --target both
     ;;
+  mixcap)  # issue 14: a cap on the prompt tokens of mixed steps, under the same 38 req/s as `load`,
+    # and its cost on the throughput workload (MIXCAP tokens, default 2048)
+    cap="--max-prefill-tokens-while-decoding ${MIXCAP:-2048}"
+    step serving_poisson80_cap 150 $serving --num-prompts 608 --request-rate 38 --skip-offline \
+      --warmup light --target both $cap
+    step bench_06b_cap 70 $bench throughput --shape qwen3-0.6b $cap
+    ;;
   roofline)
     step roofline 150 $py -m nanoserve.benchmarks.roofline --json
     ;;
@@ -148,7 +155,7 @@ case $mode in
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|roofline|features|serve|tp|kernels|gateway|wheels]" >&2
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|roofline|features|serve|tp|kernels|gateway|wheels]" >&2
      exit 2 ;;
 esac
 done

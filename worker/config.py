@@ -43,6 +43,13 @@ class EngineConfig:
         default=16384,
         metadata={"help": "max tokens in one prefill step (longer prompts are chunked)"},
     )
+    max_prefill_tokens_while_decoding: int = field(
+        default=0,
+        metadata={
+            "help": "prompt tokens a step may add while sequences decode (0: max_num_batched_tokens); "
+            "smaller bounds the inter-token gap a burst of arrivals causes, at some TTFT"
+        },
+    )
     max_model_len: int = field(
         default=0,
         metadata={
@@ -110,6 +117,11 @@ class EngineConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_prefill_tokens_while_decoding < 0:
+            raise ValueError(
+                "max_prefill_tokens_while_decoding must be >= 0 (0: max_num_batched_tokens), got "
+                f"{self.max_prefill_tokens_while_decoding}"
+            )
         if self.max_model_len < 0:
             raise ValueError(
                 f"max_model_len must be >= 0 (0: from the model), got {self.max_model_len}"

@@ -231,6 +231,34 @@ def test_decodes_first_and_prompts_fill_the_budget():
     assert not prefill and seqs == [a, long]  # nothing waits: a pure decode step
 
 
+def test_prompt_tokens_beside_decodes_are_capped_but_not_alone():
+    """max_prefill_tokens_while_decoding: a mixed step carries at most that many prompt tokens
+    (a burst of arrivals costs the running streams short gaps, not one long one); a step with no
+    decodes still fills max_num_batched_tokens."""
+    s = Scheduler(8, 16, 10_000, (0,), BlockManager(64, 4), max_prefill_tokens_while_decoding=3)
+    first = Sequence(list(range(1, 13)), SamplingParams(max_tokens=20))  # 12 tokens
+    s.add(first)
+    seqs, prefill = s.schedule()
+    assert prefill and seqs == [first] and first.num_scheduled_tokens == 12  # alone: no cap
+    s.postprocess(seqs, [7])
+    late = [
+        Sequence(list(range(20 + 5 * i, 25 + 5 * i)), SamplingParams(max_tokens=2))
+        for i in range(2)
+    ]
+    for seq in late:
+        s.add(seq)
+    prompt_tokens = []
+    while any(seq.num_completion_tokens == 0 for seq in late):
+        seqs, prefill = s.schedule()
+        assert seqs[0] is first and first.num_scheduled_tokens == 1  # decodes every step
+        prompt_tokens.append(
+            sum(q.num_scheduled_tokens for q in seqs if q.num_computed_tokens < q.num_prompt_tokens)
+        )
+        s.postprocess(seqs, [7] * len(seqs))
+        check_invariants(s)
+    assert prompt_tokens == [3, 3, 3, 1]  # 10 prompt tokens, at most 3 a step
+
+
 def test_no_admission_in_a_step_that_preempts():
     s = make(num_blocks=3, block_size=2, max_tokens=64)
     a = Sequence([1, 2], SamplingParams(max_tokens=10))

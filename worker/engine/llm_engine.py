@@ -70,6 +70,7 @@ class LLMEngine:
             self.max_model_len,
             self.eos_token_ids,
             self.block_manager,
+            config.max_prefill_tokens_while_decoding,
         )
         self.requests: dict[str, Sequence] = {}
         self._grammars: Grammars | None = None  # made by the first structured-output request

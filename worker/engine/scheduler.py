@@ -29,9 +29,15 @@ class Scheduler:
         max_model_len: int,
         eos_token_ids: tuple[int, ...],
         block_manager: BlockManager,
+        max_prefill_tokens_while_decoding: int = 0,
     ):
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        # a mixed step's prompt tokens (0: no cap but the step's): every running stream waits for
+        # the step, so a burst of arrivals costs each of them one long gap without it
+        self.max_prefill_tokens_while_decoding = (
+            max_prefill_tokens_while_decoding or max_num_batched_tokens
+        )
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.block_manager = block_manager
@@ -72,7 +78,10 @@ class Scheduler:
         scheduled, preempted = self._schedule_decodes()
         if preempted:  # no admission in a step that ran out of blocks (vLLM)
             return scheduled, False
-        prompts = self._schedule_prompts(self.max_num_batched_tokens - len(scheduled))
+        budget = self.max_num_batched_tokens - len(scheduled)
+        if scheduled:
+            budget = min(budget, self.max_prefill_tokens_while_decoding)
+        prompts = self._schedule_prompts(budget)
         return scheduled + prompts, bool(prompts)
 
     def _preempt_for_priority(self) -> None:
