@@ -121,6 +121,7 @@ case $mode in
     cap="--max-prefill-tokens-while-decoding ${MIXCAP:-2048}"
     step serving_poisson80_cap 150 $serving --num-prompts 608 --request-rate 38 --skip-offline \
       --warmup light --target both $cap
+    step bench_06b 70 $bench throughput --shape qwen3-0.6b  # the same call's baseline
     step bench_06b_cap 70 $bench throughput --shape qwen3-0.6b $cap
     ;;
   roofline)
