@@ -126,7 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the frontend's interpreter (another checkout's venv: compare two frontends)",
     )
     p.add_argument("--json", action="store_true", help="one JSON line")
-    p.add_argument("--stand-in-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--stand-in-worker",
+        action="store_true",
+        help="serve as the stand-in worker and print its address (the benchmark starts one)",
+    )
     return p
 
 

@@ -172,4 +172,5 @@ def test_frontend_cost_streams_every_token_through_a_stand_in_worker() -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert (res["requests"], res["output_tokens"], res["errors"]) == (6, 54, 0)
-    assert res["frontend_us_per_token"] > 0 and res["tok_s"] > 0
+    # a figure, not a bound: 54 tokens may take less than one clock tick of CPU (then 0)
+    assert res["frontend_us_per_token"] >= 0 and res["tok_s"] > 0
