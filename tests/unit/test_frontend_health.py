@@ -1,0 +1,148 @@
+"""FrontendServer's health against a fake worker: a lost or mismatched worker, a broken session,
+graceful drain, reflection."""
+
+import asyncio
+import re
+import time
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+from grpc_health.v1 import health_pb2
+
+from nanoserve.frontend.tokenizer import Tokenizer
+from nanoserve.proto.v1 import common_pb2
+from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
+from tests.unit.frontend_fakes import (
+    OUTPUT,
+    Harness,
+    _collect,
+    _generate,
+    _health,
+    _read_rest,
+    _start_worker,
+    _wait_health,
+    run,
+)
+
+
+def test_worker_down_is_unavailable_fast(tokenizer: Tokenizer, tiny_model_dir: Path) -> None:
+    async def test(h: Harness) -> None:
+        await h.worker_server.stop(0)
+        start = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await _collect(h.stub.Generate(_generate(prompt="x")))
+        assert exc.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert time.monotonic() - start < 1
+        await _wait_health(h, health_pb2.HealthCheckResponse.NOT_SERVING)
+        # A worker back on the same port is found again and the model info re-fetched.
+        port = int(h.frontend.config.worker_address.rsplit(":", 1)[1])
+        h.fake.info.max_model_len = 48
+        h.worker_server, _ = await _start_worker(h.fake, port)
+        await _wait_health(h, health_pb2.HealthCheckResponse.SERVING)
+        info = await h.stub.GetModelInfo(frontend_pb2.GetModelInfoRequest())
+        assert info.max_model_len == 48
+
+    run(test, tokenizer, tiny_model_dir)
+
+
+def test_no_worker_not_serving(tokenizer: Tokenizer, tiny_model_dir: Path) -> None:
+    async def test(h: Harness) -> None:
+        await h.worker_server.stop(0)
+        await _wait_health(h, health_pb2.HealthCheckResponse.NOT_SERVING)
+        assert (
+            await _health(h, "nanoserve.v1.FrontendService")
+            == health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await h.stub.GetModelInfo(frontend_pb2.GetModelInfoRequest())
+        assert exc.value.code() == grpc.StatusCode.UNAVAILABLE
+        # Tokenize needs only the local tokenizer
+        response = await h.stub.Tokenize(frontend_pb2.TokenizeRequest(text="hi 世界"))
+        assert list(response.token_ids) == tokenizer.encode("hi 世界")
+
+    run(test, tokenizer, tiny_model_dir)
+
+
+def test_tokenizer_digest_mismatch_refuses(tokenizer: Tokenizer, tiny_model_dir: Path) -> None:
+    async def test(h: Harness) -> None:
+        await asyncio.sleep(0.3)
+        assert await _health(h) == health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await _collect(h.stub.Generate(_generate(prompt="x")))
+        assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "tokenizer" in exc.value.details()
+
+    run(test, tokenizer, tiny_model_dir, digest="0" * 64, wait=False)
+
+
+def test_broken_session_ends_every_stream_unavailable(
+    tokenizer: Tokenizer, tiny_model_dir: Path
+) -> None:
+    """All requests share one Session stream to the worker; when it breaks, each ends UNAVAILABLE
+    and the next request opens a new session."""
+
+    async def test(h: Harness) -> None:
+        h.fake.hang_after = 1
+        calls = [h.stub.Generate(_generate(prompt="x", request_id=f"c{i}")) for i in range(3)]
+        for call in calls:
+            assert (await call.read()).token_ids
+        # the worker sees the client's id (for its logs) made unique by the frontend
+        assert sorted(r.request_id.partition("#")[0] for r in h.fake.requests) == ["c0", "c1", "c2"]
+        assert all(
+            re.fullmatch(r"[0-9a-f]{8}-\d+", r.request_id.partition("#")[2])
+            for r in h.fake.requests
+        )
+        await h.worker_server.stop(0)
+        for call in calls:
+            with pytest.raises(grpc.aio.AioRpcError) as exc:
+                while await call.read() is not grpc.aio.EOF:
+                    pass
+            assert exc.value.code() == grpc.StatusCode.UNAVAILABLE
+        port = int(h.frontend.config.worker_address.rsplit(":", 1)[1])
+        h.fake.hang_after = None
+        h.worker_server, _ = await _start_worker(h.fake, port)
+        await _wait_health(h, health_pb2.HealthCheckResponse.SERVING)
+        responses = await _collect(h.stub.Generate(_generate(prompt="again")))
+        assert "".join(r.text for r in responses) == OUTPUT
+
+    run(test, tokenizer, tiny_model_dir)
+
+
+def test_graceful_stop_lets_streams_finish(tokenizer: Tokenizer, tiny_model_dir: Path) -> None:
+    async def test(h: Harness) -> None:
+        watch = h.health.Watch(
+            health_pb2.HealthCheckRequest(service="nanoserve.v1.FrontendService")
+        )
+        assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+        call = h.stub.Generate(_generate(prompt="x"))
+        await call.read()
+        stopping = asyncio.create_task(h.frontend.stop(5))
+        assert (await watch.read()).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert await _health(h) == health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(grpc.aio.AioRpcError) as exc:  # new calls are refused while draining
+            await _collect(h.stub.Generate(_generate(prompt="x")))
+        assert exc.value.code() == grpc.StatusCode.UNAVAILABLE
+        rest = await _read_rest(call)  # the call in flight finishes
+        assert rest[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+        await asyncio.wait_for(stopping, 2)  # without waiting out the grace period
+
+    run(test, tokenizer, tiny_model_dir)
+
+
+def test_reflection_lists_the_services(tokenizer: Tokenizer, tiny_model_dir: Path) -> None:
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    async def test(h: Harness) -> None:
+        port = h.frontend.port
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+            call = stub.ServerReflectionInfo()
+            await call.write(reflection_pb2.ServerReflectionRequest(list_services=""))
+            response = await call.read()
+            await call.done_writing()
+        names = {s.name for s in response.list_services_response.service}
+        assert {"nanoserve.v1.FrontendService", "grpc.health.v1.Health"} <= names
+
+    run(test, tokenizer, tiny_model_dir)
