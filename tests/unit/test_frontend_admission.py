@@ -13,14 +13,7 @@ import pytest
 from nanoserve.frontend.tokenizer import Tokenizer
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
-from tests.unit.frontend_fakes import (
-    MAX_MODEL_LEN,
-    VOCAB_SIZE,
-    Harness,
-    _collect,
-    _generate,
-    run,
-)
+from tests.unit.frontend_fakes import MAX_MODEL_LEN, VOCAB_SIZE, Harness, _collect, _generate, run
 
 BAD_PARAMS = [
     ({"temperature": math.nan}, "sampling_params.temperature"),
@@ -44,8 +37,6 @@ BAD_PARAMS = [
     ({"stop_token_ids": [1, VOCAB_SIZE]}, "sampling_params.stop_token_ids[1]"),
     ({"max_tokens": MAX_MODEL_LEN}, "sampling_params.max_tokens"),  # prompt + max_tokens too long
 ]
-
-
 BAD_REQUESTS = [
     (_generate(prompt=""), "prompt"),
     (_generate(), "prompt"),

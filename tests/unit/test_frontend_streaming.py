@@ -8,14 +8,7 @@ import pytest
 
 from nanoserve.frontend.tokenizer import Tokenizer
 from nanoserve.proto.v1 import common_pb2
-from tests.unit.frontend_fakes import (
-    MAX_MODEL_LEN,
-    OUTPUT,
-    Harness,
-    _collect,
-    _generate,
-    run,
-)
+from tests.unit.frontend_fakes import MAX_MODEL_LEN, OUTPUT, Harness, _collect, _generate, run
 
 
 def test_generate_streams_text_and_usage(tokenizer: Tokenizer, tiny_model_dir: Path) -> None:
