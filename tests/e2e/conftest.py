@@ -26,6 +26,8 @@ from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 
 if TYPE_CHECKING:
+    import openai
+
     from tests.tls_certs import Certs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -337,6 +339,39 @@ def services(tiny_model_dir: Path) -> Iterator[Pair]:
     pair = start_pair(tiny_model_dir)
     yield pair
     pair.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(services: Pair) -> Iterator[Service]:
+    """`python -m nanoserve.frontend.gateway` in front of `services`. The gateway fixtures import
+    tests/e2e/gateway_process (which imports this module) and `openai` where they run."""
+    from tests.e2e.gateway_process import start_gateway
+
+    gateway = start_gateway(services.frontend.address)
+    yield gateway
+    assert gateway.stop() == 0, gateway.output()
+
+
+@pytest.fixture(scope="module")
+def model(gateway: Service) -> str:
+    """The one model `gateway` serves, as the `openai` SDK lists it."""
+    import openai
+
+    from tests.e2e.gateway_process import base_url
+
+    client = openai.OpenAI(base_url=base_url(gateway) + "/v1", api_key="unused")
+    (model,) = client.models.list().data
+    return model.id
+
+
+@pytest.fixture(scope="module")
+def sdk(gateway: Service) -> openai.OpenAI:
+    """An `openai` SDK client of `gateway`, without retries."""
+    import openai
+
+    from tests.e2e.gateway_process import base_url
+
+    return openai.OpenAI(base_url=base_url(gateway) + "/v1", api_key="unused", max_retries=0)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import pytest
 
 from nanoserve import Client
 from tests.e2e.conftest import Pair, start_pair
-from tests.e2e.test_gateway import base_url, start_gateway
+from tests.e2e.gateway_process import base_url, start_gateway
 
 openai = pytest.importorskip("openai", reason="pip install openai (the dev extra)")
 jsonschema = pytest.importorskip("jsonschema")

@@ -100,7 +100,7 @@ GATEWAY_URL = "http://127.0.0.1:8000"
 @pytest.fixture(scope="module")
 def gateway(services):
     pytest.importorskip("fastapi", reason="the gateway extra: pip install '.[gateway]'")
-    from tests.e2e.test_gateway import start_gateway
+    from tests.e2e.gateway_process import start_gateway
 
     gateway = start_gateway(services.frontend.address)
     yield gateway

@@ -1,0 +1,107 @@
+"""The gateway in front of a guarded frontend, end to end: API keys checked, a full frontend
+answered 429, mutual TLS to the frontend with the caller's key passed on."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nanoserve import Client
+from tests.e2e.conftest import Pair, Service, start_frontend, start_pair
+from tests.e2e.gateway_process import base_url, request_json, start_gateway
+
+openai = pytest.importorskip("openai", reason="pip install openai (the dev extra)")
+pytestmark = pytest.mark.e2e
+KEY = "gateway-test-key"
+
+
+@pytest.fixture(scope="module")
+def guarded(tiny_model_dir: Path) -> Iterator[tuple[Pair, Service]]:
+    """A frontend with an API key and room for one request at a time, and its gateway."""
+    pair = start_pair(
+        tiny_model_dir, frontend_args=("--api-keys", KEY, "--max-concurrent-requests", "1")
+    )
+    gateway = start_gateway(pair.frontend.address)
+    yield pair, gateway
+    gateway.stop()
+    pair.stop()
+
+
+def test_admission_full_is_429_and_tokens_are_checked(guarded: tuple[Pair, Service]) -> None:
+    pair, gateway = guarded
+    url = base_url(gateway) + "/v1"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).models.list()
+    status, body = request_json("GET", url + "/models")
+    assert status == 401 and body["error"]["type"] == "authentication_error"
+    assert request_json("GET", base_url(gateway) + "/health")[0] == 200  # health stays open
+    sdk = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0)
+    (model,) = [m.id for m in sdk.models.list().data]
+    assert request_json("GET", url + "/models")[0] == 401  # still checked once the name is known
+    status, body = request_json("POST", url + "/completions", {"model": model, "prompt": "x"})
+    assert status == 401 and body["error"]["code"] == "unauthenticated"
+    with Client(pair.frontend.address, token=KEY) as client:
+        busy = client.generate_stream("Hi", max_tokens=3000, ignore_eos=True)
+        next(busy)  # the one admitted request runs
+        try:
+            with pytest.raises(openai.RateLimitError) as raised:
+                sdk.completions.create(model=model, prompt="Hi", max_tokens=4)
+            assert raised.value.status_code == 429
+            assert raised.value.body["type"] == "rate_limit_error"
+        finally:
+            busy.close()
+    deadline = time.monotonic() + 10
+    while True:  # the slot frees once the cancelled call has ended on the frontend
+        try:
+            done = sdk.completions.create(model=model, prompt="Hi", max_tokens=4)
+            break
+        except openai.RateLimitError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    assert done.usage.completion_tokens <= 4
+
+
+def test_gateway_reaches_a_mutual_tls_frontend_with_the_callers_key(
+    services: Pair, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """One keys file for gRPC and HTTP; the gateway dials TLS with a client certificate."""
+    from tests.tls_certs import make_certs
+
+    certs = make_certs(tmp_path / "certs")
+    keys = tmp_path / "api_keys"
+    keys.write_text(f"tenant-a {KEY}\n")
+    frontend = start_frontend(
+        tiny_model_dir,
+        services.worker.address,
+        *("--tls-cert-file", str(certs.server_cert), "--tls-key-file", str(certs.server_key)),
+        *("--tls-client-ca-file", str(certs.ca), "--api-keys-file", str(keys)),
+        wait=False,
+    )
+    tls = {"root_certificates": certs.ca, "client_cert": certs.client_cert}
+    try:
+        with Client(frontend.wait_listening(), client_key=certs.client_key, **tls) as client:
+            client.wait_ready(timeout=90)
+        gateway = start_gateway(
+            f"localhost:{frontend.port}",  # the name the server certificate holds
+            *("--tls-root-certificates-file", str(certs.ca)),
+            *("--tls-client-cert-file", str(certs.client_cert)),
+            *("--tls-client-key-file", str(certs.client_key)),
+        )
+        try:
+            url = base_url(gateway) + "/v1"
+            sdk = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0)
+            (model,) = [m.id for m in sdk.models.list().data]
+            reply = sdk.completions.create(model=model, prompt="Hi", max_tokens=3)
+            assert reply.usage.completion_tokens == 3
+            with pytest.raises(openai.AuthenticationError):
+                openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).completions.create(
+                    model=model, prompt="Hi", max_tokens=3
+                )
+            assert request_json("GET", base_url(gateway) + "/health")[0] == 200
+        finally:
+            assert gateway.stop() == 0, gateway.output()
+    finally:
+        frontend.stop()
