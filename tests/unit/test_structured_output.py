@@ -159,6 +159,27 @@ def test_processed_logprobs_see_the_grammar_and_raw_ones_do_not(llm, decode):
     )
 
 
+def test_a_grammar_that_allows_none_of_the_allowed_ids_ends_the_request(llm, tiny_model_dir):
+    """A regex and allowed_token_ids with no token in common: the request ends (abort, no
+    token) instead of sampling token 0 from a row of -inf; its batch neighbours are untouched and
+    no block stays held."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    z = [tok.token_to_id(t) for t in ("z", "zz", "Z")]
+    assert all(t is not None for t in z)
+    clash = SamplingParams(
+        temperature=0, max_tokens=8, structured_output=("regex", "(yes|no)"), allowed_token_ids=z
+    )
+    fine = SamplingParams(temperature=0, max_tokens=8, structured_output=("regex", "(yes|no)"))
+    free = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    outs = llm.generate(prompts(3, 7), [clash, fine, free], use_tqdm=False)
+    assert (outs[0].finish_reason, outs[0].token_ids) == ("abort", [])
+    assert outs[1].finish_reason == "stop" and tok.decode(outs[1].token_ids) in ("yes", "no")
+    assert len(outs[2].token_ids) == 5
+    assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
+
+
 def test_grammar_and_json_object_with_free_rows_in_the_batch(llm, decode):
     """EBNF and any-JSON rows beside unconstrained rows: only the constrained ones are masked."""
     ebnf = 'root ::= "(" item ("," item)* ")"\nitem ::= [a-c] | [0-9]'
