@@ -166,8 +166,7 @@ def measure(args: argparse.Namespace) -> dict:
                  "--frontend-address", frontend_address],
             )  # fmt: skip
             services.append(gateway)
-            gateway.wait_serving(60)
-            address = gateway.address
+            address = gateway.wait_serving(60)
         rng = random.Random(0)
 
         def requests(tag: str, n: int, max_tokens: int, rate: float) -> list[Request]:

@@ -17,6 +17,7 @@ import logging
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -192,7 +193,7 @@ def grammar_bitmask(seqs: list[Sequence], vocab_size: int) -> tuple[list[int], t
     return rows, bitmask
 
 
-def allows_none_of(bitmask_row: torch.Tensor, token_ids: list[int]) -> bool:
+def allows_none_of(bitmask_row: torch.Tensor, token_ids: Collection[int]) -> bool:
     """Whether a host bitmask row ((ceil(V/32),) int32 words) clears every one of token_ids: a
     grammar and allowed_token_ids that leave a row no token at all."""
     words = bitmask_row.numpy().view(np.uint32)
