@@ -119,6 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=float("inf"),
         help="Poisson arrivals of this many requests/s (default: all at once)",
     )
+    p.add_argument(
+        "--target",
+        choices=["frontend", "gateway"],
+        default="frontend",
+        help="where the load goes: the frontend, or the OpenAI gateway in front of it (its CPU "
+        "per token is then reported too)",
+    )
     p.add_argument("--frontend-args", default="", help="more flags for the frontend")
     p.add_argument(
         "--frontend-python",
@@ -151,6 +158,15 @@ def measure(args: argparse.Namespace) -> dict:
         )  # fmt: skip
         services.append(frontend)
         frontend_address = frontend.wait_serving(120)
+        address = frontend_address
+        if args.target == "gateway":
+            gateway = Service(
+                "gateway",
+                [*py, "nanoserve.frontend.gateway", "--port", "0",
+                 "--frontend-address", frontend_address],
+            )  # fmt: skip
+            services.append(gateway)
+            address = gateway.wait_serving(60)
         rng = random.Random(0)
 
         def requests(tag: str, n: int, max_tokens: int, rate: float) -> list[Request]:
@@ -164,12 +180,12 @@ def measure(args: argparse.Namespace) -> dict:
                 for i, at in enumerate(arrivals(n, rate))
             ]
 
-        run_processes("frontend", frontend_address, requests("warm", 32, 8, float("inf")), 0.0, 1)
+        run_processes(args.target, address, requests("warm", 32, 8, float("inf")), 0.0, 1)
         cpu = {s.name: tree_cpu_s(s.process.pid) for s in services}
         t = time.perf_counter()
         res = run_processes(
-            "frontend",
-            frontend_address,
+            args.target,
+            address,
             requests("run", args.num_prompts, args.max_tokens, args.request_rate),
             0.0,
             args.client_procs,
@@ -190,6 +206,11 @@ def measure(args: argparse.Namespace) -> dict:
         frontend_us_per_token=round(used["frontend"] / max(tokens, 1) * 1e6, 2),
         frontend_cores=round(used["frontend"] / wall, 2),
         stand_in_us_per_token=round(used["worker"] / max(tokens, 1) * 1e6, 2),
+        **(
+            {"gateway_us_per_token": round(used["gateway"] / max(tokens, 1) * 1e6, 2)}
+            if "gateway" in used
+            else {}
+        ),
         loadgen_us_per_token=round(
             sum(c["cpu_s"] for c in res["clients"]) / max(tokens, 1) * 1e6, 2
         ),

@@ -128,10 +128,13 @@ def filter_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
 
 def processed_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     """(B, V) float32: the logits each row samples from (logprobs_mode "processed"): its rules
-    (allowed_token_ids, logit_bias, penalties, the min_tokens mask: adjusted_logits), then for
-    sampled rows temperature and the top-k/top-p/min-p filter (-inf); greedy rows stop after the
-    rules (their argmax is the sampled token)."""
+    (allowed_token_ids, logit_bias, penalties, the min_tokens mask: adjusted_logits) and its
+    grammar's bitmask, as `sample` applies them, then for sampled rows temperature and the
+    top-k/top-p/min-p filter (-inf); greedy rows stop after the rules (their argmax is the sampled
+    token)."""
     logits = adjusted_logits(logits, t)
+    if t.allowed is not None:
+        logits = apply_token_bitmask(logits, *t.allowed)
     if t.all_greedy or t.temperatures is None:
         return logits
     temperatures = t.temperatures

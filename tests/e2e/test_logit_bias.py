@@ -79,6 +79,22 @@ def test_the_frontend_refuses_naming_the_field(client: Client, sampling: dict, f
     assert field in refused.value.message
 
 
+def test_allowed_ids_that_the_grammar_never_allows_end_the_call_naming_the_field(
+    client: Client, words, services
+) -> None:
+    """A regex and allowed_token_ids with no token in common: INVALID_ARGUMENT naming
+    allowed_token_ids when the row runs out of tokens (before: token 0 every step)."""
+    with pytest.raises(InvalidArgument) as refused:
+        client.generate(
+            PROMPT,
+            max_tokens=6,
+            structured_output={"regex": "[0-9]+"},
+            allowed_token_ids=list(words),  # " wave", " salt", " shore": no digit
+        )
+    assert "allowed_token_ids" in refused.value.message
+    assert_idle(services.worker.address)
+
+
 @pytest.fixture(scope="module")
 def worker_stub(services: Pair) -> Iterator[worker_grpc.WorkerServiceStub]:
     with grpc.insecure_channel(services.worker.address) as channel:

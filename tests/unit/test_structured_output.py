@@ -123,6 +123,63 @@ def test_regex_outputs_fullmatch(llm, decode):
         assert re.fullmatch(r, decode(out.token_ids)), (r, decode(out.token_ids))
 
 
+def test_processed_logprobs_see_the_grammar_and_raw_ones_do_not(llm, decode):
+    """logprobs_mode "processed" is the distribution the sampler drew from: the grammar's mask
+    included, so every alternative it reports is a token the grammar allowed there."""
+
+    def run(mode: str):
+        sp = SamplingParams(
+            temperature=1.0,
+            seed=3,
+            max_tokens=8,
+            structured_output=("regex", "(yes|no|maybe)"),
+            logprobs=5,
+            logprobs_mode=mode,
+        )
+        return llm.generate(prompts(1, 5), sp, use_tqdm=False)[0]
+
+    words = ("yes", "no", "maybe")
+
+    def allowed(ids: list[int]) -> bool:  # the text so far can still become (or is) a word
+        text = decode(ids)
+        return any(w.startswith(text) for w in words)
+
+    out = run("processed")
+    assert decode(out.token_ids) in words
+    for i, (_, _, rank, top_ids, top_logprobs) in enumerate(out.logprobs):
+        finite = [t for t, lp in zip(top_ids, top_logprobs) if lp > float("-inf")]
+        assert finite and rank >= 1
+        assert all(allowed(out.token_ids[:i] + [t]) for t in finite), (i, finite)
+    raw = run("raw")
+    assert raw.token_ids == out.token_ids  # the same seeded draws
+    assert any(  # the model's own favourites include tokens the grammar forbids
+        not allowed(raw.token_ids[:i] + [t])
+        for i, entry in enumerate(raw.logprobs)
+        for t in entry[3]
+    )
+
+
+def test_a_grammar_that_allows_none_of_the_allowed_ids_ends_the_request(llm, tiny_model_dir):
+    """A regex and allowed_token_ids with no token in common: the request ends (abort, no
+    token) instead of sampling token 0 from a row of -inf; its batch neighbours are untouched and
+    no block stays held."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    z = [tok.token_to_id(t) for t in ("z", "zz", "Z")]
+    assert all(t is not None for t in z)
+    clash = SamplingParams(
+        temperature=0, max_tokens=8, structured_output=("regex", "(yes|no)"), allowed_token_ids=z
+    )
+    fine = SamplingParams(temperature=0, max_tokens=8, structured_output=("regex", "(yes|no)"))
+    free = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    outs = llm.generate(prompts(3, 7), [clash, fine, free], use_tqdm=False)
+    assert (outs[0].finish_reason, outs[0].token_ids) == ("abort", [])
+    assert outs[1].finish_reason == "stop" and tok.decode(outs[1].token_ids) in ("yes", "no")
+    assert len(outs[2].token_ids) == 5
+    assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
+
+
 def test_grammar_and_json_object_with_free_rows_in_the_batch(llm, decode):
     """EBNF and any-JSON rows beside unconstrained rows: only the constrained ones are masked."""
     ebnf = 'root ::= "(" item ("," item)* ")"\nitem ::= [a-c] | [0-9]'

@@ -284,8 +284,16 @@ class LLMEngine:
                 for s in seqs
                 if s.num_computed_tokens < s.num_prompt_tokens or s.num_scheduled_tokens > 1
             )
+        # a row the grammar and allowed_token_ids left without a token (SamplingInputs set
+        # seq.error): its draw is dropped and its request ends, every completion of it
+        ended = [seq for seq in seqs if seq.error is not None]
+        if ended:
+            kept = [(seq, t) for seq, t in zip(seqs, token_ids) if seq.error is None]
+            seqs, token_ids = [seq for seq, _ in kept], [t for _, t in kept]
         self.scheduler.postprocess(seqs, token_ids)
-        outputs = refused
+        for seq in ended:
+            self.abort(seq.request_id)
+        outputs = refused + [StepOutput(seq, [], True) for seq in ended]
         for seq in seqs:
             new = seq.take_new_tokens()
             done = seq.is_finished

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from nanoserve.worker.engine.sequence import Sequence
-from nanoserve.worker.engine.structured_output import grammar_bitmask
+from nanoserve.worker.engine.structured_output import allows_none_of, grammar_bitmask
 from nanoserve.worker.engine.token_rules import TokenRules
 from nanoserve.worker.sampler import SamplingTensors
 from nanoserve.worker.seeded_noise import as_int64
@@ -40,6 +40,7 @@ class SamplingInputs:
         if any(p.structured_output for p in params):
             mask = grammar_bitmask(seqs, self.vocab_size)
             if mask is not None:
+                no_token_left(seqs, *mask)
                 every = len(mask[0]) == len(seqs)
                 rows = None if every else torch.tensor(mask[0]).to(self.device)
                 t.allowed = (rows, mask[1].to(self.device, non_blocking=True))
@@ -118,6 +119,18 @@ class SamplingInputs:
         """Forget per-request state of a finished or aborted sequence."""
         self.penalty_counts.release(seq)
         self.token_rules.release(seq)
+
+
+def no_token_left(seqs: list[Sequence], rows: list[int], bitmask: torch.Tensor) -> None:
+    """Sets seq.error on a row whose grammar allows none of its allowed_token_ids: it would sample
+    from a row of -inf (token 0); LLMEngine.step ends its request instead, INVALID_ARGUMENT."""
+    for g, i in enumerate(rows):
+        allowed = seqs[i].sampling_params.allowed_token_ids
+        if allowed is not None and allows_none_of(bitmask[g], allowed):
+            seqs[i].error = (
+                "allowed_token_ids: none of them is valid for the structured output at "
+                f"completion token {seqs[i].num_completion_tokens + 1}"
+            )
 
 
 class PenaltyCounts:

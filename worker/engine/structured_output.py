@@ -17,9 +17,11 @@ import logging
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from nanoserve.structured_output import FIELD
@@ -189,3 +191,11 @@ def grammar_bitmask(seqs: list[Sequence], vocab_size: int) -> tuple[list[int], t
         assert grammar is not None
         grammar.fill(bitmask, g)
     return rows, bitmask
+
+
+def allows_none_of(bitmask_row: torch.Tensor, token_ids: Collection[int]) -> bool:
+    """Whether a host bitmask row ((ceil(V/32),) int32 words) clears every one of token_ids: a
+    grammar and allowed_token_ids that leave a row no token at all."""
+    words = bitmask_row.numpy().view(np.uint32)
+    ids = np.asarray(token_ids, dtype=np.int64)
+    return not ((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).any()
