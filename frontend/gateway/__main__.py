@@ -20,11 +20,14 @@ from nanoserve.log import log_startup_error, setup_logging
 logger = logging.getLogger("nanoserve.gateway")
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """The listening socket, bound here so that port 0 is known before uvicorn starts."""
+def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """The listening socket, bound here so that port 0 is known before uvicorn starts.
+    reuse_port: other processes that set it too may bind the same port (SO_REUSEPORT)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host.strip("[]"), port))
     sock.listen(2048)
     sock.setblocking(False)
@@ -48,7 +51,7 @@ async def serve(config: GatewayConfig) -> None:
         client_cert=config.tls_client_cert_file,
         client_key=config.tls_client_key_file,
     )
-    sock = bind(config.host, config.port)
+    sock = bind(config.host, config.port, config.reuse_port)
     api = build_app(client, config.served_model_name)
     paths = [route.path for route in api.routes if isinstance(route, Route)]
     app = AccessLog(BodyLimit(api, config.max_body_bytes), paths, [RequestLog(config.log_format)])

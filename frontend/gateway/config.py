@@ -20,6 +20,14 @@ class GatewayConfig:
 
     host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
     port: int = field(default=8000, metadata={"help": "HTTP port to bind (0 = any free port)"})
+    reuse_port: bool = field(
+        default=False,
+        metadata={
+            "help": "bind with SO_REUSEPORT, so that several gateway processes share the port (the "
+            "kernel spreads connections over them; one process's HTTP/SSE work is the bound near "
+            "15k streamed tokens/s). Give each its own --metrics-port"
+        },
+    )
     frontend_address: str = field(
         default="127.0.0.1:50051", metadata={"help": "host:port of the frontend's gRPC API"}
     )
