@@ -8,7 +8,7 @@ import asyncio
 import enum
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -32,6 +32,20 @@ POLL_TIMEOUT_S = 3.0
 SESSION_REPORT_STALE_S = 2.0
 
 ModelInfo = worker_pb2.WorkerServiceGetModelInfoResponse
+
+
+async def within(awaitable: Awaitable[Any], timeout: float) -> bool:
+    """Awaits `awaitable` for at most `timeout` s; True when it finished (its error re-raised).
+    Not asyncio.wait_for: before Python 3.12 it swallows a cancellation that races the inner
+    result, and a watcher that lost close()'s cancel so kept a frontend alive after SIGTERM."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    finally:
+        task.cancel()
+    if done:
+        task.result()
+    return bool(done)
 
 
 class LinkState(enum.Enum):
@@ -128,12 +142,10 @@ class WorkerLink:
             return
         if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
             raise Unavailable(f"worker at {self.address} is unreachable")
-        try:
-            await asyncio.wait_for(self.channel.channel_ready(), self._connect_timeout_s)
-        except TimeoutError:
+        if not await within(self.channel.channel_ready(), self._connect_timeout_s):
             raise Unavailable(
                 f"worker at {self.address} did not connect within {self._connect_timeout_s} s"
-            ) from None
+            )
 
     def start_request(
         self, request: worker_pb2.GenerateTokensRequest, timeout_s: float | None
@@ -233,11 +245,4 @@ class WorkerLink:
             if changed or not answered or not self.session_reports:
                 await self._poll()
             state = self.channel.get_state()
-            changed = False
-            try:
-                await asyncio.wait_for(
-                    self.channel.wait_for_state_change(state), self._poll_interval_s
-                )
-                changed = True
-            except TimeoutError:
-                pass
+            changed = await within(self.channel.wait_for_state_change(state), self._poll_interval_s)
