@@ -30,9 +30,7 @@ def test_two_gateways_share_a_port_with_reuse_port(services: Pair) -> None:
     first = start_gateway(services.frontend.address, "--reuse-port")
     second: Service | None = None
     try:
-        second = start_gateway(
-            services.frontend.address, "--reuse-port", "--port", str(first.port)
-        )
+        second = start_gateway(services.frontend.address, "--reuse-port", "--port", str(first.port))
         assert second.port == first.port
         for _ in range(CONNECTIONS):
             with urllib.request.urlopen(base_url(first) + "/v1/models", timeout=30) as response:
