@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nanoserve.worker.layers.attention import paged_attention_torch, store_kvcache_torch
-from tests.unit.test_kernels_attention import kernels, make_block_tables, rel_err
+from tests.unit.interpreted_kernels import kernels, make_block_tables, rel_err
 
 FP8 = torch.float8_e4m3fn
 K_SCALE, V_SCALE = 0.5, 2.0

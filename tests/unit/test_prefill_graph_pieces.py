@@ -10,7 +10,7 @@ from nanoserve.worker.engine.prefill_graph import PrefillGraphRunner
 from nanoserve.worker.layers.attention import Attention
 from nanoserve.worker.model_config import ModelConfig
 from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM
-from tests.unit.test_kernels_attention import kernels  # noqa: F401 (interpreter + numpy shim)
+from tests.unit.interpreted_kernels import kernels  # noqa: F401 (interpreter + numpy shim)
 
 BLOCK_SIZE, NUM_BLOCKS = 8, 8
 CONFIG = ModelConfig(

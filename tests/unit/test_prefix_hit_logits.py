@@ -14,7 +14,7 @@ from nanoserve.worker import LLM, SamplingParams
 from nanoserve.worker.engine.prefill_graph import PrefillGraphRunner, prefill_buckets
 from tests.engine_logits import prefix_hit_logits, teacher_forced_logits
 from tests.unit.hf_reference import make_hf_model
-from tests.unit.test_kernels_attention import kernels  # noqa: F401 (interpreter + numpy shim)
+from tests.unit.interpreted_kernels import kernels  # noqa: F401 (interpreter + numpy shim)
 
 BLOCK = 16
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)

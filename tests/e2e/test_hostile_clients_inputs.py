@@ -1,8 +1,6 @@
 """A hostile client within today's limits, beside a health prober: each input below gets its
 status (INVALID_ARGUMENT naming the field, or an answer), and no health probe of the frontend or
-the worker waits past PROBE_BOUND_S meanwhile. Garbage bytes get INVALID_ARGUMENT and one log line;
-an operator's WorkerService.Abort reaches the client as ABORTED.
-"""
+the worker waits past PROBE_BOUND_S meanwhile; a refused field is not echoed whole."""
 
 import random
 import subprocess
@@ -14,14 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from nanoserve.client import Client
-from nanoserve.errors import Aborted
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
-from tests.e2e.conftest import FRONTEND_SERVICE, REPO_ROOT, WORKER_SERVICE, assert_idle
+from tests.e2e.conftest import FRONTEND_SERVICE, REPO_ROOT, WORKER_SERVICE
+from tests.e2e.hostile_calls import INVALID, status_of, unary_status
 
 pytestmark = pytest.mark.e2e
 
@@ -31,7 +28,6 @@ pytestmark = pytest.mark.e2e
 PROBE_BOUND_S = 0.25
 MiB = 1024 * 1024
 UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 
 def words_text(num_bytes: int, seed: int = 0) -> str:
@@ -82,23 +78,6 @@ def channels(services) -> Iterator[tuple[grpc.Channel, grpc.Channel]]:
         grpc.insecure_channel(services.worker.address, options=UNLIMITED) as worker,
     ):
         yield frontend, worker
-
-
-def status_of(call) -> tuple[grpc.StatusCode, str]:
-    try:
-        for _ in call:
-            pass
-    except grpc.RpcError as e:
-        return e.code(), e.details() or ""
-    return grpc.StatusCode.OK, ""
-
-
-def unary_status(call: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
-    try:
-        call()
-    except grpc.RpcError as e:
-        return e.code(), e.details() or ""
-    return grpc.StatusCode.OK, ""
 
 
 def session_status(
@@ -369,50 +348,3 @@ def test_a_20kb_role_is_not_echoed_whole(channels) -> None:
     code, details = status_of(stub.Chat(request, timeout=30))
     assert code == INVALID
     assert details.startswith("messages[0].role") and len(details) < 300, details[:400]
-
-
-@pytest.mark.parametrize(
-    ("service", "method", "streaming"),
-    [
-        ("frontend", "/nanoserve.v1.FrontendService/Generate", True),
-        ("frontend", "/nanoserve.v1.FrontendService/Tokenize", False),
-        ("worker", "/nanoserve.v1.WorkerService/GenerateTokens", True),
-        ("worker", "/nanoserve.v1.WorkerService/GetLoad", False),
-        ("frontend", "/grpc.health.v1.Health/Check", False),  # not a nanoserve servicer
-        ("worker", "/grpc.health.v1.Health/Watch", True),
-    ],
-)
-def test_garbage_bytes_get_invalid_argument_and_one_log_line(
-    services, service, method, streaming
-) -> None:
-    target = getattr(services, service)
-    before = len(target.lines)
-    garbage = b"\xff\xfe\x00garbage" * 8  # not a protobuf message
-    with grpc.insecure_channel(target.address) as channel:
-        if streaming:
-            call = channel.unary_stream(method)(garbage, timeout=30)
-            code, details = status_of(call)
-        else:
-            code, details = unary_status(lambda: channel.unary_unary(method)(garbage, timeout=30))
-    assert code == INVALID, details
-    assert "request: not a valid" in details
-    time.sleep(0.3)  # let the service's output reach the reader thread
-    new = target.lines[before:]
-    assert sum("refused before its handler" in line for line in new) == 1, "".join(new)
-    assert not any("Traceback" in line for line in new), "".join(new)
-
-
-def test_operator_abort_reaches_the_client_as_aborted(services) -> None:
-    with (
-        Client(services.frontend.address, timeout=60) as client,
-        grpc.insecure_channel(services.worker.address) as channel,
-    ):
-        stream = client.generate_stream("Tell me a story", request_id="to-abort", max_tokens=3000)
-        next(stream)  # running on the worker
-        stub = worker_grpc.WorkerServiceStub(channel)
-        aborted = stub.Abort(worker_pb2.AbortRequest(request_ids=["to-abort"]), timeout=10)
-        assert aborted.num_aborted == 1
-        with pytest.raises(Aborted, match="aborted"):
-            for _ in stream:
-                pass
-    assert_idle(services.worker.address)
