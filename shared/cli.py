@@ -1,6 +1,6 @@
-"""The `nanoserve` console script: `serve` runs a worker and a frontend as child processes on
-loopback (its flags: nanoserve.serve_args); `worker`, `frontend` and `gateway` (OpenAI HTTP API) run
-one service; `generate` (nanoserve.generate_cli), `tokenize` and `detokenize` (nanoserve.token_cli)
+"""The `nanoserve` console script: `serve` runs a worker and a frontend (with --gateway-port the
+OpenAI gateway too) as child processes (its flags: nanoserve.serve_args); `worker`, `frontend` and
+`gateway` (OpenAI HTTP API) run one service; `generate` (nanoserve.generate_cli), `tokenize` and `detokenize` (nanoserve.token_cli)
 call a running frontend; `bench` and `make-tiny-model` hand over to their modules.
 """
 
@@ -101,6 +101,15 @@ def serve(argv: Sequence[str]) -> int:
         host, port = frontend.address.rsplit(":", 1)
         connect = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
         connection = hint_connection(f"{connect}:{port}", config, args)
+        openai = ""
+        if args.gateway_argv is not None:
+            gateway = Child(
+                "gateway", [*python, "nanoserve.frontend.gateway", *gateway_flags(args, connection)]
+            )
+            children.insert(0, gateway)  # stopped first: HTTP streams drain through the others
+            if not wait_until(gateway.listening.is_set, children, stop, "starting"):
+                return 0 if stop.is_set() else 1
+            openai = f"\n  openai: http://{probe_address(gateway.address)}/v1 (the gateway)"
         print(
             f"nanoserve serving {args.model} on {frontend.address} (worker on {worker.address})\n"
             f"  stop: Ctrl-C (or SIGTERM to pid {os.getpid()}); in-flight requests finish first\n"
@@ -110,7 +119,8 @@ def serve(argv: Sequence[str]) -> int:
                 "\n        (KEY: one of the api keys the frontend accepts)"
                 if connection.needs_token
                 else ""
-            ),
+            )
+            + openai,
             flush=True,
         )
         if args.demo:
@@ -149,6 +159,20 @@ def hint_connection(address: str, config: FrontendConfig, args: argparse.Namespa
         client_key_file=path(args.probe_tls_client_key_file) if mutual else None,
         needs_token=bool(config.api_keys_file or config.api_keys),
     )
+
+
+def gateway_flags(args: argparse.Namespace, frontend: Connection) -> list[str]:
+    """The gateway's argv: serve's gateway flags, the frontend's address, and TLS as serve's own
+    probe reaches the frontend (its CA; its client certificate under mutual TLS)."""
+    argv = [*args.gateway_argv, "--frontend-address", frontend.address]
+    for flag, path in (
+        ("--tls-root-certificates-file", frontend.ca_file),
+        ("--tls-client-cert-file", frontend.client_cert_file),
+        ("--tls-client-key-file", frontend.client_key_file),
+    ):
+        if path is not None:
+            argv += [flag, path]
+    return argv
 
 
 def probe_address(address: str | None) -> str | None:

@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 WORKER_SERVICE = "nanoserve.v1.WorkerService"
 FRONTEND_SERVICE = "nanoserve.v1.FrontendService"
-LISTENING = re.compile(r"(worker|frontend) listening on (\S+):(\d+)")
+LISTENING = re.compile(r"(worker|frontend|gateway) listening on (\S+):(\d+)")
 STOP_TIMEOUT_S = 40.0  # per child: its own drain grace (30 s by default) plus some slack
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 

@@ -27,6 +27,7 @@ SERVE_NEEDS = {
     "tokenizers": "frontend",
     "jinja2": "frontend",
 }  # module -> the extra that installs it
+GATEWAY_NEEDS = {"fastapi": "gateway", "uvicorn": "gateway"}
 
 
 def _serve_parser() -> argparse.ArgumentParser:
@@ -92,6 +93,19 @@ def _serve_parser() -> argparse.ArgumentParser:
         "--frontend-args",
         default="",
         help='more frontend flags as one string, e.g. "--max-concurrent-requests 64"',
+    )
+    parser.add_argument(
+        "--gateway-port",
+        type=int,
+        metavar="PORT",
+        help="also run the OpenAI-compatible HTTP gateway on --host:PORT (0 = any free port), in "
+        "front of the frontend, reaching it with TLS when the frontend serves it (default: off; "
+        "needs the `gateway` extra)",
+    )
+    parser.add_argument(
+        "--gateway-args",
+        default="",
+        help='more gateway flags as one string, e.g. "--metrics-port 9092 --reuse-port"',
     )
     # metrics_port: the frontend section's; the worker's is --worker-metrics-port
     add_config_args(
@@ -160,6 +174,9 @@ def serve_argvs(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], lis
         [*frontend_argv, "--worker-address", "127.0.0.1:1"],
         prog="nanoserve serve (frontend flags)",
     )
+    args.gateway_argv = gateway_argv(args) if args.gateway_port is not None else None
+    if args.gateway_port and args.gateway_port == args.port:
+        _serve_parser().error(f"--gateway-port and --port must differ, both are {args.port}")
     if (args.probe_tls_ca_file or args.probe_tls_client_cert_file) and not frontend.tls_cert_file:
         _serve_parser().error("--probe-tls-* flags need the frontend's --tls-cert-file")
     if (args.probe_tls_client_cert_file is None) != (args.probe_tls_client_key_file is None):
@@ -172,7 +189,8 @@ def serve_argvs(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], lis
             "--probe-tls-client-key-file: serve's readiness probe must present a client "
             "certificate that CA signed"
         )
-    missing = sorted({extra for module, extra in SERVE_NEEDS.items() if not _installed(module)})
+    needs = {**SERVE_NEEDS, **(GATEWAY_NEEDS if args.gateway_argv is not None else {})}
+    missing = sorted({extra for module, extra in needs.items() if not _installed(module)})
     try:
         if missing:
             raise ValueError(
@@ -186,12 +204,34 @@ def serve_argvs(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], lis
         check_tokenizer_files(model_dir)
         check_port_free(args.host, args.port)
         check_port_free("127.0.0.1", args.worker_port, flag="--worker-port")
+        if args.gateway_port is not None:
+            check_port_free(args.host, args.gateway_port, flag="--gateway-port")
     except ValueError as e:
         if worker.log_level.upper() == "DEBUG":
             traceback.print_exc()
         print(f"nanoserve serve: error: {e}", file=sys.stderr)
         sys.exit(1)
     return args, worker_argv, frontend_argv
+
+
+def gateway_argv(args: argparse.Namespace) -> list[str]:
+    """The gateway's flags but --frontend-address and TLS (serve adds them once the frontend
+    listens), parsed now as the gateway will parse them: a bad one fails before anything starts."""
+    from nanoserve.frontend.gateway.config import GatewayConfig
+
+    frontend: FrontendConfig = args.frontend_config
+    argv = [
+        *("--host", args.host, "--port", str(args.gateway_port)),
+        *("--log-level", frontend.log_level, "--grace-period-s", str(frontend.grace_period_s)),
+        *("--max-message-bytes", str(frontend.max_message_bytes)),
+        *shlex.split(args.gateway_args),
+    ]
+    parse_config(
+        GatewayConfig,
+        [*argv, "--frontend-address", "127.0.0.1:1"],
+        prog="nanoserve serve (gateway flags)",
+    )
+    return argv
 
 
 def _installed(module: str) -> bool:

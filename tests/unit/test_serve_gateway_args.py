@@ -1,0 +1,70 @@
+"""`nanoserve serve --gateway-port`: the gateway's flags built and checked before anything starts
+(serve_args.gateway_argv), its frontend address and TLS added once the frontend listens
+(cli.gateway_flags); bad ones end serve in one line."""
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from nanoserve import cli, serve_args
+from nanoserve.client_args import Connection
+from nanoserve.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
+
+
+def test_gateway_flags_follow_the_frontends(tiny_model_dir: Path, monkeypatch) -> None:
+    monkeypatch.setattr(serve_args, "check_port_free", lambda *a, **k: None)
+    common = ["--model", str(tiny_model_dir), "--host", "0.0.0.0", "--log-level", "DEBUG"]
+    args, _, _ = cli.serve_argvs(
+        [*common, "--gateway-port", "8123", "--gateway-args", "--reuse-port --metrics-port 9092"]
+    )
+    assert args.gateway_argv == [
+        *("--host", "0.0.0.0", "--port", "8123", "--log-level", "DEBUG"),
+        *("--grace-period-s", "30.0", "--max-message-bytes", str(DEFAULT_MAX_MESSAGE_BYTES)),
+        *("--reuse-port", "--metrics-port", "9092"),
+    ]
+    args, _, _ = cli.serve_argvs(common)
+    assert args.gateway_argv is None  # off unless asked for
+
+
+def test_the_gateway_reaches_the_frontend_as_serves_probe_does(
+    tiny_model_dir: Path, monkeypatch
+) -> None:
+    monkeypatch.setattr(serve_args, "check_port_free", lambda *a, **k: None)
+    args, _, _ = cli.serve_argvs(["--model", str(tiny_model_dir), "--gateway-port", "0"])
+    plain = cli.gateway_flags(args, Connection("127.0.0.1:50051"))
+    assert plain[-2:] == ["--frontend-address", "127.0.0.1:50051"]
+    assert not [flag for flag in plain if flag.startswith("--tls")]
+    mutual = Connection("127.0.0.1:50051", "/ca.pem", "/client.pem", "/client.key")
+    assert cli.gateway_flags(args, mutual)[-6:] == [
+        *("--tls-root-certificates-file", "/ca.pem"),
+        *("--tls-client-cert-file", "/client.pem", "--tls-client-key-file", "/client.key"),
+    ]
+
+
+def serve(*argv: str) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [sys.executable, "-m", "nanoserve.cli", "serve", "--device", "cpu", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert "listening" not in done.stdout, "a service was started"
+    assert "Traceback" not in done.stdout + done.stderr
+    return done
+
+
+def test_bad_gateway_flags_end_serve_before_it_starts(tiny_model_dir: Path) -> None:
+    model = ("--model", str(tiny_model_dir))
+    same = serve(*model, "--port", "8123", "--gateway-port", "8123")
+    assert same.returncode == 2 and "--gateway-port and --port must differ" in same.stderr
+    bad = serve(*model, "--port", "0", "--gateway-port", "0", "--gateway-args", "--log-format xml")
+    assert bad.returncode == 2 and "log_format" in bad.stderr, bad.stderr
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        busy = serve(*model, "--port", "0", "--gateway-port", str(port))
+    assert busy.returncode == 1, busy.stderr
+    assert f"--gateway-port {port}" in busy.stderr and "already in use" in busy.stderr
