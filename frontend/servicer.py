@@ -29,6 +29,7 @@ from nanoserve.frontend.tool_choice import constrained_params
 from nanoserve.frontend.tool_parser import ToolCallParser
 from nanoserve.frontend.validation import (
     Limits,
+    stream_interval_of,
     validate_prompt_token_ids,
     validate_request_id,
     validate_sampling_params,
@@ -102,6 +103,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         else:
             validate_text(request.prompt, limits, "prompt")
         validate_sampling_params(request.sampling_params, limits)
+        interval = stream_interval_of(request, self.config.stream_interval)
         with self._admit(request.request_id) as request_id:
             if request.prompt_token_ids:
                 prompt_ids = list(request.prompt_token_ids)
@@ -120,6 +122,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                 context,
                 prompt_field,
                 request.priority,
+                interval,
             ):
                 yield frontend_pb2.GenerateResponse(**fields)
 
@@ -133,6 +136,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         validate_request_id(request.request_id)
         inputs = chat_inputs(request, limits)  # messages counted before any is read
         validate_sampling_params(request.sampling_params, limits)
+        interval = stream_interval_of(request, self.config.stream_interval)
         if not self.tokenizer.has_chat_template:
             raise FailedPrecondition("the model's tokenizer_config.json has no chat template")
         enable_thinking = not request.HasField("enable_thinking") or request.enable_thinking
@@ -158,7 +162,14 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                 return outputs[index]
 
             stream = self.requests.stream(
-                request_id, prompt_ids, params, limits, context, "messages", request.priority
+                request_id,
+                prompt_ids,
+                params,
+                limits,
+                context,
+                "messages",
+                request.priority,
+                interval,
             )
             try:
                 async for fields in stream:

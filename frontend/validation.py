@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nanoserve.client_requests import MAX_STREAM_INTERVAL
 from nanoserve.errors import InvalidArgument, echo
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.sampling_rules import (
@@ -195,6 +196,18 @@ def validate_request_id(request_id: str) -> None:
         raise InvalidArgument(f"longer than {MAX_REQUEST_ID_LENGTH} characters", field="request_id")
     if not request_id.isprintable():
         raise InvalidArgument("must be printable", field="request_id")
+
+
+def stream_interval_of(request: Any, default: int) -> int:
+    """A Generate or Chat request's stream_interval, checked; `default` (the frontend's) unset."""
+    if not request.HasField("stream_interval"):
+        return default
+    if not 1 <= request.stream_interval <= MAX_STREAM_INTERVAL:
+        raise InvalidArgument(
+            f"must be in [1, {MAX_STREAM_INTERVAL}], got {request.stream_interval}",
+            field="stream_interval",
+        )
+    return int(request.stream_interval)
 
 
 def worker_sampling_params(

@@ -120,7 +120,9 @@ class Client:
     ) -> Iterator[Chunk]:
         """Streams the completion of `prompt` (text or token ids); keyword arguments are
         SamplingParams fields (temperature, max_tokens, stop, n, ...); with n > 1 each chunk's
-        `index` says which completion it continues. priority: lower is served first."""
+        `index` says which completion it continues. priority: lower is served first.
+        stream_interval=N: after the first chunk, one per N tokens (1..256; fewer, bigger chunks
+        cost less per token; chat_stream takes it too)."""
         request = generate_request(prompt, request_id, add_special_tokens, priority, **sampling)
         return self._stream(self._stub.Generate, request, timeout)
 

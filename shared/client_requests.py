@@ -10,6 +10,9 @@ from nanoserve.client_messages import ChatMessages, ToolCall, Tools
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 
+# GenerateRequest/ChatRequest.stream_interval: tokens a response message may wait for (the
+# frontend refuses more; the gateway asks for it when the caller wants the whole reply)
+MAX_STREAM_INTERVAL = 256
 _SAMPLING_FIELDS = frozenset(common_pb2.SamplingParams.DESCRIPTOR.fields_by_name)
 
 
@@ -66,10 +69,16 @@ def generate_request(
     request_id: str = "",
     add_special_tokens: bool | None = None,
     priority: int | None = None,
+    *,
+    stream_interval: int | None = None,
     **sampling: Any,
 ) -> frontend_pb2.GenerateRequest:
+    """stream_interval: after the first token, one message per this many tokens (1..256)."""
     request = frontend_pb2.GenerateRequest(
-        request_id=request_id, sampling_params=sampling_params(**sampling), priority=priority
+        request_id=request_id,
+        sampling_params=sampling_params(**sampling),
+        priority=priority,
+        stream_interval=stream_interval,
     )
     if isinstance(prompt, str):
         request.prompt = prompt
@@ -135,12 +144,14 @@ def chat_request(
     tool_choice_function: str = "",
     parallel_tool_calls: bool | None = None,
     separate_reasoning: bool | None = None,
+    stream_interval: int | None = None,
     **sampling: Any,
 ) -> frontend_pb2.ChatRequest:
     request = frontend_pb2.ChatRequest(
         request_id=request_id,
         sampling_params=sampling_params(**sampling),
         priority=priority,
+        stream_interval=stream_interval,
         messages=[_chat_message(m) for m in messages],
         tools=[_tool(t) for t in tools or ()],
         tool_choice=tool_choice,

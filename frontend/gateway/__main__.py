@@ -52,7 +52,7 @@ async def serve(config: GatewayConfig) -> None:
         client_key=config.tls_client_key_file,
     )
     sock = bind(config.host, config.port, config.reuse_port)
-    api = build_app(client, config.served_model_name)
+    api = build_app(client, config.served_model_name, stream_interval=config.stream_interval)
     paths = [route.path for route in api.routes if isinstance(route, Route)]
     app = AccessLog(BodyLimit(api, config.max_body_bytes), paths, [RequestLog(config.log_format)])
     metrics_server: Any = None

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException
 
 from nanoserve.client import AsyncClient
 from nanoserve.client_messages import Chunk, Completion, join_chunks
+from nanoserve.client_requests import MAX_STREAM_INTERVAL
 from nanoserve.errors import ServiceError
 from nanoserve.frontend.gateway.access import access_of
 from nanoserve.frontend.gateway.best_of import keep_best
@@ -73,11 +74,22 @@ class Gateway:
     """Route handlers around one AsyncClient (one channel to the frontend) and one BodyParser."""
 
     def __init__(
-        self, client: AsyncClient, served_model_name: str | None, bodies: BodyParser
+        self,
+        client: AsyncClient,
+        served_model_name: str | None,
+        bodies: BodyParser,
+        stream_interval: int = 1,
     ) -> None:
         self.client = client
         self._model_name = served_model_name
         self.bodies = bodies
+        self._stream_interval = stream_interval
+
+    def stream_interval(self, mapped: Mapped) -> int:
+        """How many ids the frontend batches per message: a streamed reply's events come per
+        --stream-interval tokens; a whole reply in as few messages as the frontend allows (each
+        gRPC message costs the gateway more CPU than its tokens do)."""
+        return self._stream_interval if mapped.stream else MAX_STREAM_INTERVAL
 
     async def model_name(self, client: AsyncClient) -> str:
         """The served model's name: the configured one, else the frontend's (asked once)."""
@@ -128,7 +140,12 @@ class Gateway:
         request_id = access_of(request.scope).request_id
 
         def start() -> AsyncIterator[Chunk]:
-            chunks = client.generate_stream(prompt, request_id=request_id, **mapped.kwargs())
+            chunks = client.generate_stream(
+                prompt,
+                request_id=request_id,
+                **mapped.kwargs(),
+                stream_interval=self.stream_interval(mapped),
+            )
             return chunks if echo is None else echo_chunks(echo, chunks, client)
 
         def finish(whole: Completion) -> Completion:
@@ -147,7 +164,12 @@ class Gateway:
             request,
             reply,
             mapped,
-            lambda: client.chat_stream(messages, request_id=request_id, **mapped.kwargs()),
+            lambda: client.chat_stream(
+                messages,
+                request_id=request_id,
+                **mapped.kwargs(),
+                stream_interval=self.stream_interval(mapped),
+            ),
         )
 
     async def tokenize(self, request: Request) -> dict:
@@ -205,12 +227,15 @@ def _error_response(error: OpenAIError) -> JSONResponse:
 
 
 def build_app(
-    client: AsyncClient, served_model_name: str | None = None, parse_processes: int = 2
+    client: AsyncClient,
+    served_model_name: str | None = None,
+    parse_processes: int = 2,
+    stream_interval: int = 1,
 ) -> FastAPI:
     """The ASGI app; `client` is shared by every request (the caller closes it). Its lifespan
     starts and stops the processes that parse large bodies."""
     bodies = BodyParser(parse_processes)
-    gateway = Gateway(client, served_model_name, bodies)
+    gateway = Gateway(client, served_model_name, bodies, stream_interval)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

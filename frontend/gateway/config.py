@@ -7,6 +7,7 @@ A frozen dataclass that validates itself; nanoserve.config turns its fields into
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from nanoserve.client_requests import MAX_STREAM_INTERVAL
 from nanoserve.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
 from nanoserve.log import check_log_format, parse_level
 
@@ -66,6 +67,14 @@ class GatewayConfig:
     tls_client_key_file: str | None = field(
         default=None, metadata={"help": "PEM private key of tls_client_cert_file"}
     )
+    stream_interval: int = field(
+        default=1,
+        metadata={
+            "help": "streamed replies: after the first token, one server-sent event per this many "
+            "tokens (the gRPC request's stream_interval; fewer, bigger events cost the gateway "
+            "less per token). Whole replies always ask the frontend for its largest interval"
+        },
+    )
     grace_period_s: float = field(
         default=30.0,
         metadata={"help": "on SIGTERM, how long in-flight requests may run before they are cut"},
@@ -92,6 +101,10 @@ class GatewayConfig:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
+        if not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
+            raise ValueError(
+                f"stream_interval must be in [1, {MAX_STREAM_INTERVAL}], got {self.stream_interval}"
+            )
         for name in ("request_timeout_s", "grace_period_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -45,6 +45,8 @@ BAD_REQUESTS = [
     (_generate(prompt_token_ids=[1] * MAX_MODEL_LEN), "prompt_token_ids"),
     (_generate(prompt="x" * 2000), "prompt"),  # > max_prompt_bytes
     (_generate(prompt="a", request_id="r" * 200), "request_id"),
+    (_generate(prompt="a", stream_interval=0), "stream_interval"),
+    (_generate(prompt="a", stream_interval=257), "stream_interval"),
 ]
 
 
@@ -70,6 +72,13 @@ def test_validation_names_the_field(tokenizer: Tokenizer, tiny_model_dir: Path) 
                     sampling_params=common_pb2.SamplingParams(top_p=-1),
                 ),
                 "sampling_params.top_p",
+            ),
+            (
+                frontend_pb2.ChatRequest(
+                    messages=[frontend_pb2.ChatMessage(role="user", content="x")],
+                    stream_interval=1000,
+                ),
+                "stream_interval",
             ),
         ]
         for request, field in bad_chats:

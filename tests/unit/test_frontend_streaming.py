@@ -94,6 +94,23 @@ def test_stream_interval_coalesces_after_the_first_token(
     run(test, tokenizer, tiny_model_dir, stream_interval=6)
 
 
+def test_a_requests_stream_interval_overrides_the_frontends(
+    tokenizer: Tokenizer, tiny_model_dir: Path
+) -> None:
+    """GenerateRequest.stream_interval: this call's messages wait for 6 ids, on a frontend whose
+    --stream-interval is 1; a call without it keeps the frontend's."""
+
+    async def test(h: Harness) -> None:
+        batched = await _collect(h.stub.Generate(_generate(prompt="x", stream_interval=6)))
+        sizes = [len(r.token_ids) for r in batched]
+        assert sizes[0] == 2 and all(size >= 6 for size in sizes[1:-1]), sizes
+        assert "".join(r.text for r in batched) == OUTPUT
+        plain = await _collect(h.stub.Generate(_generate(prompt="x")))
+        assert len(plain) > len(batched) and "".join(r.text for r in plain) == OUTPUT
+
+    run(test, tokenizer, tiny_model_dir, stream_interval=1)
+
+
 @pytest.mark.parametrize("stop", [None, "STOP"])
 def test_logprobs_split_across_bounded_messages(
     tokenizer: Tokenizer, tiny_model_dir: Path, stop: str | None

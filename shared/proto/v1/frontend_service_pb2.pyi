@@ -8,20 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "prompt_token_ids", "sampling_params", "request_id", "add_special_tokens", "priority")
+    __slots__ = ("prompt", "prompt_token_ids", "sampling_params", "request_id", "add_special_tokens", "priority", "stream_interval")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    STREAM_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling_params: _common_pb2.SamplingParams
     request_id: str
     add_special_tokens: bool
     priority: int
-    def __init__(self, prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ..., priority: _Optional[int] = ...) -> None: ...
+    stream_interval: int
+    def __init__(self, prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ..., priority: _Optional[int] = ..., stream_interval: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "usage", "matched_stop", "matched_stop_token_id", "logprobs", "prompt_logprobs", "index")
@@ -98,7 +100,7 @@ class ToolCallFunction(_message.Message):
     def __init__(self, name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class ChatRequest(_message.Message):
-    __slots__ = ("messages", "sampling_params", "request_id", "enable_thinking", "priority", "tools", "tool_choice", "tool_choice_function", "separate_reasoning", "parallel_tool_calls")
+    __slots__ = ("messages", "sampling_params", "request_id", "enable_thinking", "priority", "tools", "tool_choice", "tool_choice_function", "separate_reasoning", "parallel_tool_calls", "stream_interval")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +111,7 @@ class ChatRequest(_message.Message):
     TOOL_CHOICE_FUNCTION_FIELD_NUMBER: _ClassVar[int]
     SEPARATE_REASONING_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     sampling_params: _common_pb2.SamplingParams
     request_id: str
@@ -119,7 +122,8 @@ class ChatRequest(_message.Message):
     tool_choice_function: str
     separate_reasoning: bool
     parallel_tool_calls: bool
-    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., enable_thinking: _Optional[bool] = ..., priority: _Optional[int] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[str] = ..., tool_choice_function: _Optional[str] = ..., separate_reasoning: _Optional[bool] = ..., parallel_tool_calls: _Optional[bool] = ...) -> None: ...
+    stream_interval: int
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., enable_thinking: _Optional[bool] = ..., priority: _Optional[int] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[str] = ..., tool_choice_function: _Optional[str] = ..., separate_reasoning: _Optional[bool] = ..., parallel_tool_calls: _Optional[bool] = ..., stream_interval: _Optional[int] = ...) -> None: ...
 
 class ChatResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "usage", "matched_stop", "matched_stop_token_id", "logprobs", "prompt_logprobs", "index", "reasoning_content", "tool_calls", "tool_call_parse_error")
