@@ -1,6 +1,7 @@
 // Streams a completion from nanoserve's FrontendService, using nothing but the .proto files:
 //   node generate.js [--address HOST:PORT] [--ca FILE] [--token KEY] [--max-tokens N]
 //                    [--temperature T] [--seed S] [--logprobs K] [--n N] [--priority P]
+//                    [--stream-interval N]
 //                    [--json-schema TEXT|@FILE | --regex TEXT | --grammar TEXT|@FILE |
 //                     --json-object | --structural-tag TEXT|@FILE]
 //                    [--logit-bias ID=BIAS]... [--allowed-token-ids ID[,ID...]]...
@@ -35,6 +36,7 @@ const FLAGS = new Set([
 // options with one; REPEATED ones collect every value
 const OPTIONS = new Set([
   "address", "ca", "token", "max-tokens", "temperature", "seed", "logprobs", "n", "priority",
+  "stream-interval",
   "tools", "tool-choice", "tool-function", "logit-bias", "allowed-token-ids",
   "json-schema", "regex", "grammar", "structural-tag",
 ]);
@@ -232,6 +234,8 @@ function generate() {
   }
   const request = { sampling_params };
   if (opts.priority !== undefined) request.priority = integer("priority");
+  // a message per N tokens after the first (the server checks 1..256)
+  if (opts["stream-interval"] !== undefined) request.stream_interval = integer("stream-interval");
 
   let call;
   if (opts.chat) {

@@ -91,7 +91,7 @@ def test_node_client_prints_reasoning_and_tool_calls(node, tmp_path) -> None:
             node,
             "--address", address,
             "--chat", "--separate-reasoning", "--tools", str(tools_path),
-            "--n", "2", "--priority", "-1", "--max-tokens", "9",
+            "--n", "2", "--priority", "-1", "--max-tokens", "9", "--stream-interval", "3",
             "Weather in Paris?",
         )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -101,7 +101,7 @@ def test_node_client_prints_reasoning_and_tool_calls(node, tmp_path) -> None:
     assert result.stderr == "The user wants the weather."
     [request] = received
     assert [(m.role, m.content) for m in request.messages] == [("user", "Weather in Paris?")]
-    assert request.separate_reasoning and request.priority == -1
+    assert request.separate_reasoning and request.priority == -1 and request.stream_interval == 3
     assert request.sampling_params.n == 2 and request.sampling_params.max_tokens == 9
     assert [t.function.name for t in request.tools] == ["get_weather"]
     assert json.loads(request.tools[0].function.parameters) == WEATHER["function"]["parameters"]
