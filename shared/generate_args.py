@@ -171,6 +171,12 @@ def _parser() -> argparse.ArgumentParser:
         help="lower is served first (default: the server's, 0)",
     )
     parser.add_argument(
+        "--stream-interval",
+        type=int,
+        metavar="N",
+        help="one message per N tokens after the first, 1..256 (default: the frontend's)",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         help="print each completion once it ended as one JSON line (index, text, finish_reason, "
@@ -260,8 +266,9 @@ def parse(argv: Sequence[str]) -> GenerateArgs:
     kinds = [k for k in STRUCTURED_OUTPUT if getattr(args, k) not in (None, False)]
     if kinds:
         call["structured_output"] = {kinds[0]: getattr(args, kinds[0])}
-    if args.priority is not None:
-        call["priority"] = args.priority
+    for name in ("priority", "stream_interval"):  # the request's own fields, not sampling's
+        if getattr(args, name) is not None:
+            call[name] = getattr(args, name)
     if args.chat:
         call["enable_thinking"] = args.thinking
         for name in CHAT_ONLY:

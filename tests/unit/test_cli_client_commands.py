@@ -37,6 +37,10 @@ def test_flags_become_call_keywords(tmp_path: Path) -> None:
         [
             "hi",
             *("--n", "2", "--logprobs", "3", "--priority", "-1", "--seed", "7"),
+            *(
+                "--stream-interval",
+                "4",
+            ),
             *("--logit-bias", "5=100", "--logit-bias", "9=-2.5", "--logit-bias", "5=1"),
             *("--allowed-token-ids", "1,2", "--allowed-token-ids", "3"),
             *("--json-schema", f"@{schema}", "--stop", "x"),
@@ -52,6 +56,7 @@ def test_flags_become_call_keywords(tmp_path: Path) -> None:
         "allowed_token_ids": [1, 2, 3],
         "structured_output": {"json_schema": '{"type": "object"}'},
         "priority": -1,
+        "stream_interval": 4,
     }
     assert parse(["hi", "--json-object"]).call == {"structured_output": {"json_object": True}}
     assert parse(["hi", "--regex", "a+"]).call == {"structured_output": {"regex": "a+"}}
