@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--frontend-args", default="", help="more flags for the frontend")
     p.add_argument(
+        "--gateway-args", default="", help='more flags for the gateway, e.g. "--stream-interval 4"'
+    )
+    p.add_argument(
         "--frontend-python",
         default=sys.executable,
         help="the frontend's interpreter (another checkout's venv: compare two frontends)",
@@ -163,7 +166,7 @@ def measure(args: argparse.Namespace) -> dict:
             gateway = Service(
                 "gateway",
                 [*py, "nanoserve.frontend.gateway", "--port", "0",
-                 "--frontend-address", frontend_address],
+                 "--frontend-address", frontend_address, *args.gateway_args.split()],
             )  # fmt: skip
             services.append(gateway)
             address = gateway.wait_serving(60)

@@ -147,8 +147,9 @@ case $mode in
     step bench_8b_tp2 110 $bench latency --shape qwen3-8b --tensor-parallel-size 2
     step serving_tp2 230 $serving --num-prompts 256 --tensor-parallel-size 2
     ;;
-  gateway)
-    step serving_gateway 480 $serving --num-prompts 256 --target all
+  gateway)  # GATEWAY_ARGS: more gateway flags, e.g. "--stream-interval 2" (per-token events by default)
+    step serving_gateway 480 $serving --num-prompts 256 --target all \
+      --gateway-args "${GATEWAY_ARGS:-}"
     ;;
   kernels)
     step roofline 150 $py -m nanoserve.benchmarks.roofline --json
