@@ -1,7 +1,8 @@
 """The `nanoserve` console script: `serve` runs a worker and a frontend (with --gateway-port the
 OpenAI gateway too) as child processes (its flags: nanoserve.serve_args); `worker`, `frontend` and
-`gateway` (OpenAI HTTP API) run one service; `generate` (nanoserve.generate_cli), `tokenize` and `detokenize` (nanoserve.token_cli)
-call a running frontend; `bench` and `make-tiny-model` hand over to their modules.
+`gateway` (OpenAI HTTP API) run one service; `generate` (nanoserve.generate_cli), `tokenize` and
+`detokenize` (nanoserve.token_cli) call a running frontend; `bench` and `make-tiny-model` hand over
+to their modules.
 """
 
 import argparse
