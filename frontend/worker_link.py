@@ -136,16 +136,20 @@ class WorkerLink:
 
     async def check_connected(self) -> None:
         """Fails fast (UNAVAILABLE) when the worker cannot be reached, instead of letting a call
-        wait for a connection until its deadline."""
+        wait for a connection until its deadline: a connection attempt that fails ends the wait
+        (a worker that just stopped refuses at once; channel_ready() would wait out the timeout)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._connect_timeout_s
         state = self.channel.get_state(try_to_connect=True)
-        if state == grpc.ChannelConnectivity.READY:
-            return
-        if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-            raise Unavailable(f"worker at {self.address} is unreachable")
-        if not await within(self.channel.channel_ready(), self._connect_timeout_s):
-            raise Unavailable(
-                f"worker at {self.address} did not connect within {self._connect_timeout_s} s"
-            )
+        while state != grpc.ChannelConnectivity.READY:
+            if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                raise Unavailable(f"worker at {self.address} is unreachable")
+            left = deadline - loop.time()
+            if left <= 0 or not await within(self.channel.wait_for_state_change(state), left):
+                raise Unavailable(
+                    f"worker at {self.address} did not connect within {self._connect_timeout_s} s"
+                )
+            state = self.channel.get_state(try_to_connect=True)
 
     def start_request(
         self, request: worker_pb2.GenerateTokensRequest, timeout_s: float | None

@@ -28,13 +28,16 @@ from tests.unit.frontend_fakes import (
 
 
 def test_worker_down_is_unavailable_fast(tokenizer: Tokenizer, tiny_model_dir: Path) -> None:
+    """A call right after the worker stopped fails at once, whether or not the link saw it go:
+    the refused reconnect ends the wait, not worker_connect_timeout_s (5 s here)."""
+
     async def test(h: Harness) -> None:
         await h.worker_server.stop(0)
         start = time.monotonic()
         with pytest.raises(grpc.aio.AioRpcError) as exc:
             await _collect(h.stub.Generate(_generate(prompt="x")))
         assert exc.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert time.monotonic() - start < 1
+        assert time.monotonic() - start < 2.5, exc.value.details()
         await _wait_health(h, health_pb2.HealthCheckResponse.NOT_SERVING)
         # A worker back on the same port is found again and the model info re-fetched.
         port = int(h.frontend.config.worker_address.rsplit(":", 1)[1])
@@ -44,7 +47,7 @@ def test_worker_down_is_unavailable_fast(tokenizer: Tokenizer, tiny_model_dir: P
         info = await h.stub.GetModelInfo(frontend_pb2.GetModelInfoRequest())
         assert info.max_model_len == 48
 
-    run(test, tokenizer, tiny_model_dir)
+    run(test, tokenizer, tiny_model_dir, worker_connect_timeout_s=5.0)
 
 
 def test_no_worker_not_serving(tokenizer: Tokenizer, tiny_model_dir: Path) -> None:

@@ -1,12 +1,15 @@
-"""worker_link.within, the bounded wait of the link's watcher: a cancellation that races the awaited
-result still cancels (asyncio.wait_for before Python 3.12 swallowed it, and a frontend whose watcher
-lost close()'s cancel never exited after SIGTERM)."""
+"""The worker link's bounded waits: `within` lets a cancellation that races the awaited result still
+cancel (asyncio.wait_for before Python 3.12 swallowed it, and a frontend whose watcher lost close()'s
+cancel never exited after SIGTERM); check_connected ends when a connection attempt fails."""
 
 import asyncio
+import socket
+import time
 
 import pytest
 
-from nanoserve.frontend.worker_link import within
+from nanoserve.errors import Unavailable
+from nanoserve.frontend.worker_link import WorkerLink, within
 
 
 async def race(wait) -> bool:
@@ -52,3 +55,24 @@ def test_within_reports_a_timeout_and_reraises_an_error() -> None:
             await within(failed, 1.0)
 
     asyncio.run(main())
+
+
+def test_a_refused_connection_ends_check_connected_before_its_timeout() -> None:
+    """Nothing listens at the address: the link says so once the attempt fails, not after the
+    connect timeout (a call right after a worker stopped would otherwise wait it out)."""
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+
+    async def main() -> float:
+        link = WorkerLink(address, vet=lambda info: None, on_change=lambda link: None,
+                          connect_timeout_s=20.0)  # fmt: skip
+        start = time.monotonic()
+        try:
+            with pytest.raises(Unavailable, match="unreachable"):
+                await link.check_connected()
+        finally:
+            await link.close()
+        return time.monotonic() - start
+
+    assert asyncio.run(main()) < 10.0
