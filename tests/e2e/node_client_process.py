@@ -38,20 +38,6 @@ def run_node(node: str, *args: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather now in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
-
-
 AGE = {
     "type": "object",
     "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120}},

@@ -7,19 +7,8 @@ import pytest
 
 from nanoserve.client import Client
 from nanoserve.errors import InvalidArgument
+from tests.weather_tool import WEATHER
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather now in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 HISTORY = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Weather in Paris?"},

@@ -13,6 +13,7 @@ import pytest
 from nanoserve import Client
 from tests.e2e.conftest import Pair, start_pair
 from tests.e2e.gateway_process import base_url, start_gateway
+from tests.weather_tool import WEATHER
 
 openai = pytest.importorskip("openai", reason="pip install openai (the dev extra)")
 jsonschema = pytest.importorskip("jsonschema")
@@ -20,18 +21,6 @@ pytestmark = pytest.mark.e2e
 
 MESSAGES = [{"role": "user", "content": "Say something about the sea."}]
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather now in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 SCHEMA = {
     "type": "object",
     "properties": {

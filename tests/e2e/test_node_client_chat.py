@@ -7,7 +7,6 @@ import pytest
 
 from nanoserve.client import Client
 from tests.e2e.node_client_process import (
-    WEATHER,
     as_printed,
     compact,
     find_node,
@@ -15,6 +14,7 @@ from tests.e2e.node_client_process import (
     stand_in,
     universal_newlines,
 )
+from tests.weather_tool import WEATHER
 
 pytestmark = pytest.mark.e2e
 

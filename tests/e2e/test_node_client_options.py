@@ -6,7 +6,8 @@ import json
 import pytest
 
 from nanoserve.client import Client
-from tests.e2e.node_client_process import AGE, WEATHER, find_node, run_node, stand_in
+from tests.e2e.node_client_process import AGE, find_node, run_node, stand_in
+from tests.weather_tool import WEATHER
 
 pytestmark = pytest.mark.e2e
 
