@@ -44,14 +44,13 @@ class RequestRunner:
         limits: Limits,
         context: grpc.aio.ServicerContext,
         prompt_field: str,
-        priority: int = 0,
-        stream_interval: int | None = None,
+        priority: int,
+        stream_interval: int,
     ) -> AsyncIterator[dict]:
         """Runs one request on the worker; yields the fields of each response message, each
         tagged with the `index` of its completion (SamplingParams.n). `prompt_field` names the
         request field the prompt came from, for errors; after the first message, one waits for
-        `stream_interval` new ids (default: the frontend's)."""
-        interval = stream_interval or self.config.stream_interval
+        `stream_interval` new ids (validation.stream_interval_of: the request's or the frontend's)."""
         max_tokens = resolve_max_tokens(params, len(prompt_ids), limits, prompt_field=prompt_field)
         worker_request = worker_pb2.GenerateTokensRequest(
             # unique in this process (the client's id alone may be reused by another client once
@@ -91,7 +90,7 @@ class RequestRunner:
         try:
             while True:
                 taken = await pending.take()
-                pending.min_ids = interval
+                pending.min_ids = stream_interval
                 for index, ids, last in taken:
                     c = completions[index]
                     if c.done:
