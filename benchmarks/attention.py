@@ -134,6 +134,37 @@ def sweep_small_batch_splits() -> None:
             print(f"decode graph B={batch} ctx={context} Hq={hq} Hkv={hkv} us by splits  {row}")
 
 
+def sweep_mixed_lengths() -> None:
+    """A decode batch of mixed lengths (uniform 100..2048, as nano-vllm's workload mid-run), from a
+    CUDA graph with max_model_len-wide tables: the length-balanced shares at several shortest-share
+    lengths against one share a sequence at batches that fill the GPU (the rule before 2026-12-01:
+    min_split_len 64, one split from 33 sequences up). GB/s counts the K/V bytes read."""
+    from nanoserve.benchmarks.gemm import graph_us
+
+    gen = torch.Generator().manual_seed(7)
+    for batch in (16, 32, 64, 128, 256):
+        lens = torch.randint(100, 2049, (batch,), generator=gen).tolist()
+        k_cache, v_cache, tables, ctx = _paged_case(lens, 8, 128, 256, torch.bfloat16, 16)
+        q = torch.randn(batch, 16, 128, device="cuda", dtype=torch.bfloat16)
+        old = 1 if batch * 8 >= 264 else min(triton.cdiv(264, batch * 8), 16)
+        variants = {"before": (old, 64), "rule": (None, None)}
+        for length in (128, 256, 512, 1024):
+            variants[f"L{length}"] = (min(16, triton.cdiv(4096, length)), length)
+        kv_bytes = 2 * sum(lens) * 8 * 128 * 2
+        row = []
+        for name, (splits, min_len) in variants.items():
+            us = graph_us(
+                lambda s=splits, m=min_len: paged_decode_attention(
+                    q, k_cache, v_cache, tables, ctx, 128**-0.5, s, min_split_len=m
+                )
+            )
+            row.append(f"{name} {us:6.1f} us {kv_bytes / us / 1e3:5.0f} GB/s")
+        print(
+            f"decode mixed B={batch:3d} ctx 100..2048 (mean {sum(lens) / batch:.0f}): "
+            + " | ".join(row)
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
     return argparse.ArgumentParser(
         prog="nanoserve bench attention",
@@ -145,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     build_parser().parse_args(argv)
     torch.manual_seed(0)
+    sweep_mixed_lengths()
     sweep_small_batch_splits()
     for hq in (16, 32):  # Qwen3-0.6B, Qwen3-8B
         for batch, context in [

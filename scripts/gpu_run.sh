@@ -10,6 +10,7 @@
 #   retest:  tests/gpu -k "$GPU_TESTS_K";  load: Poisson at ~80% of the maximum;  roofline: alone
 #   features: per-step costs of logprobs, seeded rows and logit_bias / allowed_token_ids
 #   tp:      (two GPUs) tensor-parallel tests, 8B tp=2 batch-1 latency, bench serving tp=2
+#   splitk:  decode attention over mixed lengths by share rule, split-K GEMM sweep against cuBLAS
 #   kernels: the roofline account (benchmarks/roofline.py), attention and all-reduce sweeps, 8B
 #            tp=1 latency
 #   gateway: bench serving offline, through the frontend, straight to the worker and through the
@@ -151,13 +152,24 @@ case $mode in
     step serving_gateway 480 $serving --num-prompts 256 --target all \
       --gateway-args "${GATEWAY_ARGS:-}"
     ;;
+  splitk)  # issue 14: split-K GEMMs vs cuBLAS (the winners' table), decode attention over mixed
+    # lengths by share rule
+    step gemm_split_k 240 $py -m nanoserve.benchmarks.gemm_split_k --table "$out/split_k_table.json"
+    step attention_mixed 60 $py -c \
+      "from nanoserve.benchmarks.attention import sweep_mixed_lengths as f; f()"
+    ;;
+  ab)  # one-off A/B of gpu_ab.py's variants (AB_VARIANTS), each in its own process
+    for v in ${AB_VARIANTS:-before rule splitk}; do
+      step "ab_$v" 100 $py gpu_ab.py "$v" "$out/split_k_table.json"
+    done
+    ;;
   kernels)
     step roofline 150 $py -m nanoserve.benchmarks.roofline --json
     step kernel_bench 90 $py -m nanoserve.benchmarks.attention
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|roofline|features|serve|tp|kernels|gateway|wheels]" >&2
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|roofline|features|serve|tp|splitk|ab|kernels|gateway|wheels]" >&2
      exit 2 ;;
 esac
 done

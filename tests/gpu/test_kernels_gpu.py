@@ -163,7 +163,7 @@ def test_decode_in_kernel_merge_is_deterministic(num_splits, batch):
     assert rel_err(outs[0][real], ref) < TOL[torch.bfloat16]
     if len(real) < batch:
         assert torch.equal(outs[0][-1], torch.zeros_like(outs[0][-1]))
-    from nanoserve.worker.kernels.decode_attention import _COUNTERS
+    from nanoserve.worker.kernels.arrival import _COUNTERS
 
     assert not _COUNTERS[q.device][-1].any()  # every counter reset for the next launch
 

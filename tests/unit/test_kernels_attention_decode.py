@@ -5,6 +5,7 @@ in-kernel merge's arrival counters, and the num_splits rule."""
 import pytest
 import torch
 
+from nanoserve.worker.kernels import arrival
 from nanoserve.worker.layers.attention import paged_attention_torch
 from tests.unit.interpreted_kernels import (
     TOL,
@@ -94,7 +95,7 @@ def test_decode_one_launch_merge_repeats_exactly(num_splits):
     first = kernels.paged_decode_attention(
         q, k_cache, v_cache, tables, lens, 0.2, num_splits=num_splits
     )
-    counters = decode_module()._COUNTERS[torch.device("cpu")][-1]
+    counters = arrival._COUNTERS[torch.device("cpu")][-1]
     assert counters.numel() >= len(lens_list) * hkv
     assert not counters.any()  # every counter back at zero after the launch
     second = kernels.paged_decode_attention(
@@ -109,15 +110,14 @@ def test_decode_one_launch_merge_repeats_exactly(num_splits):
     kernels.paged_decode_attention(
         q[:2], k_cache, v_cache, tables[:2], lens[:2], 0.2, num_splits=num_splits
     )
-    assert decode_module()._COUNTERS[torch.device("cpu")][-1] is counters
+    assert arrival._COUNTERS[torch.device("cpu")][-1] is counters
 
 
 def test_decode_counters_never_allocated_during_graph_capture(monkeypatch):
-    decode = decode_module()
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    monkeypatch.setitem(decode._COUNTERS, torch.device("cuda", 0), [])
+    monkeypatch.setitem(arrival._COUNTERS, torch.device("cuda", 0), [])
     with pytest.raises(RuntimeError, match="arrival counters"):
-        decode._arrival_counters(torch.device("cuda", 0), 64)
+        arrival.arrival_counters(torch.device("cuda", 0), 64, "paged_decode_attention")
 
 
 def test_decode_rejects_bad_num_splits():
@@ -135,9 +135,36 @@ def test_decode_rejects_bad_num_splits():
 
 def test_num_splits_rule_depends_on_shapes_only():
     cpu = torch.device("cpu")
-    assert (
-        kernels.choose_num_splits(256, 8, 4096, cpu) == 1
-    )  # 2048 programs already fill 132 SMs twice
+    # 2048 programs already fill 132 SMs twice: shares of 512 tokens balance mixed lengths
+    assert kernels.choose_num_splits(256, 8, 4096, cpu) == 8
+    assert decode_module().choose_split_len(256, 8, cpu) == 512
+    assert kernels.choose_num_splits(256, 8, 512, cpu) == 1
     assert kernels.choose_num_splits(1, 8, 4096, cpu) == 16
+    assert decode_module().choose_split_len(16, 8, cpu) == 64
     assert kernels.choose_num_splits(16, 8, 4096, cpu) == 3
     assert kernels.choose_num_splits(1, 8, 256, cpu) == 1  # short max context: one share is enough
+
+
+@pytest.mark.parametrize("min_split_len", [16, 32, 48])
+def test_decode_shares_of_a_shortest_length_match_torch(min_split_len):
+    """Mixed lengths under shares of >= min_split_len tokens (rounded to the tile): short sequences
+    take one share (stored directly), long ones several (merged), a padded entry none."""
+    gen = torch.Generator().manual_seed(min_split_len)
+    d, hkv, group, block_size = 16, 2, 2, 16
+    lens_list = [1, 15, 17, 33, 70, 96, 0]
+    k_cache, v_cache = make_cache(24, block_size, hkv, d, torch.float32, gen)
+    tables = make_block_tables(lens_list, block_size, 24, gen, width=8)
+    poison_unused(k_cache, v_cache, tables, lens_list)
+    lens = torch.tensor(lens_list, dtype=torch.int32)
+    q = torch.randn(len(lens_list), group * hkv, d, generator=gen)
+    out = kernels.paged_decode_attention(
+        q, k_cache, v_cache, tables, lens, 0.2, num_splits=4, min_split_len=min_split_len
+    )
+    n = len(lens_list) - 1
+    cu = torch.arange(n + 1, dtype=torch.int32)
+    ref = paged_attention_torch(q[:n], k_cache, v_cache, tables[:n], cu, lens[:n], 0.2)
+    assert rel_err(out[:n], ref) < TOL[torch.float32]
+    assert torch.equal(out[n], torch.zeros_like(out[n]))
+    assert not arrival._COUNTERS[torch.device("cpu")][-1].any()
+    with pytest.raises(ValueError, match="min_split_len"):
+        kernels.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.2, min_split_len=0)

@@ -2,9 +2,11 @@
 
 Flash-decoding: grid (batch, num_kv_heads, num_splits). Each program packs all q heads of one kv head
 into M (padded to 16 rows for tl.dot), so K/V are read once per kv head, and covers one share of its
-sequence's context; the last program of a (sequence, kv head) to finish merges the shares by
-log-sum-exp in the same launch (an arrival counter). The grid depends on shapes only and nothing syncs
-with the host, so a captured CUDA graph replays it for any context lengths.
+sequence's context: at least min_split_len tokens, so a short sequence uses fewer programs than a long
+one and a batch of mixed lengths is cut into shares of similar size (no one long sequence sets the
+kernel's time). The last program of a (sequence, kv head) to finish merges its shares by log-sum-exp
+in the same launch (an arrival counter). The grid depends on shapes only and nothing syncs with the
+host, so a captured CUDA graph replays it for any context lengths.
 """
 
 import functools
@@ -13,14 +15,14 @@ import torch
 import triton
 import triton.language as tl
 
+from nanoserve.worker.kernels.arrival import arrival_counters
 from nanoserve.worker.kernels.dtypes import dot_dtype
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
-
-# device -> arrival-counter buffers, the newest last. int32, all zero between launches (the merging
-# program resets its counter). Older buffers stay alive: a CUDA graph captured with one replays it.
-_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
+# share length at batches that fill the GPU without splitting: long enough that the merge is cheap
+# against the K/V reads, short enough that a batch of mixed lengths is cut into even work
+BALANCED_SPLIT_LEN = 512
 
 
 # stride_bt: the block-table width, per step on the eager path (the graphs fix it); not specialised
@@ -52,6 +54,7 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    MIN_SPLIT: tl.constexpr,  # tokens, a multiple of BLOCK_N
     BLOCK_S: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
@@ -60,138 +63,124 @@ def _decode_split_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     context_len = tl.load(context_lens_ptr + seq)
-    # Shares are cut from this sequence's own length (a multiple of BLOCK_N each) so every
-    # split has work
-    # even when block_tables is padded far past it (CUDA graphs size it for max_model_len).
-    split_len = tl.cdiv(tl.cdiv(context_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    # Shares are cut from this sequence's own length (whole BLOCK_N tiles, >= MIN_SPLIT tokens each,
+    # at most NUM_SPLITS of them) so every active split has work even when block_tables is padded
+    # far past it (CUDA graphs size it for max_model_len). Splits past the last share do nothing
+    # and do not take part in the merge; one share stores its output directly.
+    split_len = tl.maximum(tl.cdiv(tl.cdiv(context_len, NUM_SPLITS), BLOCK_N) * BLOCK_N, MIN_SPLIT)
+    active = tl.maximum(tl.cdiv(context_len, split_len), 1)  # a padded entry (length 0): one
     start = split * split_len
     end = tl.minimum(start + split_len, context_len)
-
-    rows = tl.arange(0, BLOCK_H)
-    dims = tl.arange(0, HEAD_DIM)
-    cols = tl.arange(0, BLOCK_N)
-    row_mask = rows < GROUP
-    heads = kv_head * GROUP + rows
-    q = tl.load(
-        q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :],
-        mask=row_mask[:, None],
-        other=0.0,
-    ).to(DOT_DTYPE)  # (BLOCK_H, HEAD_DIM)
-
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
-    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    kv_head_off = kv_head * stride_ch
-    for tile in range(start, end, BLOCK_N):
-        # BLOCK_N divides BLOCK_SIZE and tiles start at multiples of BLOCK_N: a tile lies
-        # in one block
-        block = tl.load(table + tile // BLOCK_SIZE).to(tl.int64)
-        pos = tile + cols
-        valid = pos < end
-        kv_off = (
-            block * stride_cb
-            + kv_head_off
-            + ((tile % BLOCK_SIZE) + cols)[:, None] * stride_cs
-            + dims[None, :]
-        )
-        # (BLOCK_N, HEAD_DIM); masked rows may hold stale NaN/inf of another sequence and
-        # must not reach p @ v
-        k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(DOT_DTYPE)
-        v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(DOT_DTYPE)
-        s = (
-            tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        )  # (BLOCK_H, BLOCK_N), log2 units
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
-        m_i = m_new
-
-    nonempty = l_i > 0.0
-    out = acc / tl.where(nonempty, l_i, 1.0)[:, None] * v_scale
-    if NUM_SPLITS == 1:
-        tl.store(
-            o_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :],
-            out.to(o_ptr.dtype.element_ty),
+    if split < active:
+        rows = tl.arange(0, BLOCK_H)
+        dims = tl.arange(0, HEAD_DIM)
+        cols = tl.arange(0, BLOCK_N)
+        row_mask = rows < GROUP
+        heads = kv_head * GROUP + rows
+        q = tl.load(
+            q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :],
             mask=row_mask[:, None],
-        )
-    else:
-        # partials: (batch, num_q_heads, NUM_SPLITS, HEAD_DIM) fp32 and lse (batch,
-        # num_q_heads, NUM_SPLITS)
-        lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
-        rows_base = (seq * tl.num_programs(1) * GROUP + heads) * NUM_SPLITS  # (BLOCK_H,)
-        tl.store(part_lse_ptr + rows_base + split, lse, mask=row_mask)
-        tl.store(
-            part_o_ptr + (rows_base + split)[:, None] * HEAD_DIM + dims[None, :],
-            out,
-            mask=row_mask[:, None],
-        )
-        # Arrival: every thread's partial stores precede the barrier, the barrier precedes the
-        # (single-thread) gpu-scope release of the counter add, so a program that acquires the
-        # count sees them. The last of the NUM_SPLITS programs of this (seq, kv_head) merges.
-        tl.debug_barrier()
-        counter = counters_ptr + seq * tl.num_programs(1) + kv_head
-        arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-        if arrived == NUM_SPLITS - 1:
-            # ".cg" reads at L2: the other programs' partials may be stale in this SM's L1
-            splits = tl.arange(0, BLOCK_S)
-            lse_all = tl.load(
-                part_lse_ptr + rows_base[:, None] + splits[None, :],
-                mask=row_mask[:, None] & (splits < NUM_SPLITS)[None, :],
-                other=float("-inf"),
-                cache_modifier=".cg",
-            )  # (BLOCK_H, BLOCK_S)
-            # context_len 0 (a padded batch entry) leaves every split empty: zeros, not NaN
-            m = tl.max(lse_all, 1)
-            m = tl.where(m > float("-inf"), m, 0.0)
-            total = tl.sum(tl.where(lse_all > float("-inf"), tl.exp2(lse_all - m[:, None]), 0.0), 1)
-            merged = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
-            for j in tl.static_range(NUM_SPLITS):
-                lse_j = tl.load(
-                    part_lse_ptr + rows_base + j,
-                    mask=row_mask,
-                    other=float("-inf"),
-                    cache_modifier=".cg",
-                )
-                w = tl.where(lse_j > float("-inf"), tl.exp2(lse_j - m), 0.0)
-                part = tl.load(
-                    part_o_ptr + (rows_base + j)[:, None] * HEAD_DIM + dims[None, :],
-                    mask=row_mask[:, None],
-                    other=0.0,
-                    cache_modifier=".cg",
-                )  # (BLOCK_H, HEAD_DIM)
-                merged += part * w[:, None]
-            merged = merged / tl.where(total > 0.0, total, 1.0)[:, None]
+            other=0.0,
+        ).to(DOT_DTYPE)  # (BLOCK_H, HEAD_DIM)
+
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+        table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+        kv_head_off = kv_head * stride_ch
+        for tile in range(start, end, BLOCK_N):
+            # BLOCK_N divides BLOCK_SIZE and tiles start at multiples of BLOCK_N: a tile lies
+            # in one block
+            block = tl.load(table + tile // BLOCK_SIZE).to(tl.int64)
+            pos = tile + cols
+            valid = pos < end
+            kv_off = (
+                block * stride_cb
+                + kv_head_off
+                + ((tile % BLOCK_SIZE) + cols)[:, None] * stride_cs
+                + dims[None, :]
+            )
+            # (BLOCK_N, HEAD_DIM); masked rows may hold stale NaN/inf of another sequence and
+            # must not reach p @ v
+            k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(DOT_DTYPE)
+            v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(DOT_DTYPE)
+            s = (
+                tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+            )  # (BLOCK_H, BLOCK_N), log2 units
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+            m_i = m_new
+
+        nonempty = l_i > 0.0
+        out = acc / tl.where(nonempty, l_i, 1.0)[:, None] * v_scale
+        # one share (always, or for this sequence): the output directly, no partials
+        direct = (active == 1) | (NUM_SPLITS == 1)
+        if direct:
             tl.store(
                 o_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :],
-                merged.to(o_ptr.dtype.element_ty),
+                out.to(o_ptr.dtype.element_ty),
                 mask=row_mask[:, None],
             )
-            # every split of this launch has arrived: zero for the next launch / graph replay
-            tl.store(counter, 0)
-
-
-def _arrival_counters(device: torch.device, size: int) -> torch.Tensor:
-    """A zeroed int32 buffer of >= size counters that persists across calls and graph replays.
-
-    Grows only outside CUDA-graph capture (an allocation there would belong to the graph's pool
-    and be reused by other tensors between replays); the engine's eager warm-up of each bucket before
-    capturing it, largest first, sizes it in time.
-    """
-    buffers = _COUNTERS.setdefault(device, [])
-    if buffers and buffers[-1].numel() >= size:
-        return buffers[-1]
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        have = buffers[-1].numel() if buffers else 0
-        raise RuntimeError(
-            f"paged_decode_attention: capturing a CUDA graph needs {size} arrival counters on "
-            f"{device} but only {have} exist; run the same decode shape eagerly before capture"
-        )
-    buffers.append(torch.zeros(size, dtype=torch.int32, device=device))
-    return buffers[-1]
+        else:
+            if NUM_SPLITS > 1:  # (static) partial buffers exist only then
+                # partials: (batch, num_q_heads, NUM_SPLITS, HEAD_DIM) fp32 and lse (batch,
+                # num_q_heads, NUM_SPLITS)
+                lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
+                rows_base = (seq * tl.num_programs(1) * GROUP + heads) * NUM_SPLITS  # (BLOCK_H,)
+                tl.store(part_lse_ptr + rows_base + split, lse, mask=row_mask)
+                tl.store(
+                    part_o_ptr + (rows_base + split)[:, None] * HEAD_DIM + dims[None, :],
+                    out,
+                    mask=row_mask[:, None],
+                )
+                # Arrival: every thread's partial stores precede the barrier, the barrier precedes the
+                # (single-thread) gpu-scope release of the counter add, so a program that acquires the
+                # count sees them. The last of the `active` programs of this (seq, kv_head) merges.
+                tl.debug_barrier()
+                counter = counters_ptr + seq * tl.num_programs(1) + kv_head
+                arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+                if arrived == active - 1:
+                    # ".cg" reads at L2: the other programs' partials may be stale in this SM's L1
+                    splits = tl.arange(0, BLOCK_S)
+                    lse_all = tl.load(
+                        part_lse_ptr + rows_base[:, None] + splits[None, :],
+                        mask=row_mask[:, None] & (splits < active)[None, :],
+                        other=float("-inf"),
+                        cache_modifier=".cg",
+                    )  # (BLOCK_H, BLOCK_S)
+                    m = tl.max(lse_all, 1)
+                    m = tl.where(m > float("-inf"), m, 0.0)
+                    total = tl.sum(
+                        tl.where(lse_all > float("-inf"), tl.exp2(lse_all - m[:, None]), 0.0), 1
+                    )
+                    merged = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+                    for j in tl.static_range(NUM_SPLITS):
+                        lse_j = tl.load(
+                            part_lse_ptr + rows_base + j,
+                            mask=row_mask & (j < active),
+                            other=float("-inf"),
+                            cache_modifier=".cg",
+                        )
+                        w = tl.where(lse_j > float("-inf"), tl.exp2(lse_j - m), 0.0)
+                        part = tl.load(
+                            part_o_ptr + (rows_base + j)[:, None] * HEAD_DIM + dims[None, :],
+                            mask=row_mask[:, None] & (j < active),
+                            other=0.0,
+                            cache_modifier=".cg",
+                        )  # (BLOCK_H, HEAD_DIM)
+                        merged += part * w[:, None]
+                    merged = merged / tl.where(total > 0.0, total, 1.0)[:, None]
+                    tl.store(
+                        o_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :],
+                        merged.to(o_ptr.dtype.element_ty),
+                        mask=row_mask[:, None],
+                    )
+                    # every split of this launch has arrived: zero for the next launch / graph replay
+                    tl.store(counter, 0)
 
 
 @functools.cache
@@ -200,19 +189,28 @@ def _num_sms(device_index: int) -> int:
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
-    """Splits per (sequence, kv head), from shapes only.
+    """Splits per (sequence, kv head), from shapes only: the grid's third axis.
 
-    Rule: aim for ~2 programs per SM (H200: 132 SMs -> 264 programs); a (batch * num_kv_heads) grid that
-    already reaches that gets 1 split (no partials, no merge). Otherwise split up to MAX_SPLITS,
-    keeping >= 256 tokens of the longest possible context (max_blocks * block_size) per split so the
-    merge stays cheap against the K/V reads.
+    Rule: aim for ~2 programs per SM (H200: 132 SMs -> 264 programs) for a batch of the longest
+    possible context (max_blocks * block_size), up to MAX_SPLITS, keeping >= 256 tokens of it per
+    split so the merge stays cheap against the K/V reads. A (batch * num_kv_heads) grid that already
+    reaches that splits each sequence into shares of BALANCED_SPLIT_LEN tokens (choose_split_len):
+    a long sequence then runs on several SMs while short ones take one program each.
     """
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 132
     programs = batch * num_kv_heads
     if programs >= 2 * sms:
-        return 1
+        return max(1, min(MAX_SPLITS, triton.cdiv(max_context, BALANCED_SPLIT_LEN)))
     splits = triton.cdiv(2 * sms, programs)
     return max(1, min(splits, MAX_SPLITS, triton.cdiv(max_context, 256)))
+
+
+def choose_split_len(batch: int, num_kv_heads: int, device: torch.device) -> int:
+    """The shortest share in tokens, from shapes only: BALANCED_SPLIT_LEN where the batch alone
+    fills the GPU (choose_num_splits), else one tile (64), so a small batch's sequences are cut
+    into num_splits even shares for latency."""
+    sms = _num_sms(device.index or 0) if device.type == "cuda" else 132
+    return BALANCED_SPLIT_LEN if batch * num_kv_heads >= 2 * sms else 64
 
 
 def paged_decode_attention(
@@ -225,9 +223,12 @@ def paged_decode_attention(
     num_splits: int | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    min_split_len: int | None = None,
 ) -> torch.Tensor:
     """q: (batch, num_q_heads, head_dim) -> o of the same shape; context_lens (batch,) counts the new
-    token. k_scale, v_scale: the cache holds k / k_scale and v / v_scale (fp8; 1.0 otherwise)."""
+    token. k_scale, v_scale: the cache holds k / k_scale and v / v_scale (fp8; 1.0 otherwise).
+    num_splits / min_split_len: at most this many shares a sequence, each at least this many
+    tokens (rounded up to the 64-token tile); None: the shape rules above."""
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
     if cache_dim != head_dim or num_q_heads % num_kv_heads:
@@ -240,11 +241,17 @@ def paged_decode_attention(
         )
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    if min_split_len is not None and min_split_len < 1:
+        raise ValueError(f"min_split_len must be >= 1, got {min_split_len}")
     group = num_q_heads // num_kv_heads
     if num_splits is None:
         num_splits = choose_num_splits(
             batch, num_kv_heads, block_tables.shape[1] * block_size, q.device
         )
+    block_n = min(64, block_size)
+    if min_split_len is None:
+        min_split_len = choose_split_len(batch, num_kv_heads, q.device)
+    min_split_len = triton.cdiv(min_split_len, block_n) * block_n
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if batch == 0:
         return o
@@ -254,7 +261,7 @@ def paged_decode_attention(
         )
         part_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
         # one arrival counter per (seq, kv_head), (batch, num_kv_heads) row-major
-        counters = _arrival_counters(q.device, batch * num_kv_heads)
+        counters = arrival_counters(q.device, batch * num_kv_heads, "paged_decode_attention")
     else:
         part_o = part_lse = o  # unused by the NUM_SPLITS == 1 specialisation
         counters = context_lens
@@ -283,8 +290,9 @@ def paged_decode_attention(
         BLOCK_H=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
-        BLOCK_N=min(64, block_size),
+        BLOCK_N=block_n,
         NUM_SPLITS=num_splits,
+        MIN_SPLIT=min_split_len,
         BLOCK_S=triton.next_power_of_2(num_splits),
         DOT_PRECISION="ieee" if fp32 else "tf32",
         DOT_DTYPE=dot_dtype(k_cache.dtype, q.dtype),

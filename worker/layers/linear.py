@@ -18,6 +18,7 @@ from nanoserve.worker.distributed import all_reduce, get_tp_rank, get_tp_world_s
 # down_proj of 0.6B and 8B, at tp 1 and 2: 0.27-0.97x the time); cuBLAS is as fast or faster for
 # gate_up at 12288 or 24576 x 4096 and the LM heads
 SKINNY_MAX_N = 8192
+SPLIT_K_MAX_M = 256  # worker.kernels.split_k_gemm.MAX_M (the kernels import lazily: CUDA only)
 
 
 def divide(total: int, parts: int, name: str) -> int:
@@ -57,19 +58,21 @@ def load_whole(param: nn.Parameter, loaded, shard_id=None) -> None:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear, except one row times a weight of at most SKINNY_MAX_N rows on CUDA (batch-1 decode
-    of qkv/o/down_proj), where worker.kernels.skinny_gemm streams W faster than cuBLAS's tiles."""
-    if (
-        x.is_cuda
-        and bias is None
-        and x.dim() == 2
-        and x.shape[0] == 1
-        and x.stride(1) == 1
-        and weight.shape[0] <= SKINNY_MAX_N
-    ):
+    """F.linear, except on CUDA for a decode batch's few rows: one row times a weight of at most
+    SKINNY_MAX_N rows goes to worker.kernels.skinny_gemm (streams W faster than cuBLAS's tiles), and
+    2..256 rows of a shape the split-K sweep measured to win go to worker.kernels.split_k_gemm."""
+    if not (x.is_cuda and bias is None and x.dim() == 2 and x.stride(1) == 1):
+        return F.linear(x, weight, bias)
+    m, n = x.shape[0], weight.shape[0]
+    if m == 1 and n <= SKINNY_MAX_N:
         from nanoserve.worker.kernels.skinny_gemm import skinny_gemm
 
         return skinny_gemm(x, weight)
+    if 1 < m <= SPLIT_K_MAX_M:
+        from nanoserve.worker.kernels.split_k_gemm import split_k_config, split_k_gemm
+
+        if (config := split_k_config(m, n, weight.shape[1])) is not None:
+            return split_k_gemm(x, weight, config)
     return F.linear(x, weight, bias)
 
 
