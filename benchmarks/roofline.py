@@ -221,8 +221,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=16,
         help="decode steps of at most this many sequences count as the tail",
     )
-    p.add_argument("--batches", default="256,16", help="decode batches to profile per kernel")
+    p.add_argument(
+        "--batches",
+        default="256,16,128m",
+        help="decode batches to profile per kernel; a trailing m: mixed contexts (100..2 x context)",
+    )
     p.add_argument("--context", type=int, default=1024, help="profiled decode: tokens a sequence")
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "fp8"],
+        help="the engine's KV cache (the bounds stay the bf16 cache's)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON line per part")
     return p
 
@@ -256,17 +266,28 @@ def main(argv: list[str] | None = None) -> None:
             load_format="dummy",
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
+            kv_cache_dtype=args.kv_cache_dtype,
         )
         try:
             out.append(
-                dict(bench="roofline_phases", model=args.shape, **measure_phases(llm, shape, work))
+                dict(
+                    bench="roofline_phases",
+                    model=args.shape,
+                    kv_cache_dtype=args.kv_cache_dtype,
+                    **measure_phases(llm, shape, work),
+                )
             )
-            for b in (int(x) for x in args.batches.split(",") if x):
+            for b in (x for x in args.batches.split(",") if x):
+                batch, mixed = int(b.rstrip("m")), b.endswith("m")
+                profile = roofline_kernels.profile_decode(
+                    llm, shape, batch, args.context, mixed=mixed
+                )
                 out.append(
                     dict(
                         bench="roofline_decode",
                         model=args.shape,
-                        **roofline_kernels.profile_decode(llm, shape, b, args.context),
+                        kv_cache_dtype=args.kv_cache_dtype,
+                        **profile,
                     )
                 )
         finally:

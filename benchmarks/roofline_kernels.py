@@ -148,9 +148,39 @@ def gemm_ops(seq: list[tuple[str, float]]) -> dict[str, dict]:
     return ops
 
 
-def profile_decode(llm, shape: Shape, batch: int, context: int, steps: int = 16) -> dict:
+def idle_gaps(spans: list[tuple[float, float, str]], steps: int, min_us: float = 1.0) -> dict:
+    """(start µs, end µs, kernel name) of a profile's kernels -> the GPU's idle time a step and
+    where it falls: the idle between two kernels (>= min_us) summed by (class before -> class
+    after), the largest sites first, so a host stall or launch gap names its neighbours."""
+    spans = sorted(spans)
+    sites: dict[str, list[float]] = {}
+    idle, busy_until = 0.0, spans[0][1] if spans else 0.0
+    for (_, _, before), (start, end, after) in zip(spans, spans[1:]):
+        gap = start - busy_until
+        busy_until = max(busy_until, end)
+        if gap >= min_us:
+            idle += gap
+            key = f"{kernel_class(before)} -> {kernel_class(after)}"
+            row = sites.setdefault(key, [0.0, 0])
+            row[0] += gap
+            row[1] += 1
+    top = sorted(sites.items(), key=lambda kv: -kv[1][0])[:8]
+    return dict(
+        idle_us_per_step=round(idle / steps, 1),
+        sites=[
+            dict(site=k, us_per_step=round(us / steps, 1), gaps_per_step=round(n / steps, 1))
+            for k, (us, n) in top
+        ],
+    )
+
+
+def profile_decode(
+    llm, shape: Shape, batch: int, context: int, steps: int = 16, mixed: bool = False
+) -> dict:
     """torch.profiler over `steps` decode steps at `batch` x `context`: per kernel class and per
-    GEMM op the GPU time a step against its bound, and the kernels that fill the step."""
+    GEMM op the GPU time a step against its bound, the kernels that fill the step and the GPU's
+    idle gaps. mixed: contexts uniform in [100, 2 * context] (the workload's shrinking phase), not
+    all `context`."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -158,7 +188,8 @@ def profile_decode(llm, shape: Shape, batch: int, context: int, steps: int = 16)
     from nanoserve.worker import SamplingParams
 
     rng = random.Random(batch)
-    prompts = [[rng.randrange(1000) for _ in range(context)] for _ in range(batch)]
+    lens = [rng.randint(100, 2 * context) if mixed else context for _ in range(batch)]
+    prompts = [[rng.randrange(1000) for _ in range(n)] for n in lens]
     # room for the decode steps that mix into the prefills before the profiled ones
     sp = SamplingParams(temperature=0, max_tokens=steps + 32, ignore_eos=True)
     llm.generate(prompts, sp, use_tqdm=False)  # warm-up, and the prompts into the prefix cache
@@ -182,9 +213,11 @@ def profile_decode(llm, shape: Shape, batch: int, context: int, steps: int = 16)
     while not llm.is_finished():
         llm.step()
     seq = []  # (start, name, µs) of every kernel
+    spans = []  # (start, end, name) of every GPU kernel
     for e in prof.events():
         if cuda and e.device_type == torch.autograd.DeviceType.CUDA:
             seq.append((e.time_range.start, e.name, e.device_time))
+            spans.append((e.time_range.start, e.time_range.end, e.name))
         elif not cuda and e.cpu_parent is None:  # top-level ops only: no time counted twice
             seq.append((e.time_range.start, e.name, e.cpu_time_total))
     seq.sort()
@@ -200,7 +233,8 @@ def profile_decode(llm, shape: Shape, batch: int, context: int, steps: int = 16)
         if op in op_bounds:
             b = op_bounds[op].bound_s * 1e6
             gemm[op].update(bound_us=round(b, 1), fraction_of_bound=round(b * steps / row["us"], 3))
-    bounds = class_costs(shape, batch, context + 1)
+    # the bound at the mean context (the K/V bytes are linear in it)
+    bounds = class_costs(shape, batch, round(sum(lens) / batch) + 1)
     classes: dict[str, dict] = {}
     for name, times in kernels.items():
         c = classes.setdefault(kernel_class(name), dict(us=0.0, calls=0.0))
@@ -219,12 +253,15 @@ def profile_decode(llm, shape: Shape, batch: int, context: int, steps: int = 16)
     return dict(
         batch=batch,
         context=context,
+        mixed=mixed,
+        mean_context=round(sum(lens) / batch),
         wall_us_per_step=round(1e6 * wall, 1),
         gpu_busy_us_per_step=round(gpu, 1),
         step_bound_us=round(step_bound, 1),
         fraction_of_bound=round(step_bound / (1e6 * wall), 3),
         classes=by_class,
         gemm_ops=gemm,
+        idle=idle_gaps(spans, steps),
         kernels=[
             dict(
                 name=k[:70],

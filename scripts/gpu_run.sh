@@ -10,7 +10,8 @@
 #   retest:  tests/gpu -k "$GPU_TESTS_K";  load: Poisson at ~80% of the maximum;  roofline: alone
 #   features: per-step costs of logprobs, seeded rows and logit_bias / allowed_token_ids
 #   tp:      (two GPUs) tensor-parallel tests, 8B tp=2 batch-1 latency, bench serving tp=2
-#   splitk:  decode attention over mixed lengths by share rule, split-K GEMM sweep against cuBLAS
+#   splitk:  split-K GEMM sweep against cuBLAS;  mixed: decode attention over mixed lengths
+#   ab:      gpu_ab.py's variants (AB_VARIANTS), each its own process;  roofline_fp8: fp8 cache
 #   kernels: the roofline account (benchmarks/roofline.py), attention and all-reduce sweeps, 8B
 #            tp=1 latency
 #   gateway: bench serving offline, through the frontend, straight to the worker and through the
@@ -128,6 +129,10 @@ case $mode in
   roofline)
     step roofline 150 $py -m nanoserve.benchmarks.roofline --json
     ;;
+  roofline_fp8)
+    step roofline_fp8 150 $py -m nanoserve.benchmarks.roofline --json --kv-cache-dtype fp8 \
+      --batches 256,128m
+    ;;
   features)  # issue 16's per-step costs: logprob gather, seeded noise, logit_bias / allowed ids
     step logprobs 60 $py -m nanoserve.benchmarks.logprobs --json
     step sampling_noise 60 $py -m nanoserve.benchmarks.sampling_step_cost --noise --sample
@@ -152,15 +157,17 @@ case $mode in
     step serving_gateway 480 $serving --num-prompts 256 --target all \
       --gateway-args "${GATEWAY_ARGS:-}"
     ;;
-  splitk)  # issue 14: split-K GEMMs vs cuBLAS (the winners' table), decode attention over mixed
-    # lengths by share rule
+  splitk)  # issue 14: split-K GEMMs vs cuBLAS at decode rows (the winners' table as JSON)
     step gemm_split_k 240 $py -m nanoserve.benchmarks.gemm_split_k --table "$out/split_k_table.json"
+    ;;
+  mixed)  # decode attention over mixed lengths by share rule, and over an fp8 cache
     step attention_mixed 60 $py -c \
       "from nanoserve.benchmarks.attention import sweep_mixed_lengths as f; f()"
     ;;
   ab)  # one-off A/B of gpu_ab.py's variants (AB_VARIANTS), each in its own process
-    for v in ${AB_VARIANTS:-before rule splitk}; do
-      step "ab_$v" 100 $py gpu_ab.py "$v" "$out/split_k_table.json"
+    i=0
+    for v in ${AB_VARIANTS:-before now before now}; do
+      i=$((i + 1)); step "ab_${i}_$v" 100 $py gpu_ab.py "$v"
     done
     ;;
   kernels)
@@ -169,7 +176,7 @@ case $mode in
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|roofline|features|serve|tp|splitk|ab|kernels|gateway|wheels]" >&2
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|roofline|features|serve|tp|splitk|mixed|ab|roofline_fp8|kernels|gateway|wheels]" >&2
      exit 2 ;;
 esac
 done

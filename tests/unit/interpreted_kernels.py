@@ -40,6 +40,7 @@ def _import_kernels():
         "nanoserve.worker.kernels.prefill_attention",
         "nanoserve.worker.kernels.decode_attention",
         "nanoserve.worker.kernels.norm",
+        "nanoserve.worker.kernels.split_k_gemm",
         "nanoserve.worker.kernels",
     ]
     if "nanoserve.worker.kernels.decode_attention" in sys.modules:

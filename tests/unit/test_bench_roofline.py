@@ -172,3 +172,35 @@ def test_analytic_run_prints_json_that_the_gpu_table_reads(tmp_path, capsys):
     gpu_table.main([str(tmp_path)])
     table = capsys.readouterr().out
     assert "roofline qwen3-0.6b" in table and "decode_tail" in table
+
+
+def test_idle_gaps_name_the_kernels_around_them():
+    spans = [  # (start, end, name) µs over two steps; overlapping kernels leave no gap
+        (0.0, 10.0, "rms_norm"),
+        (12.0, 20.0, "gemm_a"),
+        (18.0, 30.0, "decode_attention"),
+        (30.5, 40.0, "gemm_b"),  # 0.5 µs: under min_us, not counted
+        (100.0, 110.0, "rms_norm"),  # 60 µs after the last kernel: a host stall
+        (113.0, 120.0, "gemm_a"),
+    ]
+    res = roofline_kernels.idle_gaps(list(reversed(spans)), steps=2)
+    assert res["idle_us_per_step"] == round((2 + 60 + 3) / 2, 1)
+    sites = {s["site"]: s for s in res["sites"]}
+    assert sites["gemm -> norm"]["us_per_step"] == 30.0
+    assert sites["norm -> gemm"] == dict(site="norm -> gemm", us_per_step=2.5, gaps_per_step=1.0)
+    assert res["sites"][0]["site"] == "gemm -> norm"  # the largest first
+    assert roofline_kernels.idle_gaps([], steps=1) == dict(idle_us_per_step=0.0, sites=[])
+
+
+def test_profiled_mixed_decode_reports_its_mean_context(tiny_model_dir):
+    from nanoserve.worker import LLM
+
+    llm = LLM(str(tiny_model_dir), device="cpu", kvcache_block_size=16, num_kvcache_blocks=64)
+    try:
+        shape = Shape(hidden=64, inter=128, layers=2, heads=4, kv_heads=2, head_dim=32)
+        res = roofline_kernels.profile_decode(llm, shape, batch=3, context=60, steps=2, mixed=True)
+        assert llm.is_finished()
+    finally:
+        llm.shutdown()
+    assert res["mixed"] and 100 <= res["mean_context"] <= 120 and res["step_bound_us"] > 0
+    assert res["idle"] == dict(idle_us_per_step=0.0, sites=[])  # CPU: no kernel timeline

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import tests.unit.interpreted_kernels  # noqa: F401  (the interpreter and its numpy shim first)
 from nanoserve.worker.kernels import arrival
 from nanoserve.worker.kernels.split_k_gemm import MAX_M, split_k_gemm
 
@@ -57,3 +58,27 @@ def test_rejects_what_it_cannot_run():
     with pytest.raises(ValueError, match="2-D"):
         split_k_gemm(torch.randn(32), torch.randn(4, 32), cfg)
     assert split_k_gemm(torch.randn(0, 32), torch.randn(4, 32), cfg).shape == (0, 4)
+
+
+def test_config_table_lookup(monkeypatch):
+    from nanoserve.worker.kernels import split_k_gemm as sk
+
+    a, b = _cfg(16, 16, 16, 4), _cfg(32, 16, 16, 2)
+    monkeypatch.setattr(sk, "CONFIGS", {(8, 64): [(16, a), (32, None), (64, b)]})
+    assert sk.split_k_config(2, 8, 64) is a and sk.split_k_config(16, 8, 64) is a
+    assert sk.split_k_config(17, 8, 64) is None  # cuBLAS in that range
+    assert sk.split_k_config(64, 8, 64) is b
+    assert sk.split_k_config(65, 8, 64) is None  # past the last entry
+    assert sk.split_k_config(16, 8, 128) is None  # a shape not in the table
+
+
+def test_table_entries_fit_their_shapes():
+    """Every config in the shipped table divides its K and holds its M (what split_k_gemm checks)."""
+    from nanoserve.worker.kernels.split_k_gemm import CONFIGS
+
+    for (n, k), rows in CONFIGS.items():
+        assert [m for m, _ in rows] == sorted(m for m, _ in rows)
+        for m, cfg in rows:
+            assert m <= MAX_M
+            if cfg is not None:
+                assert k % (cfg["SPLIT_K"] * cfg["BLOCK_K"]) == 0, (n, k, cfg)
