@@ -2,7 +2,8 @@
 
 Called by ModelRunner after compute_logits. allowed_token_ids, logit_bias, penalties, the min_tokens
 mask and a grammar's bitmask, then greedy rows by argmax and the rest by temperature -> top-k -> top-p
--> min-p -> an exponential race (Gumbel-max without a host sync).
+-> min-p -> an exponential race (Gumbel-max without a host sync). A step of plain rows on CUDA takes
+one Triton pass instead (worker.kernels.sample_rows).
 Seeded rows draw their noise from a counter-based hash of (seed, output position, token)
 (worker.seeded_noise), so a seed gives the same tokens whatever else is in the batch.
 """
@@ -169,10 +170,34 @@ def _bits_of_byte(device: torch.device) -> torch.Tensor:
     return table
 
 
+def is_plain(t: SamplingTensors) -> bool:
+    """No row of the step uses anything but temperature (or greedy): no top-k/top-p/min-p, rule,
+    penalty, min_tokens mask, grammar or seed."""
+    return (
+        t.top_ks is None
+        and t.top_ps is None
+        and t.min_ps is None
+        and t.repetition_penalties is None
+        and t.presence_penalties is None
+        and t.frequency_penalties is None
+        and t.banned is None
+        and t.allowed is None
+        and t.logit_bias is None
+        and t.allowed_token_ids is None
+        and t.seeded is None
+    )
+
+
 def sample(
     logits: torch.Tensor, t: SamplingTensors, generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """logits: (B, V) -> (B,) int64 token ids; `generator` serves the unseeded rows."""
+    """logits: (B, V) -> (B,) int64 token ids; `generator` serves the unseeded rows. A plain step on
+    CUDA samples in one pass over the logits (worker.kernels.sample_rows: the same distribution,
+    other noise); otherwise the rules, a float32 copy and the race below."""
+    if logits.is_cuda and logits.stride(-1) == 1 and is_plain(t):
+        from nanoserve.worker.kernels.sample_rows import sample_rows
+
+        return sample_rows(logits, None if t.all_greedy else t.temperatures, generator)
     logits = adjusted_logits(logits, t)
     if t.allowed is not None:
         logits = apply_token_bitmask(logits, *t.allowed)
