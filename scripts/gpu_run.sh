@@ -167,7 +167,7 @@ case $mode in
   ab)  # one-off A/B of gpu_ab.py's variants (AB_VARIANTS), each in its own process
     i=0
     for v in ${AB_VARIANTS:-before now before now}; do
-      i=$((i + 1)); step "ab_${i}_$v" 100 $py gpu_ab.py "$v"
+      i=$((i + 1)); step "ab_${i}_$v" 100 $py gpu_ab.py "$v" ${AB_ARGS:-}
     done
     ;;
   kernels)
