@@ -136,10 +136,9 @@ def sweep_small_batch_splits() -> None:
 
 def sweep_mixed_lengths() -> None:
     """A decode batch of mixed lengths (uniform 100..2048, as nano-vllm's workload mid-run), from a
-    CUDA graph with max_model_len-wide tables: the length-balanced shares at several shortest-share
-    lengths against one share a sequence at batches that fill the GPU (the rule before 2026-12-01:
-    min_split_len 64, one split from 33 sequences up), and the rule over an fp8 cache of the same
-    lengths. GB/s counts the bf16 K/V bytes read."""
+    CUDA graph with max_model_len-wide tables: the length-balanced shares against one share a sequence at batches that fill the GPU (the rule before 2026-12-01:
+    min_split_len 64, one split from 33 sequences up), and the rule at 64- and 128-token tiles over
+    an fp8 and a bf16 cache of the same lengths. GB/s counts the bf16 K/V bytes read."""
     from nanoserve.benchmarks.gemm import graph_us
 
     gen = torch.Generator().manual_seed(7)
@@ -149,16 +148,17 @@ def sweep_mixed_lengths() -> None:
         q = torch.randn(batch, 16, 128, device="cuda", dtype=torch.bfloat16)
         old = 1 if batch * 8 >= 264 else min(triton.cdiv(264, batch * 8), 16)
         variants = {"before": (old, 64), "rule": (None, None)}
-        for length in (128, 256, 512, 1024):
-            variants[f"L{length}"] = (min(16, triton.cdiv(4096, length)), length)
         kv_bytes = 2 * sum(lens) * 8 * 128 * 2
         fp8 = k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn)
-        fp8_us = graph_us(
-            lambda: paged_decode_attention(
-                q, *fp8, tables, ctx, 128**-0.5, k_scale=0.5, v_scale=0.5
-            )
-        )
-        row = [f"fp8 rule {fp8_us:6.1f} us"]
+        row = []
+        for cache, name in ((fp8, "fp8"), ((k_cache, v_cache), "bf16")):
+            for block_n in (64, 128):
+                us = graph_us(
+                    lambda c=cache, b=block_n: paged_decode_attention(
+                        q, *c, tables, ctx, 128**-0.5, k_scale=0.5, v_scale=0.5, block_n=b
+                    )
+                )
+                row.append(f"{name} tile {block_n} {us:6.1f} us")
         for name, (splits, min_len) in variants.items():
             us = graph_us(
                 lambda s=splits, m=min_len: paged_decode_attention(

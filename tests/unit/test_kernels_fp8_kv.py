@@ -164,3 +164,32 @@ def test_engine_with_fp8_cache_allocates_fp8_and_generates(tiny_model_dir):
     assert runner.block_bytes * 4 == ref_runner.block_bytes
     assert [len(t) for t in out] == [8, 8]
     assert runner.kv_cache.float().abs().sum() > 0  # the prompts' k/v were stored
+
+
+@pytest.mark.parametrize("block_n", [16, 32])
+def test_decode_over_fp8_cache_at_each_tile_width(block_n):
+    """The fp8 cache's wider tiles (choose_block_n: 128 on the GPU's 256-token blocks) and bf16 q,
+    which the kernel widens to fp16 for tl.dot on the GPU, against the torch reference."""
+    from tests.unit.interpreted_kernels import decode_module
+
+    gen = torch.Generator().manual_seed(4)
+    num_blocks, block_size, hq, hkv, d = 10, 32, 4, 2, 32
+    assert decode_module().choose_block_n(FP8, 256) == 128
+    assert decode_module().choose_block_n(torch.bfloat16, 256) == 64
+    assert decode_module().choose_block_n(FP8, 16) == 16
+    k_cache, v_cache = fp8_cache(num_blocks, block_size, hkv, d, gen)
+    ctx_lens = [1, 70, 33, 96]
+    tables = make_block_tables(ctx_lens, block_size, num_blocks, gen)
+    lens = torch.tensor(ctx_lens, dtype=torch.int32)
+    q = torch.randn(4, hq, d, generator=gen).bfloat16()
+    out = kernels.paged_decode_attention(
+        q, k_cache, v_cache, tables, lens, d**-0.5, 2, K_SCALE, V_SCALE, block_n=block_n
+    )
+    cu = torch.arange(5, dtype=torch.int32)
+    ref = paged_attention_torch(
+        q.float(), k_cache, v_cache, tables, cu, lens, d**-0.5, K_SCALE, V_SCALE
+    )
+    assert out.dtype == torch.bfloat16 and rel_err(out, ref) < 2e-2
+    for bad in (8, 24, 64):  # under 16, not a power of two, past the block
+        with pytest.raises(ValueError, match="block_n"):
+            kernels.paged_decode_attention(q, k_cache, v_cache, tables, lens, d**-0.5, block_n=bad)
