@@ -174,9 +174,7 @@ def test_decode_over_fp8_cache_at_each_tile_width(block_n):
 
     gen = torch.Generator().manual_seed(4)
     num_blocks, block_size, hq, hkv, d = 10, 32, 4, 2, 32
-    assert decode_module().choose_block_n(FP8, 256) == 64
-    assert decode_module().choose_block_n(torch.bfloat16, 256) == 64
-    assert decode_module().choose_block_n(FP8, 16) == 16
+    assert decode_module().choose_block_n(256) == 64 and decode_module().choose_block_n(16) == 16
     k_cache, v_cache = fp8_cache(num_blocks, block_size, hkv, d, gen)
     ctx_lens = [1, 70, 33, 96]
     tables = make_block_tables(ctx_lens, block_size, num_blocks, gen)

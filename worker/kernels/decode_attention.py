@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from nanoserve.worker.kernels.arrival import arrival_counters
-from nanoserve.worker.kernels.dtypes import FP8_KV_DTYPE, dot_dtype
+from nanoserve.worker.kernels.dtypes import dot_dtype
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
@@ -208,7 +208,7 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, device: t
     return max(1, min(splits, MAX_SPLITS, triton.cdiv(max_context, 256)))
 
 
-def choose_block_n(cache_dtype: torch.dtype, block_size: int) -> int:
+def choose_block_n(block_size: int) -> int:
     """Tokens a K/V tile: 64 for every cache dtype. 128-token tiles over an fp8 cache (as many
     bytes a tile as bf16's 64) were slower on the H200 at 98cfe19: mixed-length B=256 250 vs
     237 µs, the engine's B=256 step 8.5 vs 7.5 ms of attention."""
@@ -261,7 +261,7 @@ def paged_decode_attention(
             batch, num_kv_heads, block_tables.shape[1] * block_size, q.device
         )
     if block_n is None:
-        block_n = choose_block_n(k_cache.dtype, block_size)
+        block_n = choose_block_n(block_size)
     if block_n < 16 or block_n & (block_n - 1) or block_size % block_n:
         raise ValueError(
             f"block_n must be a power of two >= 16 dividing {block_size}, got {block_n}"
