@@ -9,6 +9,7 @@ import argparse
 import importlib
 import json
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -110,6 +111,9 @@ def report_breakdown(b: dict) -> dict:
     return {k: round(1000 * v / max(1, b["counts"][k]), 3) for k, v in b["totals"].items()}
 
 
+LATENCY_REPEATS = 3
+
+
 def bench_latency(llm, args) -> dict:
     """Batch-1 decode ms/token after a prompt of `context` tokens."""
     from nanoserve.worker import SamplingParams
@@ -120,18 +124,21 @@ def bench_latency(llm, args) -> dict:
     # prefill kernels for its length are compiled
     llm.generate([prompt], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
     sync(llm)
-    timings = {}
-    for n in (1, steps + 1):  # the difference removes the prefill time
-        t = time.perf_counter()
-        llm.generate(
-            [prompt], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False
-        )
-        sync(llm)
-        timings[n] = time.perf_counter() - t
-    return dict(
-        context=args.context,
-        ms_per_token=round(1000 * (timings[steps + 1] - timings[1]) / steps, 3),
-    )
+    timings: dict[int, list[float]] = {1: [], steps + 1: []}
+    # the difference removes the prefill time; interleaved repeats and their medians, since one
+    # pair once gave a negative figure (-0.037 ms, H200 2026-12-01: a stall in the 1-token run)
+    for _ in range(LATENCY_REPEATS):
+        for n, runs in timings.items():
+            t = time.perf_counter()
+            llm.generate(
+                [prompt],
+                SamplingParams(temperature=0, max_tokens=n, ignore_eos=True),
+                use_tqdm=False,
+            )
+            sync(llm)
+            runs.append(time.perf_counter() - t)
+    short, long = (statistics.median(timings[n]) for n in (1, steps + 1))
+    return dict(context=args.context, ms_per_token=round(1000 * (long - short) / steps, 3))
 
 
 def bench_profile(llm, args) -> dict:
