@@ -241,6 +241,8 @@ BENCHMARKS = {
     "sampling-step-cost": ("sampling_step_cost", "host cost of a step's sampling inputs"),
     "step-mailbox": ("step_mailbox", "host cost of the tensor-parallel step mailbox"),
     "frontend-cost": ("frontend_cost", "the frontend's CPU per token, against a stand-in worker"),
+    "gemm-split-k": ("gemm_split_k", "decode-row GEMMs: cuBLAS against the split-K kernel (GPU)"),
+    "variants": ("variants", "throughput under each decode-kernel rule, one process each (GPU)"),
 }
 
 

@@ -82,12 +82,28 @@ def bench_shape(shape: str, m: int, n: int, k: int) -> dict:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nanoserve bench gemm-split-k", description=__doc__)
-    p.add_argument("--shapes", nargs="*", default=["qwen3-0.6b"], choices=list(SHAPES)[:3])
-    p.add_argument("--m", type=int, nargs="*", default=[16, 32, 48, 64, 96, 128, 192, 256])
+    p.add_argument(
+        "--shapes",
+        nargs="*",
+        default=["qwen3-0.6b"],
+        choices=list(SHAPES)[:3],
+        help="layer shapes to sweep (qkv, o, gate_up, down of each)",
+    )
+    p.add_argument(
+        "--m",
+        type=int,
+        nargs="*",
+        default=[16, 32, 48, 64, 96, 128, 192, 256],
+        help="decode rows to sweep (the graph buckets are 16 apart up to 256)",
+    )
     p.add_argument("--table", help="write the winning configs here (JSON, CONFIGS's layout)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     torch.manual_seed(0)
     rows = []
     for shape in args.shapes:

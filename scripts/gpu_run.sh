@@ -11,7 +11,7 @@
 #   features: per-step costs of logprobs, seeded rows and logit_bias / allowed_token_ids
 #   tp:      (two GPUs) tensor-parallel tests, 8B tp=2 batch-1 latency, bench serving tp=2
 #   splitk:  split-K GEMM sweep against cuBLAS;  mixed: decode attention over mixed lengths
-#   ab:      gpu_ab.py's variants (AB_VARIANTS), each its own process;  roofline_fp8: fp8 cache
+#   ab:      benchmarks/variants.py (AB_VARIANTS, AB_ARGS), each its own process;  roofline_fp8
 #   kernels: the roofline account (benchmarks/roofline.py), attention and all-reduce sweeps, 8B
 #            tp=1 latency
 #   gateway: bench serving offline, through the frontend, straight to the worker and through the
@@ -164,10 +164,10 @@ case $mode in
     step attention_mixed 60 $py -c \
       "from nanoserve.benchmarks.attention import sweep_mixed_lengths as f; f()"
     ;;
-  ab)  # one-off A/B of gpu_ab.py's variants (AB_VARIANTS), each in its own process
+  ab)  # benchmarks/variants.py's variants (AB_VARIANTS), each in its own process
     i=0
     for v in ${AB_VARIANTS:-before now before now}; do
-      i=$((i + 1)); step "ab_${i}_$v" 100 $py gpu_ab.py "$v" ${AB_ARGS:-}
+      i=$((i + 1)); step "ab_${i}_$v" 100 $py -m nanoserve.benchmarks.variants "$v" ${AB_ARGS:-}
     done
     ;;
   kernels)

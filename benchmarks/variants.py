@@ -1,0 +1,57 @@
+"""`python -m nanoserve.benchmarks.variants VARIANT [engine flags]` (GPU machine): nano-vllm's throughput
+and batch-1 latency (benchmarks.engine) under one variant of the decode kernels' rules, one variant a
+process (CUDA graphs capture the rules), so that variants run in the same call compare on the same
+machine (the same code moves ~8% between machines). `gpu_run.sh ab` runs AB_VARIANTS in turn.
+
+  before     the decode-attention share rule before 2026-12-01, cuBLAS for every GEMM, the torch sampler
+  attn       today's share rule; cuBLAS for every GEMM, the torch sampler
+  oldsample  today's code with the torch sampler for plain steps too
+  now        the code as it is
+"""
+
+import argparse
+
+from nanoserve.benchmarks import engine
+from nanoserve.worker import sampler
+from nanoserve.worker.kernels import decode_attention, split_k_gemm
+
+VARIANTS = ("before", "attn", "oldsample", "now")
+
+
+def old_num_splits(batch: int, num_kv_heads: int, max_context: int, device) -> int:
+    """The share count before 2026-12-01: ~2 programs an SM, one share a sequence from 33 up."""
+    programs = batch * num_kv_heads
+    if programs >= 264:
+        return 1
+    return max(1, min(-(-264 // programs), decode_attention.MAX_SPLITS, -(-max_context // 256)))
+
+
+def apply(variant: str) -> None:
+    if variant == "before":
+        decode_attention.choose_num_splits = old_num_splits
+        decode_attention.choose_split_len = lambda *args: 64
+    if variant in ("before", "attn"):
+        split_k_gemm.CONFIGS.clear()
+    if variant in ("before", "attn", "oldsample"):
+        sampler.is_plain = lambda t: False
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="nanoserve bench variants",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("variant", choices=VARIANTS, help="which rules the engine runs under")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, engine_args = build_parser().parse_known_args(argv)
+    apply(args.variant)
+    print(f"=== variant: {args.variant}, split-K shapes {sorted(split_k_gemm.CONFIGS)}", flush=True)
+    engine.main(["throughput", "latency", "--shape", "qwen3-0.6b", "--json", *engine_args])
+
+
+if __name__ == "__main__":
+    main()

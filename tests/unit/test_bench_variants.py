@@ -1,0 +1,37 @@
+"""benchmarks/variants.py: each variant swaps in exactly its rules (the engine bench itself runs on
+the GPU machine only)."""
+
+import pytest
+
+from nanoserve.benchmarks import variants
+from nanoserve.worker import sampler
+from nanoserve.worker.kernels import decode_attention, split_k_gemm
+
+
+@pytest.fixture
+def restored(monkeypatch):
+    """Whatever apply() replaces comes back after the test."""
+    for module, name in [
+        (decode_attention, "choose_num_splits"),
+        (decode_attention, "choose_split_len"),
+        (sampler, "is_plain"),
+    ]:
+        monkeypatch.setattr(module, name, getattr(module, name))
+    monkeypatch.setattr(split_k_gemm, "CONFIGS", dict(split_k_gemm.CONFIGS))
+
+
+@pytest.mark.parametrize("variant", variants.VARIANTS)
+def test_each_variant_swaps_its_rules(restored, variant):
+    rule, table, plain = decode_attention.choose_num_splits, split_k_gemm.CONFIGS, sampler.is_plain
+    assert table  # the shipped split-K table
+    variants.apply(variant)
+    assert (decode_attention.choose_num_splits is not rule) == (variant == "before")
+    assert (not split_k_gemm.CONFIGS) == (variant in ("before", "attn"))
+    assert (sampler.is_plain is not plain) == (variant != "now")
+
+
+def test_the_old_share_rule():
+    assert variants.old_num_splits(256, 8, 4096, None) == 1  # one share a sequence from 33 up
+    assert variants.old_num_splits(16, 8, 4096, None) == 3
+    assert variants.old_num_splits(1, 8, 4096, None) == 16
+    assert variants.old_num_splits(1, 8, 256, None) == 1
