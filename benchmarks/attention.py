@@ -149,13 +149,16 @@ def sweep_mixed_lengths() -> None:
         old = 1 if batch * 8 >= 264 else min(triton.cdiv(264, batch * 8), 16)
         variants = {"before": (old, 64), "rule": (None, None)}
         kv_bytes = 2 * sum(lens) * 8 * 128 * 2
-        fp8 = k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn)
+        caches = {
+            "fp8": (k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn)),
+            "bf16": (k_cache, v_cache),
+        }
         row = []
-        for cache, name in ((fp8, "fp8"), ((k_cache, v_cache), "bf16")):
+        for name, (k, v) in caches.items():
             for block_n in (64, 128):
                 us = graph_us(
-                    lambda c=cache, b=block_n: paged_decode_attention(
-                        q, *c, tables, ctx, 128**-0.5, k_scale=0.5, v_scale=0.5, block_n=b
+                    lambda k=k, v=v, b=block_n: paged_decode_attention(
+                        q, k, v, tables, ctx, 128**-0.5, k_scale=0.5, v_scale=0.5, block_n=b
                     )
                 )
                 row.append(f"{name} tile {block_n} {us:6.1f} us")
