@@ -63,14 +63,14 @@ def _decode_split_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     context_len = tl.load(context_lens_ptr + seq)
-    # Shares are cut from this sequence's own length (whole BLOCK_N tiles, >= MIN_SPLIT tokens each
-    # where the sequence has that many, at most NUM_SPLITS of them) so every active split has work even when block_tables is padded
-    # far past it (CUDA graphs size it for max_model_len). Splits past the last share do nothing
-    # and do not take part in the merge; one share stores its output directly.
-    # As many shares as whole MIN_SPLITs fit (rounded down: 1,025 tokens at 512 are two shares of
-    # ~512, not 512 + 512 + 1), cut evenly into tiles; a padded entry (length 0) has one, empty.
+    # Shares are cut from this sequence's own length, so every active split has work even when
+    # block_tables is padded far past it (CUDA graphs size it for max_model_len): as many shares as
+    # whole MIN_SPLITs fit, at most NUM_SPLITS (rounded down: 1,025 tokens at 512 are two shares of
+    # ~512, not 512 + 512 + 1), each whole BLOCK_N tiles and never empty of tiles (a padded entry,
+    # length 0, has one share that reads nothing). Splits past the last share do nothing and take
+    # no part in the merge; one share stores its output directly.
     shares = tl.minimum(tl.maximum(context_len // MIN_SPLIT, 1), NUM_SPLITS)
-    split_len = tl.cdiv(tl.cdiv(context_len, shares), BLOCK_N) * BLOCK_N
+    split_len = tl.maximum(tl.cdiv(tl.cdiv(context_len, shares), BLOCK_N) * BLOCK_N, BLOCK_N)
     active = tl.maximum(tl.cdiv(context_len, split_len), 1)
     start = split * split_len
     end = tl.minimum(start + split_len, context_len)

@@ -21,9 +21,9 @@ def dot_dtype(cache_dtype: torch.dtype, q_dtype: torch.dtype | None = None) -> t
     """
     if cache_dtype == FP8_KV_DTYPE and q_dtype is not None:
         # fp16: e4m3 -> fp16 is one native conversion on Hopper (cvt.f16x2.e4m3x2) and exact (every
-        # e4m3 value is an fp16), while e4m3 -> bf16 is emulated in integer ops that made the fp8
-        # decode kernel compute-bound (2026-12-01: 0.48 of its bandwidth). q (RMS-normed) and p (in
-        # [0, 1]) fit fp16's range and keep more mantissa than in bf16.
+        # e4m3 value is an fp16); e4m3 -> bf16 is not. Decode over mixed lengths at B=256 went from
+        # 251.6 to 236.6 µs (H200, 2026-12-01), still ~0.55 of the fp8 bytes' bound. q (RMS-normed)
+        # and p (in [0, 1]) fit fp16's range and keep more mantissa than in bf16.
         cache_dtype = torch.float16 if q_dtype in (torch.bfloat16, torch.float16) else q_dtype
         if triton.knobs.runtime.interpret:
             return tl.float32

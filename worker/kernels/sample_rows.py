@@ -5,14 +5,14 @@ its exponential race argmax(logits / T - log E), E ~ Exp(1), read straight from 
 Grid (rows, cdiv(V, BLOCK)): each program scores one BLOCK of a row and writes its best (score,
 token); the caller takes each row's best chunk (the earliest on ties, as torch.argmax). The noise is
 worker.kernels.seeded_noise's counter hash of (a per-step seed drawn from the sampler's generator,
-row, token), so no (B, V) float32 copy, softmax or noise tensor is written.
+row, token): stream_exponential, so no (B, V) float32 copy, softmax or noise tensor is written.
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from nanoserve.worker.kernels.seeded_noise import GOLDEN, _mix64
+from nanoserve.worker.kernels.seeded_noise import stream_exponential
 
 BLOCK = 4096
 
@@ -41,12 +41,7 @@ def _sample_chunk_kernel(
         temperature = tl.load(temperatures_ptr + row)
         if temperature > 0.0:  # one branch a program: a row is greedy or not
             seed = tl.load(seed_ptr).to(tl.uint64, bitcast=True)
-            key = _mix64(_mix64(seed) + (row.to(tl.uint64) + 1) * GOLDEN)
-            z = _mix64(key + (cols.to(tl.uint64) + 1) * GOLDEN)
-            u = (z >> 11).to(tl.float32) * 1.1102230246251565e-16  # top 53 bits * 2**-53
-            u = tl.minimum(tl.maximum(u, 8.673617379884035e-19), 1.0 - 5.960464477539063e-08)
-            # E = -log1p(-u); the series where 1 - u would round (small E: the race's winners)
-            e = tl.where(u < 0.0078125, u * (1.0 + u * (0.5 + u * (1.0 / 3.0))), -tl.log(1.0 - u))
+            e = stream_exponential(seed, row.to(tl.uint64), cols)
             score = tl.where(valid, logits / temperature - tl.log(e), float("-inf"))
     best, token = tl.max(score, 0, return_indices=True, return_indices_tie_break_left=True)
     num_chunks = tl.num_programs(1)
@@ -64,11 +59,11 @@ def sample_rows(
     rows, vocab = logits.shape
     if logits.stride(1) != 1:
         raise ValueError("sample_rows needs logits with unit stride over the vocabulary")
+    if rows == 0:
+        return torch.empty(0, dtype=torch.int64, device=logits.device)
     chunks = triton.cdiv(vocab, BLOCK)
     best = torch.empty(rows, chunks, dtype=torch.float32, device=logits.device)
     tokens = torch.empty(rows, chunks, dtype=torch.int32, device=logits.device)
-    if rows == 0:
-        return torch.empty(0, dtype=torch.int64, device=logits.device)
     all_greedy = temperatures is None
     if all_greedy:  # no noise: nothing drawn, the generator stays where it is
         temperatures = seed = best  # unread by the ALL_GREEDY specialisation

@@ -23,6 +23,19 @@ def _mix64(z):
 
 
 @triton.jit
+def stream_exponential(seed, index, cols):
+    """Exp(1) noise at tokens `cols` of the stream of (seed, index), both uint64 (index: the output
+    position of a seeded row, or a row of sample_rows' step): -log1p(-u) of a uniform u from the
+    hash's top 53 bits, with the series where 1 - u would round (small noise: the race's winners)."""
+    key = _mix64(_mix64(seed) + (index + 1) * GOLDEN)
+    z = _mix64(key + (cols.to(tl.uint64) + 1) * GOLDEN)
+    u = (z >> 11).to(tl.float32) * 1.1102230246251565e-16  # top 53 bits * 2**-53
+    u = tl.minimum(tl.maximum(u, 8.673617379884035e-19), 1.0 - 5.960464477539063e-08)
+    series = u * (1.0 + u * (0.5 + u * (1.0 / 3.0)))
+    return tl.where(u < 0.0078125, series, -tl.log(1.0 - u))
+
+
+@triton.jit
 def _seeded_exponential_kernel(
     noise_ptr,
     rows_ptr,
@@ -36,14 +49,8 @@ def _seeded_exponential_kernel(
     row = tl.load(rows_ptr + s).to(tl.int64)
     seed = tl.load(seeds_ptr + s).to(tl.uint64, bitcast=True)
     position = tl.load(positions_ptr + s).to(tl.uint64, bitcast=True)
-    key = _mix64(_mix64(seed) + (position + 1) * GOLDEN)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    z = _mix64(key + (cols.to(tl.uint64) + 1) * GOLDEN)
-    u = (z >> 11).to(tl.float32) * 1.1102230246251565e-16  # top 53 bits * 2**-53
-    u = tl.minimum(tl.maximum(u, 8.673617379884035e-19), 1.0 - 5.960464477539063e-08)
-    # -log1p(-u), with the series where 1 - u would round (small noise: the race's winners)
-    series = u * (1.0 + u * (0.5 + u * (1.0 / 3.0)))
-    e = tl.where(u < 0.0078125, series, -tl.log(1.0 - u))
+    e = stream_exponential(seed, position, cols)
     tl.store(noise_ptr + row * stride + cols, e, mask=cols < vocab)
 
 
