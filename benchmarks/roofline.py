@@ -228,6 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--context", type=int, default=1024, help="profiled decode: tokens a sequence")
     p.add_argument(
+        "--prefill-tokens",
+        type=int,
+        default=16384,
+        help="profile a prefill-only step of this many new tokens per kernel (0: none)",
+    )
+    p.add_argument(
         "--kv-cache-dtype",
         default="auto",
         choices=["auto", "fp8"],
@@ -285,6 +291,16 @@ def main(argv: list[str] | None = None) -> None:
                 out.append(
                     dict(
                         bench="roofline_decode",
+                        model=args.shape,
+                        kv_cache_dtype=args.kv_cache_dtype,
+                        **profile,
+                    )
+                )
+            if args.prefill_tokens:
+                profile = roofline_kernels.profile_prefill(llm, shape, args.prefill_tokens)
+                out.append(
+                    dict(
+                        bench="roofline_prefill",
                         model=args.shape,
                         kv_cache_dtype=args.kv_cache_dtype,
                         **profile,

@@ -6,7 +6,7 @@ around them, and each class's and op's bytes and FLOPs at a batch and context.
 import random
 import time
 
-from nanoserve.benchmarks.step_cost import BF16, Cost, Shape
+from nanoserve.benchmarks.step_cost import BF16, Cost, Shape, step_cost
 
 KERNEL_CLASSES = (  # first match wins: (class, substrings of the lower-cased kernel name)
     ("allreduce", ("allreduce", "all_reduce", "nccl", "symm")),
@@ -154,10 +154,12 @@ def idle_gaps(spans: list[tuple[float, float, str]], steps: int, min_us: float =
     after), the largest sites first, so a host stall or launch gap names its neighbours."""
     spans = sorted(spans)
     sites: dict[str, list[float]] = {}
-    idle, busy_until = 0.0, spans[0][1] if spans else 0.0
+    idle, small, busy_until = 0.0, 0.0, spans[0][1] if spans else 0.0
     for (_, _, before), (start, end, after) in zip(spans, spans[1:]):
         gap = start - busy_until
         busy_until = max(busy_until, end)
+        if 0 < gap < min_us:  # kernel-to-kernel launch gaps (CUDA graph replay): many, each short
+            small += gap
         if gap >= min_us:
             idle += gap
             key = f"{kernel_class(before)} -> {kernel_class(after)}"
@@ -167,6 +169,8 @@ def idle_gaps(spans: list[tuple[float, float, str]], steps: int, min_us: float =
     top = sorted(sites.items(), key=lambda kv: -kv[1][0])[:8]
     return dict(
         idle_us_per_step=round(idle / steps, 1),
+        short_gaps_us_per_step=round(small / steps, 2),
+        kernels_per_step=round(len(spans) / steps, 1),
         sites=[
             dict(site=k, us_per_step=round(us / steps, 1), gaps_per_step=round(n / steps, 1))
             for k, (us, n) in top
@@ -274,6 +278,107 @@ def profile_decode(
                 )
                 if kernel_class(k) in bounds
                 else None,
+            )
+            for k, v in top
+        ],
+    )
+
+
+def profile_prefill(llm, shape: Shape, tokens: int = 16384, repeats: int = 3) -> dict:
+    """torch.profiler over `repeats` prefill-only steps of `tokens` new tokens each (fresh prompts of
+    100..1024 tokens, nothing cached, nothing decoding): per kernel class the GPU time a step against
+    the class's bound, the largest kernels, the GPU's idle gaps, and the host's time preparing the
+    step's inputs (prepare_prefill)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from nanoserve.benchmarks.engine import sync
+    from nanoserve.worker import SamplingParams
+
+    rng = random.Random(tokens)
+    vocab = llm.model_config.vocab_size
+    sp = SamplingParams(temperature=0.6, max_tokens=1, ignore_eos=True)
+    runner = llm.model_runner
+    prepare, prepared = runner._prepare_prefill, []
+
+    def timed_prepare(*a, **kw):
+        t = time.perf_counter()
+        out = prepare(*a, **kw)
+        prepared.append(time.perf_counter() - t)
+        return out
+
+    cuda = torch.cuda.is_available()
+    seq, spans, walls, host, bounds = [], [], [], [], Cost(0, 0)
+    gemm_b = attn_b = Cost(0, 0)
+    runner._prepare_prefill = timed_prepare
+    try:
+        for r in range(repeats + 1):  # the first set warms up (its kernels compiled, not counted)
+            lens, total = [], 0
+            while total < tokens:
+                lens.append(min(rng.randint(100, 1024), tokens - total))
+                total += lens[-1]
+            for n in lens:
+                llm.add_request([rng.randrange(vocab) for _ in range(n)], sp)
+            sync(llm)
+            prepared.clear()
+            with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as p:
+                t = time.perf_counter()
+                llm.step()
+                sync(llm)
+                wall = time.perf_counter() - t
+            while not llm.is_finished():
+                llm.step()
+            if r == 0:
+                continue
+            walls.append(wall)
+            host.append(prepared[0])  # the profiled step's (the rest: steps that finished them)
+            step = step_cost(shape, [(0, n) for n in lens])
+            gemm = Cost(
+                (shape.linear_params + shape.lm_head_params) * BF16,
+                2 * total * shape.linear_params + 2 * len(lens) * shape.lm_head_params,
+            )
+            bounds, gemm_b = bounds + step, gemm_b + gemm
+            attn_b += Cost(0, step.flops - gemm.flops)  # causal QK^T and PV
+            for e in p.events():
+                if cuda and e.device_type == torch.autograd.DeviceType.CUDA:
+                    seq.append((e.time_range.start, e.name, e.device_time))
+                    spans.append((e.time_range.start, e.time_range.end, e.name))
+                elif not cuda and e.cpu_parent is None:
+                    seq.append((e.time_range.start, e.name, e.cpu_time_total))
+    finally:
+        del runner._prepare_prefill
+    classes: dict[str, dict] = {}
+    kernels: dict[str, list[float]] = {}
+    for _, name, us in seq:
+        kernels.setdefault(name, []).append(us)
+        c = classes.setdefault(kernel_class(name), dict(us=0.0, calls=0.0))
+        c["us"] += us / repeats
+        c["calls"] += 1 / repeats
+    class_bound = {"gemm": gemm_b.bound_s / repeats, "attention": attn_b.bound_s / repeats}
+    by_class = {}
+    for cls, c in sorted(classes.items(), key=lambda kv: -kv[1]["us"]):
+        row = dict(us_per_step=round(c["us"], 1), calls_per_step=round(c["calls"], 1))
+        if cls in class_bound:
+            b = class_bound[cls] * 1e6
+            row.update(bound_us=round(b, 1), fraction_of_bound=round(b / c["us"], 3))
+        by_class[cls] = row
+    wall = sum(walls) / repeats
+    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:12]
+    return dict(
+        tokens=tokens,
+        wall_us_per_step=round(1e6 * wall, 1),
+        host_prepare_us=round(1e6 * sum(host) / repeats, 1),
+        gpu_busy_us_per_step=round(sum(c["us"] for c in classes.values()), 1),
+        step_bound_us=round(1e6 * bounds.bound_s / repeats, 1),
+        fraction_of_bound=round(bounds.bound_s / repeats / wall, 3),
+        classes=by_class,
+        idle=idle_gaps(spans, repeats),
+        kernels=[
+            dict(
+                name=k[:70],
+                cls=kernel_class(k),
+                us_per_step=round(sum(v) / repeats, 1),
+                calls_per_step=round(len(v) / repeats, 1),
             )
             for k, v in top
         ],

@@ -129,6 +129,9 @@ case $mode in
   roofline)
     step roofline 150 $py -m nanoserve.benchmarks.roofline --json
     ;;
+  pdl)  # what programmatic dependent launch saves a kernel boundary in a CUDA graph
+    step pdl 90 $py -m nanoserve.benchmarks.pdl
+    ;;
   roofline_fp8)
     step roofline_fp8 150 $py -m nanoserve.benchmarks.roofline --json --kv-cache-dtype fp8 \
       --batches 256,128m
@@ -176,7 +179,7 @@ case $mode in
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|roofline|features|serve|tp|splitk|mixed|ab|roofline_fp8|kernels|gateway|wheels]" >&2
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|roofline|features|serve|tp|splitk|mixed|ab|pdl|roofline_fp8|kernels|gateway|wheels]" >&2
      exit 2 ;;
 esac
 done

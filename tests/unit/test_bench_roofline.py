@@ -189,7 +189,10 @@ def test_idle_gaps_name_the_kernels_around_them():
     assert sites["gemm -> norm"]["us_per_step"] == 30.0
     assert sites["norm -> gemm"] == dict(site="norm -> gemm", us_per_step=2.5, gaps_per_step=1.0)
     assert res["sites"][0]["site"] == "gemm -> norm"  # the largest first
-    assert roofline_kernels.idle_gaps([], steps=1) == dict(idle_us_per_step=0.0, sites=[])
+    assert res["short_gaps_us_per_step"] == 0.25  # the 0.5 µs gap, over two steps
+    assert res["kernels_per_step"] == 3.0
+    empty = roofline_kernels.idle_gaps([], steps=1)
+    assert (empty["idle_us_per_step"], empty["sites"], empty["kernels_per_step"]) == (0.0, [], 0)
 
 
 def test_profiled_mixed_decode_reports_its_mean_context(tiny_model_dir):
@@ -203,4 +206,22 @@ def test_profiled_mixed_decode_reports_its_mean_context(tiny_model_dir):
     finally:
         llm.shutdown()
     assert res["mixed"] and 100 <= res["mean_context"] <= 120 and res["step_bound_us"] > 0
-    assert res["idle"] == dict(idle_us_per_step=0.0, sites=[])  # CPU: no kernel timeline
+    # CPU: no kernel timeline
+    assert (res["idle"]["idle_us_per_step"], res["idle"]["kernels_per_step"]) == (0.0, 0.0)
+
+
+def test_profiled_prefill_step_accounts_its_kernels(tiny_model_dir):
+    from nanoserve.worker import LLM
+
+    llm = LLM(str(tiny_model_dir), device="cpu", kvcache_block_size=16, num_kvcache_blocks=256)
+    try:
+        shape = Shape(hidden=64, inter=128, layers=2, heads=4, kv_heads=2, head_dim=32)
+        res = roofline_kernels.profile_prefill(llm, shape, tokens=300, repeats=2)
+        assert llm.is_finished()
+    finally:
+        llm.shutdown()
+    assert res["tokens"] == 300 and res["wall_us_per_step"] > 0 and res["host_prepare_us"] > 0
+    expected = res["step_bound_us"] / res["wall_us_per_step"]
+    assert res["step_bound_us"] > 0 and abs(res["fraction_of_bound"] - expected) < 1e-3
+    assert res["classes"] and res["kernels"]
+    assert "gemm" in res["classes"] and res["classes"]["gemm"]["bound_us"] > 0
