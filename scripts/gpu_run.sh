@@ -12,6 +12,7 @@
 #   tp:      (two GPUs) tensor-parallel tests, 8B tp=2 batch-1 latency, bench serving tp=2
 #   splitk:  split-K GEMM sweep against cuBLAS;  mixed: decode attention over mixed lengths
 #   ab:      benchmarks/variants.py (AB_VARIANTS, AB_ARGS), each its own process;  roofline_fp8
+#   pdl:     programmatic dependent launch against plain launches, in CUDA graphs
 #   kernels: the roofline account (benchmarks/roofline.py), attention and all-reduce sweeps, 8B
 #            tp=1 latency
 #   gateway: bench serving offline, through the frontend, straight to the worker and through the
