@@ -5,6 +5,7 @@ Decode is bound by K/V bytes, so it reports achieved GB/s (K/V bytes read / medi
 """
 
 import argparse
+import itertools
 
 import torch
 import triton
@@ -173,6 +174,54 @@ def sweep_mixed_lengths() -> None:
             f"decode mixed B={batch:3d} ctx 100..2048 (mean {sum(lens) / batch:.0f}): "
             + " | ".join(row)
         )
+
+
+def sweep_prefill_configs(tokens: int = 16384, seed: int = 0) -> list[dict]:
+    """The prefill kernel over one step of the throughput workload (prompts of 100..1024 tokens
+    filling `tokens`, nothing cached, Qwen3-0.6B heads) under each config of a grid: µs and
+    TFLOP/s per config, the default first. Prints one JSON line per config."""
+    import json
+    import random
+
+    from nanoserve.worker.kernels.prefill_attention import PREFILL_CONFIG
+
+    rng = random.Random(seed)
+    lens: list[int] = []
+    while sum(lens) < tokens:
+        lens.append(min(rng.randint(100, 1024), tokens - sum(lens)))
+    hq, hkv, d = 16, 8, 128
+    k_cache, v_cache, tables, ctx = _paged_case(lens, hkv, d, 256, torch.bfloat16, 1)
+    q = torch.randn(sum(lens), hq, d, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
+    flops = 4 * d * hq * sum(n * (n + 1) // 2 for n in lens)
+    grid = [dict()] + [
+        dict(BLOCK_Q=bq, BLOCK_N=bn, num_warps=w, num_stages=st, HEAVY_FIRST=hf)
+        for bq in (32, 64)
+        for bn in (64, 128)
+        for w in (4, 8)
+        for st in (2, 3)
+        for hf in (False, True)
+    ]
+    out = []
+    for config in grid:
+        fn = lambda: paged_prefill_attention(
+            q, k_cache, v_cache, tables, cu, ctx, max(lens), d**-0.5, config=config
+        )
+        try:
+            ms = triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median")
+        except triton.runtime.errors.OutOfResources as e:  # a tile past shared memory
+            print(json.dumps(dict(bench="prefill_config", config=config, error=str(e)[:80])))
+            continue
+        row = dict(
+            bench="prefill_config",
+            config=config or dict(PREFILL_CONFIG, default=True),
+            seqs=len(lens),
+            us=round(ms * 1e3, 1),
+            tflop_s=round(flops / ms / 1e9, 1),
+        )
+        print(json.dumps(row), flush=True)
+        out.append(row)
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:

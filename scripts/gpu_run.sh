@@ -13,6 +13,7 @@
 #   splitk:  split-K GEMM sweep against cuBLAS;  mixed: decode attention over mixed lengths
 #   ab:      benchmarks/variants.py (AB_VARIANTS, AB_ARGS), each its own process;  roofline_fp8
 #   pdl:     programmatic dependent launch against plain launches, in CUDA graphs
+#   prefill_sweep: the prefill attention kernel's tile configs over one step of the workload
 #   kernels: the roofline account (benchmarks/roofline.py), attention and all-reduce sweeps, 8B
 #            tp=1 latency
 #   gateway: bench serving offline, through the frontend, straight to the worker and through the
@@ -130,6 +131,10 @@ case $mode in
   roofline)
     step roofline 150 $py -m nanoserve.benchmarks.roofline --json
     ;;
+  prefill_sweep)  # the prefill attention kernel's configs over one step of the workload
+    step prefill_sweep 150 $py -c \
+      "from nanoserve.benchmarks.attention import sweep_prefill_configs as f; f()"
+    ;;
   pdl)  # what programmatic dependent launch saves a kernel boundary in a CUDA graph
     step pdl 90 $py -m nanoserve.benchmarks.pdl
     ;;
@@ -180,7 +185,7 @@ case $mode in
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|roofline|features|serve|tp|splitk|mixed|ab|pdl|roofline_fp8|kernels|gateway|wheels]" >&2
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|roofline|features|serve|tp|splitk|mixed|ab|pdl|prefill_sweep|roofline_fp8|kernels|gateway|wheels]" >&2
      exit 2 ;;
 esac
 done

@@ -74,7 +74,7 @@ def adjusted_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     if t.repetition_penalties is not None:
         logits = apply_penalties(logits, t)
     if t.banned is not None:
-        logits = logits.index_put(t.banned, torch.tensor(float("-inf"), device=logits.device))
+        logits = logits.index_put(t.banned, logits.new_full((), float("-inf")))
     return logits
 
 

@@ -8,9 +8,10 @@ from nanoserve.worker.layers.layernorm import RMSNorm
 from nanoserve.worker.layers.rotary_embedding import RotaryEmbedding
 
 
+@pytest.mark.parametrize("rows", [1, 4, 16])  # tokens a program: 7 tokens leave a partial tile
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("hq, hkv, d", [(4, 2, 32), (2, 2, 16)])
-def test_matches_torch_layers(dtype, tol, hq, hkv, d):
+def test_matches_torch_layers(dtype, tol, hq, hkv, d, rows):
     torch.manual_seed(0)
     n = 7
     qkv = torch.randn(n, (hq + 2 * hkv) * d).to(dtype)
@@ -34,6 +35,7 @@ def test_matches_torch_layers(dtype, tol, hq, hkv, d):
         rope.cache_on(torch.device("cpu")),
         positions,
         1e-6,
+        rows_per_program=rows,
     )  # in place on the views of qkv
     assert torch.allclose(q.float(), ref_q.float(), atol=tol, rtol=tol)
     assert torch.allclose(k.float(), ref_k.float(), atol=tol, rtol=tol)
@@ -58,9 +60,10 @@ def _views(qkv: torch.Tensor, hq: int, hkv: int, d: int):
     return q.view(n, hq, d), k.view(n, hkv, d), v.view(n, hkv, d)
 
 
+@pytest.mark.parametrize("rows", [1, 4])
 @pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_store_equals_norm_rope_then_store_kvcache(dtype, slot_dtype):
+def test_fused_store_equals_norm_rope_then_store_kvcache(dtype, slot_dtype, rows):
     from nanoserve.worker.kernels import store_kvcache
 
     n, hq, hkv, d, num_blocks, block_size = 6, 4, 2, 32, 5, 16
@@ -88,6 +91,7 @@ def test_fused_store_equals_norm_rope_then_store_kvcache(dtype, slot_dtype):
         k_cache=k_cache,
         v_cache=v_cache,
         slot_mapping=slots,
+        rows_per_program=rows,
     )
     assert torch.equal(qkv, ref_qkv)  # q, k normed + rotated in place (the padded row too), v kept
     assert torch.equal(k_cache, ref_k_cache) and torch.equal(v_cache, ref_v_cache)

@@ -79,7 +79,9 @@ class CudaGraphRunner:
 
     def _forward(self, bs: int, ids: torch.Tensor, pos: torch.Tensor) -> None:
         hidden = self.model(ids, pos)
-        self.logits[:bs] = self.model.compute_logits(hidden)
+        logits = self.model.compute_logits(hidden, out=self.logits[:bs])
+        if logits.data_ptr() != self.logits.data_ptr():  # tensor parallel: gathered elsewhere
+            self.logits[:bs] = logits
 
     def can_run(self, batch_size: int) -> bool:
         return batch_size <= self.batch_sizes[-1]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from nanoserve.worker.engine.host_copy import to_device
 from nanoserve.worker.engine.sequence import Sequence
 from nanoserve.worker.sampler import SamplingTensors, processed_logits
 
@@ -83,7 +84,7 @@ class PromptLogprobs:
 
     def __init__(self, rows: PromptRows, device: torch.device) -> None:
         self.rows = rows
-        self.targets = torch.from_numpy(rows.targets).to(device)
+        self.targets = to_device(rows.targets, device)
         self.packed = torch.empty(
             len(rows.targets), 2 + 2 * rows.k, device=device, dtype=torch.float32
         )
@@ -135,7 +136,7 @@ class StepLogprobs:
         if any(processed):  # the distribution the sampler drew from, for the whole batch
             logits = processed_logits(logits, t)
         if len(self.out_rows) < len(ids):
-            index = torch.tensor(self.out_rows).to(logits.device)
+            index = to_device(self.out_rows, logits.device)
             logits, ids = logits[index], ids[index]
         logprobs = logits.float().log_softmax(dim=-1)
         return pack(logprobs, ids, max(p.logprobs or 0 for p in params))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from nanoserve.worker.engine.host_copy import to_device
 from nanoserve.worker.engine.sequence import Sequence
 from nanoserve.worker.engine.step_inputs import StepInputs
 
@@ -123,4 +124,4 @@ def foreseen_logits(
         return None
     if len(rows) == len(f.seq_ids):
         return f.logits
-    return f.logits[torch.from_numpy(rows).to(f.logits.device)]
+    return f.logits[to_device(rows, f.logits.device)]

@@ -24,6 +24,7 @@ from nanoserve.worker.engine.device import (
     resolve_device,
     resolve_dtype,
 )
+from nanoserve.worker.engine.host_copy import to_device
 from nanoserve.worker.engine.kv_cache import allocate_kv_cache, num_kvcache_blocks
 from nanoserve.worker.engine.logprobs import (
     PROMPT_CHUNK_ROWS,
@@ -287,8 +288,8 @@ class ModelRunner:
         copies: every layer's K and V of each (source, destination) pair, one gather-scatter.
         Viewed as bytes: index_put has no kernel for every KV dtype (fp8)."""
         cache = self.kv_cache.view(torch.uint8)
-        src = torch.tensor([s for s, _ in copies], device=self.device)
-        dst = torch.tensor([d for _, d in copies], device=self.device)
+        src = to_device([s for s, _ in copies], self.device)
+        dst = to_device([d for _, d in copies], self.device)
         cache[:, :, dst] = cache[:, :, src]
 
     def prepare_sample(self, seqs: list[Sequence]) -> SamplingTensors:
@@ -380,7 +381,7 @@ class ModelRunner:
             host.copy_(ids, non_blocking=True)
             copied = torch.cuda.Event()
             copied.record()
-        next_ids = ids if len(rows) == len(seqs) else ids[torch.from_numpy(rows).to(ids.device)]
+        next_ids = ids if len(rows) == len(seqs) else ids[to_device(rows, ids.device)]
         msg = None
         if self.publish is not None:  # the other ranks forward the same step on these ids
             msg = nxt.encode(CMD_STEP_AHEAD)

@@ -7,6 +7,7 @@ hands them, with the logits, to worker.sampler.sample.
 import numpy as np
 import torch
 
+from nanoserve.worker.engine.host_copy import to_device
 from nanoserve.worker.engine.sequence import Sequence
 from nanoserve.worker.engine.structured_output import allows_none_of, grammar_bitmask
 from nanoserve.worker.engine.token_rules import TokenRules
@@ -42,22 +43,23 @@ class SamplingInputs:
             if mask is not None:
                 no_token_left(seqs, *mask)
                 every = len(mask[0]) == len(seqs)
-                rows = None if every else torch.tensor(mask[0]).to(self.device)
+                rows = None if every else to_device(mask[0], self.device)
                 t.allowed = (rows, mask[1].to(self.device, non_blocking=True))
         if t.all_greedy:  # argmax only: no per-row tensors to copy
             return t
         vocab = self.vocab_size
         # one host->device copy: (4, B) rows of temperature, top-k, top-p, min-p
         knobs = [p.knobs for p in params]  # (temperature, top_k, top_p, min_p) per row
-        rows = torch.tensor(
+        rows = to_device(
             [
                 [0.0 if p.greedy else k[0] for p, k in zip(params, knobs)],
                 [k[1] if k[1] > 0 else vocab for k in knobs],
                 [k[2] for k in knobs],
                 [k[3] for k in knobs],
             ],
-            dtype=torch.float32,
-        ).to(self.device)
+            self.device,
+            torch.float32,
+        )
         t.temperatures = rows[0]
         if any(k[1] > 0 for k in knobs):
             t.top_ks = rows[1].long()
@@ -69,14 +71,15 @@ class SamplingInputs:
         if seeded:
             # one copy: (3, S) rows, seeds (as int64 bit patterns), output positions; a recomputed
             # (preempted) sequence keeps its tokens, so its next position and noise are unchanged
-            columns = torch.tensor(
+            columns = to_device(
                 [
                     seeded,
                     [as_int64(params[i].seed or 0) for i in seeded],
                     [seqs[i].num_completion_tokens for i in seeded],
                 ],
-                dtype=torch.int64,
-            ).to(self.device)
+                self.device,
+                torch.int64,
+            )
             t.seeded = (columns[0], columns[1], columns[2])
             t.num_seeded = len(seeded)
         return t
@@ -85,13 +88,15 @@ class SamplingInputs:
         """Penalty factors (one copy for the batch) and the rows of the persistent token
         statistics (PenaltyCounts), which only count each step's new tokens."""
         params = [seq.sampling_params for seq in seqs]
-        factors = torch.tensor(
+        factors = to_device(
             [
                 [p.repetition_penalty for p in params],
                 [p.presence_penalty for p in params],
                 [p.frequency_penalty for p in params],
-            ]
-        ).to(self.device)
+            ],
+            self.device,
+            torch.float32,
+        )
         t.repetition_penalties, t.presence_penalties, t.frequency_penalties = factors
         t.penalty_rows = self.penalty_counts.rows(seqs)
         t.prompt_mask = self.penalty_counts.prompt_mask
@@ -113,7 +118,7 @@ class SamplingInputs:
             rows += [i] * len(banned)
             ids += banned
         if rows:
-            t.banned = (torch.tensor(rows).to(self.device), torch.tensor(ids).to(self.device))
+            t.banned = (to_device(rows, self.device), to_device(ids, self.device))
 
     def release(self, seq: Sequence) -> None:
         """Forget per-request state of a finished or aborted sequence."""
@@ -174,11 +179,11 @@ class PenaltyCounts:
             self._grow(max(slot for slot, _ in new) + 1)
             self._fill_prompts(new)
         if out_ids:
-            index = (torch.tensor(out_slots).to(self.device), torch.tensor(out_ids).to(self.device))
+            index = (to_device(out_slots, self.device), to_device(out_ids, self.device))
             self.output_counts.index_put_(
                 index, torch.ones(len(out_ids), device=self.device), accumulate=True
             )
-        return torch.tensor(slots).to(self.device)
+        return to_device(slots, self.device)
 
     def _grow(self, num_slots: int) -> None:
         have = self.prompt_mask.shape[0]
@@ -196,7 +201,7 @@ class PenaltyCounts:
     def _fill_prompts(self, new: list[tuple[int, Sequence]]) -> None:
         """Empty the new sequences' slots (a reused slot holds its last owner's) and mark their
         prompt tokens."""
-        slots = torch.tensor([slot for slot, _ in new]).to(self.device)
+        slots = to_device([slot for slot, _ in new], self.device)
         self.prompt_mask[slots] = False
         self.output_counts[slots] = 0
         rows = np.repeat([slot for slot, _ in new], [seq.num_prompt_tokens for _, seq in new])
@@ -205,9 +210,7 @@ class PenaltyCounts:
             dtype=np.int64,
             count=len(rows),
         )
-        self.prompt_mask[
-            torch.from_numpy(rows).to(self.device), torch.from_numpy(ids).to(self.device)
-        ] = True
+        self.prompt_mask[to_device(rows, self.device), to_device(ids, self.device)] = True
 
     def release(self, seq: Sequence) -> None:
         slot = self.slot_of.pop(seq.seq_id, None)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from nanoserve.worker.engine.host_copy import to_device
 from nanoserve.worker.engine.sequence import Sequence
 from nanoserve.worker.sampler import SamplingTensors
 
@@ -48,7 +49,7 @@ class TokenRules:
         allowed_counts = [len(ids) for ids in allowed]
         # one copy: [bias rows | their counts | restricted rows | their counts]
         host = bias_rows + bias_counts + restricted + allowed_counts
-        index = torch.tensor(host, dtype=torch.int64).to(self.device)
+        index = to_device(host, self.device, torch.int64)
         b, g = len(bias_rows), len(restricted)
         if b:
             rows = index[:b].repeat_interleave(index[b : 2 * b], output_size=sum(bias_counts))
@@ -78,7 +79,7 @@ class TokenRules:
         return rules
 
     def _copy(self, values: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(values).to(self.device)
+        return to_device(values, self.device)
 
     def release(self, seq: Sequence) -> None:
         """Forget a finished or aborted sequence's rules."""

@@ -13,6 +13,9 @@ import triton.language as tl
 from nanoserve.worker.kernels.dtypes import dot_dtype
 
 LOG2E = 1.4426950408889634
+# key tile, warps (None: 8 for 128 x 128 query tiles, else 4), pipeline stages, and the launch
+# order of query blocks (HEAVY_FIRST: the causal edge's last blocks first)
+PREFILL_CONFIG: dict = dict(BLOCK_N=64, num_warps=None, num_stages=2, HEAVY_FIRST=False)
 
 
 # stride_bt is the block-table width of this step (its longest sequence's blocks): an integer Triton
@@ -43,10 +46,13 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    HEAVY_FIRST: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP
     seq = tl.program_id(0)
     q_block = tl.program_id(1)
+    if HEAVY_FIRST:  # the last query blocks see the most keys: launched first, they end no tail
+        q_block = tl.num_programs(1) - 1 - q_block
     kv_head = tl.program_id(2)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
@@ -161,10 +167,12 @@ def paged_prefill_attention(
     out: torch.Tensor | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    config: dict | None = None,
 ) -> torch.Tensor:
     """q: (num_tokens, num_q_heads, head_dim) new tokens -> o of the same shape (causal, bottom-right
     aligned), written into `out` when given. Rows past cu_seqlens_q[-1] (padding) are not written.
-    k_scale, v_scale: the cache holds k / k_scale and v / v_scale (an fp8 cache; 1.0 otherwise)."""
+    k_scale, v_scale: the cache holds k / k_scale and v / v_scale (an fp8 cache; 1.0 otherwise).
+    config: PREFILL_CONFIG's keys to override (benchmarks.attention's sweep)."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
     batch = context_lens.shape[0]
@@ -188,8 +196,11 @@ def paged_prefill_attention(
     if num_tokens == 0 or batch == 0 or max_seqlen_q <= 0:
         return o
     fp32 = q.dtype == torch.float32
+    c = PREFILL_CONFIG | (config or {})
     block_q = prefill_block_q(max_seqlen_q, group, fp32)
-    block_n = min(64, block_size)
+    if "BLOCK_Q" in (config or {}):
+        block_q = min(c["BLOCK_Q"], block_q)
+    block_n = min(c["BLOCK_N"], block_size)
     grid = (batch, triton.cdiv(max_seqlen_q, block_q), num_kv_heads)
     _prefill_kernel[grid](
         q,
@@ -216,7 +227,8 @@ def paged_prefill_attention(
         BLOCK_N=block_n,
         DOT_PRECISION="ieee" if fp32 else "tf32",
         DOT_DTYPE=dot_dtype(k_cache.dtype, q.dtype),
-        num_warps=8 if block_q * group * head_dim >= 128 * 128 else 4,
-        num_stages=2,
+        HEAVY_FIRST=c["HEAVY_FIRST"],
+        num_warps=c["num_warps"] or (8 if block_q * group * head_dim >= 128 * 128 else 4),
+        num_stages=c["num_stages"],
     )
     return o

@@ -11,9 +11,12 @@ import triton.language as tl
 
 
 # positions and slot_mapping are views into a step's flat input message at offsets set by its token
-# count: their 16-byte alignment varies per step. Each program loads one scalar of each, so
-# alignment buys nothing and is not specialised on (an odd token count compiled a new kernel).
-@triton.jit(do_not_specialize_on_alignment=["pos_ptr", "slot_mapping_ptr"])
+# count: their 16-byte alignment varies per step, and so does the token count. Alignment buys
+# nothing here and is not specialised on (an odd token count compiled a new kernel).
+@triton.jit(
+    do_not_specialize=["num_tokens"],
+    do_not_specialize_on_alignment=["pos_ptr", "slot_mapping_ptr"],
+)
 def _qk_norm_rope_kernel(
     q_ptr,
     k_ptr,
@@ -25,6 +28,7 @@ def _qk_norm_rope_kernel(
     k_cache_ptr,
     v_cache_ptr,
     slot_mapping_ptr,
+    num_tokens,
     stride_qt,
     stride_qh,
     stride_kt,
@@ -41,57 +45,60 @@ def _qk_norm_rope_kernel(
     HALF: tl.constexpr,
     STORE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
-    # grid (num_tokens, num_q_heads + num_kv_heads): one program per (token, head)
-    token = tl.program_id(0).to(tl.int64)
+    # grid (cdiv(num_tokens, ROWS), num_q_heads + num_kv_heads): ROWS tokens x one head a program
+    # (ROWS = 1 for decode steps; prefill's 16 keep ~16k-token steps from launching 400k programs)
+    tokens = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # (R,)
+    live = tokens < num_tokens
     head = tl.program_id(1)
     if head < NUM_Q_HEADS:
-        ptr = q_ptr + token * stride_qt + head * stride_qh
+        ptr = q_ptr + tokens * stride_qt + head * stride_qh
         w_ptr = qw_ptr
     else:
-        ptr = k_ptr + token * stride_kt + (head - NUM_Q_HEADS) * stride_kh
+        ptr = k_ptr + tokens * stride_kt + (head - NUM_Q_HEADS) * stride_kh
         w_ptr = kw_ptr
-    dims = tl.arange(0, HALF)
-    x1 = tl.load(ptr + dims).to(tl.float32)
-    x2 = tl.load(ptr + HALF + dims).to(tl.float32)
+    dims = tl.arange(0, HALF)[None, :]
+    ptr = ptr[:, None]  # (R, 1)
+    x1 = tl.load(ptr + dims, mask=live[:, None], other=0.0).to(tl.float32)  # (R, HALF)
+    x2 = tl.load(ptr + HALF + dims, mask=live[:, None], other=0.0).to(tl.float32)
     # RMSNorm over head_dim in fp32, rounded to the activation dtype before the weight (as the
     # torch RMSNorm), then the rotary rotation of the (first half, second half) pairs in fp32
-    rstd = tl.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
+    rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)[:, None]
     dtype = q_ptr.dtype.element_ty
     x1 = (x1 * rstd).to(dtype).to(tl.float32) * tl.load(w_ptr + dims).to(tl.float32)
     x2 = (x2 * rstd).to(dtype).to(tl.float32) * tl.load(w_ptr + HALF + dims).to(tl.float32)
     x1 = x1.to(dtype).to(tl.float32)
     x2 = x2.to(dtype).to(tl.float32)
-    pos = tl.load(pos_ptr + token).to(tl.int64)
+    pos = tl.load(pos_ptr + tokens, mask=live, other=0).to(tl.int64)[:, None]
     cos = tl.load(cos_sin_ptr + pos * (2 * HALF) + dims)
     sin = tl.load(cos_sin_ptr + pos * (2 * HALF) + HALF + dims)
     y1 = (x1 * cos - x2 * sin).to(dtype)
     y2 = (x2 * cos + x1 * sin).to(dtype)
-    tl.store(ptr + dims, y1)
-    tl.store(ptr + HALF + dims, y2)
+    tl.store(ptr + dims, y1, mask=live[:, None])
+    tl.store(ptr + HALF + dims, y2, mask=live[:, None])
     if STORE:
         if head >= NUM_Q_HEADS:
-            # the k head's program also writes the cache slot of this token (k and the same head
+            # the k head's program also writes the cache slots of its tokens (k and the same head
             # of v); slot -1 marks a padded token (CUDA-graph padding) and stores nothing
-            slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-            if slot >= 0:
-                kv_head = head - NUM_Q_HEADS
-                dst = (
-                    (slot // BLOCK_SIZE) * stride_cb
-                    + (slot % BLOCK_SIZE) * stride_cs
-                    + kv_head * stride_ch
-                )
-                cache_dtype = k_cache_ptr.dtype.element_ty
-                # the cache holds k / k_scale, v / v_scale (fp8; scales of 1.0 change no bit)
-                k1 = (y1.to(tl.float32) / k_scale).to(cache_dtype)
-                k2 = (y2.to(tl.float32) / k_scale).to(cache_dtype)
-                tl.store(k_cache_ptr + dst + dims, k1)
-                tl.store(k_cache_ptr + dst + HALF + dims, k2)
-                src = v_ptr + token * stride_vt + kv_head * stride_vh
-                v1 = (tl.load(src + dims).to(tl.float32) / v_scale).to(cache_dtype)
-                v2 = (tl.load(src + HALF + dims).to(tl.float32) / v_scale).to(cache_dtype)
-                tl.store(v_cache_ptr + dst + dims, v1)
-                tl.store(v_cache_ptr + dst + HALF + dims, v2)
+            slot = tl.load(slot_mapping_ptr + tokens, mask=live, other=-1).to(tl.int64)
+            keep = (slot >= 0)[:, None]
+            kv_head = head - NUM_Q_HEADS
+            dst = (
+                (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs
+            ) + kv_head * stride_ch
+            dst = dst[:, None]
+            cache_dtype = k_cache_ptr.dtype.element_ty
+            # the cache holds k / k_scale, v / v_scale (fp8; scales of 1.0 change no bit)
+            k1 = (y1.to(tl.float32) / k_scale).to(cache_dtype)
+            k2 = (y2.to(tl.float32) / k_scale).to(cache_dtype)
+            tl.store(k_cache_ptr + dst + dims, k1, mask=keep)
+            tl.store(k_cache_ptr + dst + HALF + dims, k2, mask=keep)
+            src = v_ptr + (tokens * stride_vt + kv_head * stride_vh)[:, None]
+            v1 = tl.load(src + dims, mask=keep, other=0.0).to(tl.float32) / v_scale
+            v2 = tl.load(src + HALF + dims, mask=keep, other=0.0).to(tl.float32) / v_scale
+            tl.store(v_cache_ptr + dst + dims, v1.to(cache_dtype), mask=keep)
+            tl.store(v_cache_ptr + dst + HALF + dims, v2.to(cache_dtype), mask=keep)
 
 
 def qk_norm_rope(
@@ -108,6 +115,7 @@ def qk_norm_rope(
     slot_mapping: torch.Tensor | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    rows_per_program: int = 1,
 ) -> None:
     """In place. q: (N, Hq, D), k: (N, Hkv, D) (strided views of the qkv output are fine);
     cos_sin_cache: (max_position, D) fp32 as [cos | sin]; positions: (N,).
@@ -115,7 +123,8 @@ def qk_norm_rope(
     With v (N, Hkv, D), k_cache/v_cache (num_blocks, block_size, Hkv, D) and slot_mapping (N,) int32
     or int64, also stores the normed, rotated k and the untouched v at each token's slot (as
     store_kvcache would afterwards); slot -1 stores nothing. All four or none. The cache holds
-    k / k_scale and v / v_scale (an fp8 cache; 1.0 otherwise).
+    k / k_scale and v / v_scale (an fp8 cache; 1.0 otherwise). rows_per_program: tokens a program
+    normalises (a power of two; 1 for decode steps, more for long prefill steps).
     """
     n, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
@@ -146,7 +155,8 @@ def qk_norm_rope(
         cache_strides, block_size = (0, 0, 0), 1
     if n == 0:
         return
-    _qk_norm_rope_kernel[(n, num_q_heads + num_kv_heads)](
+    rows = rows_per_program
+    _qk_norm_rope_kernel[(triton.cdiv(n, rows), num_q_heads + num_kv_heads)](
         q,
         k,
         v,
@@ -157,6 +167,7 @@ def qk_norm_rope(
         k_cache,
         v_cache,
         slot_mapping,
+        n,
         q.stride(0),
         q.stride(1),
         k.stride(0),
@@ -171,5 +182,6 @@ def qk_norm_rope(
         HALF=head_dim // 2,
         STORE=all(store),
         BLOCK_SIZE=block_size,
-        num_warps=1,
+        ROWS=rows,
+        num_warps=1 if rows == 1 else 4,
     )

@@ -44,8 +44,11 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Shares VocabParallelEmbedding's weight layout, so tied embeddings can share the parameter."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: (B, hidden) -> (B, per_rank) -> gathered (B, vocab) on every rank
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        # x: (B, hidden) -> (B, per_rank) -> gathered (B, vocab) on every rank; one rank writes
+        # straight into `out` (B, vocab) when given (a CUDA graph's logits buffer: no copy)
+        if out is not None and self.tp_size == 1:
+            return torch.mm(x, self.weight.t(), out=out)
         logits = F.linear(x, self.weight)
         if self.tp_size > 1:
             logits = all_gather(logits, dim=-1)[:, : self.num_embeddings]

@@ -63,6 +63,8 @@ class Qwen3Attention(nn.Module):
             from nanoserve.worker.kernels import qk_norm_rope
 
             cache_on = self.rotary_emb.cache_on(qkv.device)
+            # a prefill step's ~16k tokens: 16 a program (one a program launched 400k of them)
+            rows = 16 if get_context().is_prefill else 1
             if self.attn.fuses_kv_store:  # the same kernel writes k/v into the paged cache
                 qk_norm_rope(
                     q,
@@ -78,6 +80,7 @@ class Qwen3Attention(nn.Module):
                     slot_mapping=get_context().slot_mapping,
                     k_scale=self.attn.k_scale,
                     v_scale=self.attn.v_scale,
+                    rows_per_program=rows,
                 )
                 kv_stored = True
             else:
@@ -89,6 +92,7 @@ class Qwen3Attention(nn.Module):
                     cache_on,
                     positions,
                     self.q_norm.eps,
+                    rows_per_program=rows,
                 )
         else:
             q, k = self.rotary_emb(positions, self.q_norm(q), self.k_norm(k))
@@ -198,6 +202,9 @@ class Qwen3ForCausalLM(nn.Module):
         # input_ids, positions: (N,) for all scheduled tokens of the batch -> (N, hidden)
         return self.model(input_ids, positions)
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        # (B, hidden), the rows the caller samples from -> (B, vocab), full on every rank
-        return self.lm_head(hidden_states)
+    def compute_logits(
+        self, hidden_states: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        # (B, hidden), the rows the caller samples from -> (B, vocab), full on every rank; into
+        # `out` when the head can write there (one rank), else a new tensor
+        return self.lm_head(hidden_states, out)
