@@ -195,8 +195,8 @@ def sweep_prefill_configs(tokens: int = 16384, seed: int = 0) -> list[dict]:
     cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
     flops = 4 * d * hq * sum(n * (n + 1) // 2 for n in lens)
     grid = [dict()] + [
-        dict(BLOCK_Q=bq, BLOCK_N=bn, num_warps=w, num_stages=st, HEAVY_FIRST=hf)
-        for bq in (32, 64)
+        dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st, HEAVY_FIRST=hf)
+        for bm in (64, 128)
         for bn in (64, 128)
         for w in (4, 8)
         for st in (2, 3)

@@ -63,8 +63,6 @@ class Qwen3Attention(nn.Module):
             from nanoserve.worker.kernels import qk_norm_rope
 
             cache_on = self.rotary_emb.cache_on(qkv.device)
-            # a prefill step's ~16k tokens: 16 a program (one a program launched 400k of them)
-            rows = 16 if get_context().is_prefill else 1
             if self.attn.fuses_kv_store:  # the same kernel writes k/v into the paged cache
                 qk_norm_rope(
                     q,
@@ -80,7 +78,6 @@ class Qwen3Attention(nn.Module):
                     slot_mapping=get_context().slot_mapping,
                     k_scale=self.attn.k_scale,
                     v_scale=self.attn.v_scale,
-                    rows_per_program=rows,
                 )
                 kv_stored = True
             else:
@@ -92,7 +89,6 @@ class Qwen3Attention(nn.Module):
                     cache_on,
                     positions,
                     self.q_norm.eps,
-                    rows_per_program=rows,
                 )
         else:
             q, k = self.rotary_emb(positions, self.q_norm(q), self.k_norm(k))
