@@ -6,16 +6,18 @@ machine (the same code moves ~8% between machines). `gpu_run.sh ab` runs AB_VARI
   before     the decode-attention share rule before 2026-12-01, cuBLAS for every GEMM, the torch sampler
   attn       today's share rule; cuBLAS for every GEMM, the torch sampler
   oldsample  today's code with the torch sampler for plain steps too
+  nopdl      the code as it is without programmatic dependent launch (NANOSERVE_PDL=0)
   now        the code as it is
 """
 
 import argparse
+import os
 
 from nanoserve.benchmarks import engine
 from nanoserve.worker import sampler
 from nanoserve.worker.kernels import decode_attention, split_k_gemm
 
-VARIANTS = ("before", "attn", "oldsample", "now")
+VARIANTS = ("before", "attn", "oldsample", "nopdl", "now")
 
 
 def old_num_splits(batch: int, num_kv_heads: int, max_context: int, device) -> int:
@@ -34,6 +36,8 @@ def apply(variant: str) -> None:
         split_k_gemm.CONFIGS.clear()
     if variant in ("before", "attn", "oldsample"):
         sampler.is_plain = lambda t: False
+    if variant in ("before", "attn", "oldsample", "nopdl"):
+        os.environ["NANOSERVE_PDL"] = "0"  # read at the first launch (worker.kernels.pdl)
 
 
 def build_parser() -> argparse.ArgumentParser:

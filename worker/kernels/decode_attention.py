@@ -17,6 +17,7 @@ import triton.language as tl
 
 from nanoserve.worker.kernels.arrival import arrival_counters
 from nanoserve.worker.kernels.dtypes import dot_dtype
+from nanoserve.worker.kernels.pdl import pdl_launch, pdl_wait
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
@@ -58,7 +59,9 @@ def _decode_split_kernel(
     BLOCK_S: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    PDL: tl.constexpr,  # worker.kernels.pdl: wait for the previous kernel first
 ):
+    pdl_wait(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -315,5 +318,6 @@ def paged_decode_attention(
         DOT_DTYPE=dot_dtype(k_cache.dtype, q.dtype),
         num_warps=4,
         num_stages=2 if fp32 else 3,
+        **pdl_launch(q),
     )
     return o

@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nanoserve.worker.kernels.pdl import pdl_launch, pdl_wait
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -25,7 +27,9 @@ def _rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
@@ -74,6 +78,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
             HAS_RESIDUAL=residual is not None,
             BLOCK=block,
             num_warps=min(max(block // 256, 1), 8),
+            **pdl_launch(x),
         )
     return out.view(x.shape), new_residual.view(x.shape)
 
@@ -91,7 +96,10 @@ def fused_add_rms_norm(
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(
+    x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -119,5 +127,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
             inter,
             BLOCK=block,
             num_warps=4,
+            **pdl_launch(x),
         )
     return out

@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nanoserve.worker.kernels.pdl import pdl_launch, pdl_wait
+
 ROWS_PER_PROGRAM = 16
 
 
@@ -48,7 +50,9 @@ def _qk_norm_rope_kernel(
     STORE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     ROWS: tl.constexpr,
+    PDL: tl.constexpr,  # worker.kernels.pdl: wait for the previous kernel first
 ):
+    pdl_wait(PDL)
     # grid (cdiv(num_tokens, ROWS), num_q_heads + num_kv_heads): ROWS tokens x one head a program.
     # One token a program launched ~400k programs for a 16k-token prefill step (239 µs a layer
     # against a 62 µs bound). ROWS is the same for every step, decode and prefill: a token's q and
@@ -188,4 +192,5 @@ def qk_norm_rope(
         BLOCK_SIZE=block_size,
         ROWS=rows,
         num_warps=1 if rows == 1 else 4,
+        **pdl_launch(q),
     )

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nanoserve.worker.kernels.pdl import pdl_launch, pdl_wait
+
 MAX_M = 8
 
 
@@ -30,7 +32,9 @@ def _skinny_gemm_kernel(
     BLOCK_K: tl.constexpr,
     K_CHUNK: tl.constexpr,  # K rounded up to whole BLOCK_K steps: a constant trip count
     LOOP_STAGES: tl.constexpr,
+    PDL: tl.constexpr,  # worker.kernels.pdl: wait for the previous kernel first
 ):
+    pdl_wait(PDL)
     pid_n = tl.program_id(0)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output features of this program
     ms = tl.arange(0, BLOCK_M)
@@ -103,6 +107,6 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, config: dict | None = Non
         return y.zero_()
     cfg["K_CHUNK"] = triton.cdiv(k, cfg["BLOCK_K"]) * cfg["BLOCK_K"]
     _skinny_gemm_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
-        x, weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0), **cfg
+        x, weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0), **cfg, **pdl_launch(x)
     )
     return y

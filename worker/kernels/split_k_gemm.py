@@ -13,6 +13,7 @@ import triton.language as tl
 
 from nanoserve.worker.kernels.arrival import arrival_counters
 from nanoserve.worker.kernels.dtypes import dot_dtype
+from nanoserve.worker.kernels.pdl import pdl_launch, pdl_wait
 
 MAX_M = 256
 
@@ -60,7 +61,9 @@ def _split_k_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # x's dtype, fp32 for bf16 under the CPU interpreter (dtypes.py)
+    PDL: tl.constexpr,  # worker.kernels.pdl: wait for the previous kernel first
 ):
+    pdl_wait(PDL)
     # the split count and slice length are run-time values: one compiled kernel a tile shape
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -149,5 +152,6 @@ def split_k_gemm(x: torch.Tensor, weight: torch.Tensor, config: dict) -> torch.T
         DOT_DTYPE=dot_dtype(x.dtype),
         num_warps=config.get("num_warps", 4),
         num_stages=config.get("num_stages", 3),
+        **pdl_launch(x),
     )
     return y
