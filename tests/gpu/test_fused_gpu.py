@@ -79,8 +79,19 @@ def test_qk_norm_rope_fused_store_matches_separate_store(n, slot_dtype):
         slot_mapping=slots,
     )
     torch.cuda.synchronize()
-    assert torch.equal(qkv, ref_qkv)
-    assert torch.equal(k_cache, ref_k_cache) and torch.equal(v_cache, ref_v_cache)
+    # the storing and the non-storing kernels are two compilations: their q/k may round apart in
+    # the last bit (seen once in ~1M values at n=257), never further
+    assert torch.allclose(qkv.float(), ref_qkv.float(), rtol=2**-7, atol=0)
+    # what the fused kernel stored is exactly its own k and the untouched v, at each live slot;
+    # padded rows (slot -1) and every other slot keep their old contents
+    live = slots >= 0
+    flat_k, flat_v = k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, d)
+    assert torch.equal(flat_k[slots[live].long()], k[live])
+    assert torch.equal(flat_v[slots[live].long()], v[live])
+    others = torch.ones(flat_k.shape[0], dtype=torch.bool, device=dev)
+    others[slots[live].long()] = False
+    assert torch.equal(flat_k[others], ref_k_cache.view(-1, hkv, d)[others])
+    assert torch.equal(flat_v[others], ref_v_cache.view(-1, hkv, d)[others])
 
 
 def _attention_layer(backend: str, k_cache: torch.Tensor, v_cache: torch.Tensor):
