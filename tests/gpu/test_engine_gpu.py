@@ -135,7 +135,9 @@ def bf16_ulp(x: float) -> float:
     "kw, exact",
     [
         (dict(), True),  # CUDA graphs replay the eager kernels: bit-identical
-        (dict(kvcache_block_size=16), True),  # the same batches over another page size
+        # the same batches over another page size: the attention kernels tile keys by the page
+        # (16-token tiles, not 64), so their online softmax rounds apart and near-ties may flip
+        (dict(kvcache_block_size=16), False),
         (dict(attention_backend="torch", enforce_eager=True), False),
         (dict(max_num_seqs=16), False),  # 40 sequences in batches of 16: other GEMM shapes
         (dict(num_kvcache_blocks=12, kvcache_block_size=256), False),  # preemption

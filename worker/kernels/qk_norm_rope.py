@@ -192,5 +192,8 @@ def qk_norm_rope(
         BLOCK_SIZE=block_size,
         ROWS=rows,
         num_warps=1 if rows == 1 else 4,
+        # no fused multiply-adds: Triton may recompute y for the cache store in another layout,
+        # and a contraction there would store a k that differs from the k written in place
+        enable_fp_fusion=False,
         **pdl_launch(q),
     )
