@@ -194,7 +194,7 @@ def sweep_prefill_configs(tokens: int = 16384, seed: int = 0) -> list[dict]:
     q = torch.randn(sum(lens), hq, d, device="cuda", dtype=torch.bfloat16)
     cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
     flops = 4 * d * hq * sum(n * (n + 1) // 2 for n in lens)
-    grid = [dict()] + [
+    grid: list[dict] = [{}] + [
         dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st, HEAVY_FIRST=hf)
         for bm in (64, 128)
         for bn in (64, 128)

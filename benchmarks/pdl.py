@@ -63,7 +63,7 @@ def chain_us(rows: int, width: int, links: int, gemm: bool, pdl: bool, early: bo
 def main() -> None:
     for gemm in (False, True):
         for rows, width in ((16, 1024), (128, 1024), (256, 4096)):
-            row = dict(
+            row: dict[str, object] = dict(
                 bench="pdl", after="cublas_gemm" if gemm else "triton", rows=rows, width=width
             )
             for name, pdl, early in (
