@@ -90,6 +90,12 @@ def roofline_lines(r: dict) -> list[str]:
         f"{op} {x['us_per_step']}/{x.get('bound_us', '-')}"
         for op, x in r.get("gemm_ops", {}).items()
     )
+    if r["bench"] == "roofline_prefill":
+        return [
+            f"roofline prefill {r['tokens']} tokens: wall {r['wall_us_per_step']} µs (host "
+            f"prepare {r['host_prepare_us']}), GPU {r['gpu_busy_us_per_step']}, bound "
+            f"{r['step_bound_us']} ({r['fraction_of_bound']}); µs/bound per class: {classes}"
+        ]
     return [
         f"roofline decode B={r['batch']} ctx={r['context']}: wall {r['wall_us_per_step']} µs, "
         f"GPU {r['gpu_busy_us_per_step']}, bound {r['step_bound_us']} "

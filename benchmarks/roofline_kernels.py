@@ -178,6 +178,32 @@ def idle_gaps(spans: list[tuple[float, float, str]], steps: int, min_us: float =
     )
 
 
+def kernel_events(prof, cuda: bool, seq: list, spans: list) -> None:
+    """Appends a torch.profiler run's kernels to seq as (start, name, µs) and, on a GPU, to spans
+    as (start, end, name); on a CPU (tests) its top-level ops, so no time counts twice."""
+    import torch
+
+    for e in prof.events():
+        if cuda and e.device_type == torch.autograd.DeviceType.CUDA:
+            seq.append((e.time_range.start, e.name, e.device_time))
+            spans.append((e.time_range.start, e.time_range.end, e.name))
+        elif not cuda and e.cpu_parent is None:
+            seq.append((e.time_range.start, e.name, e.cpu_time_total))
+
+
+def class_rows(classes: dict[str, dict], bounds_us: dict[str, float]) -> dict[str, dict]:
+    """{class: {"us", "calls"} a step} -> the rows of the account, slowest first, each against its
+    bound where one is known."""
+    rows = {}
+    for cls, c in sorted(classes.items(), key=lambda kv: -kv[1]["us"]):
+        row = dict(us_per_step=round(c["us"], 1), calls_per_step=round(c["calls"], 1))
+        if cls in bounds_us:
+            b = bounds_us[cls]
+            row.update(bound_us=round(b, 1), fraction_of_bound=round(b / c["us"], 3))
+        rows[cls] = row
+    return rows
+
+
 def profile_decode(
     llm, shape: Shape, batch: int, context: int, steps: int = 16, mixed: bool = False
 ) -> dict:
@@ -216,14 +242,9 @@ def profile_decode(
         wall = (time.perf_counter() - t) / steps
     while not llm.is_finished():
         llm.step()
-    seq = []  # (start, name, µs) of every kernel
-    spans = []  # (start, end, name) of every GPU kernel
-    for e in prof.events():
-        if cuda and e.device_type == torch.autograd.DeviceType.CUDA:
-            seq.append((e.time_range.start, e.name, e.device_time))
-            spans.append((e.time_range.start, e.time_range.end, e.name))
-        elif not cuda and e.cpu_parent is None:  # top-level ops only: no time counted twice
-            seq.append((e.time_range.start, e.name, e.cpu_time_total))
+    seq: list = []  # (start, name, µs) of every kernel
+    spans: list = []  # (start, end, name) of every GPU kernel
+    kernel_events(prof, cuda, seq, spans)
     seq.sort()
     kernels: dict[str, list[float]] = {}
     for _, name, us in seq:
@@ -244,13 +265,7 @@ def profile_decode(
         c = classes.setdefault(kernel_class(name), dict(us=0.0, calls=0.0))
         c["us"] += sum(times) / steps
         c["calls"] += len(times) / steps
-    by_class = {}
-    for cls, c in sorted(classes.items(), key=lambda kv: -kv[1]["us"]):
-        row = dict(us_per_step=round(c["us"], 1), calls_per_step=round(c["calls"], 1))
-        if cls in bounds:
-            b = bounds[cls].bound_s * 1e6
-            row.update(bound_us=round(b, 1), fraction_of_bound=round(b / c["us"], 3))
-        by_class[cls] = row
+    by_class = class_rows(classes, {cls: c.bound_s * 1e6 for cls, c in bounds.items()})
     top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:16]
     step_bound = sum(bounds.values(), Cost(0, 0)).bound_s * 1e6
     gpu = sum(c["us"] for c in classes.values())
@@ -339,12 +354,7 @@ def profile_prefill(llm, shape: Shape, tokens: int = 16384, repeats: int = 3) ->
             )
             bounds, gemm_b = bounds + step, gemm_b + gemm
             attn_b += Cost(0, step.flops - gemm.flops)  # causal QK^T and PV
-            for e in p.events():
-                if cuda and e.device_type == torch.autograd.DeviceType.CUDA:
-                    seq.append((e.time_range.start, e.name, e.device_time))
-                    spans.append((e.time_range.start, e.time_range.end, e.name))
-                elif not cuda and e.cpu_parent is None:
-                    seq.append((e.time_range.start, e.name, e.cpu_time_total))
+            kernel_events(p, cuda, seq, spans)
     finally:
         del runner._prepare_prefill
     classes: dict[str, dict] = {}
@@ -354,14 +364,10 @@ def profile_prefill(llm, shape: Shape, tokens: int = 16384, repeats: int = 3) ->
         c = classes.setdefault(kernel_class(name), dict(us=0.0, calls=0.0))
         c["us"] += us / repeats
         c["calls"] += 1 / repeats
-    class_bound = {"gemm": gemm_b.bound_s / repeats, "attention": attn_b.bound_s / repeats}
-    by_class = {}
-    for cls, c in sorted(classes.items(), key=lambda kv: -kv[1]["us"]):
-        row = dict(us_per_step=round(c["us"], 1), calls_per_step=round(c["calls"], 1))
-        if cls in class_bound:
-            b = class_bound[cls] * 1e6
-            row.update(bound_us=round(b, 1), fraction_of_bound=round(b / c["us"], 3))
-        by_class[cls] = row
+    by_class = class_rows(
+        classes,
+        {"gemm": 1e6 * gemm_b.bound_s / repeats, "attention": 1e6 * attn_b.bound_s / repeats},
+    )
     wall = sum(walls) / repeats
     top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:12]
     return dict(

@@ -210,7 +210,8 @@ def test_profiled_mixed_decode_reports_its_mean_context(tiny_model_dir):
     assert (res["idle"]["idle_us_per_step"], res["idle"]["kernels_per_step"]) == (0.0, 0.0)
 
 
-def test_profiled_prefill_step_accounts_its_kernels(tiny_model_dir):
+def test_profiled_prefill_step_accounts_its_kernels(tiny_model_dir, tmp_path, capsys):
+    from nanoserve.benchmarks import gpu_table
     from nanoserve.worker import LLM
 
     llm = LLM(str(tiny_model_dir), device="cpu", kvcache_block_size=16, num_kvcache_blocks=256)
@@ -225,3 +226,7 @@ def test_profiled_prefill_step_accounts_its_kernels(tiny_model_dir):
     assert res["step_bound_us"] > 0 and abs(res["fraction_of_bound"] - expected) < 1e-3
     assert res["classes"] and res["kernels"]
     assert "gemm" in res["classes"] and res["classes"]["gemm"]["bound_us"] > 0
+    line = json.dumps(dict(bench="roofline_prefill", model="tiny", **res))
+    (tmp_path / "roofline.log").write_text(line + "\n")
+    gpu_table.main([str(tmp_path)])
+    assert "roofline prefill 300 tokens" in capsys.readouterr().out
