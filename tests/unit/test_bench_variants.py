@@ -1,6 +1,8 @@
 """benchmarks/variants.py: each variant swaps in exactly its rules (the engine bench itself runs on
 the GPU machine only)."""
 
+import os
+
 import pytest
 
 from nanoserve.benchmarks import variants
@@ -18,6 +20,7 @@ def restored(monkeypatch):
     ]:
         monkeypatch.setattr(module, name, getattr(module, name))
     monkeypatch.setattr(split_k_gemm, "CONFIGS", dict(split_k_gemm.CONFIGS))
+    monkeypatch.delenv("NANOSERVE_PDL", raising=False)  # apply() may set it; it comes back
 
 
 @pytest.mark.parametrize("variant", variants.VARIANTS)
@@ -27,7 +30,8 @@ def test_each_variant_swaps_its_rules(restored, variant):
     variants.apply(variant)
     assert (decode_attention.choose_num_splits is not rule) == (variant == "before")
     assert (not split_k_gemm.CONFIGS) == (variant in ("before", "attn"))
-    assert (sampler.is_plain is not plain) == (variant != "now")
+    assert (sampler.is_plain is not plain) == (variant in ("before", "attn", "oldsample"))
+    assert (os.environ.get("NANOSERVE_PDL") == "0") == (variant != "now")  # worker.kernels.pdl
 
 
 def test_the_old_share_rule():
