@@ -7,7 +7,7 @@
 #   quick:   the same without tests/gpu and the Poisson run
 #   tests:   all of tests/gpu (tp ones too on two GPUs), 0.6B engine figures, prefill host/GPU time
 #   serve:   bench serving at 256 streams, at 16 req/s Poisson, and at tp=2 on two GPUs
-#   retest:  tests/gpu -k "$GPU_TESTS_K";  load: Poisson at ~80% of the maximum;  roofline: alone
+#   retest:  tests/gpu -k "$GPU_TESTS_K" (all without it);  load: Poisson at ~80% of the maximum;  roofline: alone
 #   features: per-step costs of logprobs, seeded rows and logit_bias / allowed_token_ids
 #   tp:      (two GPUs) tensor-parallel tests, 8B tp=2 batch-1 latency, bench serving tp=2
 #   splitk:  split-K GEMM sweep against cuBLAS;  mixed: decode attention over mixed lengths
@@ -85,6 +85,9 @@ step() {  # step NAME TIMEOUT CMD...: run with a timeout inside the budget, keep
   local t=$SECONDS
   timeout -k 20 "$limit" "$@" 2>&1 | tee "$out/$name.log" | grep -vE '^\s*$' | tail -n 30
   local rc=${PIPESTATUS[0]}
+  if [ "$rc" -ne 0 ]; then  # the failures' own lines, which the last 30 lines may not reach
+    grep -E '^(E |FAILED|ERROR)|Error:|^\[gpu\]' "$out/$name.log" | cut -c1-300 | tail -n 40
+  fi
   echo "=== $name: exit $rc after $((SECONDS - t)) s" | tee -a "$out/$name.log"
 }
 bench="$py -m nanoserve.benchmarks.engine --json"
@@ -112,8 +115,10 @@ case $mode in
       step structured_mask 60 $py -m nanoserve.benchmarks.structured_mask \
         --model /tmp/nanoserve-tiny --engines xgrammar --apply-rows 256 --device cuda
     ;;
-  retest)  # the GPU tests named by GPU_TESTS_K (a pytest -k expression), e.g. last run's failures
-    step gpu_retest 200 $py -m pytest -q tests/gpu -p no:cacheprovider -rA -s -k "${GPU_TESTS_K:?}"
+  retest)  # the GPU tests named by GPU_TESTS_K (a pytest -k expression, e.g. last run's failures;
+    # unset: all of them)
+    step gpu_retest 300 $py -m pytest -q tests/gpu -p no:cacheprovider -rA -s \
+      ${GPU_TESTS_K:+-k "$GPU_TESTS_K"}
     ;;
   load)  # Poisson arrivals at ~80% of the measured maximum: 32 req/s gave 14.9k tok/s (0.67 of
     # 22.2k), so 38 req/s ~ 17.7k
