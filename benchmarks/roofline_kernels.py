@@ -323,7 +323,11 @@ def profile_prefill(llm, shape: Shape, tokens: int = 16384, repeats: int = 3) ->
         return out
 
     cuda = torch.cuda.is_available()
-    seq, spans, walls, host, bounds = [], [], [], [], Cost(0, 0)
+    seq: list = []  # (start, name, µs) of every kernel of the profiled steps
+    spans: list = []  # (start, end, name) of every GPU kernel
+    walls: list[float] = []
+    host: list[float] = []
+    bounds = Cost(0, 0)
     gemm_b = attn_b = Cost(0, 0)
     runner._prepare_prefill = timed_prepare
     try:
