@@ -204,6 +204,20 @@ def class_rows(classes: dict[str, dict], bounds_us: dict[str, float]) -> dict[st
     return rows
 
 
+def kernel_rows(kernels: dict[str, list[float]], steps: int, top: int) -> list[dict]:
+    """The `top` kernels by time: name, class, µs and calls a step."""
+    ranked = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return [
+        dict(
+            name=k[:70],
+            cls=kernel_class(k),
+            us_per_step=round(sum(v) / steps, 1),
+            calls_per_step=round(len(v) / steps, 1),
+        )
+        for k, v in ranked
+    ]
+
+
 def profile_decode(
     llm, shape: Shape, batch: int, context: int, steps: int = 16, mixed: bool = False
 ) -> dict:
@@ -266,7 +280,6 @@ def profile_decode(
         c["us"] += sum(times) / steps
         c["calls"] += len(times) / steps
     by_class = class_rows(classes, {cls: c.bound_s * 1e6 for cls, c in bounds.items()})
-    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:16]
     step_bound = sum(bounds.values(), Cost(0, 0)).bound_s * 1e6
     gpu = sum(c["us"] for c in classes.values())
     return dict(
@@ -282,19 +295,16 @@ def profile_decode(
         gemm_ops=gemm,
         idle=idle_gaps(spans, steps),
         kernels=[
-            dict(
-                name=k[:70],
-                cls=kernel_class(k),
-                us_per_step=round(sum(v) / steps, 1),
-                calls_per_step=round(len(v) / steps, 1),
-                # the class's bound shared over its calls: the kernel's own
+            # the class's bound shared over its calls: the kernel's own
+            row
+            | dict(
                 bound_us_per_call=round(
-                    bounds[kernel_class(k)].bound_s * 1e6 / classes[kernel_class(k)]["calls"], 2
+                    bounds[row["cls"]].bound_s * 1e6 / classes[row["cls"]]["calls"], 2
                 )
-                if kernel_class(k) in bounds
-                else None,
+                if row["cls"] in bounds
+                else None
             )
-            for k, v in top
+            for row in kernel_rows(kernels, steps, 16)
         ],
     )
 
@@ -373,7 +383,6 @@ def profile_prefill(llm, shape: Shape, tokens: int = 16384, repeats: int = 3) ->
         {"gemm": 1e6 * gemm_b.bound_s / repeats, "attention": 1e6 * attn_b.bound_s / repeats},
     )
     wall = sum(walls) / repeats
-    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:12]
     return dict(
         tokens=tokens,
         wall_us_per_step=round(1e6 * wall, 1),
@@ -383,13 +392,5 @@ def profile_prefill(llm, shape: Shape, tokens: int = 16384, repeats: int = 3) ->
         fraction_of_bound=round(bounds.bound_s / repeats / wall, 3),
         classes=by_class,
         idle=idle_gaps(spans, repeats),
-        kernels=[
-            dict(
-                name=k[:70],
-                cls=kernel_class(k),
-                us_per_step=round(sum(v) / repeats, 1),
-                calls_per_step=round(len(v) / repeats, 1),
-            )
-            for k, v in top
-        ],
+        kernels=kernel_rows(kernels, repeats, 12),
     )

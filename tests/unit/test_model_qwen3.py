@@ -187,6 +187,18 @@ def test_model_structure_and_cache_shapes(tmp_path):
     assert qkv.weight.shape == ((8 + 2 * 2) * 12, 48)
 
 
+def test_lm_head_writes_into_out_the_logits_it_returns(tmp_path):
+    make_hf_model(tmp_path, **CONFIGS["tied-gqa4-odd-vocab"])
+    model = build_model(tmp_path)
+    hidden = torch.randn(3, 48)
+    out = torch.full((5, model.lm_head.num_embeddings), float("nan"))  # a graph's larger buffer
+    with torch.no_grad():
+        ref = model.compute_logits(hidden)
+        got = model.compute_logits(hidden, out=out[:3])
+    assert got.data_ptr() == out.data_ptr() and torch.equal(got, ref)
+    assert out[3:].isnan().all()  # rows past the batch untouched
+
+
 def test_tiny_model_from_shared_matches_transformers(tmp_path):
     from transformers import Qwen3ForCausalLM as HFQwen3ForCausalLM
 

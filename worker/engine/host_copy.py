@@ -15,13 +15,11 @@ def to_device(
 ) -> torch.Tensor:
     """`data` (a list, array or CPU tensor) as a tensor on `device`. On CUDA through pinned memory
     and a non-blocking copy: the caching host allocator keeps the pinned block until the copy ran."""
-    if isinstance(data, np.ndarray):
-        host = torch.from_numpy(data)
+    pin = device.type == "cuda"
+    if isinstance(data, np.ndarray | torch.Tensor):
+        host = torch.as_tensor(data)
         host = host if dtype is None else host.to(dtype)
-    elif isinstance(data, torch.Tensor):
-        host = data if dtype is None else data.to(dtype)
-    else:
-        host = torch.tensor(data, dtype=dtype)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
+        host = host.pin_memory() if pin else host
+    else:  # a list: made in pinned memory at once
+        host = torch.tensor(data, dtype=dtype, pin_memory=pin)
+    return host.to(device, non_blocking=pin)

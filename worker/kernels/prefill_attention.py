@@ -13,9 +13,9 @@ import triton.language as tl
 from nanoserve.worker.kernels.dtypes import dot_dtype
 
 LOG2E = 1.4426950408889634
-# rows of a program's query tile (query tokens x the GQA group, at most), key tile, warps (None: 8
-# for 128 x 128 query tiles, else 4), pipeline stages, and the launch order of query blocks
-# (HEAVY_FIRST: the causal edge's last blocks first). From benchmarks.attention's
+# rows of a program's query tile (query tokens x the GQA group, at most), key tile, warps,
+# pipeline stages, and the launch order of query blocks (HEAVY_FIRST: the causal edge's last
+# blocks first). From benchmarks.attention's
 # sweep_prefill_configs on the H200 (d0f1be3), one 16,384-token step of the throughput workload,
 # Qwen3-0.6B heads: 203.9 µs a layer, against 233.5 for (128 rows, 64, 8 warps, 2 stages)
 PREFILL_CONFIG: dict = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, HEAVY_FIRST=True)
@@ -231,7 +231,7 @@ def paged_prefill_attention(
         DOT_PRECISION="ieee" if fp32 else "tf32",
         DOT_DTYPE=dot_dtype(k_cache.dtype, q.dtype),
         HEAVY_FIRST=c["HEAVY_FIRST"],
-        num_warps=c["num_warps"] or (8 if block_q * group * head_dim >= 128 * 128 else 4),
+        num_warps=c["num_warps"],
         num_stages=c["num_stages"],
     )
     return o

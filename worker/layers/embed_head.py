@@ -45,11 +45,13 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Shares VocabParallelEmbedding's weight layout, so tied embeddings can share the parameter."""
 
     def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        # x: (B, hidden) -> (B, per_rank) -> gathered (B, vocab) on every rank; one rank writes
-        # straight into `out` (B, vocab) when given (a CUDA graph's logits buffer: no copy)
+        # x: (B, hidden) -> (B, per_rank) -> gathered (B, vocab) on every rank, into `out` (B,
+        # vocab) when given (a CUDA graph's logits buffer): one rank's GEMM writes there directly
         if out is not None and self.tp_size == 1:
             return torch.mm(x, self.weight.t(), out=out)
         logits = F.linear(x, self.weight)
         if self.tp_size > 1:
             logits = all_gather(logits, dim=-1)[:, : self.num_embeddings]
+        if out is not None:
+            return out.copy_(logits)
         return logits

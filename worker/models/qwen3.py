@@ -202,5 +202,5 @@ class Qwen3ForCausalLM(nn.Module):
         self, hidden_states: torch.Tensor, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         # (B, hidden), the rows the caller samples from -> (B, vocab), full on every rank; into
-        # `out` when the head can write there (one rank), else a new tensor
+        # `out` when given
         return self.lm_head(hidden_states, out)
