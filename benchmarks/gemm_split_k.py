@@ -1,7 +1,9 @@
 """`python -m nanoserve.benchmarks.gemm_split_k`: the linear layers of decode batches (M = 16..256 rows)
 on the GPU machine, cuBLAS (F.linear) against worker.kernels.split_k_gemm over a grid of tiles and
-split counts; L2-cold CUDA-graph timing as benchmarks.gemm. Prints one JSON line per (shape, M) and a
-table: cuBLAS µs, the best tile's µs and the ratio (below 1: the Triton kernel is faster).
+split counts, and cuBLASLt (torch's other BLAS back end) beside cuBLAS; L2-cold CUDA-graph timing as
+benchmarks.gemm. Prints one JSON line per (shape, M) and a table: cuBLAS µs, cuBLASLt µs, the best
+tile's µs and its ratio to cuBLAS (below 1: the Triton kernel is faster). `--blas-only`: the two
+BLAS back ends alone (seconds, not minutes).
 `--table PATH` writes worker.kernels.split_k_gemm.CONFIGS's entries as JSON: per (N, K) and swept M,
 the best config where it beats cuBLAS by WIN, else null (cuBLAS).
 """
@@ -49,15 +51,26 @@ def short(cfg: dict) -> str:
     )
 
 
-def bench_shape(shape: str, m: int, n: int, k: int) -> dict:
+def _cublaslt_us(fn, calls: int) -> float:
+    """fn's µs with torch's cuBLASLt back end (the graph captures the kernel it picks)."""
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    try:
+        return _replay_us(fn, calls)
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
+
+
+def bench_shape(shape: str, m: int, n: int, k: int, blas_only: bool = False) -> dict:
     copies = max(2, math.ceil(COLD_BYTES / (n * k * 2)))
     calls = max(REPS, copies)
     ws = torch.randn(copies, n, k, device="cuda", dtype=torch.bfloat16).unbind(0)
     xs = torch.randn(copies, m, k, device="cuda", dtype=torch.bfloat16).unbind(0)
     ref = F.linear(xs[0], ws[0]).float()
     cublas = _replay_us(lambda i: F.linear(xs[i % copies], ws[i % copies]), calls)
+    cublaslt = _cublaslt_us(lambda i: F.linear(xs[i % copies], ws[i % copies]), calls)
     times, failed = [], []
-    for cfg in candidates(m, k):
+    for cfg in [] if blas_only else candidates(m, k):
         try:
             err = (split_k_gemm(xs[0], ws[0], cfg).float() - ref).abs().max().item()
             t = _replay_us(lambda i, c=cfg: split_k_gemm(xs[i % copies], ws[i % copies], c), calls)
@@ -74,6 +87,7 @@ def bench_shape(shape: str, m: int, n: int, k: int) -> dict:
         n=n,
         k=k,
         cublas_us=round(cublas, 2),
+        cublaslt_us=round(cublaslt, 2),
         best_us=round(best_us, 2),
         best=best,
         best_max_abs_diff=round(best_err, 4),
@@ -98,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=[16, 32, 48, 64, 96, 128, 192, 256],
         help="decode rows to sweep (the graph buckets are 16 apart up to 256)",
     )
+    p.add_argument(
+        "--blas-only", action="store_true", help="time cuBLAS and cuBLASLt only, no Triton tiles"
+    )
     p.add_argument("--table", help="write the winning configs here (JSON, CONFIGS's layout)")
     return p
 
@@ -108,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for shape in args.shapes:
         for (n, k), m in itertools.product(SHAPES[shape], args.m):
-            rows.append(bench_shape(shape, m, n, k))
+            rows.append(bench_shape(shape, m, n, k, args.blas_only))
             torch.cuda.empty_cache()
             print(json.dumps(rows[-1]), flush=True)
     if args.table:
@@ -119,11 +136,13 @@ def main(argv: list[str] | None = None) -> None:
         with open(args.table, "w") as f:
             json.dump(table, f)
     print(
-        f"\n{'shape':<12} {'m':>3} {'N x K':>11} {'cuBLAS':>7} {'best':>7} {'ratio':>5}  best tile"
+        f"\n{'shape':<12} {'m':>3} {'N x K':>11} {'cuBLAS':>7} {'Lt':>7} {'best':>7} {'ratio':>5}"
+        "  best tile"
     )
     for r in rows:
         print(
             f"{r['shape']:<12} {r['m']:>3} {r['n']:>5}x{r['k']:<5} {r['cublas_us']:>7.2f} "
+            f"{r['cublaslt_us']:>7.2f} "
             f"{r['best_us']:>7.2f} {r['best_us'] / r['cublas_us']:>5.2f}  {short(r['best']) if r['best'] else '-'}"
         )
 

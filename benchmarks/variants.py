@@ -7,17 +7,21 @@ machine (the same code moves ~8% between machines). `gpu_run.sh ab` runs AB_VARI
   attn       today's share rule; cuBLAS for every GEMM, the torch sampler
   oldsample  today's code with the torch sampler for plain steps too
   nopdl      the code as it is without programmatic dependent launch (NANOSERVE_PDL=0)
+  cublaslt   the code as it is, torch's cuBLASLt back end for the GEMMs cuBLAS runs
+  fp8        the code as it is with the fp8 KV cache (--kv-cache-dtype fp8)
   now        the code as it is
 """
 
 import argparse
 import os
 
+import torch
+
 from nanoserve.benchmarks import engine
 from nanoserve.worker import sampler
 from nanoserve.worker.kernels import decode_attention, split_k_gemm
 
-VARIANTS = ("before", "attn", "oldsample", "nopdl", "now")
+VARIANTS = ("before", "attn", "oldsample", "nopdl", "cublaslt", "fp8", "now")
 
 
 def old_num_splits(batch: int, num_kv_heads: int, max_context: int, device) -> int:
@@ -38,6 +42,8 @@ def apply(variant: str) -> None:
         sampler.is_plain = lambda t: False
     if variant in ("before", "attn", "oldsample", "nopdl"):
         os.environ["NANOSERVE_PDL"] = "0"  # read at the first launch (worker.kernels.pdl)
+    if variant == "cublaslt":
+        torch.backends.cuda.preferred_blas_library("cublaslt")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,6 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     args, engine_args = build_parser().parse_known_args(argv)
     apply(args.variant)
     print(f"=== variant: {args.variant}, split-K shapes {sorted(split_k_gemm.CONFIGS)}", flush=True)
+    if args.variant == "fp8":
+        engine_args = ["--kv-cache-dtype", "fp8", *engine_args]
     engine.main(["throughput", "latency", "--shape", "qwen3-0.6b", "--json", *engine_args])
 
 

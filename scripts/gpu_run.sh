@@ -10,7 +10,7 @@
 #   retest:  tests/gpu -k "$GPU_TESTS_K" (all without it);  load: Poisson at ~80% of the maximum;  roofline: alone
 #   features: per-step costs of logprobs, seeded rows and logit_bias / allowed_token_ids
 #   tp:      (two GPUs) tensor-parallel tests, 8B tp=2 batch-1 latency, bench serving tp=2
-#   splitk:  split-K GEMM sweep against cuBLAS;  mixed: decode attention over mixed lengths
+#   splitk:  split-K GEMM sweep against cuBLAS (blas: cuBLAS against cuBLASLt only);  mixed: decode attention over mixed lengths
 #   ab:      benchmarks/variants.py (AB_VARIANTS, AB_ARGS), each its own process;  roofline_fp8
 #   pdl:     programmatic dependent launch against plain launches, in CUDA graphs
 #   prefill_sweep: the prefill attention kernel's tile configs over one step of the workload
@@ -174,6 +174,9 @@ case $mode in
   splitk)  # issue 14: split-K GEMMs vs cuBLAS at decode rows (the winners' table as JSON)
     step gemm_split_k 240 $py -m nanoserve.benchmarks.gemm_split_k --table "$out/split_k_table.json"
     ;;
+  blas)  # cuBLAS against cuBLASLt at decode rows (seconds)
+    step gemm_blas 60 $py -m nanoserve.benchmarks.gemm_split_k --blas-only
+    ;;
   mixed)  # decode attention over mixed lengths by share rule, and over an fp8 cache
     step attention_mixed 60 $py -c \
       "from nanoserve.benchmarks.attention import sweep_mixed_lengths as f; f()"
@@ -190,7 +193,7 @@ case $mode in
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|roofline|features|serve|tp|splitk|mixed|ab|pdl|prefill_sweep|roofline_fp8|kernels|gateway|wheels]" >&2
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|roofline_fp8|kernels|gateway|wheels]" >&2
      exit 2 ;;
 esac
 done

@@ -33,6 +33,9 @@ def _rms_norm_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
+    # every load first: a load after a store may alias it and waits for it, so the weight read
+    # after the residual store cost a second memory latency a launch (decode: latency-bound)
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     dtype = x.dtype
     x = x.to(tl.float32)
@@ -40,7 +43,6 @@ def _rms_norm_kernel(
         x += tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(new_residual_ptr + row * stride_nr + cols, x.to(dtype), mask=mask)
     rstd = tl.rsqrt(tl.sum(x * x, 0) / hidden + eps)
-    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     # round to the activation dtype before the weight, as the torch RMSNorm does
     y = (x * rstd).to(dtype).to(tl.float32) * w
     tl.store(out_ptr + row * stride_o + cols, y.to(dtype), mask=mask)

@@ -60,6 +60,7 @@ def _qk_norm_rope_kernel(
     tokens = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # (R,)
     live = tokens < num_tokens
     head = tl.program_id(1)
+    is_k = head >= NUM_Q_HEADS
     if head < NUM_Q_HEADS:
         ptr = q_ptr + tokens * stride_qt + head * stride_qh
         w_ptr = qw_ptr
@@ -68,45 +69,51 @@ def _qk_norm_rope_kernel(
         w_ptr = kw_ptr
     dims = tl.arange(0, HALF)[None, :]
     ptr = ptr[:, None]  # (R, 1)
+    # Every load is issued before the first store: a load after a store may alias it and waits
+    # for it, and the v / slot reads after the in-place stores cost this latency-bound launch a
+    # second memory round trip. Only the k heads' programs read v and the slots (masks).
+    pos = tl.load(pos_ptr + tokens, mask=live, other=0).to(tl.int64)[:, None]
+    if STORE:
+        slot = tl.load(slot_mapping_ptr + tokens, mask=live & is_k, other=-1).to(tl.int64)
+        keep = (slot >= 0)[:, None]
+        kv_head = head - NUM_Q_HEADS
+        src = v_ptr + (tokens * stride_vt + kv_head * stride_vh)[:, None]
+        v1 = tl.load(src + dims, mask=keep, other=0.0).to(tl.float32)
+        v2 = tl.load(src + HALF + dims, mask=keep, other=0.0).to(tl.float32)
+    w1 = tl.load(w_ptr + dims).to(tl.float32)
+    w2 = tl.load(w_ptr + HALF + dims).to(tl.float32)
     x1 = tl.load(ptr + dims, mask=live[:, None], other=0.0).to(tl.float32)  # (R, HALF)
     x2 = tl.load(ptr + HALF + dims, mask=live[:, None], other=0.0).to(tl.float32)
+    cos = tl.load(cos_sin_ptr + pos * (2 * HALF) + dims)
+    sin = tl.load(cos_sin_ptr + pos * (2 * HALF) + HALF + dims)
     # RMSNorm over head_dim in fp32, rounded to the activation dtype before the weight (as the
     # torch RMSNorm), then the rotary rotation of the (first half, second half) pairs in fp32
     rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)[:, None]
     dtype = q_ptr.dtype.element_ty
-    x1 = (x1 * rstd).to(dtype).to(tl.float32) * tl.load(w_ptr + dims).to(tl.float32)
-    x2 = (x2 * rstd).to(dtype).to(tl.float32) * tl.load(w_ptr + HALF + dims).to(tl.float32)
+    x1 = (x1 * rstd).to(dtype).to(tl.float32) * w1
+    x2 = (x2 * rstd).to(dtype).to(tl.float32) * w2
     x1 = x1.to(dtype).to(tl.float32)
     x2 = x2.to(dtype).to(tl.float32)
-    pos = tl.load(pos_ptr + tokens, mask=live, other=0).to(tl.int64)[:, None]
-    cos = tl.load(cos_sin_ptr + pos * (2 * HALF) + dims)
-    sin = tl.load(cos_sin_ptr + pos * (2 * HALF) + HALF + dims)
     y1 = (x1 * cos - x2 * sin).to(dtype)
     y2 = (x2 * cos + x1 * sin).to(dtype)
     tl.store(ptr + dims, y1, mask=live[:, None])
     tl.store(ptr + HALF + dims, y2, mask=live[:, None])
     if STORE:
-        if head >= NUM_Q_HEADS:
-            # the k head's program also writes the cache slots of its tokens (k and the same head
-            # of v); slot -1 marks a padded token (CUDA-graph padding) and stores nothing
-            slot = tl.load(slot_mapping_ptr + tokens, mask=live, other=-1).to(tl.int64)
-            keep = (slot >= 0)[:, None]
-            kv_head = head - NUM_Q_HEADS
-            dst = (
-                (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs
-            ) + kv_head * stride_ch
-            dst = dst[:, None]
-            cache_dtype = k_cache_ptr.dtype.element_ty
-            # the cache holds k / k_scale, v / v_scale (fp8; scales of 1.0 change no bit)
-            k1 = (y1.to(tl.float32) / k_scale).to(cache_dtype)
-            k2 = (y2.to(tl.float32) / k_scale).to(cache_dtype)
-            tl.store(k_cache_ptr + dst + dims, k1, mask=keep)
-            tl.store(k_cache_ptr + dst + HALF + dims, k2, mask=keep)
-            src = v_ptr + (tokens * stride_vt + kv_head * stride_vh)[:, None]
-            v1 = tl.load(src + dims, mask=keep, other=0.0).to(tl.float32) / v_scale
-            v2 = tl.load(src + HALF + dims, mask=keep, other=0.0).to(tl.float32) / v_scale
-            tl.store(v_cache_ptr + dst + dims, v1.to(cache_dtype), mask=keep)
-            tl.store(v_cache_ptr + dst + HALF + dims, v2.to(cache_dtype), mask=keep)
+        # the k head's program also writes the cache slots of its tokens (k and the same head of
+        # v); slot -1 marks a padded token (CUDA-graph padding), and a q head's program, and
+        # stores nothing
+        dst = (
+            (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs
+        ) + kv_head * stride_ch
+        dst = dst[:, None]
+        cache_dtype = k_cache_ptr.dtype.element_ty
+        # the cache holds k / k_scale, v / v_scale (fp8; scales of 1.0 change no bit)
+        k1 = (y1.to(tl.float32) / k_scale).to(cache_dtype)
+        k2 = (y2.to(tl.float32) / k_scale).to(cache_dtype)
+        tl.store(k_cache_ptr + dst + dims, k1, mask=keep)
+        tl.store(k_cache_ptr + dst + HALF + dims, k2, mask=keep)
+        tl.store(v_cache_ptr + dst + dims, (v1 / v_scale).to(cache_dtype), mask=keep)
+        tl.store(v_cache_ptr + dst + HALF + dims, (v2 / v_scale).to(cache_dtype), mask=keep)
 
 
 def qk_norm_rope(
