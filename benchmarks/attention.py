@@ -176,6 +176,53 @@ def sweep_mixed_lengths() -> None:
         )
 
 
+def sweep_decode_configs(seed: int = 7) -> list[dict]:
+    """The decode kernel's tile and launch options (block_n, num_warps, num_stages) over decode
+    batches of the throughput workload: uniform B=256 at 1,024 tokens (the full batch) and mixed
+    lengths 100..2048 at B=128, 64 and 16 (the batch shrinking), CUDA graph, max_model_len-wide
+    tables as the engine's. Prints µs and GB/s a case, best first, the default marked *."""
+    from nanoserve.benchmarks.gemm import graph_us
+    from nanoserve.worker.kernels.decode_attention import DECODE_CONFIG
+
+    gen = torch.Generator().manual_seed(seed)
+    cases = {"B=256 ctx 1024": [1024] * 256}
+    for batch in (128, 64, 16):
+        cases[f"B={batch} mixed"] = torch.randint(100, 2049, (batch,), generator=gen).tolist()
+    options = list(itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4, 5)))
+    rows = []
+    for name, lens in cases.items():
+        k_cache, v_cache, tables, ctx = _paged_case(lens, 8, 128, 256, torch.bfloat16, 16)
+        q = torch.randn(len(lens), 16, 128, device="cuda", dtype=torch.bfloat16)
+        kv_bytes = 2 * sum(lens) * 8 * 128 * 2
+        timed = []
+        for block_n, warps, stages in options:
+            cfg = dict(num_warps=warps, num_stages=stages)
+            try:
+                us = graph_us(
+                    lambda b=block_n, c=cfg: paged_decode_attention(
+                        q, k_cache, v_cache, tables, ctx, 128**-0.5, block_n=b, config=c
+                    )
+                )
+            except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: reported, not fatal
+                print(f"decode {name} n{block_n} w{warps} p{stages}: {type(e).__name__}")
+                continue
+            default = block_n == 64 and cfg == DECODE_CONFIG
+            timed.append((us, block_n, warps, stages, default))
+        timed.sort()
+        for us, block_n, warps, stages, default in timed[:6] + [t for t in timed if t[4]]:
+            rows.append(dict(case=name, block_n=block_n, num_warps=warps, num_stages=stages, us=us))
+        top = "  ".join(
+            f"n{b} w{w} p{p}{'*' if d else ''} {us:6.1f}" for us, b, w, p, d in timed[:6]
+        )
+        mine = next((us for us, *_, d in timed if d), float("nan"))
+        print(
+            f"decode configs {name}: default {mine:6.1f} us ({kv_bytes / mine / 1e3:5.0f} GB/s); "
+            f"best {top}  ({kv_bytes / timed[0][0] / 1e3:5.0f} GB/s)",
+            flush=True,
+        )
+    return rows
+
+
 def sweep_prefill_configs(tokens: int = 16384, seed: int = 0) -> list[dict]:
     """The prefill kernel over one step of the throughput workload (prompts of 100..1024 tokens
     filling `tokens`, nothing cached, Qwen3-0.6B heads) under each config of a grid: µs and

@@ -14,6 +14,7 @@
 #   ab:      benchmarks/variants.py (AB_VARIANTS, AB_ARGS), each its own process;  roofline_fp8
 #   pdl:     programmatic dependent launch against plain launches, in CUDA graphs
 #   prefill_sweep: the prefill attention kernel's tile configs over one step of the workload
+#   decode_sweep: the decode attention kernel's tiles and launch options over decode batches
 #   kernels: the roofline account (benchmarks/roofline.py), attention and all-reduce sweeps, 8B
 #            tp=1 latency
 #   gateway: bench serving offline, through the frontend, straight to the worker and through the
@@ -140,6 +141,10 @@ case $mode in
     step prefill_sweep 150 $py -c \
       "from nanoserve.benchmarks.attention import sweep_prefill_configs as f; f()"
     ;;
+  decode_sweep)  # the decode attention kernel's tile and launch options over decode batches
+    step decode_sweep 150 $py -c \
+      "from nanoserve.benchmarks.attention import sweep_decode_configs as f; f()"
+    ;;
   pdl)  # what programmatic dependent launch saves a kernel boundary in a CUDA graph
     step pdl 90 $py -m nanoserve.benchmarks.pdl
     ;;
@@ -193,7 +198,7 @@ case $mode in
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|roofline_fp8|kernels|gateway|wheels]" >&2
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|gateway|wheels]" >&2
      exit 2 ;;
 esac
 done

@@ -79,9 +79,6 @@ def test_qk_norm_rope_fused_store_matches_separate_store(n, slot_dtype):
         slot_mapping=slots,
     )
     torch.cuda.synchronize()
-    # the storing and the non-storing kernels are two compilations: their q/k may round apart in
-    # the last bit (seen once in ~1M values at n=257), never further
-    assert torch.allclose(qkv.float(), ref_qkv.float(), rtol=2**-7, atol=0)
     # what the fused kernel stored is exactly its own k and the untouched v, at each live slot;
     # padded rows (slot -1) and every other slot keep their old contents
     live = slots >= 0
@@ -92,6 +89,16 @@ def test_qk_norm_rope_fused_store_matches_separate_store(n, slot_dtype):
     others[slots[live].long()] = False
     assert torch.equal(flat_k[others], ref_k_cache.view(-1, hkv, d)[others])
     assert torch.equal(flat_v[others], ref_v_cache.view(-1, hkv, d)[others])
+    # The storing and the non-storing kernels are two compilations whose row sums may round apart
+    # (an rstd one fp32 ulp off): a q/k element then differs by a bf16 rounding of the normed x
+    # (|x| < 8: 2^-5), and where x1 cos - x2 sin nearly cancels that is no small relative error,
+    # so the bound is absolute; and such elements are rare (0 to a few in ~1M at 999a1b8, H200)
+    diff = (qkv.float() - ref_qkv.float()).abs()
+    print(
+        f"\n[gpu] fused store n={n}: {(diff > 0).sum().item()} q/k elements differ, max {diff.max()}"
+    )
+    assert diff.max().item() <= 2**-4, diff.max().item()
+    assert (diff > 0).sum().item() <= max(4, diff.numel() // 100_000)
 
 
 def _attention_layer(backend: str, k_cache: torch.Tensor, v_cache: torch.Tensor):

@@ -24,6 +24,8 @@ MAX_SPLITS = 16
 # share length at batches that fill the GPU without splitting: long enough that the merge is cheap
 # against the K/V reads, short enough that a batch of mixed lengths is cut into even work
 BALANCED_SPLIT_LEN = 512
+# launch options of the kernel (benchmarks.attention.sweep_decode_configs times others)
+DECODE_CONFIG = dict(num_warps=4, num_stages=3)
 
 
 # stride_bt: the block-table width, per step on the eager path (the graphs fix it); not specialised
@@ -238,12 +240,14 @@ def paged_decode_attention(
     v_scale: float = 1.0,
     min_split_len: int | None = None,
     block_n: int | None = None,
+    config: dict | None = None,
 ) -> torch.Tensor:
     """q: (batch, num_q_heads, head_dim) -> o of the same shape; context_lens (batch,) counts the new
     token. k_scale, v_scale: the cache holds k / k_scale and v / v_scale (fp8; 1.0 otherwise).
     num_splits / min_split_len: at most this many shares a sequence, each at least this many
     tokens (rounded up to the tile); None: the shape rules above. block_n: tokens a tile, a power
-    of two dividing the block size (None: choose_block_n)."""
+    of two dividing the block size (None: choose_block_n). config: DECODE_CONFIG's keys to
+    override (an fp32 cache pipelines 2 stages: its tiles are twice the bytes)."""
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
     if cache_dim != head_dim or num_q_heads % num_kv_heads:
@@ -286,6 +290,7 @@ def paged_decode_attention(
         part_o = part_lse = o  # unused by the NUM_SPLITS == 1 specialisation
         counters = context_lens
     fp32 = q.dtype == torch.float32
+    c = DECODE_CONFIG | ({"num_stages": 2} if fp32 else {}) | (config or {})
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -316,8 +321,8 @@ def paged_decode_attention(
         BLOCK_S=triton.next_power_of_2(num_splits),
         DOT_PRECISION="ieee" if fp32 else "tf32",
         DOT_DTYPE=dot_dtype(k_cache.dtype, q.dtype),
-        num_warps=4,
-        num_stages=2 if fp32 else 3,
+        num_warps=c["num_warps"],
+        num_stages=c["num_stages"],
         **pdl_launch(q),
     )
     return o
