@@ -180,21 +180,24 @@ def sweep_decode_configs(seed: int = 7) -> list[dict]:
     """The decode kernel's tile and launch options (block_n, num_warps, num_stages) over decode
     batches of the throughput workload: uniform B=256 at 1,024 tokens (the full batch) and mixed
     lengths 100..2048 at B=128, 64 and 16 (the batch shrinking), CUDA graph, max_model_len-wide
-    tables as the engine's. Prints µs and GB/s a case, best first, the default marked *."""
+    tables as the engine's. Prints µs and GB/s a case, best first, the rule's choice marked *
+    (choose_tiles), and the µs of DECODE_CONFIG's 64-token tiles."""
     from nanoserve.benchmarks.gemm import graph_us
-    from nanoserve.worker.kernels.decode_attention import DECODE_CONFIG
+    from nanoserve.worker.kernels.decode_attention import DECODE_CONFIG, choose_tiles
 
     gen = torch.Generator().manual_seed(seed)
     cases = {"B=256 ctx 1024": [1024] * 256}
-    for batch in (128, 64, 16):
+    for batch in (256, 192, 160, 128, 64, 16):
         cases[f"B={batch} mixed"] = torch.randint(100, 2049, (batch,), generator=gen).tolist()
-    options = list(itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4, 5)))
+    options = list(itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4)))
     rows = []
     for name, lens in cases.items():
         k_cache, v_cache, tables, ctx = _paged_case(lens, 8, 128, 256, torch.bfloat16, 16)
         q = torch.randn(len(lens), 16, 128, device="cuda", dtype=torch.bfloat16)
         kv_bytes = 2 * sum(lens) * 8 * 128 * 2
         timed = []
+        rule_n, rule_cfg = choose_tiles(len(lens), 256, torch.bfloat16)
+        plain = float("nan")
         for block_n, warps, stages in options:
             cfg = dict(num_warps=warps, num_stages=stages)
             try:
@@ -206,8 +209,9 @@ def sweep_decode_configs(seed: int = 7) -> list[dict]:
             except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: reported, not fatal
                 print(f"decode {name} n{block_n} w{warps} p{stages}: {type(e).__name__}")
                 continue
-            default = block_n == 64 and cfg == DECODE_CONFIG
-            timed.append((us, block_n, warps, stages, default))
+            if block_n == 64 and cfg == DECODE_CONFIG:
+                plain = us
+            timed.append((us, block_n, warps, stages, block_n == rule_n and cfg == rule_cfg))
         timed.sort()
         for us, block_n, warps, stages, default in timed[:6] + [t for t in timed if t[4]]:
             rows.append(dict(case=name, block_n=block_n, num_warps=warps, num_stages=stages, us=us))
@@ -216,8 +220,8 @@ def sweep_decode_configs(seed: int = 7) -> list[dict]:
         )
         mine = next((us for us, *_, d in timed if d), float("nan"))
         print(
-            f"decode configs {name}: default {mine:6.1f} us ({kv_bytes / mine / 1e3:5.0f} GB/s); "
-            f"best {top}  ({kv_bytes / timed[0][0] / 1e3:5.0f} GB/s)",
+            f"decode configs {name}: rule {mine:6.1f} us ({kv_bytes / mine / 1e3:5.0f} GB/s), "
+            f"n64 w4 p3 {plain:6.1f}; best {top}  ({kv_bytes / timed[0][0] / 1e3:5.0f} GB/s)",
             flush=True,
         )
     return rows

@@ -7,6 +7,7 @@ machine (the same code moves ~8% between machines). `gpu_run.sh ab` runs AB_VARI
   attn       today's share rule; cuBLAS for every GEMM, the torch sampler
   oldsample  today's code with the torch sampler for plain steps too
   nopdl      the code as it is without programmatic dependent launch (NANOSERVE_PDL=0)
+  onetile    the code as it is with one decode-attention tile for every batch (no TILE_RULES)
   cublaslt   the code as it is, torch's cuBLASLt back end for the GEMMs cuBLAS runs
   fp8        the code as it is with the fp8 KV cache (--kv-cache-dtype fp8)
   now        the code as it is
@@ -21,7 +22,7 @@ from nanoserve.benchmarks import engine
 from nanoserve.worker import sampler
 from nanoserve.worker.kernels import decode_attention, split_k_gemm
 
-VARIANTS = ("before", "attn", "oldsample", "nopdl", "cublaslt", "fp8", "now")
+VARIANTS = ("before", "attn", "oldsample", "nopdl", "onetile", "cublaslt", "fp8", "now")
 
 
 def old_num_splits(batch: int, num_kv_heads: int, max_context: int, device) -> int:
@@ -36,6 +37,8 @@ def apply(variant: str) -> None:
     if variant == "before":
         decode_attention.choose_num_splits = old_num_splits
         decode_attention.choose_split_len = lambda *args: 64
+    if variant in ("before", "attn", "oldsample", "nopdl", "onetile"):
+        decode_attention.TILE_RULES = []  # 64-token tiles and DECODE_CONFIG at every batch
     if variant in ("before", "attn"):
         split_k_gemm.CONFIGS.clear()
     if variant in ("before", "attn", "oldsample"):

@@ -4,6 +4,7 @@ the GPU machine only)."""
 import os
 
 import pytest
+import torch
 
 from nanoserve.benchmarks import variants
 from nanoserve.worker import sampler
@@ -20,7 +21,12 @@ def restored(monkeypatch):
     ]:
         monkeypatch.setattr(module, name, getattr(module, name))
     monkeypatch.setattr(split_k_gemm, "CONFIGS", dict(split_k_gemm.CONFIGS))
+    monkeypatch.setattr(decode_attention, "TILE_RULES", list(decode_attention.TILE_RULES))
     monkeypatch.delenv("NANOSERVE_PDL", raising=False)  # apply() may set it; it comes back
+    # the BLAS back end is process-wide (and a CPU build refuses cuBLASLt): record what is asked
+    chosen: list[str] = []
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", chosen.append)
+    return chosen
 
 
 @pytest.mark.parametrize("variant", variants.VARIANTS)
@@ -31,7 +37,10 @@ def test_each_variant_swaps_its_rules(restored, variant):
     assert (decode_attention.choose_num_splits is not rule) == (variant == "before")
     assert (not split_k_gemm.CONFIGS) == (variant in ("before", "attn"))
     assert (sampler.is_plain is not plain) == (variant in ("before", "attn", "oldsample"))
-    assert (os.environ.get("NANOSERVE_PDL") == "0") == (variant != "now")  # worker.kernels.pdl
+    pdl_off = variant in ("before", "attn", "oldsample", "nopdl")
+    assert (os.environ.get("NANOSERVE_PDL") == "0") == pdl_off  # worker.kernels.pdl
+    assert (not decode_attention.TILE_RULES) == (pdl_off or variant == "onetile")
+    assert restored == (["cublaslt"] if variant == "cublaslt" else [])
 
 
 def test_the_old_share_rule():

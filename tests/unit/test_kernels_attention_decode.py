@@ -145,6 +145,20 @@ def test_num_splits_rule_depends_on_shapes_only():
     assert kernels.choose_num_splits(1, 8, 256, cpu) == 1  # short max context: one share is enough
 
 
+def test_tile_rule_depends_on_batch_and_cache_dtype_only():
+    choose = decode_module().choose_tiles
+    base = dict(num_warps=4, num_stages=3)
+    assert choose(16, 256, torch.bfloat16) == (128, dict(num_warps=4, num_stages=3))
+    assert choose(64, 256, torch.float16) == (128, base)
+    assert choose(65, 256, torch.bfloat16) == (64, base)  # between the rows: the plain tile
+    assert choose(160, 256, torch.bfloat16) == (64, base)
+    assert choose(176, 256, torch.bfloat16) == (32, dict(num_warps=2, num_stages=2))
+    assert choose(256, 16, torch.bfloat16) == (16, dict(num_warps=2, num_stages=2))  # <= block
+    assert choose(16, 16, torch.bfloat16)[0] == 16
+    assert choose(256, 256, torch.float8_e4m3fn) == (64, base)  # fp8: the plain tile
+    assert choose(256, 256, torch.float32) == (64, base)
+
+
 @pytest.mark.parametrize("min_split_len", [16, 32, 48])
 def test_decode_shares_of_a_shortest_length_match_torch(min_split_len):
     """Mixed lengths under shares of >= min_split_len tokens (rounded to the tile): short sequences

@@ -24,8 +24,15 @@ MAX_SPLITS = 16
 # share length at batches that fill the GPU without splitting: long enough that the merge is cheap
 # against the K/V reads, short enough that a batch of mixed lengths is cut into even work
 BALANCED_SPLIT_LEN = 512
-# launch options of the kernel (benchmarks.attention.sweep_decode_configs times others)
+# launch options of the kernel where TILE_RULES has none (benchmarks.attention.sweep_decode_configs
+# times others)
 DECODE_CONFIG = dict(num_warps=4, num_stages=3)
+# (largest batch, tokens a tile, num_warps, num_stages) by rising batch for a 16-bit cache, from
+# sweep_decode_configs on the H200 at 22ccc78 (µs a call against 64 tokens, 4 warps, 3 stages):
+# B=16 mixed lengths 22.3 vs 23.6, B=64 79.2 vs 79.7; B=128 none better by 1%; B=256 at 1,024
+# tokens 248.8 vs 259.5 (many light programs an SM keep more loads in flight). Between the rows
+# and for an fp8 cache: 64 tokens and DECODE_CONFIG.
+TILE_RULES = [(64, 128, 4, 3), (160, None, None, None), (1 << 30, 32, 2, 2)]
 
 
 # stride_bt: the block-table width, per step on the eager path (the graphs fix it); not specialised
@@ -214,10 +221,22 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, device: t
 
 
 def choose_block_n(block_size: int) -> int:
-    """Tokens a K/V tile: 64 for every cache dtype. 128-token tiles over an fp8 cache (as many
-    bytes a tile as bf16's 64) were slower on the H200 at 98cfe19: mixed-length B=256 250 vs
-    237 µs, the engine's B=256 step 8.5 vs 7.5 ms of attention."""
+    """Tokens a K/V tile where TILE_RULES has none: 64 for every cache dtype. 128-token tiles over
+    an fp8 cache (as many bytes a tile as bf16's 64) were slower on the H200 at 98cfe19:
+    mixed-length B=256 250 vs 237 µs, the engine's B=256 step 8.5 vs 7.5 ms of attention."""
     return min(64, block_size)
+
+
+def choose_tiles(batch: int, block_size: int, cache_dtype: torch.dtype) -> tuple[int, dict]:
+    """(tokens a tile, launch options) from shapes only: TILE_RULES' row for the batch over a
+    16-bit cache, else choose_block_n and DECODE_CONFIG. The tile never exceeds the block."""
+    if cache_dtype.itemsize == 2:
+        for max_batch, block_n, warps, stages in TILE_RULES:
+            if batch <= max_batch:
+                if block_n is not None:
+                    return min(block_n, block_size), dict(num_warps=warps, num_stages=stages)
+                break
+    return choose_block_n(block_size), dict(DECODE_CONFIG)
 
 
 def choose_split_len(batch: int, num_kv_heads: int, device: torch.device) -> int:
@@ -246,8 +265,8 @@ def paged_decode_attention(
     token. k_scale, v_scale: the cache holds k / k_scale and v / v_scale (fp8; 1.0 otherwise).
     num_splits / min_split_len: at most this many shares a sequence, each at least this many
     tokens (rounded up to the tile); None: the shape rules above. block_n: tokens a tile, a power
-    of two dividing the block size (None: choose_block_n). config: DECODE_CONFIG's keys to
-    override (an fp32 cache pipelines 2 stages: its tiles are twice the bytes)."""
+    of two dividing the block size, and config: num_warps / num_stages (None: choose_tiles; an
+    fp32 cache pipelines 2 stages, its tiles are twice the bytes)."""
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
     if cache_dim != head_dim or num_q_heads % num_kv_heads:
@@ -267,8 +286,9 @@ def paged_decode_attention(
         num_splits = choose_num_splits(
             batch, num_kv_heads, block_tables.shape[1] * block_size, q.device
         )
+    rule_n, rule_config = choose_tiles(batch, block_size, k_cache.dtype)
     if block_n is None:
-        block_n = choose_block_n(block_size)
+        block_n = rule_n
     if block_n < 16 or block_n & (block_n - 1) or block_size % block_n:
         raise ValueError(
             f"block_n must be a power of two >= 16 dividing {block_size}, got {block_n}"
@@ -290,7 +310,7 @@ def paged_decode_attention(
         part_o = part_lse = o  # unused by the NUM_SPLITS == 1 specialisation
         counters = context_lens
     fp32 = q.dtype == torch.float32
-    c = DECODE_CONFIG | ({"num_stages": 2} if fp32 else {}) | (config or {})
+    c = rule_config | ({"num_stages": 2} if fp32 else {}) | (config or {})
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q,
         k_cache,
