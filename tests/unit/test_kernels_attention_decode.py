@@ -147,16 +147,14 @@ def test_num_splits_rule_depends_on_shapes_only():
 
 def test_tile_rule_depends_on_batch_and_cache_dtype_only():
     choose = decode_module().choose_tiles
-    base = dict(num_warps=4, num_stages=3)
-    assert choose(16, 256, torch.bfloat16) == (128, dict(num_warps=4, num_stages=3))
-    assert choose(64, 256, torch.float16) == (128, base)
-    assert choose(65, 256, torch.bfloat16) == (64, base)  # between the rows: the plain tile
-    assert choose(160, 256, torch.bfloat16) == (64, base)
-    assert choose(176, 256, torch.bfloat16) == (32, dict(num_warps=2, num_stages=2))
-    assert choose(256, 16, torch.bfloat16) == (16, dict(num_warps=2, num_stages=2))  # <= block
-    assert choose(16, 16, torch.bfloat16)[0] == 16
-    assert choose(256, 256, torch.float8_e4m3fn) == (64, base)  # fp8: the plain tile
-    assert choose(256, 256, torch.float32) == (64, base)
+    base, small = dict(num_warps=4, num_stages=3), dict(num_warps=4, num_stages=2)
+    assert choose(16, 256, torch.bfloat16) == (128, small)
+    assert choose(64, 256, torch.float16) == (128, small)
+    assert choose(65, 256, torch.bfloat16) == (64, base)  # past the rows: the plain tile
+    assert choose(256, 256, torch.bfloat16) == (64, base)
+    assert choose(16, 16, torch.bfloat16) == (16, small)  # never past the block
+    assert choose(16, 256, torch.float8_e4m3fn) == (64, base)  # fp8: the plain tile
+    assert choose(16, 256, torch.float32) == (64, base)
 
 
 @pytest.mark.parametrize("min_split_len", [16, 32, 48])

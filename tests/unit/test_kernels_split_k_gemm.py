@@ -82,3 +82,40 @@ def test_table_entries_fit_their_shapes():
             assert m <= MAX_M
             if cfg is not None:
                 assert k % (cfg["SPLIT_K"] * cfg["BLOCK_K"]) == 0, (n, k, cfg)
+
+
+@pytest.mark.parametrize("split", [1, 3, 4])
+@pytest.mark.parametrize("m, n", [(16, 32), (5, 40)])
+def test_partials_sum_to_linear(split, m, n):
+    """split_k_partials' slices: slice j is the product over the j-th K slice, so the slices sum
+    to F.linear, and their shape is (SPLIT_K, M, N) fp32 whatever M and N leave of the tiles."""
+    from nanoserve.worker.kernels.split_k_gemm import split_k_partials
+
+    torch.manual_seed(m + n + split)
+    k = 16 * split * 2
+    x, w = torch.randn(m, k), torch.randn(n, k)
+    parts = split_k_partials(x, w, _cfg(16, 16, 16, split))
+    assert parts.shape == (split, m, n) and parts.dtype == torch.float32
+    step = k // split
+    for j in range(split):
+        sl = slice(j * step, (j + 1) * step)
+        torch.testing.assert_close(parts[j], F.linear(x[:, sl], w[:, sl]), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(parts.sum(0), F.linear(x, w), atol=1e-4, rtol=1e-4)
+
+
+def test_partials_config_fills_the_gpu_with_whole_k_steps():
+    from nanoserve.worker.kernels.split_k_gemm import PARTIAL_SHAPES, partials_config
+
+    assert (1024, 2048) in PARTIAL_SHAPES and (1024, 3072) in PARTIAL_SHAPES
+    for n, k in PARTIAL_SHAPES:
+        for m in (2, 16, 48, 64, 128, 200, 256):
+            cfg = partials_config(m, n, k)
+            assert cfg is not None and cfg["BLOCK_M"] >= min(m, 128)
+            tiles = -(-m // cfg["BLOCK_M"]) * -(-n // cfg["BLOCK_N"])
+            assert k % (cfg["SPLIT_K"] * cfg["BLOCK_K"]) == 0
+            assert tiles * cfg["SPLIT_K"] <= 264  # ~2 programs an SM of the H200's 132
+    assert partials_config(128, 1024, 2048)["SPLIT_K"] == 16  # 16 tiles x 16 slices = 256
+    assert partials_config(256, 1024, 3072)["SPLIT_K"] == 8  # 32 tiles x 8
+    assert partials_config(1, 1024, 2048) is None  # one row: the skinny kernel
+    assert partials_config(257, 1024, 2048) is None  # prefill rows: cuBLAS
+    assert partials_config(16, 4096, 1024) is None  # not a listed shape

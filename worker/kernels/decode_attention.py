@@ -28,11 +28,12 @@ BALANCED_SPLIT_LEN = 512
 # times others)
 DECODE_CONFIG = dict(num_warps=4, num_stages=3)
 # (largest batch, tokens a tile, num_warps, num_stages) by rising batch for a 16-bit cache, from
-# sweep_decode_configs on the H200 at 22ccc78 (µs a call against 64 tokens, 4 warps, 3 stages):
-# B=16 mixed lengths 22.3 vs 23.6, B=64 79.2 vs 79.7; B=128 none better by 1%; B=256 at 1,024
-# tokens 248.8 vs 259.5 (many light programs an SM keep more loads in flight). Between the rows
-# and for an fp8 cache: 64 tokens and DECODE_CONFIG.
-TILE_RULES = [(64, 128, 4, 3), (160, None, None, None), (1 << 30, 32, 2, 2)]
+# sweep_decode_configs on the H200 (c16e497, µs a call, mixed lengths 100..2048, against 64 tokens,
+# 4 warps, 3 stages): B=16 24.6 vs 27.3, B=64 74.2 vs 76.6. From B=128 up no option was better by
+# 1% (B=256 at 1,024 tokens each: 32-token tiles on 2 warps 253 vs 264, but over mixed lengths
+# 286 vs 283 and the workload 1-2% slower). Past the rows and for an fp8 cache: 64 tokens and
+# DECODE_CONFIG.
+TILE_RULES: list[tuple[int, int, int, int]] = [(64, 128, 4, 2)]
 
 
 # stride_bt: the block-table width, per step on the eager path (the graphs fix it); not specialised
@@ -233,9 +234,7 @@ def choose_tiles(batch: int, block_size: int, cache_dtype: torch.dtype) -> tuple
     if cache_dtype.itemsize == 2:
         for max_batch, block_n, warps, stages in TILE_RULES:
             if batch <= max_batch:
-                if block_n is not None:
-                    return min(block_n, block_size), dict(num_warps=warps, num_stages=stages)
-                break
+                return min(block_n, block_size), dict(num_warps=warps, num_stages=stages)
     return choose_block_n(block_size), dict(DECODE_CONFIG)
 
 
