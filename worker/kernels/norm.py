@@ -106,7 +106,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
             num_warps=min(max(block // 256, 1), 8),
             **pdl_launch(x),
         )
-    shape = residual.shape if parts else x.shape
+    shape = residual.shape if residual is not None and parts else x.shape
     return out.view(shape), new_residual.view(shape)
 
 
