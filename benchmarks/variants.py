@@ -8,8 +8,6 @@ machine (the same code moves ~8% between machines). `gpu_run.sh ab` runs AB_VARI
   oldsample  today's code with the torch sampler for plain steps too
   nopdl      the code as it is without programmatic dependent launch (NANOSERVE_PDL=0)
   onetile    the code as it is with one decode-attention tile for every batch (no TILE_RULES)
-  nopartials the code as it is with o_proj / down_proj through cuBLAS or split_k_gemm, their
-             norm summing no split-K slices (no PARTIAL_SHAPES)
   cublaslt   the code as it is, torch's cuBLASLt back end for the GEMMs cuBLAS runs
   fp8        the code as it is with the fp8 KV cache (--kv-cache-dtype fp8)
   now        the code as it is
@@ -30,7 +28,6 @@ VARIANTS = (
     "oldsample",
     "nopdl",
     "onetile",
-    "nopartials",
     "cublaslt",
     "fp8",
     "now",
@@ -51,8 +48,6 @@ def apply(variant: str) -> None:
         decode_attention.choose_split_len = lambda *args: 64
     if variant in ("before", "attn", "oldsample", "nopdl", "onetile"):
         decode_attention.TILE_RULES = []  # 64-token tiles and DECODE_CONFIG at every batch
-    if variant in ("before", "attn", "oldsample", "nopdl", "nopartials"):
-        split_k_gemm.PARTIAL_SHAPES = set()
     if variant in ("before", "attn"):
         split_k_gemm.CONFIGS.clear()
     if variant in ("before", "attn", "oldsample"):

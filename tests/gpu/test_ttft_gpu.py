@@ -94,11 +94,8 @@ def test_unseen_prompt_lengths_compile_nothing_and_are_as_fast(hf_model, capsys)
         if compiled:
             print("  compiled while serving:\n   " + "\n   ".join(compiled))
     assert not compiled
-    # A compile (or a graph's first upload) while serving costs tens of ms or more. The first
-    # request of a length measured 0.3-0.8 ms slower than its repeats from 127 tokens up at
-    # 999a1b8 on the H200 (cause not found; no kernel compiled), and a 1-token prompt's repeats
-    # 0.6 ms slower than its first: within 25% and a millisecond is what this test can tell
-    slow = {n: (first[n], seen[n]) for n in UNSEEN if first[n] > 1.25 * seen[n] + 1.0}
+    # within 10% (and half a millisecond of host jitter at the shortest prompts)
+    slow = {n: (first[n], seen[n]) for n in UNSEEN if first[n] > max(1.10 * seen[n], seen[n] + 0.5)}
     assert not slow
 
 

@@ -22,7 +22,6 @@ def restored(monkeypatch):
         monkeypatch.setattr(module, name, getattr(module, name))
     monkeypatch.setattr(split_k_gemm, "CONFIGS", dict(split_k_gemm.CONFIGS))
     monkeypatch.setattr(decode_attention, "TILE_RULES", list(decode_attention.TILE_RULES))
-    monkeypatch.setattr(split_k_gemm, "PARTIAL_SHAPES", set(split_k_gemm.PARTIAL_SHAPES))
     monkeypatch.delenv("NANOSERVE_PDL", raising=False)  # apply() may set it; it comes back
     # the BLAS back end is process-wide (and a CPU build refuses cuBLASLt): record what is asked
     chosen: list[str] = []
@@ -41,7 +40,6 @@ def test_each_variant_swaps_its_rules(restored, variant):
     pdl_off = variant in ("before", "attn", "oldsample", "nopdl")
     assert (os.environ.get("NANOSERVE_PDL") == "0") == pdl_off  # worker.kernels.pdl
     assert (not decode_attention.TILE_RULES) == (pdl_off or variant == "onetile")
-    assert (not split_k_gemm.PARTIAL_SHAPES) == (pdl_off or variant == "nopartials")
     assert restored == (["cublaslt"] if variant == "cublaslt" else [])
 
 

@@ -83,28 +83,3 @@ def test_silu_and_mul(dtype):
 def test_silu_and_mul_rejects_odd_width():
     with pytest.raises(ValueError, match="silu_and_mul"):
         silu_and_mul(torch.zeros(2, 7))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("parts", [1, 3])
-def test_add_rms_norm_sums_split_k_slices(dtype, parts):
-    """x given as a split-K GEMM's fp32 slices (P, N, hidden): the kernel sums them in slice
-    order and rounds to the residual's dtype, as if that sum had been the GEMM's output: exactly in
-    fp32; in bf16 within one rounding (the interpreter's fp32 -> bf16 does not round as CUDA's)."""
-    gen = torch.Generator().manual_seed(parts)
-    slices = torch.randn(parts, 6, 64, generator=gen)
-    residual = torch.randn(6, 64, generator=gen).to(dtype)
-    weight = (1 + 0.1 * torch.randn(64, generator=gen)).to(dtype)
-    total = torch.zeros(6, 64)
-    for j in range(parts):  # the kernel's order
-        total = total + slices[j]
-    out, new_residual = fused_add_rms_norm(slices, residual, weight, 1e-6)
-    ref_out, ref_residual = fused_add_rms_norm(total.to(dtype), residual, weight, 1e-6)
-    assert out.dtype == dtype and out.shape == residual.shape
-    if dtype == torch.float32:
-        assert torch.equal(new_residual, ref_residual) and torch.equal(out, ref_out)
-    else:
-        torch.testing.assert_close(new_residual, ref_residual, atol=2e-2, rtol=1e-2)
-        torch.testing.assert_close(out, ref_out, atol=3e-2, rtol=2e-2)
-    with pytest.raises(ValueError, match="split-K slices"):
-        fused_add_rms_norm(slices[:, :5], residual, weight, 1e-6)

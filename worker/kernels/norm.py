@@ -1,5 +1,5 @@
-"""Fused elementwise kernels of the Qwen3 decoder layer: RMSNorm (with the residual add, and the sum
-of a split-K GEMM's slices before it) and SiLU-and-mul.
+"""Fused elementwise kernels of the Qwen3 decoder layer: RMSNorm (with the residual add) and SiLU-
+and-mul.
 
 One pass over each tensor instead of the several eager ops of the torch layers; each program owns
 one row.
@@ -23,11 +23,9 @@ def _rms_norm_kernel(
     stride_r,
     stride_o,
     stride_nr,
-    stride_part,
     hidden,
     eps,
     HAS_RESIDUAL: tl.constexpr,
-    NUM_PARTS: tl.constexpr,  # > 0: x is that many fp32 split-K slices a stride_part apart
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -38,16 +36,9 @@ def _rms_norm_kernel(
     # every load first: a load after a store may alias it and waits for it, so the weight read
     # after the residual store cost a second memory latency a launch (decode: latency-bound)
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    dtype = out_ptr.dtype.element_ty
-    if NUM_PARTS > 0:
-        # the row-parallel GEMM's K slices (split_k_partials), summed in slice order and rounded
-        # to the activation dtype as a GEMM's output would be
-        x = tl.zeros([BLOCK], tl.float32)
-        for j in tl.static_range(NUM_PARTS):
-            x += tl.load(x_ptr + j * stride_part + row * stride_x + cols, mask=mask, other=0.0)
-        x = x.to(dtype).to(tl.float32)
-    else:
-        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    dtype = x.dtype
+    x = x.to(tl.float32)
     if HAS_RESIDUAL:
         x += tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(new_residual_ptr + row * stride_nr + cols, x.to(dtype), mask=mask)
@@ -66,48 +57,32 @@ def _rows(x: torch.Tensor, hidden: int, name: str) -> torch.Tensor:
 
 def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
     hidden = weight.shape[0]
-    parts = 0
-    if residual is not None and x.dim() == residual.dim() + 1:
-        # split-K slices (P, ..., hidden) fp32 of the GEMM before the residual add
-        if x.dtype != torch.float32 or x.shape[1:] != residual.shape:
-            raise ValueError(
-                f"split-K slices {tuple(x.shape)} {x.dtype} do not fit residual "
-                f"{tuple(residual.shape)}"
-            )
-        parts = x.shape[0]
-        x2 = x.reshape(parts, -1, hidden).contiguous()
-        stride_part, rows, dtype = x2.stride(0), x2[0], residual.dtype
-    else:
-        x2 = _rows(x, hidden, "x")
-        stride_part, rows, dtype = 0, x2, x.dtype
-    r2 = _rows(residual, hidden, "residual") if residual is not None else rows
-    if residual is not None and r2.shape != rows.shape:
+    x2 = _rows(x, hidden, "x")
+    r2 = _rows(residual, hidden, "residual") if residual is not None else x2
+    if residual is not None and r2.shape != x2.shape:
         raise ValueError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
-    out = torch.empty(rows.shape, dtype=dtype, device=x.device)
+    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     new_residual = torch.empty_like(out) if residual is not None else out
-    if rows.shape[0]:
+    if x2.shape[0]:
         block = triton.next_power_of_2(hidden)
-        _rms_norm_kernel[(rows.shape[0],)](
+        _rms_norm_kernel[(x2.shape[0],)](
             x2,
             r2,
             weight,
             out,
             new_residual,
-            rows.stride(0),
+            x2.stride(0),
             r2.stride(0),
             out.stride(0),
             new_residual.stride(0),
-            stride_part,
             hidden,
             eps,
             HAS_RESIDUAL=residual is not None,
-            NUM_PARTS=parts,
             BLOCK=block,
             num_warps=min(max(block // 256, 1), 8),
             **pdl_launch(x),
         )
-    shape = residual.shape if residual is not None and parts else x.shape
-    return out.view(shape), new_residual.view(shape)
+    return out.view(x.shape), new_residual.view(x.shape)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -118,9 +93,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (rms_norm(x + residual), x + residual); the inputs are not modified. x may also be
-    the (P, *residual.shape) fp32 split-K slices of the GEMM that makes it (split_k_partials):
-    their sum in slice order, rounded to residual's dtype, is x."""
+    """Returns (rms_norm(x + residual), x + residual); the inputs are not modified."""
     return _launch(x, residual, weight, eps)
 
 

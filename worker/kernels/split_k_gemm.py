@@ -5,10 +5,6 @@ Grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), SPLIT_K). Each program multiplies one 
 tile over its slice of K with tl.dot; one slice stores its tile directly, else it writes an fp32
 partial and the last program of the tile to arrive (an arrival counter, as decode_attention's merge)
 sums the partials in slice order and stores y. The sum order is fixed, so results repeat bit for bit.
-
-split_k_partials stops before the sum: it returns the (SPLIT_K, M, N) fp32 slices, and the residual
-add + RMSNorm that follows a row-parallel layer sums them (worker.kernels.norm, in slice order). One
-program a tile then no longer reads every slice of its tile alone, and y is never stored.
 """
 
 import torch
@@ -38,25 +34,6 @@ CONFIGS[(1024, 2048)] = [(16, _tile(16, 4)), (32, _tile(32, 4))]
 CONFIGS[(1024, 3072)] = [(16, _tile(16, 4)), (32, _tile(32, 4)), (48, None), (64, _tile(64, 4))]
 
 
-# (N, K) of the row-parallel layers (o_proj, down_proj) whose slices the next norm sums, at every M
-# of 2..MAX_M at tp=1 (worker.layers.linear): Qwen3-0.6B's, where cuBLAS reads W at ~0.2 of the
-# bandwidth at decode rows (docs/benchmarks.md)
-PARTIAL_SHAPES = {(1024, 2048), (1024, 3072)}
-
-
-def partials_config(m: int, n: int, k: int) -> dict | None:
-    """The tile and split count of split_k_partials for an (m, k) x (k, n) product of
-    PARTIAL_SHAPES (None: another shape). 64-wide N tiles, 128-deep K steps, up to 128 rows a
-    tile; K split so that the grid holds ~2 programs an SM (264) with whole K steps a slice."""
-    if (n, k) not in PARTIAL_SHAPES or not 1 < m <= MAX_M:
-        return None
-    bm, bn, bk = min(128, max(16, triton.next_power_of_2(m))), 64, 128
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    steps = k // bk
-    split = max(d for d in range(1, min(16, steps) + 1) if steps % d == 0 and tiles * d <= 264)
-    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=4, num_stages=2)
-
-
 def split_k_config(m: int, n: int, k: int) -> dict | None:
     """The config for an (m, k) x (k, n) product from CONFIGS: the first entry whose M reaches m
     (None: cuBLAS)."""
@@ -84,7 +61,6 @@ def _split_k_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # x's dtype, fp32 for bf16 under the CPU interpreter (dtypes.py)
-    PARTIALS: tl.constexpr,  # store each slice's (M, N) fp32 tile at part_ptr, never y
     PDL: tl.constexpr,  # worker.kernels.pdl: wait for the previous kernel first
 ):
     pdl_wait(PDL)
@@ -109,9 +85,7 @@ def _split_k_gemm_kernel(
         w_ptrs += BLOCK_K
     out_mask = (ms < M)[:, None] & (ns < N)[None, :]
     y_ptrs = y_ptr + ms[:, None] * stride_ym + ns[None, :]
-    if PARTIALS:  # (split_k, M, N) fp32, contiguous
-        tl.store(part_ptr + (split * M + ms[:, None]) * N + ns[None, :], acc, mask=out_mask)
-    elif split_k == 1:
+    if split_k == 1:
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
     else:
         # partials (split_k, M_pad, N_pad) fp32, M_pad / N_pad whole tiles: no masks needed
@@ -133,24 +107,33 @@ def _split_k_gemm_kernel(
             tl.store(counter, 0)  # zero for the next launch / graph replay
 
 
-def _check(x: torch.Tensor, weight: torch.Tensor, config: dict) -> tuple[int, int, int]:
-    name = "split_k_gemm"
+def split_k_gemm(x: torch.Tensor, weight: torch.Tensor, config: dict) -> torch.Tensor:
+    """x: (M, K) with M <= MAX_M; weight: (N, K) row-major -> (M, N) in x's dtype. config:
+    BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages; K must be a multiple of
+    SPLIT_K * BLOCK_K (linear() sends only such shapes)."""
     if x.dim() != 2 or weight.dim() != 2:
-        raise ValueError(f"{name}: x {tuple(x.shape)} and weight {tuple(weight.shape)} must be 2-D")
+        raise ValueError(
+            f"split_k_gemm: x {tuple(x.shape)} and weight {tuple(weight.shape)} must be 2-D"
+        )
     m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
     if m > MAX_M or x.shape[1] != k:
-        raise ValueError(f"{name}: x {tuple(x.shape)} does not fit weight {(n, k)}")
+        raise ValueError(f"split_k_gemm: x {tuple(x.shape)} does not fit weight {(n, k)}")
     if weight.stride(1) != 1 or x.stride(1) != 1 or x.dtype != weight.dtype:
-        raise ValueError(f"{name}: x and weight need contiguous rows and one dtype")
-    if k % (config["SPLIT_K"] * config["BLOCK_K"]):
-        raise ValueError(f"{name}: K={k} is not a multiple of SPLIT_K * BLOCK_K in {config}")
-    return m, n, k
-
-
-def _launch(x, weight, y, part, counters, config: dict, partials: bool) -> None:
-    m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
-    bm, bn, split = config["BLOCK_M"], config["BLOCK_N"], config["SPLIT_K"]
-    _split_k_gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), split)](
+        raise ValueError("split_k_gemm: x and weight need contiguous rows and one dtype")
+    split, bk = config["SPLIT_K"], config["BLOCK_K"]
+    if k % (split * bk):
+        raise ValueError(f"split_k_gemm: K={k} is not a multiple of SPLIT_K * BLOCK_K in {config}")
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return y
+    bm, bn = config["BLOCK_M"], config["BLOCK_N"]
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split)
+    if split > 1:
+        part = torch.empty(split, grid[0] * bm, grid[1] * bn, dtype=torch.float32, device=x.device)
+        counters = arrival_counters(x.device, grid[0] * grid[1], "split_k_gemm")
+    else:
+        part, counters = y, y  # unused with one slice
+    _split_k_gemm_kernel[grid](
         x,
         weight,
         y,
@@ -165,39 +148,10 @@ def _launch(x, weight, y, part, counters, config: dict, partials: bool) -> None:
         k // split,
         BLOCK_M=bm,
         BLOCK_N=bn,
-        BLOCK_K=config["BLOCK_K"],
+        BLOCK_K=bk,
         DOT_DTYPE=dot_dtype(x.dtype),
-        PARTIALS=partials,
         num_warps=config.get("num_warps", 4),
         num_stages=config.get("num_stages", 3),
         **pdl_launch(x),
     )
-
-
-def split_k_gemm(x: torch.Tensor, weight: torch.Tensor, config: dict) -> torch.Tensor:
-    """x: (M, K) with M <= MAX_M; weight: (N, K) row-major -> (M, N) in x's dtype. config:
-    BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages; K must be a multiple of
-    SPLIT_K * BLOCK_K (linear() sends only such shapes)."""
-    m, n, _ = _check(x, weight, config)
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    if m == 0 or n == 0:
-        return y
-    split, bm, bn = config["SPLIT_K"], config["BLOCK_M"], config["BLOCK_N"]
-    if split > 1:
-        tiles_m, tiles_n = triton.cdiv(m, bm), triton.cdiv(n, bn)
-        part = torch.empty(split, tiles_m * bm, tiles_n * bn, dtype=torch.float32, device=x.device)
-        counters = arrival_counters(x.device, tiles_m * tiles_n, "split_k_gemm")
-    else:
-        part, counters = y, y  # unused with one slice
-    _launch(x, weight, y, part, counters, config, partials=False)
     return y
-
-
-def split_k_partials(x: torch.Tensor, weight: torch.Tensor, config: dict) -> torch.Tensor:
-    """x: (M, K), weight: (N, K) as split_k_gemm -> (SPLIT_K, M, N) fp32: slice j holds
-    x[:, Kj] W[:, Kj]^T over the j-th K slice; their sum in slice order is x W^T."""
-    m, n, _ = _check(x, weight, config)
-    part = torch.empty(config["SPLIT_K"], m, n, dtype=torch.float32, device=x.device)
-    if m and n:
-        _launch(x, weight, part, part, part, config, partials=True)
-    return part

@@ -178,8 +178,7 @@ class RowParallelLinear(LinearBase):
     ):
         super().__init__(divide(input_size, get_tp_world_size(), "input_size"), output_size, bias)
         # False: return this rank's partial sum; the caller all-reduces it (fused into the RMSNorm
-        # that follows, worker.layers.layernorm). On one rank such a layer may return the
-        # (P, N, output_size) fp32 K slices of its product instead, which that norm sums too
+        # that follows, worker.layers.layernorm)
         self.reduce_results = reduce_results
 
     def weight_loader(self, param, loaded, shard_id=None):
@@ -191,16 +190,6 @@ class RowParallelLinear(LinearBase):
         param.data.copy_(narrow(loaded, 1, self.tp_rank * cols, cols))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.tp_size == 1 and not self.reduce_results and self.bias is None and x.is_cuda:
-            # decode rows of a deep, narrow layer: the K slices of a split-K product, which the
-            # residual add + RMSNorm after this layer sums (worker.kernels.norm) instead of one
-            # program a tile reading every slice; cuBLAS reads W at ~0.2 of the bandwidth here
-            from nanoserve.worker.kernels.split_k_gemm import partials_config, split_k_partials
-
-            m, (n, k) = x.shape[0], self.weight.shape
-            if x.dim() == 2 and x.stride(1) == 1:
-                if (config := partials_config(m, n, k)) is not None:
-                    return split_k_partials(x, self.weight, config)
         # the bias is added once, on rank 0, before the sum
         y = linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
         return all_reduce(y) if self.tp_size > 1 and self.reduce_results else y
