@@ -148,6 +148,9 @@ def test_num_splits_rule_depends_on_shapes_only():
 def test_tile_rule_depends_on_batch_and_cache_dtype_only():
     choose = decode_module().choose_tiles
     base, small = dict(num_warps=4, num_stages=3), dict(num_warps=4, num_stages=2)
+    assert choose(1, 256, torch.bfloat16) == (64, base)  # batch 1..8: the plain tile
+    assert choose(8, 256, torch.bfloat16) == (64, base)
+    assert choose(9, 256, torch.bfloat16) == (128, small)
     assert choose(16, 256, torch.bfloat16) == (128, small)
     assert choose(64, 256, torch.float16) == (128, small)
     assert choose(65, 256, torch.bfloat16) == (64, base)  # past the rows: the plain tile

@@ -31,9 +31,10 @@ DECODE_CONFIG = dict(num_warps=4, num_stages=3)
 # sweep_decode_configs on the H200 (c16e497, µs a call, mixed lengths 100..2048, against 64 tokens,
 # 4 warps, 3 stages): B=16 24.6 vs 27.3, B=64 74.2 vs 76.6. From B=128 up no option was better by
 # 1% (B=256 at 1,024 tokens each: 32-token tiles on 2 warps 253 vs 264, but over mixed lengths
-# 286 vs 283 and the workload 1-2% slower). Past the rows and for an fp8 cache: 64 tokens and
-# DECODE_CONFIG.
-TILE_RULES: list[tuple[int, int, int, int]] = [(64, 128, 4, 2)]
+# 286 vs 283 and the workload 1-2% slower). Up to 8 sequences the plain tile: with 128-token
+# tiles batch-1 decode took 1.070-1.075 ms a token against 1.059-1.061 (d936067). Past the rows
+# and for an fp8 cache: 64 tokens and DECODE_CONFIG.
+TILE_RULES: list[tuple[int, int, int, int]] = [(8, 64, 4, 3), (64, 128, 4, 2)]
 
 
 # stride_bt: the block-table width, per step on the eager path (the graphs fix it); not specialised
