@@ -46,6 +46,15 @@ class SamplingTensors:
     # row keeps only the tokens of its (row, token) pairs; None when no row restricts them
     allowed_token_ids: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     all_greedy: bool = False
+    # the largest top-k of any row, known on the host (vocab size where a row has none); None:
+    # not known, filter_logits sorts the whole vocabulary
+    max_top_k: int | None = None
+
+
+# top-k filtering from torch.topk of this many columns instead of a sort of the vocabulary, where
+# every row's top-k is at most this (Qwen3's generation_config: top_k 20 with top_p 0.95, so every
+# request that leaves sampling to the model's defaults)
+TOP_K_PREFILTER = 1024
 
 
 def apply_token_rules(logits: torch.Tensor, t: SamplingTensors) -> None:
@@ -105,21 +114,32 @@ def apply_penalties(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     return logits - presence[:, None] * (counts > 0).to(logits.dtype)
 
 
+def _top_k_top_p(sorted_logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    """sorted_logits: (B, C) each row's C largest logits, descending -> those top-k and top-p
+    exclude set to -inf (top-p over the top-k survivors, renormalized: vLLM's order)."""
+    if t.top_ks is not None:
+        ranks = torch.arange(sorted_logits.shape[-1], device=sorted_logits.device)[None, :]
+        sorted_logits = sorted_logits.masked_fill(ranks >= t.top_ks[:, None], float("-inf"))
+    if t.top_ps is not None:
+        probs = sorted_logits.softmax(dim=-1)
+        # keep a token while the mass before it is < top_p (the first token is always kept)
+        mass_before = probs.cumsum(dim=-1) - probs
+        sorted_logits = sorted_logits.masked_fill(mass_before >= t.top_ps[:, None], float("-inf"))
+    return sorted_logits
+
+
 def filter_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     """Mask (with -inf) the tokens that top-k, top-p and min-p exclude. logits: (B, V) scaled."""
-    if t.top_ks is not None or t.top_ps is not None:
+    k = t.max_top_k
+    if t.top_ks is not None and k is not None and k <= min(TOP_K_PREFILTER, logits.shape[-1]):
+        # every row keeps at most k tokens: the k largest (sorted) are all top-p needs, and the
+        # same probabilities as over the whole row, whose other tokens top-k sets to -inf
+        top, order = logits.topk(k, dim=-1)
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, _top_k_top_p(top, t))
+    elif t.top_ks is not None or t.top_ps is not None:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
-        if t.top_ks is not None:
-            ranks = torch.arange(logits.shape[-1], device=logits.device)[None, :]
-            sorted_logits = sorted_logits.masked_fill(ranks >= t.top_ks[:, None], float("-inf"))
-        if t.top_ps is not None:
-            probs = sorted_logits.softmax(dim=-1)
-            # keep a token while the mass before it is < top_p (the first token is always kept)
-            mass_before = probs.cumsum(dim=-1) - probs
-            sorted_logits = sorted_logits.masked_fill(
-                mass_before >= t.top_ps[:, None], float("-inf")
-            )
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+        filtered = _top_k_top_p(sorted_logits, t)
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, filtered)
     if t.min_ps is not None:
         probs = logits.softmax(dim=-1)
         threshold = t.min_ps[:, None] * probs.max(dim=-1, keepdim=True).values

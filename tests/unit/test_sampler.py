@@ -17,6 +17,7 @@ def tensors(
         top_ks=full(top_k, torch.long),
         top_ps=full(top_p),
         min_ps=full(min_p),
+        max_top_k=top_k,  # with a top-k: filter_logits takes torch.topk, not a sort
     )
 
 
@@ -65,6 +66,35 @@ def test_distribution_matches_filtered_softmax(kw):
     # 5 sigma of a binomial proportion
     tol = 5 * torch.sqrt(want * (1 - want) / n) + 1e-3
     assert torch.all((freq - want).abs() <= tol), (freq, want)
+
+
+@pytest.mark.parametrize("top_p", [None, 0.9, 0.3])
+def test_top_k_prefilter_keeps_what_the_sort_keeps(top_p):
+    """Rows whose top-k the host knows (max_top_k) filter from torch.topk of max_top_k columns:
+    the same tokens kept, with the same logits, as the sort of the whole vocabulary."""
+    from nanoserve.worker.sampler import filter_logits
+
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 5000, generator=gen) * 3
+    ks = torch.tensor([1, 5, 20, 20, 100, 7])
+    t = SamplingTensors(
+        temperatures=torch.ones(6),
+        top_ks=ks,
+        top_ps=None if top_p is None else torch.full((6,), top_p),
+        min_ps=None,
+        max_top_k=100,
+    )
+    fast = filter_logits(logits, t)
+    t.max_top_k = None  # unknown: the sort of the whole row
+    slow = filter_logits(logits, t)
+    assert torch.equal(fast.isfinite(), slow.isfinite())
+    assert torch.equal(fast[fast.isfinite()], slow[slow.isfinite()])
+    kept = fast.isfinite().sum(-1)
+    assert (kept <= ks).all() and (kept >= 1).all()
+    if top_p is None:
+        assert torch.equal(kept, ks)
+    t.max_top_k = 5000  # past TOP_K_PREFILTER: the sort again, the same result
+    assert torch.equal(filter_logits(logits, t).isfinite(), slow.isfinite())
 
 
 def test_greedy_rows_take_argmax_in_mixed_batch():

@@ -63,6 +63,7 @@ class SamplingInputs:
         t.temperatures = rows[0]
         if any(k[1] > 0 for k in knobs):
             t.top_ks = rows[1].long()
+            t.max_top_k = max(k[1] if k[1] > 0 else vocab for k in knobs)
         if any(k[2] < 1 for k in knobs):
             t.top_ps = rows[2]
         if any(k[3] > 0 for k in knobs):
