@@ -9,6 +9,8 @@ tokens over Qwen3's 151,936-token vocabulary.
 (worker.seeded_noise) against the one generator launch per row it replaced.
 --token-rules times logit_bias (--bias-entries per sequence) and allowed_token_ids (--allowed-ids
 per sequence) instead, against plain rows, with --rule-rows of the sequences using them.
+--filters times Qwen3's default sampling (temperature 0.6, top_k 20, top_p 0.95: top-k from
+torch.topk) against the same rows through the sort of the vocabulary, and top_p alone (a sort).
 """
 
 import argparse
@@ -53,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="time logit_bias / allowed_token_ids rows instead of penalties and seeds",
     )
+    ap.add_argument(
+        "--filters",
+        action="store_true",
+        help="time top-k / top-p rows instead (with --sample: topk against the vocabulary sort)",
+    )
     ap.add_argument("--bias-entries", type=int, default=1024, help="logit_bias entries per row")
     ap.add_argument("--allowed-ids", type=int, default=64, help="allowed_token_ids per row")
     ap.add_argument(
@@ -73,6 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     cases = (
         token_rule_cases(args, rng)
         if args.token_rules
+        else filter_cases()
+        if args.filters
         else {
             "penalties": SamplingParams(
                 temperature=1.0, repetition_penalty=1.1, frequency_penalty=0.2, max_tokens=None
@@ -99,6 +108,8 @@ def main(argv: list[str] | None = None) -> None:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             t = inputs.prepare(seqs)
+            if name.endswith("(sort)"):
+                t.max_top_k = None  # filter_logits sorts the vocabulary (the path before topk)
             t1 = time.perf_counter()
             if logits is not None:  # --sample
                 sample(logits, t).tolist()
@@ -106,12 +117,23 @@ def main(argv: list[str] | None = None) -> None:
             if step:  # the first step builds per-sequence state
                 prepare, sample_time = prepare + t1 - t0, sample_time + t2 - t1
         print(
-            f"{name:>10}: {args.seqs} seqs x {args.prompt + args.output} tokens, vocab "
+            f"{name:>16}: {args.seqs} seqs x {args.prompt + args.output} tokens, vocab "
             f"{args.vocab} on {device.type}: prepare {prepare / args.steps * 1e3:.2f} ms/step, "
             f"sample {sample_time / args.steps * 1e3:.2f} ms/step"
         )
     if args.noise:
         time_noise(args.seqs, args.vocab, args.steps, device)
+
+
+def filter_cases() -> dict[str, SamplingParams]:
+    """Qwen3's generation_config sampling, by topk and by the sort, and top_p alone."""
+    qwen3 = SamplingParams(temperature=0.6, top_k=20, top_p=0.95, max_tokens=None)
+    return {
+        "plain": SamplingParams(temperature=0.6, max_tokens=None),
+        "k20 p0.95": qwen3,
+        "k20 p0.95 (sort)": qwen3,
+        "p0.95": SamplingParams(temperature=0.6, top_p=0.95, max_tokens=None),
+    }
 
 
 def token_rule_cases(args: argparse.Namespace, rng: random.Random) -> dict[str, SamplingParams]:

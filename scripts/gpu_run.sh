@@ -8,7 +8,7 @@
 #   tests:   all of tests/gpu (tp ones too on two GPUs), 0.6B engine figures, prefill host/GPU time
 #   serve:   bench serving at 256 streams, at 16 req/s Poisson, and at tp=2 on two GPUs
 #   retest:  tests/gpu -k "$GPU_TESTS_K" (all without it);  load: Poisson at ~80% of the maximum;  roofline: alone
-#   features: per-step costs of logprobs, seeded rows and logit_bias / allowed_token_ids
+#   features: per-step costs of logprobs, seeded rows, logit_bias / allowed_token_ids, top-k / top-p
 #   tp:      (two GPUs) tensor-parallel tests, 8B tp=2 batch-1 latency, bench serving tp=2
 #   splitk:  split-K GEMM sweep against cuBLAS (blas: cuBLAS against cuBLASLt only);  mixed: decode attention over mixed lengths
 #   ab:      benchmarks/variants.py (AB_VARIANTS, AB_ARGS), each its own process;  roofline_fp8
@@ -156,6 +156,7 @@ case $mode in
     step logprobs 60 $py -m nanoserve.benchmarks.logprobs --json
     step sampling_noise 60 $py -m nanoserve.benchmarks.sampling_step_cost --noise --sample
     step token_rules 60 $py -m nanoserve.benchmarks.sampling_step_cost --token-rules
+    step sampling_filters 60 $py -m nanoserve.benchmarks.sampling_step_cost --filters --sample
     ;;
   serve)  # the served figures: 256 streams, Poisson arrivals, and tp=2 where two GPUs are present
     step serving 200 $serving --num-prompts 256
