@@ -9,7 +9,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from tests.e2e.conftest import Service
+from tests.e2e.processes import Service
 
 GATEWAY_LISTENING = re.compile(r"gateway listening on (?P<host>\S+):(?P<port>\d+)")
 MESSAGES = [{"role": "user", "content": "Say something about the sea."}]

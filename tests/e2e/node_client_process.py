@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from tests.e2e.conftest import REPO_ROOT
+from tests.e2e.processes import REPO_ROOT
 
 NODE_CLIENT = REPO_ROOT / "clients" / "node"
 

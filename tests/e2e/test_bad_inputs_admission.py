@@ -11,7 +11,7 @@ from nanoserve.client import AsyncClient
 from nanoserve.errors import ResourceExhausted
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 from tests.e2e.bad_inputs_requests import worker_request
-from tests.e2e.conftest import Service, assert_idle, start_frontend
+from tests.e2e.processes import Service, assert_idle, start_frontend
 
 pytestmark = pytest.mark.e2e
 
@@ -52,7 +52,7 @@ def test_admission_control_refuses_the_third_stream(services, admission_frontend
 
 def test_worker_admission_refuses_past_max_queued_requests(tiny_model_dir) -> None:
     """The worker's own limit (a frontend is not its only client): RESOURCE_EXHAUSTED, then room."""
-    from tests.e2e.conftest import start_worker
+    from tests.e2e.processes import start_worker
 
     worker = start_worker(tiny_model_dir, "--max-queued-requests", "2")
     try:

@@ -24,7 +24,7 @@ from tests.e2e.bad_inputs_requests import (
     status_of,
     worker_request,
 )
-from tests.e2e.conftest import assert_idle
+from tests.e2e.processes import assert_idle
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ from nanoserve.errors import AlreadyExists
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 from tests.e2e.bad_inputs_requests import INVALID, UNLIMITED, status_of, worker_request
-from tests.e2e.conftest import assert_idle
+from tests.e2e.processes import assert_idle
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from nanoserve.benchmarks import gpu_table, serving
-from tests.e2e.conftest import REPO_ROOT, assert_idle
+from tests.e2e.processes import REPO_ROOT, assert_idle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SMALL = [

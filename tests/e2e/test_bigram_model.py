@@ -17,7 +17,7 @@ import pytest
 
 from nanoserve.client import Client
 from nanoserve.tiny.model import IM_END_ID, make_tiny_model
-from tests.e2e.conftest import Pair, assert_idle, start_pair
+from tests.e2e.processes import Pair, assert_idle, start_pair
 
 pytestmark = pytest.mark.e2e
 

@@ -16,7 +16,7 @@ import pytest
 
 from nanoserve.client import Client
 from nanoserve.process import check_port_free
-from tests.e2e.conftest import REPO_ROOT, cmdline, descendant_pids, pid_running, start_serve
+from tests.e2e.processes import REPO_ROOT, cmdline, descendant_pids, pid_running, start_serve
 
 pytestmark = pytest.mark.e2e
 

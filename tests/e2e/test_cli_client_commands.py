@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from nanoserve.client import Client
-from tests.e2e.conftest import REPO_ROOT, start_serve
+from tests.e2e.processes import REPO_ROOT, start_serve
 from tests.tls_certs import make_certs
 
 pytestmark = pytest.mark.e2e

@@ -6,7 +6,7 @@ returned."""
 import time
 
 from nanoserve.client import Client
-from tests.e2e.conftest import assert_idle, get_load
+from tests.e2e.processes import assert_idle, get_load
 
 PROMPT = "Once upon a time"
 SAMPLING = {"temperature": 1.0, "seed": 21, "max_tokens": 400, "ignore_eos": True, "n": 3}

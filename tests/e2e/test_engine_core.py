@@ -18,7 +18,7 @@ from nanoserve.errors import ServiceError, Unavailable
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
-from tests.e2e.conftest import (
+from tests.e2e.processes import (
     FRONTEND_SERVICE,
     WORKER_SERVICE,
     Service,

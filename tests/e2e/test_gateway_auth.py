@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from nanoserve import Client
-from tests.e2e.conftest import Pair, Service, start_frontend, start_pair
 from tests.e2e.gateway_process import base_url, request_json, start_gateway
+from tests.e2e.processes import Pair, Service, start_frontend, start_pair
 
 openai = pytest.importorskip("openai", reason="pip install openai (the dev extra)")
 pytestmark = pytest.mark.e2e

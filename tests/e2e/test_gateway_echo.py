@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from nanoserve import Client
-from tests.e2e.conftest import Pair
 from tests.e2e.gateway_process import base_url, start_gateway
+from tests.e2e.processes import Pair
 from tests.top_logprobs import assert_same_top
 
 openai = pytest.importorskip("openai", reason="pip install openai (the dev extra)")

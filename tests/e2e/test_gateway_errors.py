@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Pair, Service
 from tests.e2e.gateway_process import MESSAGES, base_url, request_json, start_gateway
+from tests.e2e.processes import Pair, Service
 
 openai = pytest.importorskip("openai", reason="pip install openai (the dev extra)")
 pytestmark = pytest.mark.e2e

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import free_port
-from tests.e2e.conftest import Pair, Service, assert_idle
 from tests.e2e.gateway_process import base_url, start_gateway
+from tests.e2e.processes import Pair, Service, assert_idle
 
 openai = pytest.importorskip("openai", reason="pip install openai (the dev extra)")
 pytestmark = pytest.mark.e2e

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from nanoserve import Client
-from tests.e2e.conftest import Pair, start_pair
 from tests.e2e.gateway_process import base_url, start_gateway
+from tests.e2e.processes import Pair, start_pair
 from tests.weather_tool import WEATHER
 
 openai = pytest.importorskip("openai", reason="pip install openai (the dev extra)")

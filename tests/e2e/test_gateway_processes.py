@@ -8,8 +8,8 @@ import urllib.request
 
 import pytest
 
-from tests.e2e.conftest import Pair, Service
 from tests.e2e.gateway_process import base_url, start_gateway
+from tests.e2e.processes import Pair, Service
 
 pytestmark = pytest.mark.e2e
 CONNECTIONS = 32  # each on its own connection: all on one process by chance is 2^-31

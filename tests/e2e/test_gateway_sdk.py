@@ -10,8 +10,8 @@ import asyncio
 import pytest
 
 from nanoserve import Client
-from tests.e2e.conftest import Pair, Service
 from tests.e2e.gateway_process import MESSAGES, base_url, request_json
+from tests.e2e.processes import Pair, Service
 
 openai = pytest.importorskip("openai", reason="pip install openai (the dev extra)")
 pytestmark = pytest.mark.e2e

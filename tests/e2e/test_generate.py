@@ -12,7 +12,7 @@ import pytest
 from nanoserve.client import AsyncClient, Client
 from nanoserve.errors import DeadlineExceeded
 from nanoserve.worker import SamplingParams
-from tests.e2e.conftest import assert_idle
+from tests.e2e.processes import assert_idle
 
 pytestmark = pytest.mark.e2e
 

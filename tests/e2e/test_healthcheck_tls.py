@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from nanoserve.client import Client
-from tests.e2e.conftest import (
+from tests.e2e.processes import (
     FRONTEND_SERVICE,
     WORKER_SERVICE,
     Pair,

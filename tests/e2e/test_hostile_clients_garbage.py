@@ -10,8 +10,8 @@ from nanoserve.client import Client
 from nanoserve.errors import Aborted
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
-from tests.e2e.conftest import assert_idle
 from tests.e2e.hostile_calls import INVALID, status_of, unary_status
+from tests.e2e.processes import assert_idle
 
 pytestmark = pytest.mark.e2e
 

@@ -17,8 +17,8 @@ from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
-from tests.e2e.conftest import FRONTEND_SERVICE, REPO_ROOT, WORKER_SERVICE
 from tests.e2e.hostile_calls import INVALID, status_of, unary_status
+from tests.e2e.processes import FRONTEND_SERVICE, REPO_ROOT, WORKER_SERVICE
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ import pytest
 
 from nanoserve.client import Client
 from nanoserve.errors import Unavailable
-from tests.e2e.conftest import (
+from tests.e2e.processes import (
     FRONTEND_SERVICE,
     WORKER_SERVICE,
     Pair,

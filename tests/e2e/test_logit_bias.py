@@ -16,8 +16,8 @@ from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 from tests.e2e.bad_inputs_requests import status_of
-from tests.e2e.conftest import Pair, assert_idle
 from tests.e2e.gateway_process import base_url, start_gateway
+from tests.e2e.processes import Pair, assert_idle
 
 pytestmark = pytest.mark.e2e
 

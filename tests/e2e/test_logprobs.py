@@ -16,7 +16,7 @@ from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 from nanoserve.worker import SamplingParams
-from tests.e2e.conftest import Pair, start_pair
+from tests.e2e.processes import Pair, start_pair
 from tests.top_logprobs import assert_same_top
 
 pytestmark = pytest.mark.e2e

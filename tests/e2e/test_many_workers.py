@@ -18,7 +18,7 @@ import pytest
 from nanoserve.client import Client
 from nanoserve.errors import Unavailable
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
-from tests.e2e.conftest import (
+from tests.e2e.processes import (
     FRONTEND_SERVICE,
     WORKER_SERVICE,
     Service,

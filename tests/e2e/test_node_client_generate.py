@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 
 from nanoserve.client import Client
-from tests.e2e.conftest import Service, start_frontend
 from tests.e2e.node_client_process import as_printed, find_node, run_node, universal_newlines
+from tests.e2e.processes import Service, start_frontend
 
 pytestmark = pytest.mark.e2e
 

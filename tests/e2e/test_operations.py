@@ -21,7 +21,7 @@ from nanoserve.errors import DeadlineExceeded, InvalidArgument
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
-from tests.e2e.conftest import Pair, start_pair, wait_idle
+from tests.e2e.processes import Pair, start_pair, wait_idle
 
 pytestmark = pytest.mark.e2e
 

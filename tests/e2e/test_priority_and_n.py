@@ -15,7 +15,7 @@ from nanoserve.errors import InvalidArgument
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
-from tests.e2e.conftest import Pair, assert_idle, start_pair
+from tests.e2e.processes import Pair, assert_idle, start_pair
 
 pytestmark = pytest.mark.e2e
 

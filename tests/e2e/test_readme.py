@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nanoserve import Client
-from tests.e2e.conftest import REPO_ROOT
+from tests.e2e.processes import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
 

@@ -11,7 +11,7 @@ import pytest
 
 from nanoserve.client import AsyncClient, Client
 from nanoserve.errors import InvalidArgument
-from tests.e2e.conftest import Pair, assert_idle, get_load, start_pair
+from tests.e2e.processes import Pair, assert_idle, get_load, start_pair
 
 pytestmark = pytest.mark.e2e
 

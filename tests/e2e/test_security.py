@@ -14,7 +14,7 @@ import pytest
 
 from nanoserve.client import Client
 from nanoserve.errors import ServiceError, Unauthenticated, Unavailable
-from tests.e2e.conftest import Service, start_frontend
+from tests.e2e.processes import Service, start_frontend
 from tests.tls_certs import Certs, make_certs
 
 pytestmark = pytest.mark.e2e

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import descendant_pids, pid_running, start_serve
+from tests.e2e.processes import descendant_pids, pid_running, start_serve
 
 openai = pytest.importorskip("openai", reason="pip install openai (the dev extra)")
 pytestmark = pytest.mark.e2e

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nanoserve.client import Client
-from tests.e2e.conftest import (
+from tests.e2e.processes import (
     BLOCK_SIZE,
     SERVE_LISTENING,
     Service,

@@ -17,7 +17,7 @@ from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 from tests.e2e.bad_inputs_requests import WORKER_CASES
-from tests.e2e.conftest import assert_idle, get_load, start_frontend
+from tests.e2e.processes import assert_idle, get_load, start_frontend
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,7 @@ import pytest
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
-from tests.e2e.conftest import start_worker
+from tests.e2e.processes import start_worker
 
 pytestmark = pytest.mark.e2e
 

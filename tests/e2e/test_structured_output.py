@@ -9,7 +9,7 @@ import pytest
 
 from nanoserve.client import Client
 from nanoserve.errors import InvalidArgument
-from tests.e2e.conftest import assert_idle
+from tests.e2e.processes import assert_idle
 
 pytestmark = pytest.mark.e2e
 jsonschema = pytest.importorskip("jsonschema")

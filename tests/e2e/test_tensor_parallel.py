@@ -18,7 +18,7 @@ import pytest
 
 from nanoserve.client import Client
 from nanoserve.errors import Internal, ServiceError, Unavailable
-from tests.e2e.conftest import (
+from tests.e2e.processes import (
     FRONTEND_SERVICE,
     WORKER_SERVICE,
     Pair,

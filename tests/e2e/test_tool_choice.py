@@ -15,8 +15,8 @@ import pytest
 
 from nanoserve.client import Client
 from nanoserve.errors import InvalidArgument
-from tests.e2e.conftest import Pair, assert_idle
 from tests.e2e.gateway_process import base_url, start_gateway
+from tests.e2e.processes import Pair, assert_idle
 
 openai = pytest.importorskip("openai", reason="pip install openai (the dev extra)")
 jsonschema = pytest.importorskip("jsonschema")
