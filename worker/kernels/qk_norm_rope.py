@@ -100,8 +100,8 @@ def _qk_norm_rope_kernel(
     tl.store(ptr + HALF + dims, y2, mask=live[:, None])
     if STORE:
         # the k head's program also writes the cache slots of its tokens (k and the same head of
-        # v); slot -1 marks a padded token (CUDA-graph padding), and a q head's program, and
-        # stores nothing
+        # v); slot -1 (a padded token of a CUDA graph, or any token of a q head's program) stores
+        # nothing
         dst = (
             (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs
         ) + kv_head * stride_ch
