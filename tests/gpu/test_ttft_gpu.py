@@ -74,9 +74,21 @@ def test_unseen_prompt_lengths_compile_nothing_and_are_as_fast(hf_model, capsys)
         # go on compiling
 
     triton.knobs.runtime.jit_cache_hook = on_compile
+
+    def segments() -> int:  # cudaMalloc calls of the caching allocator so far
+        return torch.cuda.memory_stats().get("segment.all.allocated", 0)
+
+    mallocs: dict[int, int] = {}
+
+    def first_ttft(n: int) -> float:
+        before = segments()
+        ms = ttft_ms(llm, random_prompt(rng, n))
+        mallocs[n] = segments() - before
+        return ms
+
     try:
         # distinct random prompts: no prefix-cache hit makes a repeat cheaper
-        first = {n: ttft_ms(llm, random_prompt(rng, n)) for n in UNSEEN}
+        first = {n: first_ttft(n) for n in UNSEEN}
         seen = {
             n: statistics.median(ttft_ms(llm, random_prompt(rng, n)) for _ in range(3))
             for n in UNSEEN
@@ -87,10 +99,10 @@ def test_unseen_prompt_lengths_compile_nothing_and_are_as_fast(hf_model, capsys)
     with capsys.disabled():
         print(
             f"\n[gpu] engine start (weights, cache, graphs, kernels) {start_s:.1f} s; TTFT ms, "
-            "first of a length / median of 3 more:"
+            "first of a length / median of 3 more (cudaMalloc calls in the first):"
         )
         for n in UNSEEN:
-            print(f"  {n:5d} tokens: {first[n]:7.2f} / {seen[n]:7.2f}")
+            print(f"  {n:5d} tokens: {first[n]:7.2f} / {seen[n]:7.2f}  ({mallocs[n]})")
         if compiled:
             print("  compiled while serving:\n   " + "\n   ".join(compiled))
     assert not compiled
