@@ -178,9 +178,9 @@ def sweep_mixed_lengths() -> None:
 
 def sweep_decode_configs(seed: int = 7) -> list[dict]:
     """The decode kernel's tile and launch options (block_n, num_warps, num_stages) over decode
-    batches of the throughput workload: uniform B=256 at 1,024 tokens (the full batch) and mixed
-    lengths 100..2048 at B=128, 64 and 16 (the batch shrinking), CUDA graph, max_model_len-wide
-    tables as the engine's. Prints µs and GB/s a case, best first, the rule's choice marked *
+    batches of the throughput workload: uniform B=256 at 1,024 tokens, and mixed lengths
+    100..2048 at B=256, 192, 160, 128, 64 and 16 (the batch shrinking), CUDA graph,
+    max_model_len-wide tables as the engine's. Prints µs and GB/s a case, best first, the rule's choice marked *
     (choose_tiles), and the µs of DECODE_CONFIG's 64-token tiles."""
     from nanoserve.benchmarks.gemm import graph_us
     from nanoserve.worker.kernels.decode_attention import DECODE_CONFIG, choose_tiles

@@ -157,7 +157,7 @@ def test_tile_rule_depends_on_batch_and_cache_dtype_only():
     assert choose(256, 256, torch.bfloat16) == (64, base)
     assert choose(16, 16, torch.bfloat16) == (16, small)  # never past the block
     assert choose(16, 256, torch.float8_e4m3fn) == (64, base)  # fp8: the plain tile
-    assert choose(16, 256, torch.float32) == (64, base)
+    assert choose(16, 256, torch.float32) == (64, small)  # fp32: twice the bytes, 2 stages
 
 
 @pytest.mark.parametrize("min_split_len", [16, 32, 48])

@@ -231,11 +231,14 @@ def choose_block_n(block_size: int) -> int:
 
 def choose_tiles(batch: int, block_size: int, cache_dtype: torch.dtype) -> tuple[int, dict]:
     """(tokens a tile, launch options) from shapes only: TILE_RULES' row for the batch over a
-    16-bit cache, else choose_block_n and DECODE_CONFIG. The tile never exceeds the block."""
+    16-bit cache, else choose_block_n and DECODE_CONFIG (2 stages over an fp32 cache: its tiles
+    are twice the bytes). The tile never exceeds the block."""
     if cache_dtype.itemsize == 2:
         for max_batch, block_n, warps, stages in TILE_RULES:
             if batch <= max_batch:
                 return min(block_n, block_size), dict(num_warps=warps, num_stages=stages)
+    if cache_dtype.itemsize == 4:
+        return choose_block_n(block_size), dict(DECODE_CONFIG, num_stages=2)
     return choose_block_n(block_size), dict(DECODE_CONFIG)
 
 
@@ -265,8 +268,7 @@ def paged_decode_attention(
     token. k_scale, v_scale: the cache holds k / k_scale and v / v_scale (fp8; 1.0 otherwise).
     num_splits / min_split_len: at most this many shares a sequence, each at least this many
     tokens (rounded up to the tile); None: the shape rules above. block_n: tokens a tile, a power
-    of two dividing the block size, and config: num_warps / num_stages (None: choose_tiles; an
-    fp32 cache pipelines 2 stages, its tiles are twice the bytes)."""
+    of two dividing the block size, and config: num_warps / num_stages (None: choose_tiles)."""
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
     if cache_dim != head_dim or num_q_heads % num_kv_heads:
@@ -310,7 +312,7 @@ def paged_decode_attention(
         part_o = part_lse = o  # unused by the NUM_SPLITS == 1 specialisation
         counters = context_lens
     fp32 = q.dtype == torch.float32
-    c = rule_config | ({"num_stages": 2} if fp32 else {}) | (config or {})
+    c = rule_config | (config or {})
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q,
         k_cache,
