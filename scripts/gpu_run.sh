@@ -7,6 +7,7 @@
 #   quick:   the same without tests/gpu and the Poisson run
 #   tests:   all of tests/gpu (tp ones too on two GPUs), 0.6B engine figures, prefill host/GPU time
 #   serve:   bench serving at 256 streams, at 16 req/s Poisson, and at tp=2 on two GPUs
+#   timeline: the GPU's idle gaps over the throughput workload
 #   retest:  tests/gpu -k "$GPU_TESTS_K" (all without it);  load: Poisson at ~80% of the maximum;  roofline: alone
 #   features: per-step costs of logprobs, seeded rows, logit_bias / allowed_token_ids, top-k / top-p
 #   tp:      (two GPUs) tensor-parallel tests, 8B tp=2 batch-1 latency, bench serving tp=2
@@ -134,6 +135,9 @@ case $mode in
     step bench_06b 70 $bench throughput --shape qwen3-0.6b  # the same call's baseline
     step bench_06b_cap 70 $bench throughput --shape qwen3-0.6b $cap
     ;;
+  timeline)  # the GPU's idle gaps over the whole throughput workload, by size, phase and site
+    step timeline 150 $py -m nanoserve.benchmarks.timeline
+    ;;
   roofline)
     step roofline 150 $py -m nanoserve.benchmarks.roofline --json
     ;;
@@ -199,7 +203,7 @@ case $mode in
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|gateway|wheels]" >&2
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|timeline|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|gateway|wheels]" >&2
      exit 2 ;;
 esac
 done
