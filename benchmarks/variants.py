@@ -10,7 +10,6 @@ machine (the same code moves ~8% between machines). `gpu_run.sh ab` runs AB_VARI
   onetile    the code as it is with one decode-attention tile for every batch (no TILE_RULES)
   cublaslt   the code as it is, torch's cuBLASLt back end for the GEMMs cuBLAS runs
   fp8        the code as it is with the fp8 KV cache (--kv-cache-dtype fp8)
-  nhd        the code as it is with the token-major KV cache (kv_cache.HEADS_MAJOR = False)
   now        the code as it is
 """
 
@@ -21,7 +20,6 @@ import torch
 
 from nanoserve.benchmarks import engine
 from nanoserve.worker import sampler
-from nanoserve.worker.engine import kv_cache
 from nanoserve.worker.kernels import decode_attention, split_k_gemm
 
 VARIANTS = (
@@ -32,7 +30,6 @@ VARIANTS = (
     "onetile",
     "cublaslt",
     "fp8",
-    "nhd",
     "now",
 )
 
@@ -57,8 +54,6 @@ def apply(variant: str) -> None:
         sampler.is_plain = lambda t: False
     if variant in ("before", "attn", "oldsample", "nopdl"):
         os.environ["NANOSERVE_PDL"] = "0"  # read at the first launch (worker.kernels.pdl)
-    if variant == "nhd":
-        kv_cache.HEADS_MAJOR = False
     if variant == "cublaslt":
         torch.backends.cuda.preferred_blas_library("cublaslt")
 

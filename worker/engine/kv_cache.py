@@ -121,13 +121,6 @@ def num_kvcache_blocks(
     return num_blocks
 
 
-# Each block stores one kv head's tokens together, (num_kv_heads, block_size, head_dim) a block and
-# layer, so that a decode-attention tile of 64 tokens of one head is one contiguous 16 KiB read
-# rather than 64 reads of 256 B, 2 KiB apart. The layers see (num_blocks, block_size, num_kv_heads,
-# head_dim) views with those strides: every kernel takes the cache's strides.
-HEADS_MAJOR = True
-
-
 def allocate_kv_cache(
     attention_layers: list,
     num_blocks: int,
@@ -135,18 +128,11 @@ def allocate_kv_cache(
     head_shape: tuple[int, int],
     dtype: torch.dtype,
     device: torch.device,
-    heads_major: bool | None = None,
 ) -> torch.Tensor:
-    """The paged cache, (2, layers, num_blocks, block_size, num_kv_heads, head_dim) zeros (laid
-    out heads-major unless heads_major is False, see HEADS_MAJOR), with each attention layer's
-    k_cache / v_cache set to its slices."""
-    heads, head_dim = head_shape
-    if HEADS_MAJOR if heads_major is None else heads_major:
-        shape = (2, len(attention_layers), num_blocks, heads, block_size, head_dim)
-        kv_cache = torch.zeros(shape, dtype=dtype, device=device).transpose(3, 4)
-    else:
-        shape = (2, len(attention_layers), num_blocks, block_size, heads, head_dim)
-        kv_cache = torch.zeros(shape, dtype=dtype, device=device)
+    """The paged cache, (2, layers, num_blocks, block_size, num_kv_heads, head_dim) zeros, with
+    each attention layer's k_cache / v_cache set to its slices."""
+    shape = (2, len(attention_layers), num_blocks, block_size, *head_shape)
+    kv_cache = torch.zeros(shape, dtype=dtype, device=device)
     for i, layer in enumerate(attention_layers):
         layer.k_cache, layer.v_cache = kv_cache[0, i], kv_cache[1, i]
     logger.info(

@@ -192,8 +192,6 @@ class ModelRunner:
             (self.num_kv_heads, self.head_dim),
             self.kv_dtype,
             self.device,
-            # flash-attn's paged kernels are only run on its own token-major pages here
-            heads_major=False if self.attention_layers[0].backend == "flash_attn" else None,
         )
         return num_blocks
 

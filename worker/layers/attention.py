@@ -33,10 +33,8 @@ def store_kvcache_torch(
     k, v = key[valid], value[valid]
     if k_cache.dtype == FP8_KV_DTYPE:
         k, v = (k.float() / k_scale).to(k_cache.dtype), (v.float() / v_scale).to(v_cache.dtype)
-    # (block, offset) indices: the cache may be a strided (heads-major) view
-    blocks, offsets = slots // k_cache.shape[1], slots % k_cache.shape[1]
-    k_cache[blocks, offsets] = k
-    v_cache[blocks, offsets] = v
+    k_cache.view(-1, *k_cache.shape[2:])[slots] = k
+    v_cache.view(-1, *v_cache.shape[2:])[slots] = v
 
 
 def _gather_kv(
