@@ -1,8 +1,9 @@
 """CUDA graphs for decode steps: one graph per batch-size bucket, captured after the KV cache exists.
 
 A graph covers the whole decode forward and the LM head. Its inputs live in one persistent int32
-device buffer, laid out per bucket; ModelRunner.execute fills it with ONE host->device copy of a
-pinned staging buffer and replays the smallest bucket that holds the batch. Padded rows have slot -1
+device buffer, laid out per bucket; ModelRunner.execute fills it from a pinned staging buffer (one
+host->device copy on a side stream, then one kernel on the compute stream: worker.kernels.
+graph_inputs) and replays the smallest bucket that holds the batch. Padded rows have slot -1
 and context length 0, so they never touch live blocks.
 """
 
@@ -12,6 +13,7 @@ import torch
 
 from nanoserve.worker.context import reset_context, set_context
 from nanoserve.worker.engine.step_inputs import StepInputs
+from nanoserve.worker.kernels.graph_inputs import graph_inputs
 from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -44,6 +46,12 @@ class CudaGraphRunner:
             torch.empty(self.inputs.shape, dtype=torch.int32, pin_memory=True) for _ in range(2)
         ]
         self.copied = [torch.cuda.Event() for _ in range(2)]
+        # the host->device copies run on their own stream, into device staging buffers (used in
+        # turn, like the pinned ones; `read` says when the compute stream has taken one in):
+        # the compute stream then meets no copy engine between the sampler and the replay
+        self.device_staging = [torch.empty_like(self.inputs) for _ in range(2)]
+        self.read = [torch.cuda.Event() for _ in range(2)]
+        self.copy_stream = torch.cuda.Stream(dev)
         self.flip = 0
         self.cu_seqlens_q = torch.arange(max_bs + 1, dtype=torch.int32, device=dev)
         self.logits = torch.zeros(max_bs, vocab_size, dtype=dtype, device=dev)
@@ -94,6 +102,7 @@ class CudaGraphRunner:
             raise ValueError(f"block_tables width {w} exceeds the graphs' {self.width}")
         # two staging buffers used in turn; an event says when the copy out of one is done
         staging, done = self.staging[self.flip], self.copied[self.flip]
+        device_staging, read = self.device_staging[self.flip], self.read[self.flip]
         self.flip ^= 1
         done.synchronize()
         used = 4 * bs + n * self.width  # rows past n of the block tables are never read
@@ -106,9 +115,14 @@ class CudaGraphRunner:
         )
         ids[n:], pos[n:], slots[n:], lens[n:] = 0, 0, -1, 0
         tables[:n, :w] = x.block_tables
-        self.inputs[:used].copy_(staging[:used], non_blocking=True)
-        done.record()
-        if input_ids is not None:  # the previous step's sampled ids, never seen by the host
-            self.inputs[:n].copy_(input_ids)
+        compute = torch.cuda.current_stream()
+        with torch.cuda.stream(self.copy_stream):
+            self.copy_stream.wait_event(read)  # its last reader, two steps ago, is done
+            device_staging[:used].copy_(staging[:used], non_blocking=True)
+            done.record(self.copy_stream)
+        compute.wait_event(done)
+        # the previous step's sampled ids (never seen by the host) over the first n entries
+        graph_inputs(device_staging, self.inputs, used, input_ids)
+        read.record(compute)
         self.graphs[bs].replay()
         return self.logits[:n]

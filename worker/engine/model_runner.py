@@ -125,6 +125,7 @@ class ModelRunner:
             else self.device.type == "cuda"
         )
         self.foreseen: Foreseen | None = None
+        self.ids_stream: torch.cuda.Stream | None = None  # _ids_stream, made at the first use
         self.num_foreseen_steps = 0  # decode steps whose logits came from a foreseen forward
         self.num_forwards = 0  # every execute(): the foreseen logits must be taken before the next
         self.on_rank_death = None  # tensor parallelism only (TensorParallelRunner)
@@ -371,16 +372,28 @@ class ModelRunner:
         self.num_foreseen_steps += logits is not None
         return logits
 
+    def _ids_stream(self) -> torch.cuda.Stream:
+        """The side stream that copies a step's sampled ids to the host (decode lookahead)."""
+        if self.ids_stream is None:
+            self.ids_stream = torch.cuda.Stream(self.device)
+        return self.ids_stream
+
     def _forward_ahead(
         self, rows: np.ndarray, nxt: StepInputs, seqs: list[Sequence], ids: torch.Tensor
     ) -> list[int]:
         """Start copying step N's ids (R,) to the host, forward step N+1 on those of `rows`, then
         wait for the copy: the GPU computes N+1 while the host processes N."""
         if self.device.type == "cuda":
-            host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-            host.copy_(ids, non_blocking=True)
-            copied = torch.cuda.Event()
-            copied.record()
+            # on a side stream: the compute stream goes on to step N+1 without waiting on a copy
+            # engine (ids stays allocated until the side stream has read it)
+            side = self._ids_stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+                host.copy_(ids, non_blocking=True)
+                copied = torch.cuda.Event()
+                copied.record(side)
+            ids.record_stream(side)
         next_ids = ids if len(rows) == len(seqs) else ids[to_device(rows, ids.device)]
         msg = None
         if self.publish is not None:  # the other ranks forward the same step on these ids
