@@ -10,6 +10,7 @@ machine (the same code moves ~8% between machines). `gpu_run.sh ab` runs AB_VARI
   onetile    the code as it is with one decode-attention tile for every batch (no TILE_RULES)
   cublaslt   the code as it is, torch's cuBLASLt back end for the GEMMs cuBLAS runs
   fp8        the code as it is with the fp8 KV cache (--kv-cache-dtype fp8)
+  notrigger  the code as it is without the early launch signal of PDL kernels (pdl.TRIGGER)
   now        the code as it is
 """
 
@@ -17,10 +18,11 @@ import argparse
 import os
 
 import torch
+import triton
 
 from nanoserve.benchmarks import engine
 from nanoserve.worker import sampler
-from nanoserve.worker.kernels import decode_attention, split_k_gemm
+from nanoserve.worker.kernels import decode_attention, pdl, split_k_gemm
 
 VARIANTS = (
     "before",
@@ -30,6 +32,7 @@ VARIANTS = (
     "onetile",
     "cublaslt",
     "fp8",
+    "notrigger",
     "now",
 )
 
@@ -54,6 +57,10 @@ def apply(variant: str) -> None:
         sampler.is_plain = lambda t: False
     if variant in ("before", "attn", "oldsample", "nopdl"):
         os.environ["NANOSERVE_PDL"] = "0"  # read at the first launch (worker.kernels.pdl)
+    if variant == "notrigger":
+        pdl.TRIGGER = triton.language.constexpr(False)
+        # compiled apart: a cached kernel of the other setting must not be loaded
+        os.environ["TRITON_CACHE_DIR"] = os.path.expanduser("~/.triton/cache-notrigger")
     if variant == "cublaslt":
         torch.backends.cuda.preferred_blas_library("cublaslt")
 

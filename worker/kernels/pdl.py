@@ -2,6 +2,9 @@
 launched with it may be scheduled while the kernel before it drains, and waits in gdc_wait (its
 first instruction: nothing is read or written before the previous kernel's writes are visible).
 benchmarks/pdl.py on the H200: 0.35-0.45 µs saved a kernel boundary inside a CUDA graph.
+Right after the wait each program also signals that the next kernel may launch (TRIGGER): once
+every program of this one has started, the next one's programs take free SM slots and wait there,
+instead of launching only when this kernel has ended.
 
 NANOSERVE_PDL=0 turns it off. Never on CPU (the Triton interpreter) or before sm_90; never for the
 tensor-parallel all-reduce kernels, which spin on other ranks.
@@ -30,9 +33,17 @@ def pdl_launch(t: torch.Tensor) -> dict:
     return dict(PDL=True, launch_pdl=True)
 
 
+# the early launch signal (benchmarks.variants "notrigger" sets it False before any kernel compiles)
+TRIGGER = tl.constexpr(True)
+
+
 @triton.jit
 def pdl_wait(PDL: tl.constexpr):
     """Called first by a kernel launched through pdl_launch: waits until the previous kernel's
-    writes are visible (a no-op constexpr branch otherwise, so the interpreter never meets it)."""
+    writes are visible, then lets the next kernel launch (a no-op constexpr branch otherwise, so
+    the interpreter never meets it). The next kernel's own gdc_wait still waits for all of this
+    one to end: the signal moves its launch, not what it may read."""
     if PDL:
         tl.extra.cuda.gdc_wait()
+        if TRIGGER:
+            tl.extra.cuda.gdc_launch_dependents()
