@@ -89,10 +89,8 @@ def test_unseen_prompt_lengths_compile_nothing_and_are_as_fast(hf_model, capsys)
     try:
         # distinct random prompts: no prefix-cache hit makes a repeat cheaper
         first = {n: first_ttft(n) for n in UNSEEN}
-        seen = {
-            n: statistics.median(ttft_ms(llm, random_prompt(rng, n)) for _ in range(3))
-            for n in UNSEEN
-        }
+        repeats = {n: [ttft_ms(llm, random_prompt(rng, n)) for _ in range(3)] for n in UNSEEN}
+        seen = {n: statistics.median(r) for n, r in repeats.items()}
     finally:
         triton.knobs.runtime.jit_cache_hook = None
     free(llm)
@@ -106,9 +104,17 @@ def test_unseen_prompt_lengths_compile_nothing_and_are_as_fast(hf_model, capsys)
         if compiled:
             print("  compiled while serving:\n   " + "\n   ".join(compiled))
     assert not compiled
-    # within 10% (and half a millisecond of host jitter at the shortest prompts)
-    slow = {n: (first[n], seen[n]) for n in UNSEEN if first[n] > max(1.10 * seen[n], seen[n] + 0.5)}
+    # One first request is one sample: against the slowest of its repeats, within 10% (and half a
+    # millisecond of host jitter at the shortest prompts). A cost every first request pays shows
+    # in the median excess over the lengths instead (H200, e256838: 0.02 ms, first requests
+    # faster than their repeats at 7 of 18 lengths; the 0.3-0.8 ms a length of 999a1b8 would fail).
+    slow = {
+        n: (first[n], max(r))
+        for n, r in repeats.items()
+        if first[n] > max(1.10 * max(r), max(r) + 0.5)
+    }
     assert not slow
+    assert statistics.median(first[n] - seen[n] for n in UNSEEN) < 0.25
 
 
 def test_prefill_graphs_give_eager_logits(hf_model, capsys):
