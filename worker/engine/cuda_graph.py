@@ -12,6 +12,7 @@ import logging
 import torch
 
 from nanoserve.worker.context import reset_context, set_context
+from nanoserve.worker.engine.host_copy import PinnedRing, side_stream
 from nanoserve.worker.engine.step_inputs import StepInputs
 from nanoserve.worker.kernels.graph_inputs import graph_inputs
 from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM
@@ -42,17 +43,13 @@ class CudaGraphRunner:
         # per bucket bs: [input_ids | positions | slot_mapping | context_lens] (bs each), then the
         # (bs, width) block tables
         self.inputs = torch.zeros(max_bs * (4 + self.width), dtype=torch.int32, device=dev)
-        self.staging = [
-            torch.empty(self.inputs.shape, dtype=torch.int32, pin_memory=True) for _ in range(2)
-        ]
-        self.copied = [torch.cuda.Event() for _ in range(2)]
-        # the host->device copies run on their own stream, into device staging buffers (used in
-        # turn, like the pinned ones; `read` says when the compute stream has taken one in):
-        # the compute stream then meets no copy engine between the sampler and the replay
+        self.staging = PinnedRing(len(self.inputs), torch.int32)
+        # the host->device copies run on a side stream, into device staging buffers (one a pinned
+        # buffer; `read` says when the compute stream has taken one in): the compute stream then
+        # meets no copy engine between the sampler and the replay
         self.device_staging = [torch.empty_like(self.inputs) for _ in range(2)]
         self.read = [torch.cuda.Event() for _ in range(2)]
-        self.copy_stream = torch.cuda.Stream(dev)
-        self.flip = 0
+        self.copy_stream = side_stream(dev, "to_device")
         self.cu_seqlens_q = torch.arange(max_bs + 1, dtype=torch.int32, device=dev)
         self.logits = torch.zeros(max_bs, vocab_size, dtype=dtype, device=dev)
         self.batch_sizes = graph_batch_sizes(max_bs)
@@ -100,11 +97,8 @@ class CudaGraphRunner:
         w = x.block_tables.shape[1]
         if w > self.width:
             raise ValueError(f"block_tables width {w} exceeds the graphs' {self.width}")
-        # two staging buffers used in turn; an event says when the copy out of one is done
-        staging, done = self.staging[self.flip], self.copied[self.flip]
-        device_staging, read = self.device_staging[self.flip], self.read[self.flip]
-        self.flip ^= 1
-        done.synchronize()
+        i, staging, done = self.staging.take()
+        device_staging, read = self.device_staging[i], self.read[i]
         used = 4 * bs + n * self.width  # rows past n of the block tables are never read
         ids, pos, slots, lens, tables = self._views(staging.numpy(), bs)
         ids[:n], pos[:n], slots[:n], lens[:n] = (

@@ -1,8 +1,9 @@
-"""Host -> device copies of a step's small tensors (sampling knobs, row indices) that never wait for
-the GPU: a pageable `.to(cuda)` synchronizes the stream, so the host stalls until the forward in
-flight ends and the GPU then idles while the host launches the rest of the step. On CUDA they run
-on a side stream, so a copy starts when the host asks rather than when the compute stream reaches
-it, and the compute stream waits on an event, not on a copy engine."""
+"""Copies between host and device that never wait for the GPU: a step's small tensors (sampling
+knobs, row indices) to the device, its sampled ids back, and the pinned buffers a step's inputs
+pass through. A pageable `.to(cuda)` synchronizes the stream, so the host stalls until the forward
+in flight ends and the GPU then idles while the host launches the rest of the step. On CUDA the
+copies run on side streams, so a copy starts when the host asks rather than when the compute stream
+reaches it, and the compute stream waits on an event, not on a copy engine."""
 
 import functools
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ def to_device(
     if not pin:
         return host.to(device)
     compute = torch.cuda.current_stream(device)
-    side = _copy_stream(device)
+    side = side_stream(device, "to_device")
     with torch.cuda.stream(side):
         out = host.to(device, non_blocking=True)
     compute.wait_stream(side)
@@ -38,6 +39,39 @@ def to_device(
     return out
 
 
+def to_host_async(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
+    """Start copying CUDA tensor t into pinned host memory on a side stream, after the work the
+    current stream has queued: (the host tensor, an event to wait on before reading it). The
+    current stream goes on without waiting on a copy engine; t stays allocated until it is read."""
+    side = side_stream(t.device, "to_host")
+    side.wait_stream(torch.cuda.current_stream(t.device))
+    with torch.cuda.stream(side):
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record(side)
+    t.record_stream(side)
+    return host, copied
+
+
 @functools.cache
-def _copy_stream(device: torch.device) -> torch.cuda.Stream:
+def side_stream(device: torch.device, role: str) -> torch.cuda.Stream:
+    """One side stream a (device, role): copies of one direction queue behind each other only, so
+    the ids going to the host (behind the sampler) never hold up the next step's inputs."""
     return torch.cuda.Stream(device)
+
+
+class PinnedRing:
+    """Two pinned host buffers used in turn for a step's inputs (ModelRunner.load_inputs, the
+    decode graphs): take() hands out the next one once the copy out of its last use is done, with
+    its index and the event the caller records after that copy."""
+
+    def __init__(self, numel: int, dtype: torch.dtype):
+        self.buffers = [torch.empty(numel, dtype=dtype, pin_memory=True) for _ in range(2)]
+        self.copied = [torch.cuda.Event() for _ in range(2)]
+        self.next = 0
+
+    def take(self) -> tuple[int, torch.Tensor, torch.cuda.Event]:
+        i, self.next = self.next, self.next ^ 1
+        self.copied[i].synchronize()
+        return i, self.buffers[i], self.copied[i]

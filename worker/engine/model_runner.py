@@ -24,7 +24,7 @@ from nanoserve.worker.engine.device import (
     resolve_device,
     resolve_dtype,
 )
-from nanoserve.worker.engine.host_copy import to_device
+from nanoserve.worker.engine.host_copy import PinnedRing, to_device, to_host_async
 from nanoserve.worker.engine.kv_cache import allocate_kv_cache, num_kvcache_blocks
 from nanoserve.worker.engine.logprobs import (
     PROMPT_CHUNK_ROWS,
@@ -125,7 +125,6 @@ class ModelRunner:
             else self.device.type == "cuda"
         )
         self.foreseen: Foreseen | None = None
-        self.ids_stream: torch.cuda.Stream | None = None  # _ids_stream, made at the first use
         self.num_foreseen_steps = 0  # decode steps whose logits came from a foreseen forward
         self.num_forwards = 0  # every execute(): the foreseen logits must be taken before the next
         self.on_rank_death = None  # tensor parallelism only (TensorParallelRunner)
@@ -133,9 +132,7 @@ class ModelRunner:
             words = max_message_words(
                 config.max_num_batched_tokens, config.max_num_seqs, self.max_num_blocks_per_seq
             )
-            self.pinned = [torch.empty(words, dtype=torch.long, pin_memory=True) for _ in range(2)]
-            self.copied = [torch.cuda.Event() for _ in range(2)]
-            self.flip = 0
+            self.pinned = PinnedRing(words, torch.long)
             self.capture_and_compile(backend)
 
     @torch.no_grad()  # no autograd graph may hold on to the captured tensors
@@ -214,10 +211,7 @@ class ModelRunner:
         one copy from pinned memory) and set the attention context."""
         msg = x.encode() if msg is None else msg
         if self.device.type == "cuda":
-            # two pinned buffers used in turn; an event says when the copy out of one is done
-            buf, done = self.pinned[self.flip], self.copied[self.flip]
-            self.flip ^= 1
-            done.synchronize()
+            _, buf, done = self.pinned.take()
             buf[: len(msg)].numpy()[:] = msg
             flat = buf[: len(msg)].to(self.device, non_blocking=True)
             done.record()
@@ -372,28 +366,13 @@ class ModelRunner:
         self.num_foreseen_steps += logits is not None
         return logits
 
-    def _ids_stream(self) -> torch.cuda.Stream:
-        """The side stream that copies a step's sampled ids to the host (decode lookahead)."""
-        if self.ids_stream is None:
-            self.ids_stream = torch.cuda.Stream(self.device)
-        return self.ids_stream
-
     def _forward_ahead(
         self, rows: np.ndarray, nxt: StepInputs, seqs: list[Sequence], ids: torch.Tensor
     ) -> list[int]:
         """Start copying step N's ids (R,) to the host, forward step N+1 on those of `rows`, then
         wait for the copy: the GPU computes N+1 while the host processes N."""
         if self.device.type == "cuda":
-            # on a side stream: the compute stream goes on to step N+1 without waiting on a copy
-            # engine (ids stays allocated until the side stream has read it)
-            side = self._ids_stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-                host.copy_(ids, non_blocking=True)
-                copied = torch.cuda.Event()
-                copied.record(side)
-            ids.record_stream(side)
+            host, copied = to_host_async(ids)
         next_ids = ids if len(rows) == len(seqs) else ids[to_device(rows, ids.device)]
         msg = None
         if self.publish is not None:  # the other ranks forward the same step on these ids
