@@ -11,7 +11,6 @@ machine (the same code moves ~8% between machines). `gpu_run.sh ab` runs AB_VARI
   cublaslt   the code as it is, torch's cuBLASLt back end for the GEMMs cuBLAS runs
   fp8        the code as it is with the fp8 KV cache (--kv-cache-dtype fp8)
   notrigger  the code as it is without the early launch signal of PDL kernels (pdl.TRIGGER)
-  noprefetch the code as it is without the L2 prefetch of decode GEMM weights (l2_prefetch.ENABLED)
   now        the code as it is
 """
 
@@ -23,7 +22,7 @@ import triton
 
 from nanoserve.benchmarks import engine
 from nanoserve.worker import sampler
-from nanoserve.worker.kernels import decode_attention, l2_prefetch, pdl, split_k_gemm
+from nanoserve.worker.kernels import decode_attention, pdl, split_k_gemm
 
 VARIANTS = (
     "before",
@@ -34,7 +33,6 @@ VARIANTS = (
     "cublaslt",
     "fp8",
     "notrigger",
-    "noprefetch",
     "now",
 )
 
@@ -63,8 +61,6 @@ def apply(variant: str) -> None:
         pdl.TRIGGER = triton.language.constexpr(False)
         # compiled apart: a cached kernel of the other setting must not be loaded
         os.environ["TRITON_CACHE_DIR"] = os.path.expanduser("~/.triton/cache-notrigger")
-    if variant == "noprefetch":
-        l2_prefetch.ENABLED = False
     if variant == "cublaslt":
         torch.backends.cuda.preferred_blas_library("cublaslt")
 

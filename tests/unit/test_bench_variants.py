@@ -8,7 +8,7 @@ import torch
 
 from nanoserve.benchmarks import variants
 from nanoserve.worker import sampler
-from nanoserve.worker.kernels import decode_attention, l2_prefetch, split_k_gemm
+from nanoserve.worker.kernels import decode_attention, split_k_gemm
 
 
 @pytest.fixture
@@ -22,7 +22,6 @@ def restored(monkeypatch):
         monkeypatch.setattr(module, name, getattr(module, name))
     monkeypatch.setattr(split_k_gemm, "CONFIGS", dict(split_k_gemm.CONFIGS))
     monkeypatch.setattr(decode_attention, "TILE_RULES", list(decode_attention.TILE_RULES))
-    monkeypatch.setattr(l2_prefetch, "ENABLED", l2_prefetch.ENABLED)
     monkeypatch.delenv("NANOSERVE_PDL", raising=False)  # apply() may set it; it comes back
     # the BLAS back end is process-wide (and a CPU build refuses cuBLASLt): record what is asked
     chosen: list[str] = []
@@ -42,7 +41,6 @@ def test_each_variant_swaps_its_rules(restored, variant):
     assert (os.environ.get("NANOSERVE_PDL") == "0") == pdl_off  # worker.kernels.pdl
     assert (not decode_attention.TILE_RULES) == (pdl_off or variant == "onetile")
     assert restored == (["cublaslt"] if variant == "cublaslt" else [])
-    assert l2_prefetch.ENABLED == (variant != "noprefetch")
 
 
 def test_the_old_share_rule():

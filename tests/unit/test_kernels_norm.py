@@ -11,8 +11,6 @@ os.environ["TRITON_INTERPRET"] = (
 import pytest
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 from triton.runtime import interpreter
 
 if "nanoserve.worker.kernels.norm" in sys.modules and not isinstance(
@@ -85,46 +83,3 @@ def test_silu_and_mul(dtype):
 def test_silu_and_mul_rejects_odd_width():
     with pytest.raises(ValueError, match="silu_and_mul"):
         silu_and_mul(torch.zeros(2, 7))
-
-
-def test_prefetch_rule_covers_decode_weights_only():
-    from nanoserve.worker.kernels import l2_prefetch
-
-    qkv = 4096 * 1024 * 2  # Qwen3-0.6B's qkv_proj, bf16
-    assert l2_prefetch.plan(1, qkv) == l2_prefetch.plan(256, qkv) == qkv // l2_prefetch.CHUNK_BYTES
-    assert l2_prefetch.plan(257, qkv) == 0  # a prefill step's GEMM is compute-bound
-    assert l2_prefetch.plan(16, 24576 * 4096 * 2) == 0  # 8B's gate_up would not stay in L2
-    assert l2_prefetch.plan(16, 1000) == 1  # a partial chunk still gets its program
-    # on CPU (the interpreter) nothing is prefetched: no inline asm there
-    assert l2_prefetch.prefetch_programs(16, torch.zeros(64, 64)) == 0
-
-
-@triton.jit
-def no_prefetch(w_ptr, chunk, numel, ELEMS_PER_LINE: tl.constexpr, LINES: tl.constexpr):
-    """prefetch_chunk's stand-in under the interpreter (which has no inline asm)."""
-
-
-@pytest.mark.parametrize("kernel", ["norm", "add_norm", "silu"])
-def test_prefetch_programs_write_nothing(monkeypatch, kernel):
-    """With prefetch programs in the grid (forced here; their inline asm swapped for a no-op the
-    interpreter can run), the outputs are those of the launch without them."""
-    from nanoserve.worker.kernels import norm
-
-    gen = torch.Generator().manual_seed(3)
-    x = torch.randn(6, 128, generator=gen)
-    residual = torch.randn(6, 128, generator=gen)
-    weight = torch.randn(128, generator=gen)
-    nxt = torch.randn(256, 128, generator=gen)
-
-    def run():
-        if kernel == "norm":
-            return (rms_norm(x, weight, 1e-6, nxt),)
-        if kernel == "add_norm":
-            return fused_add_rms_norm(x, residual, weight, 1e-6, nxt)
-        return (silu_and_mul(x, nxt),)
-
-    expected = run()
-    monkeypatch.setattr(norm, "prefetch_programs", lambda rows, w: 5 if w is nxt else 0)
-    monkeypatch.setattr(norm, "prefetch_chunk", no_prefetch)
-    for got, want in zip(run(), expected, strict=True):
-        assert torch.equal(got, want)

@@ -2,20 +2,17 @@
 and-mul.
 
 One pass over each tensor instead of the several eager ops of the torch layers; each program owns
-one row. At decode rows both may prefetch the next GEMM's weight into L2 (worker.kernels.l2_prefetch)
-with programs past the rows.
+one row.
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from nanoserve.worker.kernels.l2_prefetch import prefetch_args, prefetch_chunk, prefetch_programs
 from nanoserve.worker.kernels.pdl import pdl_launch, pdl_wait
 
 
-# n_rows and pf_numel vary with the batch: not specialised, so a new batch size compiles nothing
-@triton.jit(do_not_specialize=["n_rows", "pf_numel"])
+@triton.jit
 def _rms_norm_kernel(
     x_ptr,
     residual_ptr,
@@ -28,37 +25,27 @@ def _rms_norm_kernel(
     stride_nr,
     hidden,
     eps,
-    n_rows,
-    pf_ptr,
-    pf_numel,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    PF_ELEMS_PER_LINE: tl.constexpr,
-    PF_LINES: tl.constexpr,
 ):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
-    if row >= n_rows:  # a prefetch program (past the rows): no wait, nothing written
-        if PREFETCH:
-            prefetch_chunk(pf_ptr, row - n_rows, pf_numel, PF_ELEMS_PER_LINE, PF_LINES)
-    else:
-        pdl_wait(PDL)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < hidden
-        # every load first: a load after a store may alias it and waits for it, so the weight read
-        # after the residual store cost a second memory latency a launch (decode: latency-bound)
-        w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-        dtype = x.dtype
-        x = x.to(tl.float32)
-        if HAS_RESIDUAL:
-            x += tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
-            tl.store(new_residual_ptr + row * stride_nr + cols, x.to(dtype), mask=mask)
-        rstd = tl.rsqrt(tl.sum(x * x, 0) / hidden + eps)
-        # round to the activation dtype before the weight, as the torch RMSNorm does
-        y = (x * rstd).to(dtype).to(tl.float32) * w
-        tl.store(out_ptr + row * stride_o + cols, y.to(dtype), mask=mask)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    # every load first: a load after a store may alias it and waits for it, so the weight read
+    # after the residual store cost a second memory latency a launch (decode: latency-bound)
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    dtype = x.dtype
+    x = x.to(tl.float32)
+    if HAS_RESIDUAL:
+        x += tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(new_residual_ptr + row * stride_nr + cols, x.to(dtype), mask=mask)
+    rstd = tl.rsqrt(tl.sum(x * x, 0) / hidden + eps)
+    # round to the activation dtype before the weight, as the torch RMSNorm does
+    y = (x * rstd).to(dtype).to(tl.float32) * w
+    tl.store(out_ptr + row * stride_o + cols, y.to(dtype), mask=mask)
 
 
 def _rows(x: torch.Tensor, hidden: int, name: str) -> torch.Tensor:
@@ -68,13 +55,7 @@ def _rows(x: torch.Tensor, hidden: int, name: str) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def _launch(
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
-    weight: torch.Tensor,
-    eps: float,
-    next_weight: torch.Tensor | None,
-):
+def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
     hidden = weight.shape[0]
     x2 = _rows(x, hidden, "x")
     r2 = _rows(residual, hidden, "residual") if residual is not None else x2
@@ -82,11 +63,9 @@ def _launch(
         raise ValueError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     new_residual = torch.empty_like(out) if residual is not None else out
-    rows = x2.shape[0]
-    if rows:
+    if x2.shape[0]:
         block = triton.next_power_of_2(hidden)
-        pf = prefetch_programs(rows, next_weight)
-        _rms_norm_kernel[(rows + pf,)](
+        _rms_norm_kernel[(x2.shape[0],)](
             x2,
             r2,
             weight,
@@ -98,91 +77,58 @@ def _launch(
             new_residual.stride(0),
             hidden,
             eps,
-            rows,
             HAS_RESIDUAL=residual is not None,
             BLOCK=block,
             num_warps=min(max(block // 256, 1), 8),
-            **prefetch_args(next_weight, x2, pf),
             **pdl_launch(x),
         )
     return out.view(x.shape), new_residual.view(x.shape)
 
 
-def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, next_weight: torch.Tensor | None = None
-) -> torch.Tensor:
-    """x: (..., hidden) -> x / rms(x) * weight, computed in fp32, returned in x.dtype.
-    next_weight: the weight of the GEMM that reads the output, prefetched into L2 at decode rows."""
-    return _launch(x, None, weight, eps, next_weight)[0]
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: (..., hidden) -> x / rms(x) * weight, computed in fp32, returned in x.dtype."""
+    return _launch(x, None, weight, eps)[0]
 
 
 def fused_add_rms_norm(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    next_weight: torch.Tensor | None = None,
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (rms_norm(x + residual), x + residual); the inputs are not modified. next_weight:
-    as rms_norm's."""
-    return _launch(x, residual, weight, eps, next_weight)
+    """Returns (rms_norm(x + residual), x + residual); the inputs are not modified."""
+    return _launch(x, residual, weight, eps)
 
 
-@triton.jit(do_not_specialize=["n_rows", "pf_numel"])
+@triton.jit
 def _silu_and_mul_kernel(
-    x_ptr,
-    out_ptr,
-    stride_x,
-    stride_o,
-    inter,
-    n_rows,
-    pf_ptr,
-    pf_numel,
-    BLOCK: tl.constexpr,
-    PDL: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    PF_ELEMS_PER_LINE: tl.constexpr,
-    PF_LINES: tl.constexpr,
+    x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr, PDL: tl.constexpr
 ):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
-    if row >= n_rows:  # prefetch programs: rows past n_rows, numbered row-major over the grid
-        if PREFETCH:
-            chunk = (row - n_rows) * tl.num_programs(1) + tl.program_id(1)
-            prefetch_chunk(pf_ptr, chunk, pf_numel, PF_ELEMS_PER_LINE, PF_LINES)
-    else:
-        pdl_wait(PDL)
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        mask = cols < inter
-        gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-        up = tl.load(x_ptr + row * stride_x + inter + cols, mask=mask, other=0.0).to(tl.float32)
-        y = gate * tl.sigmoid(gate) * up
-        tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < inter
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + inter + cols, mask=mask, other=0.0).to(tl.float32)
+    y = gate * tl.sigmoid(gate) * up
+    tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor, next_weight: torch.Tensor | None = None) -> torch.Tensor:
-    """x: (num_tokens, 2 * intermediate), gate then up (the fused gate_up_proj) -> (num_tokens,
-    intermediate). next_weight: down_proj's, prefetched into L2 at decode rows."""
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x: (num_tokens, 2 * intermediate), gate then up (the fused gate_up_proj) -> (num_tokens, intermediate)."""
     if x.dim() != 2 or x.shape[1] % 2 or x.stride(-1) != 1:
         raise ValueError(
             f"silu_and_mul needs a (num_tokens, 2 * intermediate) row-major x, got {tuple(x.shape)}"
         )
     inter = x.shape[1] // 2
     out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
-    rows = x.shape[0]
-    if rows:
+    if x.shape[0]:
         block = min(1024, triton.next_power_of_2(inter))
-        col_blocks = triton.cdiv(inter, block)
-        pf = prefetch_programs(rows, next_weight)
-        _silu_and_mul_kernel[(rows + triton.cdiv(pf, col_blocks), col_blocks)](
+        _silu_and_mul_kernel[(x.shape[0], triton.cdiv(inter, block))](
             x,
             out,
             x.stride(0),
             out.stride(0),
             inter,
-            rows,
             BLOCK=block,
             num_warps=4,
-            **prefetch_args(next_weight, x, pf),
             **pdl_launch(x),
         )
     return out

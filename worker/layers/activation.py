@@ -6,12 +6,11 @@ from torch import nn
 
 
 class SiluAndMul(nn.Module):
-    def forward(self, x: torch.Tensor, next_weight: torch.Tensor | None = None) -> torch.Tensor:
-        # x: (N, 2 * intermediate) = [gate | up] -> (N, intermediate); next_weight: down_proj's
-        # (CUDA: prefetched into L2 at decode rows, worker.kernels.l2_prefetch)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: (N, 2 * intermediate) = [gate | up] -> (N, intermediate)
         if x.is_cuda:
             from nanoserve.worker.kernels import silu_and_mul
 
-            return silu_and_mul(x, next_weight)
+            return silu_and_mul(x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up

@@ -19,15 +19,10 @@ class RMSNorm(nn.Module):
         self.all_reduce_slot = all_reduce_slot
 
     def forward(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor | None = None,
-        next_weight: torch.Tensor | None = None,
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         # x: (..., hidden). With residual: x + residual is normalised and also returned as the new
         # residual stream. The statistics are taken in float32, as Hugging Face's Qwen3RMSNorm.
-        # next_weight: the weight of the GEMM that reads the output (CUDA: prefetched into L2 at
-        # decode rows, worker.kernels.l2_prefetch).
         if residual is not None and self.all_reduce_slot is not None:
             fused = all_reduce_add_rms_norm(
                 x, residual, self.weight, self.eps, self.all_reduce_slot
@@ -39,8 +34,8 @@ class RMSNorm(nn.Module):
             from nanoserve.worker.kernels import fused_add_rms_norm, rms_norm
 
             if residual is None:
-                return rms_norm(x, self.weight, self.eps, next_weight)
-            return fused_add_rms_norm(x, residual, self.weight, self.eps, next_weight)
+                return rms_norm(x, self.weight, self.eps)
+            return fused_add_rms_norm(x, residual, self.weight, self.eps)
         if residual is not None:
             x = x + residual
             residual = x

@@ -110,8 +110,7 @@ class Qwen3MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (N, hidden) -> (N, 2 * I / tp) -> (N, I / tp) -> (N, hidden), a partial sum over ranks
-        # each kernel before a GEMM prefetches that GEMM's weight into L2 at decode rows
-        return self.down_proj(self.act_fn(self.gate_up_proj(x), self.down_proj.weight))
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -139,22 +138,17 @@ class Qwen3DecoderLayer(nn.Module):
         """The layer up to its attention: (q, k, v, kv_stored, residual) (Qwen3Attention.project).
         The piecewise prefill graphs (worker.engine.prefill_graph) cut each layer here."""
         # the residual add of each sub-block is fused into the norm that follows it
-        # (and prefetches qkv_proj's weight into L2 at decode rows, worker.kernels.l2_prefetch)
-        qkv_weight = self.self_attn.qkv_proj.weight
         if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states, next_weight=qkv_weight)
+            hidden_states, residual = self.input_layernorm(hidden_states), hidden_states
         else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual, qkv_weight)
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
         return *self.self_attn.project(positions, hidden_states), residual
 
     def post_attention(
         self, o: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer after its attention output o (N, Hq * D): o_proj, add + norm, MLP."""
-        hidden_states, residual = self.post_attention_layernorm(
-            self.self_attn.o_proj(o), residual, self.mlp.gate_up_proj.weight
-        )
+        hidden_states, residual = self.post_attention_layernorm(self.self_attn.o_proj(o), residual)
         return self.mlp(hidden_states), residual
 
     def forward(
