@@ -78,40 +78,41 @@ def test_unseen_prompt_lengths_compile_nothing_and_are_as_fast(hf_model, capsys)
     def segments() -> int:  # cudaMalloc calls of the caching allocator so far
         return torch.cuda.memory_stats().get("segment.all.allocated", 0)
 
-    mallocs: dict[int, int] = {}
-
-    def first_ttft(n: int) -> float:
-        before = segments()
-        ms = ttft_ms(llm, random_prompt(rng, n))
-        mallocs[n] = segments() - before
-        return ms
-
     try:
-        # distinct random prompts: no prefix-cache hit makes a repeat cheaper
-        first = {n: first_ttft(n) for n in UNSEEN}
+        # distinct random prompts: no prefix-cache hit makes a repeat cheaper. The second pass goes
+        # through the lengths in the first pass's order, so each of its requests follows the same
+        # length its first did: a short prompt after a long one pays ~0.5 ms whether its length
+        # is new or not (H200, 6f24aef: lengths 1-61 0.1-0.9 ms over their repeats in the first,
+        # second and third pass alike; median excess of each pass 0.03 / 0.00 / 0.06 ms)
+        # cudaMalloc calls over the whole first pass, not around each request: memory_stats()
+        # walks the allocator's state, host work beside a ~4 ms measurement
+        before = segments()
+        first = {n: ttft_ms(llm, random_prompt(rng, n)) for n in UNSEEN}
+        mallocs = segments() - before
+        second = {n: ttft_ms(llm, random_prompt(rng, n)) for n in UNSEEN}
         repeats = {n: [ttft_ms(llm, random_prompt(rng, n)) for _ in range(3)] for n in UNSEEN}
-        seen = {n: statistics.median(r) for n, r in repeats.items()}
+        seen = {n: statistics.median([second[n], *r]) for n, r in repeats.items()}
     finally:
         triton.knobs.runtime.jit_cache_hook = None
     free(llm)
     with capsys.disabled():
         print(
             f"\n[gpu] engine start (weights, cache, graphs, kernels) {start_s:.1f} s; TTFT ms, "
-            "first of a length / median of 3 more (cudaMalloc calls in the first):"
+            f"first of a length / median of 4 more ({mallocs} cudaMalloc calls in the first pass):"
         )
         for n in UNSEEN:
-            print(f"  {n:5d} tokens: {first[n]:7.2f} / {seen[n]:7.2f}  ({mallocs[n]})")
+            print(f"  {n:5d} tokens: {first[n]:7.2f} / {seen[n]:7.2f}")
         if compiled:
             print("  compiled while serving:\n   " + "\n   ".join(compiled))
     assert not compiled
-    # One first request is one sample: against the slowest of its repeats, within 10% (and half a
-    # millisecond of host jitter at the shortest prompts). A cost every first request pays shows
-    # in the median excess over the lengths instead (H200, e256838: 0.02 ms, first requests
-    # faster than their repeats at 7 of 18 lengths; the 0.3-0.8 ms a length of 999a1b8 would fail).
+    # One first request is one sample: against the slowest of the later ones of its length (one
+    # of them after the same predecessor), within 10% and half a millisecond of host jitter at
+    # the shortest prompts. A cost every first request pays shows in the median excess over the
+    # lengths instead (H200, e256838: 0.02 ms; the 0.3-0.8 ms a length of 999a1b8 would fail).
     slow = {
-        n: (first[n], max(r))
+        n: (first[n], max(second[n], *r))
         for n, r in repeats.items()
-        if first[n] > max(1.10 * max(r), max(r) + 0.5)
+        if first[n] > max(1.10 * max(second[n], *r), max(second[n], *r) + 0.5)
     }
     assert not slow
     assert statistics.median(first[n] - seen[n] for n in UNSEEN) < 0.25
