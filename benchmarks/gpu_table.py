@@ -59,6 +59,21 @@ def serving_lines(r: dict) -> list[str]:
             f"{x['loadgen']['cpu_s']} s ({x['loadgen']['busiest_proc_cpu']})"
             + (f"  ERRORS {x['errors']}: {x['first_error'][:80]}" if x["errors"] else "")
         )
+        if "tok_s_runs" in x:  # every fresh run: its /offline, and the services' spend per token
+            offline = r.get("offline", {}).get("tok_s")
+            runs = [f"{v / offline:.3f}" if offline else f"{v:,.0f}" for v in x["tok_s_runs"]]
+            lines.append(f"    runs ({'/offline' if offline else 'tok/s'}): {', '.join(runs)}")
+            for i, run in enumerate(x.get("runs", [])):
+                spend = "; ".join(
+                    f"{n} {s['cores']} cores {s['cpu_us_per_token']} us {s['writes_per_token']} w"
+                    f" {s['ctxsw_per_token']} cs"
+                    for n, s in run["services"].items()
+                )
+                lines.append(
+                    f"    run {i}: {run['tok_s']:,.0f} tok/s ITL p50 {run['itl_p50_ms']} TTFT p50 "
+                    f"{run['ttft_p50_ms']} msg/tok {run['messages_per_token']} loadgen "
+                    f"{run['loadgen_busiest_proc_cpu']}; per token: {spend}"
+                )
         lines.append(
             "    TTFT by prompt length: "
             + ", ".join(f"{b} {fmt(s)}" for b, s in x["ttft_ms_by_prompt_len"].items())

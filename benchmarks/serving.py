@@ -7,7 +7,6 @@ by prompt length. Figures only, never pass/fail.
 """
 
 import argparse
-import asyncio
 import dataclasses
 import json
 import shutil
@@ -16,20 +15,15 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from statistics import median
 
-import grpc
-
-from nanoserve.benchmarks import loadgen, workload
+from nanoserve.benchmarks import workload
 from nanoserve.benchmarks.offline import MARK
-from nanoserve.benchmarks.services import start_services, tree_cpu_s
+from nanoserve.benchmarks.services import start_services
 from nanoserve.benchmarks.serving_report import summary
+from nanoserve.benchmarks.serving_run import measure, model_info
 from nanoserve.benchmarks.shapes import SHAPES, write_shape_dir
-from nanoserve.benchmarks.stats import summarize, summarize_by_bucket
 from nanoserve.config import add_config_args, config_argv, config_from_args
 from nanoserve.worker.config import EngineConfig
-
-SATURATED = 0.8  # CPU cores a load-generator process may use before it may be the bottleneck
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,7 +51,20 @@ def build_parser() -> argparse.ArgumentParser:
         "worker); gateway = the OpenAI HTTP gateway in front of the frontend (needs the "
         "gateway extra); all = the three paths",
     )
-    g.add_argument("--num-prompts", type=int, default=256, help="requests in the throughput run")
+    g.add_argument("--num-prompts", type=int, default=256, help="requests in a throughput run")
+    g.add_argument(
+        "--runs",
+        type=int,
+        default=5,
+        help="throughput runs per path, each with fresh prompt ids: the worst run's figures and "
+        "every run's throughput are reported (never one warm run)",
+    )
+    g.add_argument(
+        "--profile-dir",
+        default="",
+        help="py-spy (when on PATH) records each service during each run into this folder; "
+        "each run reports its services' top frames",
+    )
     g.add_argument("--min-len", type=int, default=100, help="shortest prompt, in tokens")
     g.add_argument("--max-len", type=int, default=1024, help="longest prompt, in tokens")
     g.add_argument("--min-out", type=int, default=100, help="fewest output tokens of a request")
@@ -83,11 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--warmup",
         default="workload",
-        choices=["workload", "light"],
+        choices=["workload", "light", "none"],
         help="before each timed run (offline and each path alike), prefill prompts of "
         "other ids: workload = every prompt length of the run, 2 output tokens (the "
         "same kernels compiled for every path: fair ratios); light = --warmup-requests "
-        "random lengths (compiles that happen while serving stay in the figures)",
+        "random lengths (compiles that happen while serving stay in the figures); none = no "
+        "warm-up through the services (a freshly started stack's first burst is run 1)",
     )
     g.add_argument(
         "--warmup-requests",
@@ -189,100 +197,6 @@ def run_offline(settings: dict, shape: list, warmup: list, args) -> dict:
     return json.loads(lines[-1][len(MARK) :])
 
 
-def model_info(target: str, address: str):
-    """GetModelInfo of the frontend or the worker (vocab_size, tensor_parallel_size, model_name)."""
-    from nanoserve.proto.v1 import frontend_service_pb2 as fpb
-    from nanoserve.proto.v1 import frontend_service_pb2_grpc as fgrpc
-    from nanoserve.proto.v1 import worker_service_pb2 as wpb
-    from nanoserve.proto.v1 import worker_service_pb2_grpc as wgrpc
-
-    with grpc.insecure_channel(address) as channel:
-        if target == "frontend":
-            info = fgrpc.FrontendServiceStub(channel).GetModelInfo(
-                fpb.GetModelInfoRequest(), timeout=30
-            )
-        else:
-            info = wgrpc.WorkerServiceStub(channel).GetModelInfo(
-                wpb.WorkerServiceGetModelInfoRequest(), timeout=30
-            )
-    return info
-
-
-def tpot(r: dict) -> float:
-    """Seconds per output token after the first message (the decode pace, TTFT left out)."""
-    return sum(r["gaps"]) / (r["tokens"] - r["first_tokens"])
-
-
-def measure(
-    target: str,
-    address: str,
-    shape: list,
-    warmup: list,
-    args,
-    services: dict[str, int],
-    frontend_address: str = "",
-) -> dict:
-    """Warm-up, the throughput run (CPU of the load generator and of each service process tree),
-    then the one-stream runs, on one target."""
-    # the gateway's model is the frontend's (the HTTP API has no vocab_size)
-    vocab = (
-        model_info("frontend", frontend_address)
-        if target == "gateway"
-        else model_info(target, address)
-    ).vocab_size
-    loadgen.run_processes(
-        target, address, workload.build(f"{target}-warmup", warmup, vocab), args.temperature, 1
-    )
-    requests = workload.build(target, shape, vocab, args.request_rate)
-    cpu0 = {name: tree_cpu_s(pid) for name, pid in services.items()}
-    run = loadgen.run_processes(target, address, requests, args.temperature, args.client_procs)
-    cpu = {
-        name: round((tree_cpu_s(pid) - cpu0[name]) / run["wall_s"], 2)
-        for name, pid in services.items()
-    }
-    res = run["results"]
-    ok = [r for r in res if not r["error"]]
-    tokens = sum(r["tokens"] for r in ok)
-    edges = [int(x) for x in args.ttft_buckets.split(",") if x]
-    clients = run["clients"]
-    out = dict(
-        tok_s=round(tokens / run["wall_s"], 1),
-        seconds=round(run["wall_s"], 3),
-        output_tokens=tokens,
-        requests=len(res),
-        errors=len(res) - len(ok),
-        first_error=next((r["error"] for r in res if r["error"]), ""),
-        messages_per_token=round(sum(r["messages"] for r in ok) / max(1, tokens), 3),
-        ttft_ms=summarize((r["ttft"] for r in ok if r["ttft"] is not None), 1000),
-        itl_ms=summarize((g for r in ok for g in r["gaps"]), 1000),
-        tpot_ms=summarize((tpot(r) for r in ok if r["tokens"] > r["first_tokens"]), 1000),
-        ttft_ms_by_prompt_len=summarize_by_bucket(
-            ((r["prompt_len"], r["ttft"]) for r in ok if r["ttft"] is not None), edges, 1000
-        ),
-        loadgen=dict(
-            procs=len(clients),
-            cpu_s=round(sum(c["cpu_s"] for c in clients), 2),
-            max_rss_mib=round(max(c["max_rss_mib"] for c in clients)),
-            busiest_proc_cpu=round(max(c["cpu_s"] / c["wall_s"] for c in clients), 2),
-        ),
-        service_cpu_cores=cpu,
-    )
-    # a client process near one core is the bottleneck itself: raise --client-procs
-    out["loadgen"]["saturated"] = out["loadgen"]["busiest_proc_cpu"] > SATURATED
-    # one stream: a warm-up of the same prompt length, then the timed runs one after another
-    one = [(args.one_stream_prompt_len, args.one_stream_tokens)] * (args.one_stream_runs + 1)
-    seq = asyncio.run(
-        loadgen.run(
-            target, address, workload.build(f"{target}-one", one, vocab), 0.0, sequential=True
-        )
-    )
-    timed = [r for r in seq["results"][1:] if not r["error"] and r["tokens"] > r["first_tokens"]]
-    if timed:
-        out["one_stream_ms_per_token"] = round(1000 * median(tpot(r) for r in timed), 3)
-        out["one_stream_ttft_ms"] = round(1000 * median(r["ttft"] for r in timed), 2)
-    return out
-
-
 def run(args: argparse.Namespace) -> dict:
     target = args.target or ("frontend" if args.address else "both")
     targets = {"both": ["frontend", "worker"], "all": ["frontend", "worker", "gateway"]}.get(
@@ -343,7 +257,12 @@ def run(args: argparse.Namespace) -> dict:
                 services[name].stop(10.0)
     offline = result.get("offline") or {}
     for t in targets if offline else ():
-        result[f"{t}_over_offline"] = round(result[t]["tok_s"] / offline["tok_s"], 3)
+        # the worst run's ratio (a served figure is the worst of several fresh runs), and the median's
+        result[f"{t}_over_offline"] = round(result[t]["tok_s_min"] / offline["tok_s"], 3)
+        result[f"{t}_over_offline_median"] = round(result[t]["tok_s_median"] / offline["tok_s"], 3)
+        result[f"{t}_over_offline_runs"] = [
+            round(x / offline["tok_s"], 3) for x in result[t]["tok_s_runs"]
+        ]
         if "one_stream_ms_per_token" in result[t]:
             result[f"{t}_ms_per_token_over_offline"] = round(
                 result[t]["one_stream_ms_per_token"] / offline["one_stream_ms_per_token"], 3

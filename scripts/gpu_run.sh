@@ -65,7 +65,7 @@ for name, src in dirs.items():
             link.unlink()
         os.symlink(root / src, link)
 PY
-export PYTHONPATH=$site:$pkg:$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$site:$pkg:$PWD${PYTHONPATH:+:$PYTHONPATH} PATH=$site/bin:$PATH  # py-spy, when carried
 
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -177,6 +177,18 @@ case $mode in
     step bench_8b_tp2 110 $bench latency --shape qwen3-8b --tensor-parallel-size 2
     step serving_tp2 230 $serving --num-prompts 256 --tensor-parallel-size 2
     ;;
+  service)  # issue 29: a freshly started stack, no warm-up, 256 streams of fresh prompts per run
+    # (--runs of them), one client channel; then the gateway path; then the stand-in worker's
+    # headroom at 512 streams (py-spy profiles each service when carried: see `wheels`)
+    step serving_grpc 330 $serving --num-prompts 256 --runs 5 --warmup none --client-procs 1 \
+      --target both --profile-dir /tmp/nanoserve-prof ${SERVING_ARGS:-}
+    step serving_gateway 200 $serving --num-prompts 256 --runs 5 --warmup none --target gateway \
+      --skip-offline --profile-dir /tmp/nanoserve-prof ${SERVING_ARGS:-}
+    step headroom_grpc 60 $py -m nanoserve.cli bench frontend-cost --json --num-prompts 512 \
+      --max-tokens 300 --step-ms 7 --client-procs 4 ${HEADROOM_ARGS:-}
+    step headroom_gateway 60 $py -m nanoserve.cli bench frontend-cost --json --num-prompts 512 \
+      --max-tokens 300 --step-ms 7 --client-procs 4 --target gateway ${HEADROOM_ARGS:-}
+    ;;
   gateway)  # GATEWAY_ARGS: more gateway flags, e.g. "--stream-interval 2" (per-token events by default)
     step serving_gateway 480 $serving --num-prompts 256 --target all \
       --gateway-args "${GATEWAY_ARGS:-}"
@@ -203,7 +215,7 @@ case $mode in
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|timeline|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|gateway|wheels]" >&2
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|timeline|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|gateway|service|wheels]" >&2
      exit 2 ;;
 esac
 done
