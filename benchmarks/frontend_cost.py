@@ -206,6 +206,7 @@ def measure(args: argparse.Namespace) -> dict:
         output_tokens=tokens,
         errors=errors,
         tok_s=round(tokens / wall, 1),
+        messages_per_token=round(sum(r["messages"] for r in res["results"]) / max(tokens, 1), 3),
         frontend_us_per_token=round(used["frontend"] / max(tokens, 1) * 1e6, 2),
         frontend_cores=round(used["frontend"] / wall, 2),
         stand_in_us_per_token=round(used["worker"] / max(tokens, 1) * 1e6, 2),

@@ -113,6 +113,14 @@ class FrontendConfig:
             "wait (1 = every engine step; larger = fewer, bigger messages)"
         },
     )
+    coalesce_max_ids: int = field(
+        default=8,
+        metadata={
+            "help": "while this process's event loop is near a full core, a stream's next message "
+            "waits for up to this many new ids (its CPU is then spent per message, not per token, "
+            "instead of falling behind the engine); 1 = never coalesce"
+        },
+    )
     # Entries with texts (20 alternatives, 64-byte token texts at worst): an alternative is ~77
     # bytes (id 1+3, logprob 1+4, text 2+64, header 2), an entry 20 * 77 + ~80 ≈ 1.6 KB, so 1,024
     # entries ≈ 1.7 MB worst case (≈ 0.4 MB with Qwen3's typical 4-8 byte texts): under the 4 MiB
@@ -240,6 +248,7 @@ class FrontendConfig:
             "max_prompt_bytes",
             "tokenizer_threads",
             "stream_interval",
+            "coalesce_max_ids",
             "max_logprobs_per_message",
         ):
             if getattr(self, name) < 1:

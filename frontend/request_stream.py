@@ -14,6 +14,7 @@ from nanoserve.frontend.completion_stream import DETOKENIZE_INLINE_MAX_IDS, Comp
 from nanoserve.frontend.config import FrontendConfig
 from nanoserve.frontend.detokenizer import Detokenizer
 from nanoserve.frontend.logprobs import response_logprobs
+from nanoserve.frontend.pacing import Pacer
 from nanoserve.frontend.request_log import current_record, mark_sent_to_worker
 from nanoserve.frontend.tokenizer import Tokenizer
 from nanoserve.frontend.validation import Limits, resolve_max_tokens, worker_sampling_params
@@ -35,6 +36,7 @@ class RequestRunner:
         self._worker_ids = itertools.count()
         # Workers may serve several frontends: this process's ids carry a random tag of its own.
         self._id_tag = secrets.token_hex(4)
+        self.pacer = Pacer(config.coalesce_max_ids)  # more ids a message while the loop is short
 
     async def stream(
         self,
@@ -81,6 +83,7 @@ class RequestRunner:
         timeout = context.time_remaining()
         if timeout is None and self.config.request_timeout_s > 0:
             timeout = self.config.request_timeout_s
+        self.pacer.start()
         link = await self._connected_worker(prompt_ids)
         session = link.session
         pending = link.start_request(worker_request, timeout)
@@ -90,7 +93,7 @@ class RequestRunner:
         try:
             while True:
                 taken = await pending.take()
-                pending.min_ids = stream_interval
+                pending.min_ids = max(stream_interval, self.pacer.min_ids)
                 for index, ids, last in taken:
                     c = completions[index]
                     if c.done:

@@ -144,6 +144,7 @@ class FrontendServer:
         while self.servicer.num_in_flight > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         await self.server.stop(min(1.0, max(0.0, deadline - time.monotonic())))
+        await self.servicer.requests.pacer.stop()
         await self.pool.close()
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
