@@ -42,8 +42,9 @@ def session_batches(
     max_bytes: int = MAX_BATCH_BYTES,
 ) -> list[worker_pb2.SessionRequest]:
     """The SessionRequests that carry these entries, in order: at most max_entries per list and,
-    past one add, at most max_bytes of adds. Aborts ride in the first messages (ids and indexes:
-    small)."""
+    past one add, at most max_bytes of adds. The worker applies a message's adds before its aborts,
+    so the aborts ride in the last add message and after it: an abort never reaches the worker
+    before the add of its request (the pass may have added and aborted it)."""
     groups: list[list[worker_pb2.SessionAdd]] = [[]]
     size = 0
     for add in adds:
@@ -53,14 +54,23 @@ def session_batches(
             size = 0
         groups[-1].append(add)
         size += add_bytes
+    first = len(groups) - 1  # the message the aborts start in
     count = max(
-        len(groups), -(-len(aborts) // max_entries), -(-len(completion_aborts) // max_entries)
+        len(groups),
+        first + -(-len(aborts) // max_entries),
+        first + -(-len(completion_aborts) // max_entries),
     )
+
+    def part(entries: list, i: int) -> list:
+        return (
+            entries[(i - first) * max_entries : (i - first + 1) * max_entries] if i >= first else []
+        )
+
     return [
         worker_pb2.SessionRequest(
             adds=groups[i] if i < len(groups) else [],
-            aborts=aborts[i * max_entries : (i + 1) * max_entries],
-            completion_aborts=completion_aborts[i * max_entries : (i + 1) * max_entries],
+            aborts=part(aborts, i),
+            completion_aborts=part(completion_aborts, i),
         )
         for i in range(max(count, 1))
     ]

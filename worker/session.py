@@ -78,13 +78,15 @@ class WorkerSession:
                             f"more than {bound} entries in one message", field=name
                         )
                         return
+                # in the order they were made: a message may add a request and abort it (the
+                # frontend merges queued messages when a write was slow), so adds go first
+                for add in message.adds:
+                    self.add(add)
                 for request_id in message.aborts:
                     if self.abort(request_id):
                         log_request_end(request_id, "CANCELLED", CANCELLED_BY_CALLER)
                 for completion in message.completion_aborts:
                     self.abort_completion(completion.request_id, completion.index)
-                for add in message.adds:
-                    self.add(add)
         finally:
             self.reading = False
             self.collector.event.set()

@@ -36,8 +36,8 @@ def test_flush_splits_a_large_pass_and_write_merges_up_to_the_bound() -> None:
         session.aborts = [f"a{i}" for i in range(MAX_BATCH + 1)]
         session._flush()
         queued = [session.outbox.get_nowait() for _ in range(session.outbox.qsize())]
-        assert [len(m.adds) for m in queued] == [MAX_BATCH, MAX_BATCH, 5]
-        assert [len(m.aborts) for m in queued] == [MAX_BATCH, 1, 0]
+        assert [len(m.adds) for m in queued] == [MAX_BATCH, MAX_BATCH, 5, 0]
+        assert [len(m.aborts) for m in queued] == [0, 0, MAX_BATCH, 1]
         small = [worker_pb2.SessionRequest(adds=adds(300)) for _ in range(5)]
         outbox: asyncio.Queue = asyncio.Queue()
         for message in small:
@@ -71,7 +71,8 @@ def test_batches_are_bounded_in_bytes_too() -> None:
     assert all(m.ByteSize() <= MAX_BATCH_BYTES + 64 for m in messages)  # + the abort's bytes
     assert [a.request.request_id for m in messages for a in m.adds] == [str(i) for i in range(120)]
     assert len(messages) >= -(-sum(a.ByteSize() for a in many) // MAX_BATCH_BYTES) >= 6
-    assert [len(m.aborts) for m in messages] == [1] + [0] * (len(messages) - 1)
+    # the abort rides with the last add: the worker applies a message's adds first
+    assert [len(m.aborts) for m in messages] == [0] * (len(messages) - 1) + [1]
     huge = big_adds(3, 1_500_000)  # ~4.5 MB each: one a message
     assert [len(m.adds) for m in session_batches(huge, [], [])] == [1, 1, 1]
     assert [len(m.aborts) for m in session_batches([], ["a", "b"], [])] == [2]
@@ -96,3 +97,53 @@ def test_the_slow_write_merge_stops_at_the_byte_bound() -> None:
 
 def test_the_worker_bound_is_above_the_frontend_batch() -> None:
     assert session_list_bound(1) > MAX_BATCH
+
+
+def test_an_abort_never_reaches_the_worker_before_its_add() -> None:
+    """Issue 32: a pass that adds B (in the second message of adds) and aborts it must not send
+    the abort first, or the worker ignores it and B runs to max_tokens for nobody."""
+    many = adds(MAX_BATCH + 3)
+    messages = session_batches(many, [str(MAX_BATCH + 1)], [])
+    where_added = next(
+        i
+        for i, m in enumerate(messages)
+        if any(a.request.request_id == str(MAX_BATCH + 1) for a in m.adds)
+    )
+    where_aborted = next(i for i, m in enumerate(messages) if m.aborts)
+    assert where_aborted >= where_added
+
+
+class SlowFirstWriteCall(FakeCall):
+    """A stand-in Session call whose first write takes 50 ms (HTTP/2 flow control, a busy worker)."""
+
+    async def write(self, message: worker_pb2.SessionRequest) -> None:
+        if not self.written:
+            await asyncio.sleep(0.05)
+        self.written.append(message)
+
+
+def test_the_slow_write_merge_keeps_an_abort_after_its_add() -> None:
+    """Start A; while its write is slow, start B and abort B (a client cancel): the writer merges
+    B's add and B's abort into one message, which the worker applies adds-first (test below)."""
+
+    async def main() -> list[worker_pb2.SessionRequest]:
+        session = WorkerSession(stub=None)  # type: ignore[arg-type]
+        call = SlowFirstWriteCall()
+        session.call = call  # type: ignore[assignment]  # as _open() would
+        writer = asyncio.create_task(session._write(call, session.outbox))  # type: ignore[arg-type]
+        session.start(worker_pb2.GenerateTokensRequest(request_id="A"), None)
+        await asyncio.sleep(0.01)  # A's write is under way
+        session.start(worker_pb2.GenerateTokensRequest(request_id="B"), None)
+        await asyncio.sleep(0)
+        session.abort("B")
+        await asyncio.sleep(0.1)
+        writer.cancel()
+        return call.written
+
+    written = asyncio.run(main())
+    sent = [(a.request.request_id, "add") for m in written for a in m.adds]
+    order = []
+    for m in written:  # the worker's order within a message: adds, then aborts
+        order += [("add", a.request.request_id) for a in m.adds] + [("abort", r) for r in m.aborts]
+    assert ("B", "add") in sent and ("abort", "B") in order
+    assert order.index(("add", "B")) < order.index(("abort", "B")), order
