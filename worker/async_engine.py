@@ -15,6 +15,7 @@ from typing import Protocol
 
 from nanoserve.worker import engine_core
 from nanoserve.worker.config import WorkerConfig
+from nanoserve.worker.frame_io import FrameWriter
 from nanoserve.worker.output_stream import Collector, Completion, Finish, Stream
 from nanoserve.worker.sampling_params import SamplingParams
 from nanoserve.worker.stats_log import Load
@@ -63,7 +64,7 @@ class AsyncEngine:
     ):
         self.config, self.loop, self.on_fatal = config, loop, on_fatal
         ctx = mp.get_context("spawn")  # CUDA; called from the main thread (PDEATHSIG is per thread)
-        core_in, self.to_core = ctx.Pipe(duplex=False)
+        core_in, to_core = ctx.Pipe(duplex=False)
         self.from_core, core_out = ctx.Pipe(duplex=False)
         self.process = ctx.Process(
             target=engine_core.run_engine_core,
@@ -73,6 +74,11 @@ class AsyncEngine:
         self.process.start()
         core_in.close()  # our copies: the core's death must read as EOF here
         core_out.close()
+        # written by a thread (frame_io): a large frame never blocks this event loop, whatever
+        # the core is doing (its own thread drains the pipe)
+        self.to_core = FrameWriter(to_core, "to-core")
+        self.last_alive = loop.time()  # the core's last heartbeat (engine_core.ALIVE)
+        self.step_running_s = 0.0  # how long the core's current step had run at that heartbeat
         self.ready: asyncio.Future = loop.create_future()  # the model info, once loaded
         self.info: dict = {}
         self.limits = EngineLimits()
@@ -235,6 +241,14 @@ class AsyncEngine:
         self.limits.max_num_seqs = info.get("max_num_seqs")
         self.limits.eos_token_ids = tuple(info.get("eos_token_ids", ()))
         self.ready.set_result(info)
+
+    def _on_alive(self, step_running_s: float) -> None:
+        self.last_alive, self.step_running_s = self.loop.time(), step_running_s
+
+    def stalled_s(self) -> float:
+        """How long the core has shown no progress: its current step's run time, or the silence
+        since its last heartbeat when that is longer (a frozen process sends none)."""
+        return self.loop.time() - self.last_alive + self.step_running_s
 
     def _on_load(self, load: list) -> None:
         self.load = Load(*load)

@@ -183,6 +183,14 @@ class WorkerConfig(EngineConfig):
             "waiting, KV use, throughput, prefix hit rate); 0: off"
         },
     )
+    engine_stall_timeout_s: float = field(
+        default=120.0,
+        metadata={
+            "help": "an engine core that shows no progress (one step running, or no heartbeat) "
+            "for half of this makes health NOT_SERVING, and for all of it makes the worker exit "
+            "non-zero so that its supervisor restarts it; 0: never"
+        },
+    )
     # ---- operating it: hostile-list bounds and metrics ----
     max_stop_token_ids: int = field(
         default=128, metadata={"help": "most stop token ids per request"}
@@ -219,5 +227,9 @@ class WorkerConfig(EngineConfig):
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.max_queued_requests < 1:
             raise ValueError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
+        if not self.engine_stall_timeout_s >= 0:
+            raise ValueError(
+                f"engine_stall_timeout_s must be >= 0, got {self.engine_stall_timeout_s}"
+            )
         if not self.stats_interval_s >= 0:
             raise ValueError(f"stats_interval_s must be >= 0, got {self.stats_interval_s}")

@@ -7,6 +7,7 @@ engine never waits for an event loop, protobuf or gRPC; nothing crosses the pipe
 
 import logging
 import os
+import queue
 import signal
 import threading
 import time
@@ -15,6 +16,7 @@ from multiprocessing.connection import Connection
 import msgpack
 
 from nanoserve.worker.config import WorkerConfig
+from nanoserve.worker.frame_io import FrameReader, FrameWriter
 from nanoserve.worker.stats_log import Load, StatsLogger
 
 logger = logging.getLogger(__name__)
@@ -23,6 +25,11 @@ logger = logging.getLogger(__name__)
 # or None, completion index] with, for requests that asked for logprobs, [..., logprob entries,
 # prompt entries]
 READY, STEP, LOAD, REFUSED, INVALID, ERROR = "ready", "step", "load", "refused", "invalid", "error"
+# [ALIVE, seconds the current step has run (0.0 between steps)], every HEARTBEAT_S from a thread of
+# its own: the server tells a core that is alive but stuck in a step from one that is frozen
+ALIVE = "alive"
+HEARTBEAT_S = 1.0
+FLUSH_S = 5.0  # how long a core that exits waits for its last frames to be written
 
 
 def encode(frame: list) -> bytes:
@@ -51,18 +58,29 @@ class EngineCore:
     def __init__(self, config: WorkerConfig, inbox: Connection, outbox: Connection):
         from nanoserve.worker.engine.llm_engine import LLMEngine
 
-        self.inbox, self.outbox = inbox, outbox
-        self.send_lock = threading.Lock()  # the tensor-parallel watcher thread may send ERROR
         self.engine = LLMEngine(config)
         self.engine.model_runner.on_rank_death = self.die  # tensor parallel: a dead rank
         self.exiting = False
         self.load_dirty = True
         self.stats = StatsLogger(config.stats_interval_s)
+        self.step_started: float | None = None  # time.monotonic() while a step runs
+        # the pipes are read and written by threads (frame_io): the step loop never blocks on one
+        self.inbox = FrameReader(inbox, "core-inbox")
+        self.outbox = FrameWriter(outbox, "core-outbox")
+        threading.Thread(target=self._heartbeat, name="core-heartbeat", daemon=True).start()
 
     def send(self, frame: list) -> None:
-        data = encode(frame)
-        with self.send_lock:
-            self.outbox.send_bytes(data)
+        self.outbox.send_bytes(encode(frame))  # thread-safe: the TP watcher may send ERROR
+
+    def _heartbeat(self) -> None:
+        while True:
+            started = self.step_started
+            running = 0.0 if started is None else time.monotonic() - started
+            try:
+                self.send([ALIVE, running])
+            except OSError:  # the server is gone
+                return
+            time.sleep(HEARTBEAT_S)
 
     def info(self) -> dict:
         e = self.engine
@@ -116,18 +134,23 @@ class EngineCore:
             # idle: block until the server sends something (or the stats line is due); busy: only
             # take what is there
             timeout = self.stats.idle_wait_s() if idle else 0
-            while self.inbox.poll(timeout):
+            while True:
                 try:
-                    self.apply(self.inbox.recv_bytes())
-                except EOFError:  # the server is gone
+                    data = self.inbox.get(timeout)
+                except queue.Empty:
+                    break
+                if data is None:  # the server is gone
                     return
+                self.apply(data)
                 timeout = 0
             if engine.is_finished():
                 self.stats.observe(self.load())  # the last window of a burst of work
                 continue
             self.stats.begin(self.load)  # a load report only when a window opens
             started = time.perf_counter()
+            self.step_started = time.monotonic()
             outputs = engine.step()
+            self.step_started = None
             step_s = time.perf_counter() - started
             for o in outputs:
                 if o.seq.error is not None:  # a grammar that does not compile: INVALID_ARGUMENT
@@ -160,6 +183,7 @@ class EngineCore:
         """Fatal: tell the server why, stop the ranks, exit non-zero without teardown."""
         try:
             self.send([ERROR, message])
+            self.outbox.flush(FLUSH_S)
         except OSError:
             pass
         logging.shutdown()
@@ -211,5 +235,6 @@ def run_engine_core(config: WorkerConfig, inbox: Connection, outbox: Connection)
         logger.exception("engine step failed")
         core.die(str(core.engine.model_runner.explain(exc)))
     core.engine.shutdown()  # between steps: no step is running now
+    core.outbox.flush(FLUSH_S)
     logging.shutdown()
     os._exit(0)

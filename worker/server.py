@@ -8,6 +8,7 @@ import asyncio
 import logging
 import signal
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -26,7 +27,7 @@ from nanoserve.model_files import tokenizer_digest
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 from nanoserve.security import ServerSecurity
-from nanoserve.worker.async_engine import AsyncEngine
+from nanoserve.worker.async_engine import AsyncEngine, EngineDead
 from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.request_log import (
     CANCELLED_BY_CALLER,
@@ -217,6 +218,38 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         )
 
 
+async def watch_engine(
+    engine: AsyncEngine,
+    timeout_s: float,
+    health_servicer: health.aio.HealthServicer,
+    on_fatal: Callable[[BaseException], None],
+    stop: asyncio.Event,
+) -> None:
+    """A stuck engine core made visible: NOT_SERVING once it has shown no progress for half of
+    timeout_s (SERVING again if it recovers), a fatal exit (non-zero: a supervisor restarts the
+    worker) after all of it. A slow step is progress the heartbeat reports, so the bound is
+    generous: a step of seconds is normal on CPU, a stall of minutes is not."""
+    if timeout_s <= 0:
+        return
+    serving = True
+    while not stop.is_set():
+        await asyncio.sleep(min(1.0, timeout_s / 4))
+        stalled = engine.stalled_s()
+        if stalled >= timeout_s:
+            logger.error("the engine core showed no progress for %.0f s: exiting", stalled)
+            on_fatal(EngineDead(f"engine core stalled for {stalled:.0f} s"))
+            return
+        if serving == (stalled >= timeout_s / 2):
+            serving = not serving
+            if serving:
+                logger.warning("the engine core makes progress again: SERVING")
+            else:
+                logger.error("the engine core shows no progress for %.0f s: NOT_SERVING", stalled)
+            status = health_pb2.HealthCheckResponse
+            for name in ("", SERVICE_NAME):
+                await health_servicer.set(name, status.SERVING if serving else status.NOT_SERVING)
+
+
 async def serve(config: WorkerConfig) -> int:
     """Run the worker until SIGTERM/SIGINT (exit 0) or an engine failure (exit 1)."""
     loop = asyncio.get_running_loop()
@@ -253,7 +286,7 @@ async def serve(config: WorkerConfig) -> int:
     def on_fatal(exc: BaseException) -> None:
         nonlocal exit_code
         exit_code = 1
-        stop.set()
+        stop.set()  # the stuck or dead core is killed below, not waited for
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -279,7 +312,11 @@ async def serve(config: WorkerConfig) -> int:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     logger.info("serving %s (%d KV blocks)", config.model, engine.info["num_kvcache_blocks"])
 
+    watchdog = asyncio.create_task(
+        watch_engine(engine, config.engine_stall_timeout_s, health_servicer, on_fatal, stop)
+    )
     await stop.wait()
+    watchdog.cancel()
     servicer.draining = True
     for session in servicer.sessions:  # their frontends learn it from the next load report
         session.collector.event.set()
