@@ -126,9 +126,16 @@ def _map_common(request: OpenAIRequest) -> Mapped:
     return mapped
 
 
+# /v1/completions without max_tokens: OpenAI's and vLLM's default (chat leaves it unset: the rest
+# of the context, as both do there)
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+
+
 def map_completion(request: CompletionRequest) -> tuple[str | list[int], Mapped]:
     """The prompt (text or token ids) and the rest of a /v1/completions request."""
     mapped = _map_common(request)
+    if request.max_tokens is None:
+        mapped.sampling["max_tokens"] = COMPLETION_DEFAULT_MAX_TOKENS
     prompt: Any = request.prompt
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
         if len(prompt) != 1:

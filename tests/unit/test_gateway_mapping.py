@@ -76,7 +76,7 @@ def test_stop_list_stream_options_and_token_prompts() -> None:
             prompt=[1, 2, 3], stop=["a", "b"], stream=True, stream_options={"include_usage": True}
         )
     )
-    assert prompt == [1, 2, 3] and mapped.sampling == {"stop": ["a", "b"]}
+    assert prompt == [1, 2, 3] and mapped.sampling == {"stop": ["a", "b"], "max_tokens": 16}
     assert mapped.stream and mapped.include_usage
     assert map_completion(completion(prompt=["one"]))[0] == "one"
     assert map_completion(completion(prompt=[[4, 5]]))[0] == [4, 5]
@@ -133,7 +133,8 @@ def test_what_the_grpc_api_lacks_is_a_400_naming_it(fields: dict, param: str) ->
 
 def test_no_op_values_of_missing_parameters_are_served() -> None:
     _, mapped = map_completion(completion(best_of=1, echo=False, suffix="", logprobs=None))
-    assert mapped.sampling == {} and mapped.echo is None and mapped.best_of is None
+    assert mapped.sampling == {"max_tokens": 16}  # the completions default, nothing else
+    assert mapped.echo is None and mapped.best_of is None
     _, mapped = map_chat(chat(logprobs=False, response_format={"type": "text"}, tools=[]))
     assert mapped.sampling == {} and mapped.call == {}
 
@@ -170,6 +171,7 @@ def test_logit_bias_and_allowed_token_ids_map_on_both_endpoints() -> None:
     fields = {"logit_bias": {"5": 100, "17": -100.0}, "allowed_token_ids": [5, 17, 30]}
     want = {"logit_bias": {5: 100.0, 17: -100.0}, "allowed_token_ids": [5, 17, 30]}
     for _, mapped in (map_completion(completion(**fields)), map_chat(chat(**fields))):
+        mapped.sampling.pop("max_tokens", None)  # the completions default
         assert mapped.sampling == want
         params = common_pb2.SamplingParams(**mapped.sampling)
         assert dict(params.logit_bias) == {5: 100.0, 17: -100.0}
@@ -307,3 +309,11 @@ def test_body_limit_by_content_length_and_by_counted_chunks() -> None:
     assert sent[0]["status"] == 413 and errors and errors[0].status_code == 413
     sent, _ = run_limited(1024, [(b"content-length", b"1000")], [b"x" * 500, b"x" * 500])
     assert sent[0]["status"] == 200
+
+
+def test_completions_default_to_16_tokens_and_chat_to_the_context() -> None:
+    """Issue 32: /v1/completions without max_tokens gets OpenAI's and vLLM's 16, not the rest of
+    the context; a given max_tokens is kept; chat leaves it unset (the frontend fills the context)."""
+    assert map_completion(completion())[1].sampling["max_tokens"] == 16
+    assert map_completion(completion(max_tokens=3))[1].sampling["max_tokens"] == 3
+    assert "max_tokens" not in map_chat(chat())[1].sampling
