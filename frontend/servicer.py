@@ -39,6 +39,7 @@ from nanoserve.frontend.worker_pool import WorkerPool
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+from nanoserve.security import current_tenant
 
 # The field the worker names when a forced tool choice's constraint does not compile.
 FORCED_TAG_FIELD = "sampling_params.structured_output.structural_tag"
@@ -51,7 +52,9 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         self.pool = pool
         self.num_in_flight = 0
         self.draining = False
-        self._live_request_ids: set[str] = set()
+        # (tenant, request id): ids are the caller's, so one tenant's never collide with, reveal or
+        # block another's; within a tenant an id in flight is refused (ALREADY_EXISTS)
+        self._live_request_ids: set[tuple[str | None, str]] = set()
         self.requests = RequestRunner(config, tokenizer, pool)
         self.request_sinks: list[RequestSink] = []  # called with each ended Generate/Chat call
 
@@ -78,15 +81,16 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                 f"{self.num_in_flight} requests in flight (max_concurrent_requests); retry later"
             )
         request_id = request_id or uuid.uuid4().hex
-        if request_id in self._live_request_ids:
+        key = (current_tenant(), request_id)
+        if key in self._live_request_ids:
             raise AlreadyExists(f"request_id {request_id!r} is already in flight")
         self.num_in_flight += 1
-        self._live_request_ids.add(request_id)
+        self._live_request_ids.add(key)
         try:
             yield request_id
         finally:
             self.num_in_flight -= 1
-            self._live_request_ids.discard(request_id)
+            self._live_request_ids.discard(key)
 
     @recorded
     @grpc_errors

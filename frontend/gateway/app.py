@@ -24,6 +24,7 @@ from nanoserve.errors import ServiceError
 from nanoserve.frontend.gateway.access import access_of
 from nanoserve.frontend.gateway.best_of import keep_best
 from nanoserve.frontend.gateway.body_parse import BodyParser
+from nanoserve.frontend.gateway.caller_auth import CallerAuth
 from nanoserve.frontend.gateway.echo import echo_chunks
 from nanoserve.frontend.gateway.errors import (
     OpenAIError,
@@ -38,15 +39,6 @@ from nanoserve.frontend.gateway.tokens import DetokenizeBody, TokenizeBody, deto
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-_BEARER = "bearer "
-
-
-def caller_token(request: Request) -> str | None:
-    """The caller's `Authorization: Bearer` token, forwarded as is: the frontend checks it."""
-    value = request.headers.get("authorization", "")
-    if value[: len(_BEARER)].lower() != _BEARER:
-        return None
-    return value[len(_BEARER) :].strip() or None
 
 
 async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
@@ -81,6 +73,7 @@ class Gateway:
         stream_interval: int = 1,
     ) -> None:
         self.client = client
+        self.auth = CallerAuth(client)  # every route but /health: the key before the body
         self._model_name = served_model_name
         self.bodies = bodies
         self._stream_interval = stream_interval
@@ -121,7 +114,7 @@ class Gateway:
 
     async def models(self, request: Request) -> dict:
         """Asks the frontend every time, with the caller's token: the listing is not open."""
-        client = self.client.with_token(caller_token(request))
+        client = await self.auth.client_for(request)
         try:
             info = await _until_disconnect(request, client.model_info())
         except ServiceError as e:
@@ -131,8 +124,8 @@ class Gateway:
         return {"object": "list", "data": [model]}
 
     async def completions(self, request: Request) -> Response:
+        client = await self.auth.client_for(request)  # 401 before the body is read
         body = await self.bodies.parse(CompletionRequest, await request.body())
-        client = self.client.with_token(caller_token(request))
         prompt, mapped = map_completion(body)
         name = await _until_disconnect(request, self.check_model(client, body.model))
         reply = Reply(name, False, logprobs=mapped.logprobs)
@@ -154,8 +147,8 @@ class Gateway:
         return await self._answer(request, reply, mapped, start, finish)
 
     async def chat_completions(self, request: Request) -> Response:
+        client = await self.auth.client_for(request)  # 401 before the body is read
         body = await self.bodies.parse(ChatCompletionRequest, await request.body())
-        client = self.client.with_token(caller_token(request))
         messages, mapped = map_chat(body)
         name = await _until_disconnect(request, self.check_model(client, body.model))
         reply = Reply(name, True, logprobs=mapped.logprobs)
@@ -173,15 +166,15 @@ class Gateway:
         )
 
     async def tokenize(self, request: Request) -> dict:
+        client = await self.auth.client_for(request)  # 401 before the body is read
         body = await self.bodies.parse(TokenizeBody, await request.body())
-        client = self.client.with_token(caller_token(request))
         if body.model is not None:
             await _until_disconnect(request, self.check_model(client, body.model))
         return await _until_disconnect(request, tokenize(client, body))
 
     async def detokenize(self, request: Request) -> dict:
+        client = await self.auth.client_for(request)  # 401 before the body is read
         body = await self.bodies.parse(DetokenizeBody, await request.body())
-        client = self.client.with_token(caller_token(request))
         if body.model is not None:
             await _until_disconnect(request, self.check_model(client, body.model))
         return await _until_disconnect(request, detokenize(client, body))
@@ -249,6 +242,7 @@ def build_app(
         title="nanoserve OpenAI-compatible gateway",
         docs_url=None,
         redoc_url=None,
+        openapi_url=None,  # no unauthenticated route but /health (the gateway cannot tell who)
         lifespan=lifespan,
     )
 

@@ -105,3 +105,46 @@ def test_gateway_reaches_a_mutual_tls_frontend_with_the_callers_key(
             assert gateway.stop() == 0, gateway.output()
     finally:
         frontend.stop()
+
+
+def _raw_authorization(gateway: Service, value: bytes) -> tuple[int, dict]:
+    """GET /v1/models with these exact bytes as the Authorization header."""
+    import http.client
+    import json
+
+    conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=30)
+    try:
+        conn.putrequest("GET", "/v1/models")
+        conn.putheader("Authorization", value)
+        conn.endheaders()
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def test_the_key_is_checked_before_the_body_and_the_model(guarded: tuple[Pair, Service]) -> None:
+    """Issue 32: no body parse, no 400, no 404-vs-401 model oracle and no 500 for a caller without
+    a valid key; /openapi.json is not served to anyone."""
+    _, gateway = guarded
+    url = base_url(gateway) + "/v1"
+    sdk = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0)
+    (model,) = [m.id for m in sdk.models.list().data]  # the gateway knows the name now
+    bad_body = request_json("POST", url + "/chat/completions", {"model": model, "messages": 5})
+    assert bad_body[0] == 401, bad_body
+    for name in ("guess", model):  # the same answer whichever name is tried
+        status, body = request_json("POST", url + "/completions", {"model": name, "prompt": "x"})
+        assert status == 401 and body["error"]["type"] == "authentication_error", body
+    wrong = request_json("POST", base_url(gateway) + "/tokenize", {"prompt": "x"}, token="wrong")
+    assert wrong[0] == 401
+    for value in (b"Bearer t\xf6k", b"Bearer a\x01b", b"Bearer " + b"k" * 5000):
+        status, body = _raw_authorization(gateway, value)
+        assert status == 401 and body["error"]["type"] == "authentication_error", (value, body)
+    assert "Traceback" not in gateway.output(400)
+    assert request_json("POST", base_url(gateway) + "/tokenize", {"prompt": "x"}, token=KEY)[0] == 200
+    import urllib.error
+    import urllib.request
+
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        urllib.request.urlopen(base_url(gateway) + "/openapi.json", timeout=30)
+    assert raised.value.code == 404
