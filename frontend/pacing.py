@@ -10,7 +10,7 @@ import time
 
 # The loop thread's CPU share over a probe period: above HIGH it is near saturation (the next burst
 # of wake-ups will queue behind this one), below LOW it has room for one more message per stream.
-HIGH, LOW = 0.85, 0.55
+HIGH, LOW = 0.9, 0.6
 
 
 class Pacer:
