@@ -141,7 +141,9 @@ def test_the_key_is_checked_before_the_body_and_the_model(guarded: tuple[Pair, S
         status, body = _raw_authorization(gateway, value)
         assert status == 401 and body["error"]["type"] == "authentication_error", (value, body)
     assert "Traceback" not in gateway.output(400)
-    assert request_json("POST", base_url(gateway) + "/tokenize", {"prompt": "x"}, token=KEY)[0] == 200
+    assert (
+        request_json("POST", base_url(gateway) + "/tokenize", {"prompt": "x"}, token=KEY)[0] == 200
+    )
     import urllib.error
     import urllib.request
 
