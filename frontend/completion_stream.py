@@ -20,6 +20,7 @@ DETOKENIZE_INLINE_MAX_IDS = 64
 class CompletionStream:
     detokenizer: Detokenizer
     completion_tokens: int = 0  # tokens streamed so far
+    cached_tokens: int = 0  # the worker's figure, for a usage built here (a stop string ended it)
     done: bool = False  # ended (by the worker, or by a stop string matched here)
 
     async def fields(
@@ -80,12 +81,13 @@ class CompletionStream:
                 if last.HasField("stop_token_id"):
                     fields["matched_stop_token_id"] = last.stop_token_id
         if out.matched_stop is not None:
-            # cached_tokens is unknown here: the worker reports usage on its last message.
             fields.update(
                 finish_reason=common_pb2.FINISH_REASON_STOP,
                 matched_stop=out.matched_stop,
                 usage=common_pb2.Usage(
-                    prompt_tokens=prompt_len, completion_tokens=self.completion_tokens
+                    prompt_tokens=prompt_len,
+                    completion_tokens=self.completion_tokens,
+                    cached_tokens=self.cached_tokens,  # the worker sent it with the first ids
                 ),
             )
         return fields

@@ -98,6 +98,7 @@ class RequestRunner:
                     c = completions[index]
                     if c.done:
                         continue  # ended by a stop string; the worker's late ids are dropped
+                    c.cached_tokens = pending.cached_tokens
                     if last is not None and last.error_code:
                         raise worker_status_error(last.error_code, last.error_message)
                     logprobs, prompt_logprobs = pending.take_logprobs(index)

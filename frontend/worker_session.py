@@ -89,6 +89,7 @@ class Pending:
     taken: int = 0  # completions whose end the handler took
     error: Exception | None = None  # the session itself broke
     min_ids: int = 1  # stream_interval: wake the handler only once this many ids wait
+    cached_tokens: int = 0  # the prompt's prefix-cache hit, sent with the first output
     # TokenLogprobs of those ids (per completion) and of prompt positions, when asked for
     logprobs: list[list[common_pb2.TokenLogprobs]] = field(default_factory=list)
     prompt_logprobs: list[common_pb2.TokenLogprobs] = field(default_factory=list)
@@ -265,6 +266,8 @@ class WorkerSession:
                     if out.logprobs or out.prompt_logprobs:
                         p.logprobs[index] += out.logprobs
                         p.prompt_logprobs += out.prompt_logprobs
+                    if out.HasField("usage") and out.usage.cached_tokens:
+                        p.cached_tokens = out.usage.cached_tokens  # early: with the first ids
                     if out.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED or out.error_code:
                         if p.end(index, out):
                             del pending[out.request_id]

@@ -254,7 +254,9 @@ class AsyncEngine:
         self.load = Load(*load)
         self.history.append(load[:3])
 
-    def _on_step(self, load: list, outputs: list, step_s: float = 0.0) -> None:
+    def _on_step(
+        self, load: list, outputs: list, step_s: float = 0.0, cached: list | tuple = ()
+    ) -> None:
         previous = self.load
         self._on_load(load)
         histograms = self.histograms
@@ -269,6 +271,10 @@ class AsyncEngine:
                 step_s,
             )
         streams, touched = self.streams, set()
+        for engine_id, num_cached in cached:  # [engine id, cached prompt tokens], first outputs
+            stream = streams.get(engine_id)
+            if stream is not None and stream.cached_tokens is None:
+                stream.cached_tokens = num_cached
         for engine_id, ids, finish, index, *logprobs in outputs:
             stream = streams.get(engine_id)
             if stream is None:

@@ -174,8 +174,15 @@ class EngineCore:
                 for o in outputs
                 if o.seq.error is None
             ]
+            # a prompt's cached tokens, with its first output: the frontend reports them even
+            # when it ends the request itself (a stop string) and the finish never comes
+            cached = [
+                [o.seq.request_id, o.seq.num_cached_tokens]
+                for o in outputs
+                if not o.finished and 0 < len(o.new_token_ids) == o.seq.num_completion_tokens
+            ]
             load = self.load()
-            self.send([STEP, load, out, step_s])
+            self.send([STEP, load, out, step_s, cached])
             self.load_dirty = False
             self.stats.observe(load)
 

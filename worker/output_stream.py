@@ -91,6 +91,8 @@ class Stream:
     completions: list[Completion] = field(default_factory=lambda: [Completion()])
     num_finished: int = 0  # completions that ended
     error: Exception | None = None
+    cached_tokens: int | None = None  # the prompt's prefix-cache hit, known with its first output
+    cached_sent: bool = False  # a Session told its frontend (with the first output)
     event: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property

@@ -215,6 +215,10 @@ class WorkerSession:
                     add_logprobs(out.prompt_logprobs, taken.prompt_logprobs)
                     if taken.finish is not None:
                         set_finish(out, taken.finish)
+                    elif stream.cached_tokens is not None and not stream.cached_sent:
+                        # usage early, cached_tokens only: a stop string may end it frontend-side
+                        out.usage.cached_tokens = stream.cached_tokens
+                        stream.cached_sent = True
                 if not stream.finished:
                     continue
             del self.live[stream.request_id]
