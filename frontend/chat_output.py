@@ -7,7 +7,7 @@ text -> ReasoningParser -> (reasoning_content, answer) -> ToolCallParser -> (tex
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from nanoserve.frontend.reasoning_parser import THINK_END, THINK_START, ReasoningParser
+from nanoserve.frontend.reasoning_parser import THINK_END, THINK_START, ReasoningParser, ThinkGate
 from nanoserve.frontend.tool_parser import ToolCallParser
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
@@ -40,10 +40,17 @@ class ChatOutput:
     """One Chat request's output shaping; with neither parser, fields pass through unchanged."""
 
     def __init__(
-        self, reasoning: ReasoningParser | None = None, tools: ToolCallParser | None = None
+        self,
+        reasoning: ReasoningParser | None = None,
+        tools: ToolCallParser | None = None,
+        think_open: bool = False,
     ) -> None:
+        """`think_open`: the prompt opened the reply's think block (think_in_prompt "open")."""
         self.reasoning = reasoning
         self.tools = tools
+        # the tool parser reads only the answer, whatever the output option: without the split,
+        # the think block is passed on unchanged around it
+        self.gate = ThinkGate(think_open) if tools is not None and reasoning is None else None
 
     def update(self, fields: dict[str, Any]) -> dict[str, Any]:
         """Rewrites one response's fields (text, finish_reason) in place and adds reasoning_content,
@@ -58,6 +65,14 @@ class ChatOutput:
                 split.content += tail.content
             fields["reasoning_content"] = split.reasoning
             text = split.content
+        passed = ""  # the think block, unchanged (no reasoning split asked for)
+        if self.gate is not None:
+            gated = self.gate.feed(text)
+            if final:
+                tail = self.gate.finish()
+                gated.reasoning += tail.reasoning
+                gated.content += tail.content
+            passed, text = gated.reasoning, gated.content
         if self.tools is not None:
             delta = self.tools.feed(text)
             if final:
@@ -83,5 +98,5 @@ class ChatOutput:
                 and self.tools.ends_with_tool_calls
             ):
                 fields["finish_reason"] = common_pb2.FINISH_REASON_TOOL_CALLS
-        fields["text"] = text
+        fields["text"] = passed + text
         return fields

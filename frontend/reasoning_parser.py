@@ -97,3 +97,50 @@ class ReasoningParser:
         if self._state is _State.REASONING:
             return ReasoningDelta(reasoning=held)
         return ReasoningDelta(content=held)
+
+
+class ThinkGate:
+    """Without the reasoning split (separate_reasoning off) but with tool calls parsed: a reply's
+    think block, tags and newlines as they came (`reasoning`, passed on unchanged in the text), and
+    the answer after it (`content`), which alone the tool-call parser reads: a call the model drafts
+    while thinking is no call (issue 32)."""
+
+    def __init__(self, open_in_prompt: bool = False) -> None:
+        self._state = _State.REASONING if open_in_prompt else _State.BEFORE
+        self._held = ""
+
+    def feed(self, text: str) -> ReasoningDelta:
+        delta = ReasoningDelta()
+        buffer = self._held + text
+        self._held = ""
+        while buffer:
+            if self._state is _State.BEFORE:
+                body = buffer.lstrip()
+                if body.startswith(THINK_START):
+                    self._state = _State.REASONING  # the tag goes out with the reasoning
+                elif THINK_START.startswith(body):  # whitespace or a partial tag: wait
+                    self._held = buffer
+                    return delta
+                else:
+                    self._state = _State.CONTENT
+            elif self._state is _State.REASONING:
+                end = buffer.find(THINK_END)
+                if end < 0:
+                    keep = len(buffer) - _partial_suffix(buffer, THINK_END)
+                    delta.reasoning += buffer[:keep]
+                    self._held = buffer[keep:]
+                    return delta
+                end += len(THINK_END)
+                delta.reasoning += buffer[:end]
+                buffer = buffer[end:]
+                self._state = _State.CONTENT
+            else:
+                delta.content += buffer
+                buffer = ""
+        return delta
+
+    def finish(self) -> ReasoningDelta:
+        held, self._held = self._held, ""
+        if self._state is _State.REASONING:
+            return ReasoningDelta(reasoning=held)
+        return ReasoningDelta(content=held)

@@ -162,6 +162,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                         ToolCallParser(single_call=inputs.single_call)
                         if inputs.parse_tool_calls
                         else None,
+                        think_open=think == "open",
                     )
                 return outputs[index]
 
