@@ -37,6 +37,9 @@ COPY docker/healthcheck.py /opt/nanoserve/healthcheck.py
 RUN useradd --create-home --uid 10001 --user-group --shell /usr/sbin/nologin nanoserve
 USER 10001:10001
 WORKDIR /home/nanoserve
+# the worker link's secret volume's mount point (docker-compose.yml), made by the user so that a
+# fresh named volume takes its owner
+RUN mkdir -p /home/nanoserve/link
 # the compile-cache volume's mount point (docker-compose.yml), made by the user so that a fresh
 # named volume takes its owner
 RUN mkdir -p /home/nanoserve/.cache/nanoserve/compile

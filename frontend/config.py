@@ -191,6 +191,21 @@ class FrontendConfig:
     worker_tls_client_key_file: str | None = field(
         default=None, metadata={"help": "PEM private key of worker_tls_client_cert_file"}
     )
+    worker_auth_token_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "file holding the worker link's secret (the workers' --auth-token-file, or "
+            "one KEY of it): sent as `authorization: Bearer KEY` on every worker call"
+        },
+    )
+    cache_salt_key_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "file holding the key of the tenants' prefix-cache salts (HMAC-SHA256 of the "
+            "tenant name): every frontend of the same workers needs the same one; unset: the "
+            "worker auth token, else a random key of this process"
+        },
+    )
     cache_isolation: str = field(
         default="tenant",
         metadata={

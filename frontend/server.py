@@ -25,7 +25,12 @@ from nanoserve.grpc_options import server_options
 from nanoserve.model_files import tokenizer_digest
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
-from nanoserve.security import ServerSecurity, channel_credentials
+from nanoserve.security import (
+    ServerSecurity,
+    channel_credentials,
+    read_secret,
+    set_cache_salt_key,
+)
 
 if TYPE_CHECKING:  # prometheus_client loads only with a metrics port
     from nanoserve.frontend.metrics import FrontendMetrics
@@ -46,6 +51,8 @@ class FrontendServer:
         self._owns_tokenizer = tokenizer is None
         self.tokenizer = tokenizer or Tokenizer(model_dir, config.tokenizer_threads)
         self.health = health_aio.HealthServicer()
+        worker_token = read_secret(config.worker_auth_token_file)
+        set_cache_salt_key(read_secret(config.cache_salt_key_file) or worker_token)
         self.pool = WorkerPool(
             config.worker_address,
             tokenizer_digest(model_dir),
@@ -61,6 +68,7 @@ class FrontendServer:
                 config.worker_tls_client_cert_file,
                 config.worker_tls_client_key_file,
             ),
+            token=worker_token,
         )
         self.servicer = FrontendServicer(config, self.tokenizer, self.pool)
         self.servicer.request_sinks.append(RequestLog(config.log_format))

@@ -70,6 +70,7 @@ class WorkerLink:
         poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
         credentials: grpc.ChannelCredentials | None = None,
         server_name: str | None = None,
+        metadata: tuple[tuple[str, str], ...] = (),
     ) -> None:
         """`credentials`: TLS to the worker (nanoserve.security.channel_credentials), None for
         plaintext; `server_name`: the host name its certificate must carry when `address` is the
@@ -88,8 +89,12 @@ class WorkerLink:
             else grpc.aio.secure_channel(address, credentials, options=options)
         )
         self.stub = worker_grpc.WorkerServiceStub(self.channel)
+        self.metadata = metadata  # the worker link's bearer token, on every worker call
         self.session = WorkerSession(
-            self.stub, on_broken=self._on_session_broken, on_load=self._on_session_load
+            self.stub,
+            on_broken=self._on_session_broken,
+            on_load=self._on_session_load,
+            metadata=metadata,
         )
         self.state = LinkState.CONNECTING
         self.reason = ""  # why it is UNREACHABLE or REFUSED
@@ -217,7 +222,9 @@ class WorkerLink:
         try:
             if self.info is None:
                 info = await self.stub.GetModelInfo(
-                    worker_pb2.WorkerServiceGetModelInfoRequest(), timeout=timeout
+                    worker_pb2.WorkerServiceGetModelInfoRequest(),
+                    timeout=timeout,
+                    metadata=self.metadata,
                 )
                 refusal = self._vet(info)
                 if refusal is not None:
@@ -226,7 +233,9 @@ class WorkerLink:
                 self.info = info
             try:
                 self.num_polls += 1
-                self.report = await self.stub.GetLoad(worker_pb2.GetLoadRequest(), timeout=timeout)
+                self.report = await self.stub.GetLoad(
+                    worker_pb2.GetLoadRequest(), timeout=timeout, metadata=self.metadata
+                )
             except grpc.aio.AioRpcError as e:
                 if e.code() != grpc.StatusCode.UNIMPLEMENTED:
                     raise

@@ -19,6 +19,7 @@ from nanoserve.errors import FailedPrecondition, Unavailable
 from nanoserve.frontend.config import parse_worker_address
 from nanoserve.frontend.routing import BalanceRule, choose, prefix_key
 from nanoserve.frontend.worker_link import LinkState, ModelInfo, WorkerLink
+from nanoserve.security import bearer_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,9 @@ class WorkerPool:
         prefix_tokens: int = 256,
         rule: BalanceRule | None = None,
         credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
     ) -> None:
+        """`token`: the worker link's secret, sent with every worker call."""
         self.targets = parse_worker_address(worker_address)
         self._digest = tokenizer_digest
         self._on_serving_change = on_serving_change
@@ -82,6 +85,7 @@ class WorkerPool:
             max_message_bytes=max_message_bytes,
             poll_interval_s=poll_interval_s,
             credentials=credentials,
+            metadata=bearer_metadata(token),
         )
         self._resolve_interval_s = resolve_interval_s
         self.prefix_tokens = prefix_tokens

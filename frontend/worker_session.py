@@ -165,8 +165,10 @@ class WorkerSession:
         stub: worker_grpc.WorkerServiceStub,
         on_broken: Callable[[str], None] | None = None,
         on_load: Callable[[worker_pb2.GetLoadResponse], None] | None = None,
+        metadata: tuple[tuple[str, str], ...] = (),
     ) -> None:
         self.stub = stub
+        self.metadata = metadata  # the worker link's bearer token
         self.on_broken = on_broken  # told why, when the worker side broke it (not on close)
         self.on_load = on_load  # given each load report the worker sends on the session
         self.call: grpc.aio.StreamStreamCall | None = None
@@ -205,7 +207,7 @@ class WorkerSession:
             self._schedule_flush()
 
     def _open(self) -> None:
-        self.call = call = self.stub.Session(wait_for_ready=False)
+        self.call = call = self.stub.Session(wait_for_ready=False, metadata=self.metadata)
         self.outbox = asyncio.Queue()
         self.tasks = [
             asyncio.create_task(self._write(call, self.outbox), name="session-writer"),

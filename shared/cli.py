@@ -7,8 +7,11 @@ to their modules.
 
 import argparse
 import os
+import secrets
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Sequence
 
@@ -40,8 +43,36 @@ PASS_THROUGH = {
 }
 
 
+def link_secret(args: argparse.Namespace, worker_argv: list[str], frontend_argv: list[str]) -> str:
+    """The worker link's secret: the worker's --auth-token-file when one is given (the frontend is
+    handed it unless it has its own), else a random one for this run, in a file only this user can
+    read, in a private directory that serve removes on exit (returned; "" when none was made)."""
+    token_file = args.worker_config.auth_token_file
+    made = ""
+    if token_file is None:
+        made = tempfile.mkdtemp(prefix="nanoserve-serve-")  # mode 0700
+        token_file = os.path.join(made, "worker-token")
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+        worker_argv += ["--auth-token-file", token_file]
+    if args.frontend_config.worker_auth_token_file is None:
+        frontend_argv += ["--worker-auth-token-file", token_file]
+    return made
+
+
 def serve(argv: Sequence[str]) -> int:
     args, worker_argv, frontend_argv = serve_argvs(argv)
+    # the worker answers only its frontend: a per-run secret unless one is given (issue 32)
+    secret_dir = link_secret(args, worker_argv, frontend_argv)
+    try:
+        return _serve(args, worker_argv, frontend_argv)
+    finally:
+        if secret_dir:
+            shutil.rmtree(secret_dir, ignore_errors=True)
+
+
+def _serve(args: argparse.Namespace, worker_argv: list[str], frontend_argv: list[str]) -> int:
     config: FrontendConfig = args.frontend_config  # flags and environment: what the frontend sees
     # the worker's health, probed as the frontend connects: over TLS when the link uses it
     link = channel_credentials(

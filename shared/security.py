@@ -12,6 +12,7 @@ import hmac
 import ipaddress
 import logging
 import os
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,13 +39,44 @@ def current_tenant() -> str | None:
     return _tenant.get()
 
 
+# The key of the tenants' cache salts: a salt that is a plain function of a tenant's name lets anyone
+# who reaches a worker probe that tenant's prompts through the prefix cache (issue 32). Until a
+# frontend sets one (--cache-salt-key-file, else its worker token), a random key of this process.
+_salt_key: list[bytes] = [secrets.token_bytes(32)]
+
+
+def set_cache_salt_key(key: str | bytes | None) -> None:
+    """The HMAC key of tenant_cache_salt; None keeps this process's random one (prefix hits are
+    then not shared with other frontends of the same workers)."""
+    if key is None:
+        logger.info(
+            "tenant cache salts use a random key of this process (set --cache-salt-key-file for "
+            "frontends that share workers to share prefix hits)"
+        )
+        return
+    _salt_key[0] = key.encode("utf-8") if isinstance(key, str) else key
+
+
 def tenant_cache_salt() -> str:
-    """The prefix-cache salt of the call being served: a digest of its authenticated tenant (64
-    hex characters), so tenants never share cached blocks; "" (the shared cache) without auth."""
+    """The prefix-cache salt of the call being served: HMAC-SHA256 of its authenticated tenant
+    under the server's key (64 hex characters), so tenants never share cached blocks and nobody
+    without the key can derive a tenant's salt; "" (the shared cache) without auth."""
     tenant = _tenant.get()
     if tenant is None:
         return ""
-    return hashlib.sha256(b"nanoserve tenant\0" + tenant.encode("utf-8")).hexdigest()
+    return hmac.new(_salt_key[0], tenant.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def read_secret(path: str | None) -> str | None:
+    """A secret file's first non-comment word (a KEY line, or the KEY of a NAME KEY line); None
+    without a path."""
+    if not path:
+        return None
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        words = line.split("#", 1)[0].split()
+        if words:
+            return words[-1]
+    raise ValueError(f"{path}: no secret in it")
 
 
 def read_pem(source: PemSource | None) -> bytes | None:

@@ -166,7 +166,9 @@ def serve_argvs(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], lis
         *shlex.split(args.frontend_args),
     ]
     # Parse both now, as the services will: a bad value fails here, before minutes of loading.
-    worker = parse_config(WorkerConfig, worker_argv, prog="nanoserve serve (worker flags)")
+    worker = args.worker_config = parse_config(
+        WorkerConfig, worker_argv, prog="nanoserve serve (worker flags)"
+    )
     # kept for serve's probes and "try:" hint: the frontend's TLS and api keys as it will see
     # them (flags, --frontend-args and NANOSERVE_FRONTEND_* variables alike)
     frontend = args.frontend_config = parse_config(

@@ -198,7 +198,22 @@ class WorkerConfig(EngineConfig):
     metrics_port: int = field(
         default=0, metadata={"help": "port of the Prometheus /metrics HTTP endpoint (0 = off)"}
     )
-    # ---- the frontend link: TLS, mutual with a client CA ----
+    # ---- the frontend link: a shared secret and/or TLS, mutual with a client CA ----
+    auth_token_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "file holding the worker link's secret (one line: KEY, or NAME KEY a line for "
+            "several callers): every WorkerService call must carry `authorization: Bearer KEY` "
+            "(health stays open); the frontends read it with --worker-auth-token-file"
+        },
+    )
+    allow_unauthenticated: bool = field(
+        default=False,
+        metadata={
+            "help": "serve a non-loopback address with neither auth_token_file nor "
+            "tls_client_ca_file (anyone who reaches the port could run and abort requests)"
+        },
+    )
     tls_cert_file: str | None = field(
         default=None, metadata={"help": "PEM certificate chain: serve TLS (with tls_key_file)"}
     )
@@ -219,6 +234,18 @@ class WorkerConfig(EngineConfig):
             raise ValueError("tls_cert_file and tls_key_file go together")
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:
             raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file")
+        from nanoserve.security import is_loopback  # grpc: not for the offline engine's config
+
+        if not (
+            is_loopback(self.host)
+            or self.auth_token_file
+            or self.tls_client_ca_file
+            or self.allow_unauthenticated
+        ):
+            raise ValueError(
+                f"host {self.host} is not loopback: set auth_token_file (or tls_client_ca_file), "
+                "or allow_unauthenticated to serve it open"
+            )
         if self.max_stop_token_ids < 0:
             raise ValueError(f"max_stop_token_ids must be >= 0, got {self.max_stop_token_ids}")
         if not 0 <= self.metrics_port < 65536:

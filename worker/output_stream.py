@@ -91,6 +91,7 @@ class Stream:
     completions: list[Completion] = field(default_factory=lambda: [Completion()])
     num_finished: int = 0  # completions that ended
     error: Exception | None = None
+    caller: str | None = None  # who started it (the worker token's name): only it may Abort it
     cached_tokens: int | None = None  # the prompt's prefix-cache hit, known with its first output
     cached_sent: bool = False  # a Session told its frontend (with the first output)
     event: asyncio.Event = field(default_factory=asyncio.Event)

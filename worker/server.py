@@ -26,7 +26,7 @@ from nanoserve.grpc_options import server_options
 from nanoserve.model_files import tokenizer_digest
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
-from nanoserve.security import ServerSecurity
+from nanoserve.security import ServerSecurity, current_tenant
 from nanoserve.worker.async_engine import AsyncEngine, EngineDead
 from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.request_log import (
@@ -92,6 +92,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                     cache_salt=request.cache_salt,
                     priority=request.priority,
                 )
+                stream.caller = current_tenant()  # only this caller may Abort it
             except ValueError as e:
                 raise InvalidArgument(str(e)) from None
         except ServiceError as e:
@@ -141,6 +142,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             self.config.max_stop_token_ids,
             draining=lambda: self.draining,
         )
+        session.caller = current_tenant()  # only this caller may Abort its requests
         self.sessions.add(session)
         try:
             async for response in run_session(session, request_iterator, self._session_ended):
@@ -151,17 +153,22 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
     @grpc_errors
     async def Abort(self, request, context):
         """Abort requests by id, on GenerateTokens calls and Session streams (where the frontend's
-        `id#n` answers to the client's `id`); they end ABORTED. Unknown ids are ignored."""
+        `id#n` answers to the client's `id`); they end ABORTED. Unknown ids are ignored, and so
+        are the requests of another caller (the worker token's name that started them)."""
         engine = self._ready()
         if len(request.request_ids) > self.config.max_queued_requests:  # bounded before walked
             raise InvalidArgument(
                 f"more than max_queued_requests ({self.config.max_queued_requests}) ids",
                 field="request_ids",
             )
-        num_aborted = 0
+        num_aborted, caller = 0, current_tenant()
         for request_id in request.request_ids:
-            num_aborted += engine.abort(request_id)
-            num_aborted += sum(s.abort_by_operator(request_id) for s in self.sessions)
+            stream = engine.by_request_id.get(request_id)
+            if stream is not None and stream.caller == caller:
+                num_aborted += engine.abort(request_id)
+            num_aborted += sum(
+                s.abort_by_operator(request_id) for s in self.sessions if s.caller == caller
+            )
         if num_aborted:
             logger.info(
                 "aborted %d requests by operator: %s",
@@ -254,9 +261,13 @@ async def serve(config: WorkerConfig) -> int:
     """Run the worker until SIGTERM/SIGINT (exit 0) or an engine failure (exit 1)."""
     loop = asyncio.get_running_loop()
     too_large = max_request_bytes(config.max_model_len, config.max_stop_token_ids)
-    # TLS (mutual with a client CA) on the frontend link; no tokens: its only client is a frontend
+    # the frontend link: a shared secret (bearer metadata, checked before a request is parsed)
+    # and/or TLS, mutual with a client CA
     security = ServerSecurity.load(
-        config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
+        config.tls_cert_file,
+        config.tls_key_file,
+        config.tls_client_ca_file,
+        api_keys_file=config.auth_token_file,
     )
     interceptors = security.interceptors(
         too_large, "5 bytes * (max_model_len + max_stop_token_ids) + 397 KiB"

@@ -63,6 +63,7 @@ class WorkerSession:
         self.error: InvalidArgument | None = None  # a message past the bounds ends the session
         self.draining = draining
         self.reporter = reporter or LoadReporter()
+        self.caller: str | None = None  # who opened it (the worker token's name): Abort's scope
 
     async def read(self, requests: AsyncIterator[worker_pb2.SessionRequest]) -> None:
         """Applies the frontend's batches until it closes its side of the stream."""

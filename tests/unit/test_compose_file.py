@@ -59,7 +59,11 @@ def test_docker_compose_interpolates_tp_into_gpus_and_ranks(tmp_path) -> None:
     assert int(device["count"]) == 2
     assert int(worker["environment"]["NANOSERVE_WORKER_TENSOR_PARALLEL_SIZE"]) == 2
     assert worker["volumes"][0] == frontend["volumes"][0] == f"{tmp_path}:/model:ro"
-    assert frontend["ports"][0] == {"published": 6000, "target": 50051}
+    assert frontend["ports"][0] in (  # docker-compose 1.x's spelling, or v2's
+        "127.0.0.1:6000:50051/tcp",
+        {"host_ip": "127.0.0.1", "published": 6000, "target": 50051},
+        {"host_ip": "127.0.0.1", "published": "6000", "target": 50051, "protocol": "tcp"},
+    )
 
 
 # --- (b) what the file says ----------------------------------------------------------------------
@@ -97,7 +101,7 @@ def test_model_directory_is_mounted_read_only_on_both(services, tmp_path) -> Non
         assert (
             services[name]["environment"][env_var("model", env_prefix(CONFIGS[name]))] == "/model"
         )
-    assert len(services["frontend"]["volumes"]) == 1
+    assert services["frontend"]["volumes"][1:] == ["link:/home/nanoserve/link:ro"]  # the secret
     moved = load_compose({"NANOSERVE_MODEL_DIR": str(tmp_path)})["services"]
     assert moved["worker"]["volumes"][0] == f"{tmp_path}:/model:ro"
 
@@ -106,7 +110,7 @@ def test_worker_keeps_its_compile_cache_in_a_named_volume(services) -> None:
     """Triton's kernels survive a restart: the worker's cache dir lies in a named volume."""
     worker = services["worker"]
     mounts = dict(v.split(":", 1) for v in worker["volumes"][1:])
-    assert set(mounts) == {"compile-cache"} and "compile-cache" in load_compose()["volumes"]
+    assert set(mounts) == {"compile-cache", "link"} and "compile-cache" in load_compose()["volumes"]
     cache_dir = worker["environment"]["NANOSERVE_WORKER_COMPILE_CACHE_DIR"]
     assert cache_dir.startswith(mounts["compile-cache"] + "/")
     assert default(WorkerConfig, "compile_cache_dir") == ""  # a local run keeps Triton's default
@@ -117,11 +121,14 @@ def test_worker_keeps_its_compile_cache_in_a_named_volume(services) -> None:
 def test_frontend_is_published_and_waits_for_a_healthy_worker(services) -> None:
     frontend = services["frontend"]
     assert frontend["depends_on"] == {"worker": {"condition": "service_healthy"}}
-    assert frontend["ports"][0] == "50051:50051"
+    assert frontend["ports"][0] == "127.0.0.1:50051:50051"  # loopback unless told otherwise
     assert (
         load_compose({"NANOSERVE_FRONTEND_PORT": "8001"})["services"]["frontend"]["ports"][0]
-        == "8001:50051"
+        == "127.0.0.1:8001:50051"
     )
+    public = load_compose({"NANOSERVE_BIND_ADDRESS": "0.0.0.0"})["services"]
+    assert public["frontend"]["ports"][0] == "0.0.0.0:50051:50051"
+    assert public["gateway"]["ports"] == ["0.0.0.0:8000:8000"]
 
 
 def test_frontend_metrics_are_published_and_the_workers_stay_internal(services) -> None:
@@ -131,9 +138,12 @@ def test_frontend_metrics_are_published_and_the_workers_stay_internal(services) 
     frontend_port = int(frontend["environment"]["NANOSERVE_FRONTEND_METRICS_PORT"])
     worker_port = int(worker["environment"]["NANOSERVE_WORKER_METRICS_PORT"])
     assert frontend_port > 0 and worker_port > 0 and frontend_port != 50051
-    assert frontend["ports"] == ["50051:50051", f"{frontend_port}:{frontend_port}"]
+    assert frontend["ports"] == [
+        "127.0.0.1:50051:50051",
+        f"127.0.0.1:{frontend_port}:{frontend_port}",
+    ]
     moved = load_compose({"NANOSERVE_FRONTEND_METRICS_PORT": "9500"})["services"]["frontend"]
-    assert moved["ports"][1] == f"9500:{frontend_port}"
+    assert moved["ports"][1] == f"127.0.0.1:9500:{frontend_port}"
     assert "ports" not in worker
     assert [int(p) for p in worker["expose"]] == [default(WorkerConfig, "port"), worker_port]
 
@@ -151,10 +161,10 @@ def test_gateway_metrics_stay_on_the_compose_network(services) -> None:
 def test_gateway_is_published_and_waits_for_a_healthy_frontend(services) -> None:
     gateway = services["gateway"]
     assert gateway["depends_on"] == {"frontend": {"condition": "service_healthy"}}
-    assert gateway["ports"] == ["8000:8000"] and gateway["networks"] == ["nanoserve"]
+    assert gateway["ports"] == ["127.0.0.1:8000:8000"] and gateway["networks"] == ["nanoserve"]
     assert "volumes" not in gateway  # no tokenizer: the frontend does the text work
     moved = load_compose({"NANOSERVE_GATEWAY_PORT": "9000"})["services"]["gateway"]
-    assert moved["ports"] == ["9000:8000"]
+    assert moved["ports"] == ["127.0.0.1:9000:8000"]
     installs = re.findall(r"pip install [^\n]*", DOCKERFILES["gateway"].read_text())
     assert installs and all("[gateway]" in line for line in installs)
 
@@ -219,3 +229,23 @@ def test_tls_lines_are_off_by_default_and_complete(services) -> None:
     for name in ("worker", "frontend"):
         assert not any("TLS" in key for key in services[name]["environment"])
         assert not any(CERTS_IN_IMAGE in volume for volume in services[name]["volumes"])
+
+
+def test_the_worker_link_has_a_secret_without_any_setup(services) -> None:
+    """Issue 32: `docker compose up` runs no unauthenticated worker: link-secret writes a random
+    token into a volume once, the worker requires it and the frontend sends it."""
+    init = services["link-secret"]
+    assert init["restart"] == "no" and init["network_mode"] == "none"
+    assert "secrets.token_urlsafe" in " ".join(init["entrypoint"])
+    token = services["worker"]["environment"]["NANOSERVE_WORKER_AUTH_TOKEN_FILE"]
+    assert services["frontend"]["environment"]["NANOSERVE_FRONTEND_WORKER_AUTH_TOKEN_FILE"] == token
+    mount = f"link:{token.rsplit('/', 1)[0]}"
+    assert f"{mount}:ro" in services["worker"]["volumes"]
+    assert f"{mount}:ro" in services["frontend"]["volumes"]
+    assert mount in init["volumes"]
+    assert services["worker"]["depends_on"] == {
+        "link-secret": {"condition": "service_completed_successfully"}
+    }
+    assert load_compose()["volumes"]["link"]["name"] == "nanoserve-link"
+    for name in ("worker", "frontend"):  # the mount point exists in the image, owned by its user
+        assert "mkdir -p /home/nanoserve/link" in DOCKERFILES[name].read_text()

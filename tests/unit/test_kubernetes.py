@@ -120,3 +120,32 @@ def test_gateways_speak_to_the_frontends_service_and_probe_their_health(
     assert (probe["path"], named[probe["port"]]) == ("/health", config.port)
     pod = objects["Deployment", "nanoserve-gateway"]["spec"]["template"]["spec"]
     assert config.grace_period_s < pod["terminationGracePeriodSeconds"]
+
+
+def test_workers_need_the_link_token_and_only_frontends_reach_them(
+    objects, tmp_path, monkeypatch
+) -> None:
+    """Issue 32: no unauthenticated worker on the cluster network."""
+    secret_file = tmp_path / "token"
+    secret_file.write_text("t\n")
+    worker_env = env(container(objects, "worker"))
+    frontend_env = env(container(objects, "frontend"))
+    token = worker_env["NANOSERVE_WORKER_AUTH_TOKEN_FILE"]
+    assert frontend_env["NANOSERVE_FRONTEND_WORKER_AUTH_TOKEN_FILE"] == token
+    assert frontend_env["NANOSERVE_FRONTEND_API_KEYS_FILE"]
+    for name in ("worker", "frontend"):  # the token's directory is the Secret's mount
+        mounts = {m["mountPath"]: m["name"] for m in container(objects, name)["volumeMounts"]}
+        assert mounts[str(Path(token).parent)] == "worker-token"
+        pod = objects["Deployment", f"nanoserve-{name}"]["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["worker-token"]["secret"]["secretName"] == "nanoserve-worker-token"
+    worker = build("worker", container(objects, "worker"), tmp_path, monkeypatch)
+    assert worker.host == "0.0.0.0" and worker.auth_token_file == token
+    policy = objects["NetworkPolicy", "nanoserve-worker"]["spec"]
+    worker_labels = objects["Deployment", "nanoserve-worker"]["spec"]["template"]["metadata"]
+    assert policy["podSelector"]["matchLabels"].items() <= worker_labels["labels"].items()
+    (rule,) = policy["ingress"]
+    (source,) = rule["from"]
+    frontend_labels = objects["Deployment", "nanoserve-frontend"]["spec"]["template"]["metadata"]
+    assert source["podSelector"]["matchLabels"].items() <= frontend_labels["labels"].items()
+    assert policy["policyTypes"] == ["Ingress"]
