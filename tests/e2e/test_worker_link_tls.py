@@ -88,7 +88,9 @@ def test_the_worker_refuses_callers_without_a_client_certificate(mtls_pair, cert
 
 
 def test_a_plaintext_worker_on_a_public_address_warns(tiny_model_dir) -> None:
-    worker = start_worker(tiny_model_dir, "--host", "0.0.0.0", wait=False)
+    worker = start_worker(
+        tiny_model_dir, "--host", "0.0.0.0", "--allow-unauthenticated", wait=False
+    )
     try:
         time.sleep(0.2)
         assert any("in plaintext" in line for line in worker.lines), worker.output()

@@ -94,7 +94,8 @@ RESPONSES = [
 
 def test_echo_maps_onto_prompt_logprobs_and_max_tokens_0_onto_one_token() -> None:
     _, mapped = map_completion(completion(echo=True, logprobs=2))
-    assert mapped.sampling == {"logprobs": 2, "prompt_logprobs": 2}
+    # max_tokens 16: /v1/completions' default when the body leaves it out
+    assert mapped.sampling == {"logprobs": 2, "prompt_logprobs": 2, "max_tokens": 16}
     assert mapped.echo == Echo("Hi there", 2, None, False)
     assert mapped.param_names["sampling_params.prompt_logprobs"] == "logprobs"
     _, mapped = map_completion(completion(echo=True, max_tokens=0))
@@ -103,7 +104,7 @@ def test_echo_maps_onto_prompt_logprobs_and_max_tokens_0_onto_one_token() -> Non
     # a token-id prompt's text comes from Detokenize: no prompt entries (the prefix cache still
     # serves it); the client's own k is kept
     _, mapped = map_completion(completion(echo=True, prompt=[[5, 6]]))
-    assert mapped.sampling == {} and mapped.echo == Echo([5, 6])
+    assert mapped.sampling == {"max_tokens": 16} and mapped.echo == Echo([5, 6])
     _, mapped = map_completion(completion(echo=True, logprobs=1, prompt_logprobs=3))
     assert mapped.sampling["prompt_logprobs"] == 3 and mapped.echo == Echo("Hi there", 1, 3)
     _, mapped = map_completion(completion(echo=True, logprobs=4, prompt_logprobs=3))
@@ -114,15 +115,16 @@ def test_echo_maps_onto_prompt_logprobs_and_max_tokens_0_onto_one_token() -> Non
 
 def test_best_of_maps_onto_n_with_logprobs_to_rank_them() -> None:
     _, mapped = map_completion(completion(best_of=3, seed=7))
-    assert mapped.sampling == {"seed": 7, "n": 3, "logprobs": 0}
+    assert mapped.sampling == {"seed": 7, "n": 3, "logprobs": 0, "max_tokens": 16}
     assert mapped.best_of == BestOf(3, 1, True) and mapped.n == 1 and not mapped.logprobs
     refused = error_for_code(grpc.StatusCode.INVALID_ARGUMENT, "sampling_params.n: too many")
     assert from_service_error(refused, mapped.param_names).param == "best_of"
     _, mapped = map_completion(completion(best_of=4, n=2, logprobs=1))
-    assert mapped.sampling == {"n": 4, "logprobs": 1} and mapped.best_of == BestOf(4, 2, False)
+    assert mapped.sampling == {"n": 4, "logprobs": 1, "max_tokens": 16}
+    assert mapped.best_of == BestOf(4, 2, False)
     for fields in ({"best_of": 2, "n": 2}, {"best_of": 2, "n": 2, "stream": True}):
         _, mapped = map_completion(completion(**fields))
-        assert mapped.best_of is None and mapped.sampling == {"n": 2}
+        assert mapped.best_of is None and mapped.sampling == {"n": 2, "max_tokens": 16}
 
 
 @pytest.mark.parametrize(
