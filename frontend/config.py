@@ -113,6 +113,14 @@ class FrontendConfig:
             "wait (1 = every engine step; larger = fewer, bigger messages)"
         },
     )
+    allow_special_tokens_in_messages: bool = field(
+        default=False,
+        metadata={
+            "help": "special-token text in chat messages (`<|im_start|>` typed by a user) becomes "
+            "the control token, as in vLLM; off (the default), it stays text and only the chat "
+            "template writes control tokens"
+        },
+    )
     coalesce_max_ids: int = field(
         default=8,
         metadata={

@@ -49,7 +49,9 @@ class FrontendServer:
     def __init__(self, config: FrontendConfig, model_dir: str, tokenizer: Tokenizer | None = None):
         self.config = config
         self._owns_tokenizer = tokenizer is None
-        self.tokenizer = tokenizer or Tokenizer(model_dir, config.tokenizer_threads)
+        self.tokenizer = tokenizer or Tokenizer(
+            model_dir, config.tokenizer_threads, config.allow_special_tokens_in_messages
+        )
         self.health = health_aio.HealthServicer()
         worker_token = read_secret(config.worker_auth_token_file)
         set_cache_salt_key(read_secret(config.cache_salt_key_file) or worker_token)

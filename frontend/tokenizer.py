@@ -19,6 +19,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
 from nanoserve.errors import InvalidArgument
+from nanoserve.frontend.special_text import encode_escaped, holds_special_text
 from nanoserve.model_files import read_json
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,11 @@ def _tojson(value: Any, indent: int | None = None) -> str:
 class Tokenizer:
     """Encodes prompts, renders chat templates and decodes token ids for one model directory."""
 
-    def __init__(self, model_dir: str | Path, num_threads: int = 4) -> None:
+    def __init__(
+        self, model_dir: str | Path, num_threads: int = 4, special_text_in_messages: bool = False
+    ) -> None:
+        """`special_text_in_messages`: special-token text in the caller's messages becomes the
+        special tokens (vLLM's behaviour); off, it stays text (frontend.special_text)."""
         model_dir = Path(model_dir)
         path = model_dir / "tokenizer.json"
         if not path.is_file():
@@ -73,6 +78,11 @@ class Tokenizer:
             i for i, token in self._tokenizer.get_added_tokens_decoder().items() if token.special
         )
         self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
+        self.special_texts = tuple(
+            t.content for t in self._tokenizer.get_added_tokens_decoder().values() if t.special
+        )
+        self._special_text_in_messages = special_text_in_messages
+        self._text_only: HFTokenizer | None = None  # a copy that parses no special token
         self._encode_batch = getattr(  # encode_batch_fast: tokenizers >= 0.21
             self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch
         )
@@ -147,8 +157,23 @@ class Tokenizer:
         tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
         # The template writes every special token itself; adding them again would double a bos.
+        if not self._special_text_in_messages and holds_special_text(messages, self.special_texts):
+            return encode_escaped(
+                messages,
+                self.special_texts,
+                lambda marked: self.apply_chat_template(marked, True, enable_thinking, tools),
+                lambda text: self.encode(text, add_special_tokens=False),
+                self._encode_text,
+            )
         prompt = self.apply_chat_template(messages, enable_thinking=enable_thinking, tools=tools)
         return self.encode(prompt, add_special_tokens=False)
+
+    def _encode_text(self, text: str) -> list[int]:
+        """`text`'s ids with special-token text encoded as the text it is."""
+        if self._text_only is None:
+            self._text_only = HFTokenizer.from_str(self._tokenizer.to_str())
+            self._text_only.encode_special_tokens = True
+        return self._text_only.encode(text, add_special_tokens=False).ids
 
     async def _run_encode(self, size: int, fn: Any, *args: Any) -> list[int]:
         """Runs an encode of `size` characters in the pool; large ones one at a time. Each still
