@@ -19,7 +19,7 @@ import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from nanoserve.benchmarks.loadgen import run_processes
-from nanoserve.benchmarks.services import Service, tree_cpu_s
+from nanoserve.benchmarks.services import Service, start_replicas, tree_cpu_s
 from nanoserve.benchmarks.workload import Request, arrivals
 from nanoserve.grpc_options import server_options
 from nanoserve.model_files import resolve_model_dir, tokenizer_digest
@@ -126,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the load goes: the frontend, or the OpenAI gateway in front of it (its CPU "
         "per token is then reported too)",
     )
+    p.add_argument(
+        "--frontend-processes",
+        type=int,
+        default=1,
+        help="frontend processes sharing one port, and as many gateways (nanoserve serve's flag)",
+    )
     p.add_argument("--frontend-args", default="", help="more flags for the frontend")
     p.add_argument(
         "--gateway-args", default="", help='more flags for the gateway, e.g. "--stream-interval 4"'
@@ -154,22 +160,25 @@ def measure(args: argparse.Namespace) -> dict:
     services = [worker]
     try:
         address = worker.wait_serving(60)
-        frontend = Service(
+        byname: dict[str, Service] = {}
+        address = start_replicas(
+            byname,
             "frontend",
-            [args.frontend_python, "-m", "nanoserve.frontend", "--model", args.model, "--port", "0",
+            [args.frontend_python, "-m", "nanoserve.frontend", "--model", args.model,
              "--worker-address", address, *args.frontend_args.split()],
+            args.frontend_processes,
+            120,
         )  # fmt: skip
-        services.append(frontend)
-        frontend_address = frontend.wait_serving(120)
-        address = frontend_address
         if args.target == "gateway":
-            gateway = Service(
+            address = start_replicas(
+                byname,
                 "gateway",
-                [*py, "nanoserve.frontend.gateway", "--port", "0",
-                 "--frontend-address", frontend_address, *args.gateway_args.split()],
+                [*py, "nanoserve.frontend.gateway", "--frontend-address", address,
+                 *args.gateway_args.split()],
+                args.frontend_processes,
+                60,
             )  # fmt: skip
-            services.append(gateway)
-            address = gateway.wait_serving(60)
+        services += byname.values()
         rng = random.Random(0)
 
         def requests(tag: str, n: int, max_tokens: int, rate: float) -> list[Request]:
@@ -207,11 +216,15 @@ def measure(args: argparse.Namespace) -> dict:
         errors=errors,
         tok_s=round(tokens / wall, 1),
         messages_per_token=round(sum(r["messages"] for r in res["results"]) / max(tokens, 1), 3),
-        frontend_us_per_token=round(used["frontend"] / max(tokens, 1) * 1e6, 2),
-        frontend_cores=round(used["frontend"] / wall, 2),
+        frontend_us_per_token=round(_sum(used, "frontend") / max(tokens, 1) * 1e6, 2),
+        frontend_cores=round(_sum(used, "frontend") / wall, 2),
+        frontend_processes=args.frontend_processes,
         stand_in_us_per_token=round(used["worker"] / max(tokens, 1) * 1e6, 2),
         **(
-            {"gateway_us_per_token": round(used["gateway"] / max(tokens, 1) * 1e6, 2)}
+            {
+                "gateway_us_per_token": round(_sum(used, "gateway") / max(tokens, 1) * 1e6, 2),
+                "gateway_cores": round(_sum(used, "gateway") / wall, 2),
+            }
             if "gateway" in used
             else {}
         ),
@@ -219,6 +232,11 @@ def measure(args: argparse.Namespace) -> dict:
             sum(c["cpu_s"] for c in res["clients"]) / max(tokens, 1) * 1e6, 2
         ),
     )
+
+
+def _sum(used: dict[str, float], kind: str) -> float:
+    """CPU seconds of every process of one kind (frontend, frontend-2, ...)."""
+    return sum(v for k, v in used.items() if k.split("-")[0] == kind)
 
 
 def main(argv: list[str] | None = None) -> None:

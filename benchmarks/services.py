@@ -33,8 +33,10 @@ def _http_ok(address: str | None) -> bool:
 
 
 class Service:
-    def __init__(self, name: str, argv: list[str]) -> None:
+    def __init__(self, name: str, argv: list[str], kind: str = "") -> None:
+        """`kind`: worker, frontend or gateway (default: the name; replicas are frontend-2, ...)."""
         self.name = name
+        self.kind = kind or name
         self.address: str | None = None
         self._listening = threading.Event()
         self.process = subprocess.Popen(
@@ -53,16 +55,16 @@ class Service:
         for line in self.process.stdout:
             sys.stderr.write(f"[{self.name}] {line}")
             match = LISTENING.search(line)
-            if match and match.group(1) == self.name and not self._listening.is_set():
+            if match and match.group(1) == self.kind and not self._listening.is_set():
                 self.address = f"{match.group(2)}:{match.group(3)}"
                 self._listening.set()
 
     def wait_serving(self, timeout_s: float) -> str:
         """Blocks until the health service says SERVING; returns the address."""
-        service = WORKER_SERVICE if self.name == "worker" else FRONTEND_SERVICE
+        service = WORKER_SERVICE if self.kind == "worker" else FRONTEND_SERVICE
         ready = (
             (lambda: _http_ok(self.address))
-            if self.name == "gateway"
+            if self.kind == "gateway"
             else (lambda: _serving(self.address, service))
         )
         deadline = time.monotonic() + timeout_s
@@ -115,6 +117,21 @@ def tree_cpu_s(pid: int) -> float:
     return sum(cpu.get(p, 0.0) for p in tree)
 
 
+def start_replicas(
+    services: dict[str, Service], kind: str, argv: list[str], count: int, timeout_s: float
+) -> str:
+    """`count` processes of one service sharing one port (SO_REUSEPORT when several, as `nanoserve
+    serve --frontend-processes` runs them), named kind, kind-2, ...; their address."""
+    shared = ["--reuse-port"] if count > 1 else []
+    first = services[kind] = Service(kind, [*argv, "--port", "0", *shared])
+    address = first.wait_serving(timeout_s)
+    for i in range(2, count + 1):
+        port = address.rsplit(":", 1)[1]
+        services[f"{kind}-{i}"] = Service(f"{kind}-{i}", [*argv, "--port", port, *shared], kind)
+        services[f"{kind}-{i}"].wait_serving(timeout_s)
+    return address
+
+
 def start_services(
     worker_flags: list[str], model: str, target: str, args: argparse.Namespace
 ) -> dict[str, Service]:
@@ -136,35 +153,23 @@ def start_services(
     try:
         worker_address = worker.wait_serving(args.start_timeout)
         if target in ("frontend", "both", "gateway", "all"):
-            services["frontend"] = Service(
+            frontend_address = start_replicas(
+                services,
                 "frontend",
-                [
-                    *py,
-                    "nanoserve.frontend",
-                    "--model",
-                    model,
-                    "--port",
-                    "0",
-                    "--worker-address",
-                    worker_address,
-                    *shlex.split(args.frontend_args),
-                ],
-            )
-            frontend_address = services["frontend"].wait_serving(120)
+                [*py, "nanoserve.frontend", "--model", model, "--worker-address", worker_address,
+                 *shlex.split(args.frontend_args)],
+                args.frontend_processes,
+                120,
+            )  # fmt: skip
             if target in ("gateway", "all"):
-                services["gateway"] = Service(
+                start_replicas(
+                    services,
                     "gateway",
-                    [
-                        *py,
-                        "nanoserve.frontend.gateway",
-                        "--port",
-                        "0",
-                        "--frontend-address",
-                        frontend_address,
-                        *shlex.split(args.gateway_args),
-                    ],
-                )
-                services["gateway"].wait_serving(60)
+                    [*py, "nanoserve.frontend.gateway", "--frontend-address", frontend_address,
+                     *shlex.split(args.gateway_args)],
+                    args.frontend_processes,
+                    60,
+                )  # fmt: skip
     except BaseException:
         for s in services.values():
             s.stop(10.0)

@@ -23,6 +23,7 @@ from nanoserve.benchmarks.serving_report import summary
 from nanoserve.benchmarks.serving_run import measure, model_info
 from nanoserve.benchmarks.shapes import SHAPES, write_shape_dir
 from nanoserve.config import add_config_args, config_argv, config_from_args
+from nanoserve.serve_args import default_frontend_processes
 from nanoserve.worker.config import EngineConfig
 
 
@@ -58,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=5,
         help="throughput runs per path, each with fresh prompt ids: the worst run's figures and "
         "every run's throughput are reported (never one warm run)",
+    )
+    g.add_argument(
+        "--frontend-processes",
+        type=int,
+        default=default_frontend_processes(),
+        help="frontend processes sharing one port, and as many gateways (as `nanoserve serve "
+        "--frontend-processes`; default, as there: a quarter of the cores, 1 to 8)",
     )
     g.add_argument(
         "--profile-dir",
@@ -252,9 +260,9 @@ def run(args: argparse.Namespace) -> dict:
             frontend_address = frontend.address if frontend is not None else None
             result[t] = measure(t, address, shape, warmup, args, pids, frontend_address or "")
     finally:
-        for name in ("gateway", "frontend", "worker"):  # outermost first: streams drain inward
-            if name in services:
-                services[name].stop(10.0)
+        order = {"gateway": 0, "frontend": 1, "worker": 2}  # outermost first: streams drain inward
+        for service in sorted(services.values(), key=lambda s: order[s.kind]):
+            service.stop(10.0)
     offline = result.get("offline") or {}
     for t in targets if offline else ():
         # the worst run's ratio (a served figure is the worst of several fresh runs), and the median's

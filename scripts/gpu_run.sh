@@ -184,10 +184,14 @@ case $mode in
       --target both --profile-dir /tmp/nanoserve-prof ${SERVING_ARGS:-}
     step serving_gateway 200 $serving --num-prompts 256 --runs 5 --warmup none --target gateway \
       --skip-offline --profile-dir /tmp/nanoserve-prof ${SERVING_ARGS:-}
-    step headroom_grpc 60 $py -m nanoserve.cli bench frontend-cost --json --num-prompts 512 \
-      --max-tokens 300 --step-ms 7 --client-procs 4 ${HEADROOM_ARGS:-}
-    step headroom_gateway 60 $py -m nanoserve.cli bench frontend-cost --json --num-prompts 512 \
-      --max-tokens 300 --step-ms 7 --client-procs 4 --target gateway ${HEADROOM_ARGS:-}
+    for procs in 1 4; do  # one frontend (and gateway) process, and serve's default here
+      step headroom_grpc_$procs 60 $py -m nanoserve.cli bench frontend-cost --json \
+        --num-prompts 512 --max-tokens 300 --step-ms 7 --client-procs 8 \
+        --frontend-processes $procs ${HEADROOM_ARGS:-}
+      step headroom_gateway_$procs 60 $py -m nanoserve.cli bench frontend-cost --json \
+        --num-prompts 512 --max-tokens 300 --step-ms 7 --client-procs 8 --target gateway \
+        --frontend-processes $procs ${HEADROOM_ARGS:-}
+    done
     ;;
   gateway)  # GATEWAY_ARGS: more gateway flags, e.g. "--stream-interval 2" (per-token events by default)
     step serving_gateway 480 $serving --num-prompts 256 --target all \

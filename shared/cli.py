@@ -109,18 +109,15 @@ def _serve(args: argparse.Namespace, worker_argv: list[str], frontend_argv: list
         ):
             return 0 if stop.is_set() else 1
         assert worker.address is not None
-        frontend = Child(
+        frontend = start_replicas(
             "frontend",
-            [
-                *python,
-                "nanoserve.frontend",
-                *frontend_argv,
-                "--worker-address",
-                worker.address,
-            ],
+            [*python, "nanoserve.frontend", *frontend_argv, "--worker-address", worker.address],
+            args.frontend_processes,
+            config.metrics_port,
+            children,
+            stop,
         )
-        children.insert(0, frontend)  # stopped first, so in-flight streams drain through it
-        if not wait_until(frontend.listening.is_set, children, stop, "starting"):
+        if frontend is None:
             return 0 if stop.is_set() else 1
         if not wait_until(
             lambda: is_serving(probe_address(frontend.address), FRONTEND_SERVICE, probe),
@@ -135,11 +132,15 @@ def _serve(args: argparse.Namespace, worker_argv: list[str], frontend_argv: list
         connection = hint_connection(f"{connect}:{port}", config, args)
         openai = ""
         if args.gateway_argv is not None:
-            gateway = Child(
-                "gateway", [*python, "nanoserve.frontend.gateway", *gateway_flags(args, connection)]
+            gateway = start_replicas(
+                "gateway",
+                [*python, "nanoserve.frontend.gateway", *gateway_flags(args, connection)],
+                args.frontend_processes,
+                args.gateway_metrics_port,
+                children,
+                stop,
             )
-            children.insert(0, gateway)  # stopped first: HTTP streams drain through the others
-            if not wait_until(gateway.listening.is_set, children, stop, "starting"):
+            if gateway is None:
                 return 0 if stop.is_set() else 1
             openai = f"\n  openai: http://{probe_address(gateway.address)}/v1 (the gateway)"
         print(
@@ -191,6 +192,35 @@ def hint_connection(address: str, config: FrontendConfig, args: argparse.Namespa
         client_key_file=path(args.probe_tls_client_key_file) if mutual else None,
         needs_token=bool(config.api_keys_file or config.api_keys),
     )
+
+
+def start_replicas(
+    name: str,
+    argv: list[str],
+    count: int,
+    metrics_port: int,
+    children: list[Child],
+    stop: threading.Event,
+) -> Child | None:
+    """`count` processes of one service on one port (SO_REUSEPORT when several): the first binds
+    argv's port (0: any free one), the others the port it got; process i > 0 serves /metrics on
+    metrics_port + i when metrics are on. Each goes first in `children` (stopped first: streams
+    drain through the services behind it). The first, once all listen; None if one exited or a
+    stop came."""
+    shared = ["--reuse-port"] if count > 1 else []
+    first = Child(name, [*argv, *shared])
+    children.insert(0, first)
+    if not wait_until(first.listening.is_set, children, stop, "starting"):
+        return None
+    assert first.address is not None
+    port = first.address.rsplit(":", 1)[1]
+    for i in range(1, count):
+        metrics = ["--metrics-port", str(metrics_port + i)] if metrics_port else []
+        child = Child(name, [*argv, *shared, "--port", port, *metrics])
+        children.insert(0, child)
+        if not wait_until(child.listening.is_set, children, stop, "starting"):
+            return None
+    return first
 
 
 def gateway_flags(args: argparse.Namespace, frontend: Connection) -> list[str]:

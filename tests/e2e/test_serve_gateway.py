@@ -43,3 +43,32 @@ def test_serve_runs_the_gateway_in_front_of_its_frontend(tiny_model_dir: Path) -
     finally:
         if serve.alive():
             serve.kill()
+
+
+def test_serve_runs_several_frontends_and_gateways_on_the_same_ports(tiny_model_dir: Path) -> None:
+    """Issue 29: `--frontend-processes 2` starts two frontends sharing --port and two gateways
+    sharing --gateway-port (SO_REUSEPORT); connections land on both and every call is served."""
+    from nanoserve.client import Client
+    from tests.e2e.processes import cmdline
+
+    serve = start_serve(tiny_model_dir, "--gateway-port", "0", "--frontend-processes", "2")
+    try:
+        address = serve.wait_listening()
+        deadline = time.monotonic() + 10
+        while not (found := OPENAI_LINE.search(serve.output(last=200))):
+            assert time.monotonic() < deadline, serve.output()
+            time.sleep(0.05)
+        kinds = [cmdline(p) for p in descendant_pids(serve.pid)]
+        assert sum("-m nanoserve.frontend.gateway" in c for c in kinds) == 2, kinds
+        assert sum("-m nanoserve.frontend " in c + " " for c in kinds) == 2, kinds
+        for _ in range(8):  # a connection each: the kernel spreads them over both frontends
+            with Client(address, timeout=30) as client:
+                assert client.generate("Hi", max_tokens=2).usage.completion_tokens == 2
+        sdk = openai.OpenAI(base_url=found["url"], api_key="unused", max_retries=0)
+        for _ in range(4):
+            done = sdk.completions.create(model=sdk.models.list().data[0].id, prompt="Hi")
+            assert done.usage is not None and done.usage.completion_tokens == 16  # the default
+        assert serve.stop() == 0, serve.output()
+    finally:
+        if serve.alive():
+            serve.kill()
