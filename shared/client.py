@@ -10,6 +10,7 @@ and `client_key=` for mutual TLS; `token=` sends `authorization: Bearer <token>`
 
 import asyncio
 import copy
+import itertools
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
@@ -228,19 +229,32 @@ class AsyncClient:
         client_cert: PemSource | None = None,
         client_key: PemSource | None = None,
         token: str | None = None,
+        connections: int = 1,
     ) -> None:
+        """`connections`: TCP connections to `address`, calls dealt round-robin over them (a
+        server of several processes on one port, SO_REUSEPORT, gets a share of each client)."""
         self.address = address
         self.timeout = timeout
         self._metadata = bearer_metadata(token)
-        options = channel_options(max_message_bytes)
+        options = list(channel_options(max_message_bytes))
+        if connections > 1:  # a channel of its own connection each (no shared subchannel)
+            options.append(("grpc.use_local_subchannel_pool", 1))
         credentials = channel_credentials(root_certificates, client_cert, client_key)
-        self._channel = (
+        self._channels = [
             grpc.aio.insecure_channel(address, options=options)
             if credentials is None
             else grpc.aio.secure_channel(address, credentials, options=options)
-        )
-        self._stub = frontend_grpc.FrontendServiceStub(self._channel)
+            for _ in range(max(1, connections))
+        ]
+        self._channel = self._channels[0]
+        self._stubs = [frontend_grpc.FrontendServiceStub(c) for c in self._channels]
+        self._next = itertools.count()
         self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    @property
+    def _stub(self) -> frontend_grpc.FrontendServiceStub:
+        """The next connection's stub (round-robin)."""
+        return self._stubs[next(self._next) % len(self._stubs)]
 
     def with_token(self, token: str | None) -> "AsyncClient":
         """This client on the same channel, sending `token` instead of its own (a gateway forwards
@@ -256,7 +270,8 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
-        await self._channel.close()
+        for channel in self._channels:
+            await channel.close()
 
     async def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
         try:

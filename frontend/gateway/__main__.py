@@ -50,6 +50,7 @@ async def serve(config: GatewayConfig) -> None:
         root_certificates=config.root_certificates,
         client_cert=config.tls_client_cert_file,
         client_key=config.tls_client_key_file,
+        connections=config.frontend_connections,
     )
     sock = bind(config.host, config.port, config.reuse_port)
     api = build_app(client, config.served_model_name, stream_interval=config.stream_interval)

@@ -32,6 +32,13 @@ class GatewayConfig:
     frontend_address: str = field(
         default="127.0.0.1:50051", metadata={"help": "host:port of the frontend's gRPC API"}
     )
+    frontend_connections: int = field(
+        default=4,
+        metadata={
+            "help": "connections to the frontend, requests dealt round-robin over them: several "
+            "frontend processes on one port (SO_REUSEPORT) each get a share of every gateway"
+        },
+    )
     served_model_name: str | None = field(
         default=None,
         metadata={
@@ -97,6 +104,8 @@ class GatewayConfig:
         host, sep, port = self.frontend_address.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ValueError(f"frontend_address must be host:port, got {self.frontend_address!r}")
+        if self.frontend_connections < 1:
+            raise ValueError(f"frontend_connections must be >= 1, got {self.frontend_connections}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.max_message_bytes < 1024:
