@@ -269,6 +269,17 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    async def connect(self, timeout: float) -> bool:
+        """Opens every connection now rather than on the first calls (a burst would wait for
+        them); whether all were ready within `timeout` seconds."""
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(c.channel_ready() for c in self._channels)), timeout
+            )
+            return True
+        except (asyncio.TimeoutError, grpc.aio.AioRpcError):
+            return False
+
     async def close(self) -> None:
         for channel in self._channels:
             await channel.close()

@@ -233,9 +233,13 @@ def build_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await bodies.warm(CompletionRequest)
+        # the frontend connections, open before the first burst (not waited for: a frontend
+        # that is not up yet is connected to as calls come)
+        connecting = asyncio.ensure_future(client.connect(30.0))
         try:
             yield
         finally:
+            connecting.cancel()
             bodies.close()
 
     app = FastAPI(

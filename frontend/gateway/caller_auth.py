@@ -4,6 +4,7 @@ the served model. The frontend owns the keys: the gateway asks it once per token
 that token; the frontend refuses it before reading anything) and keeps the answer for AUTH_TTL_S.
 """
 
+import asyncio
 import collections
 import time
 from collections.abc import Callable
@@ -48,27 +49,37 @@ class CallerAuth:
         self.cache: collections.OrderedDict[
             str | None, tuple[float, Callable[[], OpenAIError] | None]
         ] = collections.OrderedDict()
+        self.checking: dict[str | None, asyncio.Future] = {}  # token -> its check in flight
 
     async def client_for(self, request: Request) -> AsyncClient:
         token = caller_token(request)
         client = self.client.with_token(token)
-        now = time.monotonic()
         entry = self.cache.get(token)
-        if entry is None or entry[0] < now:
-            refusal = None
-            try:
-                await client.model_info()
-            except ServiceError as e:
-                if e.code not in _REFUSED:
-                    raise from_service_error(e) from None  # the frontend is down: not cached
-                error = from_service_error(e)
-                refusal = lambda: OpenAIError(
-                    error.status, error.message, error.type, error.param, error.code
-                )
-            entry = self.cache[token] = (now + AUTH_TTL_S, refusal)
-            while len(self.cache) > MAX_CACHED:
-                self.cache.popitem(last=False)
+        if entry is None or entry[0] < time.monotonic():
+            pending = self.checking.get(token)
+            if pending is None:  # one check in flight per token: a burst waits for it
+                pending = self.checking[token] = asyncio.ensure_future(self._check(client, token))
+                pending.add_done_callback(lambda _: self.checking.pop(token, None))
+            entry = await asyncio.shield(pending)
         self.cache.move_to_end(token)
         if entry[1] is not None:
             raise entry[1]()
         return client
+
+    async def _check(
+        self, client: AsyncClient, token: str | None
+    ) -> tuple[float, Callable[[], OpenAIError] | None]:
+        refusal = None
+        try:
+            await client.model_info()
+        except ServiceError as e:
+            if e.code not in _REFUSED:
+                raise from_service_error(e) from None  # the frontend is down: not cached
+            error = from_service_error(e)
+            refusal = lambda: OpenAIError(
+                error.status, error.message, error.type, error.param, error.code
+            )
+        entry = self.cache[token] = (time.monotonic() + AUTH_TTL_S, refusal)
+        while len(self.cache) > MAX_CACHED:
+            self.cache.popitem(last=False)
+        return entry
