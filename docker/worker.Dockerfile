@@ -37,12 +37,9 @@ COPY docker/healthcheck.py /opt/nanoserve/healthcheck.py
 RUN useradd --create-home --uid 10001 --user-group --shell /usr/sbin/nologin nanoserve
 USER 10001:10001
 WORKDIR /home/nanoserve
-# the worker link's secret volume's mount point (docker-compose.yml), made by the user so that a
-# fresh named volume takes its owner
-RUN mkdir -p /home/nanoserve/link
-# the compile-cache volume's mount point (docker-compose.yml), made by the user so that a fresh
-# named volume takes its owner
-RUN mkdir -p /home/nanoserve/.cache/nanoserve/compile
+# the mount points of the worker link's secret and the compile cache (docker-compose.yml's named
+# volumes), made by the user so that a fresh named volume takes its owner
+RUN mkdir -p /home/nanoserve/link /home/nanoserve/.cache/nanoserve/compile
 
 # Every WorkerConfig field is also a NANOSERVE_WORKER_<FIELD> variable. Unlike the loopback defaults
 # of a local run, the image binds all interfaces (other containers dial it) and reads /model.

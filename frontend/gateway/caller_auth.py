@@ -62,8 +62,10 @@ class CallerAuth:
                 pending.add_done_callback(lambda _: self.checking.pop(token, None))
             entry = await asyncio.shield(pending)
         self.cache.move_to_end(token)
-        if entry[1] is not None:
-            raise entry[1]()
+        assert entry is not None  # cached, or the check just made it
+        refusal = entry[1]
+        if refusal is not None:
+            raise refusal()
         return client
 
     async def _check(
