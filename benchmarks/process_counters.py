@@ -14,7 +14,7 @@ PROC = Path("/proc")
 FIELDS = ("cpu_s", "syscw", "syscr", "ctxsw")
 
 
-def _tree(pid: int) -> list[int]:
+def process_tree(pid: int) -> list[int]:
     """`pid` and its live descendants."""
     parent = {}
     for d in PROC.iterdir():
@@ -55,7 +55,7 @@ def tree_counters(pid: int) -> dict[str, float]:
     total = dict.fromkeys(FIELDS, 0.0)
     if not PROC.is_dir():
         return total
-    for p in _tree(pid):
+    for p in process_tree(pid):
         try:
             for k, v in _one(p).items():
                 total[k] += v

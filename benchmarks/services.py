@@ -15,8 +15,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
+from nanoserve.benchmarks.process_counters import tree_counters
 from nanoserve.process import FRONTEND_SERVICE, WORKER_SERVICE
 from nanoserve.process import is_serving as _serving
 
@@ -95,26 +95,7 @@ class Service:
 
 def tree_cpu_s(pid: int) -> float:
     """User + system CPU seconds of `pid` and its live descendants (Linux /proc; 0 elsewhere)."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return 0.0
-    parent, cpu = {}, {}
-    for d in proc.iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # exited meanwhile
-            continue
-        parent[int(d.name)] = int(fields[1])  # ppid; utime and stime are fields 14, 15 of stat
-        cpu[int(d.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    tree, frontier = {pid}, [pid]
-    while frontier:
-        p = frontier.pop()
-        kids = [c for c, pp in parent.items() if pp == p and c not in tree]
-        tree.update(kids)
-        frontier.extend(kids)
-    return sum(cpu.get(p, 0.0) for p in tree)
+    return tree_counters(pid)["cpu_s"]
 
 
 def start_replicas(

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 
-from nanoserve.benchmarks.process_counters import _tree
+from nanoserve.benchmarks.process_counters import process_tree
 from nanoserve.benchmarks.services import Service, start_replicas
 from nanoserve.benchmarks.stats import percentile
 from nanoserve.client import AsyncClient
@@ -145,7 +145,7 @@ def _sample(services: dict[str, Service], workers: list[str]) -> dict:
     row: dict = {"t": time.monotonic()}
     for name, service in services.items():
         rss = fds = threads = 0.0
-        for pid in _tree(service.process.pid):
+        for pid in process_tree(service.process.pid):
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
                 fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)

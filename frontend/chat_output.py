@@ -7,7 +7,13 @@ text -> ReasoningParser -> (reasoning_content, answer) -> ToolCallParser -> (tex
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from nanoserve.frontend.reasoning_parser import THINK_END, THINK_START, ReasoningParser, ThinkGate
+from nanoserve.frontend.reasoning_parser import (
+    THINK_END,
+    THINK_START,
+    ReasoningDelta,
+    ReasoningParser,
+    ThinkGate,
+)
 from nanoserve.frontend.tool_parser import ToolCallParser
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
@@ -58,20 +64,12 @@ class ChatOutput:
         final = "finish_reason" in fields
         text = fields["text"]
         if self.reasoning is not None:
-            split = self.reasoning.feed(text)
-            if final:
-                tail = self.reasoning.finish()
-                split.reasoning += tail.reasoning
-                split.content += tail.content
+            split = _split(self.reasoning, text, final)
             fields["reasoning_content"] = split.reasoning
             text = split.content
         passed = ""  # the think block, unchanged (no reasoning split asked for)
         if self.gate is not None:
-            gated = self.gate.feed(text)
-            if final:
-                tail = self.gate.finish()
-                gated.reasoning += tail.reasoning
-                gated.content += tail.content
+            gated = _split(self.gate, text, final)
             passed, text = gated.reasoning, gated.content
         if self.tools is not None:
             delta = self.tools.feed(text)
@@ -100,3 +98,13 @@ class ChatOutput:
                 fields["finish_reason"] = common_pb2.FINISH_REASON_TOOL_CALLS
         fields["text"] = passed + text
         return fields
+
+
+def _split(parser: ReasoningParser | ThinkGate, text: str, final: bool) -> ReasoningDelta:
+    """`parser`'s split of one delta; on the reply's last, with what it still held."""
+    split = parser.feed(text)
+    if final:
+        tail = parser.finish()
+        split.reasoning += tail.reasoning
+        split.content += tail.content
+    return split

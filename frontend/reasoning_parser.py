@@ -32,6 +32,17 @@ def _partial_suffix(text: str, tag: str) -> int:
     return 0
 
 
+def _opening(buffer: str) -> _State | None:
+    """Before anything is attributed: REASONING when the reply opens a think block, CONTENT when
+    it does not, None while it cannot tell yet (whitespace, or a partial <think>)."""
+    body = buffer.lstrip()
+    if body.startswith(THINK_START):
+        return _State.REASONING
+    if THINK_START.startswith(body):
+        return None
+    return _State.CONTENT
+
+
 class ReasoningParser:
     """One request's reasoning split. The newlines the chat template writes around the block
     (`<think>\\n…\\n</think>\\n\\n`) are dropped, as the template drops them when it renders an
@@ -52,15 +63,14 @@ class ReasoningParser:
         self._held = ""
         while buffer:
             if self._state is _State.BEFORE:
-                body = buffer.lstrip()
-                if body.startswith(THINK_START):
-                    buffer = body[len(THINK_START) :]
-                    self._state, self._strip_newlines = _State.REASONING, True
-                elif THINK_START.startswith(body):  # whitespace or a partial tag: wait
+                opened = _opening(buffer)
+                if opened is None:  # whitespace or a partial tag: wait
                     self._held = buffer
                     return delta
-                else:
-                    self._state = _State.CONTENT
+                if opened is _State.REASONING:
+                    buffer = buffer.lstrip()[len(THINK_START) :]
+                    self._strip_newlines = True
+                self._state = opened
             elif self._state is _State.REASONING:
                 buffer = self._reasoning(buffer, delta)
             else:
@@ -115,14 +125,11 @@ class ThinkGate:
         self._held = ""
         while buffer:
             if self._state is _State.BEFORE:
-                body = buffer.lstrip()
-                if body.startswith(THINK_START):
-                    self._state = _State.REASONING  # the tag goes out with the reasoning
-                elif THINK_START.startswith(body):  # whitespace or a partial tag: wait
+                opened = _opening(buffer)
+                if opened is None:  # whitespace or a partial tag: wait
                     self._held = buffer
                     return delta
-                else:
-                    self._state = _State.CONTENT
+                self._state = opened  # the tag goes out with the reasoning, unchanged
             elif self._state is _State.REASONING:
                 end = buffer.find(THINK_END)
                 if end < 0:

@@ -68,15 +68,14 @@ def tenant_cache_salt() -> str:
 
 
 def read_secret(path: str | None) -> str | None:
-    """A secret file's first non-comment word (a KEY line, or the KEY of a NAME KEY line); None
-    without a path."""
+    """The first key of a keys file (load_api_keys' format: the worker reads the same file);
+    None without a path."""
     if not path:
         return None
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        words = line.split("#", 1)[0].split()
-        if words:
-            return words[-1]
-    raise ValueError(f"{path}: no secret in it")
+    keys = load_api_keys(path)
+    if not keys:
+        raise ValueError(f"{path}: no secret in it")
+    return next(iter(keys)).decode("utf-8")
 
 
 def read_pem(source: PemSource | None) -> bytes | None:
