@@ -71,8 +71,10 @@ wheelhouse() {
   if [ "$(cat "$WHEELHOUSE/.stamp" 2>/dev/null)" != "$stamp" ]; then
     say "filling $WHEELHOUSE (pip wheel on the host)"
     find "$WHEELHOUSE" -maxdepth 1 -name '*.whl' -delete
+    # (a pip config's missing local index prints a warning per package: noise, left out)
     python -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$WHEELHOUSE" \
-      -r "$tmp/requirements.txt" -c "$tmp/constraints.txt" \
+      -r "$tmp/requirements.txt" -c "$tmp/constraints.txt" 2>&1 \
+      | { grep -v "^WARNING: Location '.*' is ignored" || true; } >&2 \
       || die "pip wheel could not fill $WHEELHOUSE"
     echo "$stamp" >"$WHEELHOUSE/.stamp"
   fi

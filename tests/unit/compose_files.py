@@ -110,6 +110,19 @@ def load_stack(*paths: Path, env: dict[str, str] | None = None) -> dict:
     return stack
 
 
+MISSING = object()  # a key one side of a `differences` lacks
+
+
+def differences(a: object, b: object, path: tuple = ()) -> dict[tuple, tuple]:
+    """Every leaf path where two loaded compose files differ (a list is one leaf), both values."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: dict[tuple, tuple] = {}
+        for key in a.keys() | b.keys():
+            out |= differences(a.get(key, MISSING), b.get(key, MISSING), (*path, key))
+        return out
+    return {} if a == b else {path: (a, b)}
+
+
 def seconds(duration: str) -> float:
     """Compose durations: "40s", "10m", "1m30s"."""
     parts = re.findall(r"(\d+(?:\.\d+)?)(h|m|s)", duration)

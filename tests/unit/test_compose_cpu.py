@@ -9,22 +9,19 @@ import pytest
 
 from nanoserve.config import parse_config
 from nanoserve.worker.config import WorkerConfig
-from tests.unit.compose_files import COMPOSE, CPU, RESET, SCALED, load_stack
+from tests.unit.compose_files import (
+    COMPOSE,
+    CPU,
+    MISSING,
+    RESET,
+    SCALED,
+    differences,
+    load_stack,
+)
 
-MISSING = object()
 DEVICE = ("services", "worker", "environment", "NANOSERVE_WORKER_DEVICE")
 GPU_REQUEST = ("services", "worker", "deploy", "resources")
 MODEL_MOUNTS = {("services", name, "volumes") for name in ("worker", "frontend")}
-
-
-def differences(a: object, b: object, path: tuple = ()) -> dict[tuple, tuple]:
-    """Every leaf path where `a` and `b` differ (a list is one leaf), with both values."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out: dict[tuple, tuple] = {}
-        for key in a.keys() | b.keys():
-            out |= differences(a.get(key, MISSING), b.get(key, MISSING), (*path, key))
-        return out
-    return {} if a == b else {path: (a, b)}
 
 
 @pytest.mark.parametrize("files", [[COMPOSE], [COMPOSE, SCALED]], ids=["plain", "scaled"])
