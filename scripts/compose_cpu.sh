@@ -43,7 +43,7 @@ teardown() {
   fi
   [ -n "$WAITER" ] && kill "$WAITER" 2>/dev/null
   [ -n "$ROOTFS" ] && remove_rootfs "$ROOTFS"
-  engine_stop
+  engine_stop "$rc"
   say "done in $((SECONDS))s (exit $rc)"
   exit "$rc"
 }

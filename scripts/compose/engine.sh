@@ -159,9 +159,10 @@ engine_start() {
 }
 
 # Stops the daemon this run started and puts the host back: networking, and any mount left under
-# docker's directories (none after a clean stop).
+# docker's directories (none after a clean stop). The daemon's log stays in $ENGINE_STATE after a
+# failed run ($1, the run's exit status), for a look.
 engine_stop() {
-  local pid i
+  local pid i rc=${1:-0}
   [ "$ENGINE_OWNED" = 1 ] || return 0
   pid=$(cat "$ENGINE_STATE/pid")
   kill -TERM "$pid" 2>/dev/null || true
@@ -178,5 +179,10 @@ engine_stop() {
     | xargs -r -n1 umount -l
   net_restore
   ENGINE_OWNED=0
+  if [ "$rc" = 0 ]; then
+    rm -rf "$ENGINE_STATE"
+  else
+    say "dockerd's log: $ENGINE_STATE/dockerd.log"
+  fi
   say "dockerd stopped; host networking restored"
 }
