@@ -12,7 +12,7 @@ PLUGIN_DIR=/usr/local/lib/docker/cli-plugins
 NET_SYSCTLS=(net.ipv4.ip_forward net.ipv6.conf.all.forwarding
   net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables)
 
-say() { echo "compose_cpu: $*" >&2; }
+say() { echo "compose_cpu [${SECONDS}s]: $*" >&2; }
 die() {
   say "error: $*"
   exit 1
@@ -21,17 +21,19 @@ die() {
 # apt-get install without starting services: a fresh machine without policy-rc.d would otherwise
 # start a docker daemon from the package's init script, one this script does not own.
 apt_install() {
-  local guard=/usr/sbin/policy-rc.d made=0 rc=0
+  local guard=/usr/sbin/policy-rc.d made=0 rc=0 log
   [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null \
     || die "installing $* needs root and apt-get (Debian 12); install them and run again"
   if [ ! -e "$guard" ]; then
     printf '#!/bin/sh\nexit 101\n' >"$guard" && chmod 0755 "$guard" && made=1
   fi
   say "apt-get install $*"
+  log=$(mktemp)
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-    --no-install-recommends "$@"; } >/dev/null || rc=$?
+    --no-install-recommends "$@"; } >"$log" 2>&1 || rc=$?
   [ "$made" = 1 ] && rm -f "$guard"
-  [ "$rc" = 0 ] || die "apt-get install $* failed (exit $rc)"
+  [ "$rc" = 0 ] || { tail -n 30 "$log" >&2; die "apt-get install $* failed (exit $rc)"; }
+  rm -f "$log"
 }
 
 compose_version_ok() {

@@ -82,7 +82,15 @@ wheelhouse() {
 }
 
 # The compose file's own build sections, on the local base, with pip limited to the wheelhouse.
+# BuildKit's step-by-step log goes to a file, shown when the build fails.
 build_images() {
+  local log
+  log=$(mktemp /tmp/nanoserve-build.XXXXXX)
   say "building the images (base $BASE_IMAGE, wheels from $WHEELHOUSE)"
-  compose build --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg PIP_NO_INDEX=1
+  if ! compose --progress plain build --build-arg "BASE_IMAGE=$BASE_IMAGE" \
+    --build-arg PIP_NO_INDEX=1 >"$log" 2>&1; then
+    tail -n 60 "$log" >&2
+    die "the image build failed (whole log: $log)"
+  fi
+  rm -f "$log"
 }
