@@ -29,7 +29,6 @@ source scripts/compose/images.sh
 export COMPOSE_PROJECT_NAME=nanoserve-cpu
 # every file any step uses (the scaled override adds no service): `down` then finds everything
 ALL_FILES=(-f docker-compose.yml -f docker-compose.scaled.yml -f docker-compose.cpu.yml)
-ROOTFS=
 WAITER=  # `up` mode's sleep, which teardown ends
 compose() { docker compose -f docker-compose.yml -f docker-compose.cpu.yml "$@"; }
 

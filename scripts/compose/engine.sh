@@ -7,7 +7,7 @@
 
 ENGINE_STATE=/run/nanoserve-compose  # this script's daemon: pid, log, the host's networking before it
 ENGINE_OWNED=0                       # 1 once this run started dockerd (then teardown stops it)
-COMPOSE_MIN=2.18                     # `!reset` in docker/compose.cpu.yml
+COMPOSE_MIN=2.18                     # `!reset` in docker-compose.cpu.yml
 PLUGIN_DIR=/usr/local/lib/docker/cli-plugins
 NET_SYSCTLS=(net.ipv4.ip_forward net.ipv6.conf.all.forwarding
   net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables)
@@ -22,8 +22,9 @@ die() {
 # start a docker daemon from the package's init script, one this script does not own.
 apt_install() {
   local guard=/usr/sbin/policy-rc.d made=0 rc=0 log
-  [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null \
-    || die "installing $* needs root and apt-get (Debian 12); install them and run again"
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    die "installing $* needs root and apt-get (Debian 12); install them and run again"
+  fi
   if [ ! -e "$guard" ]; then
     printf '#!/bin/sh\nexit 101\n' >"$guard" && chmod 0755 "$guard" && made=1
   fi
@@ -48,7 +49,7 @@ compose_version_ok() {
 # v2 on PATH as `docker-compose` too and break the tests that run Compose v1 under that name. A
 # private apt state reads the trixie index without touching /etc/apt.
 install_compose_plugins() {
-  local tmp rc=0 opts
+  local tmp opts deb
   tmp=$(mktemp -d)
   mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/x"
   echo "deb ${NANOSERVE_DEBIAN_MIRROR:-http://deb.debian.org/debian} trixie main" >"$tmp/sources.list"
@@ -57,17 +58,16 @@ install_compose_plugins() {
     -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o "Dir::State::Status=$tmp/status"
     -o APT::Sandbox::User=root)  # the private state is root's; _apt could not write it
   say "installing Compose v2 and buildx (Debian 13's) into $PLUGIN_DIR"
-  {
-    apt-get "${opts[@]}" update -qq \
-      && (cd "$tmp" && apt-get "${opts[@]}" download -qq docker-compose docker-buildx) \
-      && for deb in "$tmp"/docker-compose_*.deb "$tmp"/docker-buildx_*.deb; do
-        dpkg-deb -x "$deb" "$tmp/x" || exit 1
-      done \
-      && mkdir -p "$PLUGIN_DIR" \
-      && install -m 0755 "$tmp"/x/usr/libexec/docker/cli-plugins/docker-{compose,buildx} "$PLUGIN_DIR/"
-  } >/dev/null || rc=$?
+  if ! apt-get "${opts[@]}" update -qq >/dev/null \
+    || ! (cd "$tmp" && apt-get "${opts[@]}" download -qq docker-compose docker-buildx >/dev/null); then
+    die "could not download Debian 13's docker-compose and docker-buildx"
+  fi
+  for deb in "$tmp"/docker-compose_*.deb "$tmp"/docker-buildx_*.deb; do
+    dpkg-deb -x "$deb" "$tmp/x" || die "could not unpack $deb"
+  done
+  mkdir -p "$PLUGIN_DIR"
+  install -m 0755 "$tmp"/x/usr/libexec/docker/cli-plugins/docker-{compose,buildx} "$PLUGIN_DIR/"
   rm -rf "$tmp"
-  [ "$rc" = 0 ] || die "could not install the Compose v2 plugin from Debian 13 (exit $rc)"
 }
 
 engine_install() {
@@ -102,9 +102,9 @@ net_snapshot() {
 # (no rules, no chains of its own, ACCEPT policies: as an absent table behaves).
 restore_tables() {
   local tool=$1 saved=$2 table chain
-  [ -s "$saved" ] || [ -n "$($tool-save 2>/dev/null)" ] || return 0
+  [ -s "$saved" ] || [ -n "$("$tool-save" 2>/dev/null)" ] || return 0
   if diff -q <(grep -v '^#' "$saved" | sed 's/\[[0-9:]*\]//') \
-    <($tool-save 2>/dev/null | grep -v '^#' | sed 's/\[[0-9:]*\]//') >/dev/null; then
+    <("$tool-save" 2>/dev/null | grep -v '^#' | sed 's/\[[0-9:]*\]//') >/dev/null; then
     return 0
   fi
   for table in filter nat; do
@@ -116,7 +116,7 @@ restore_tables() {
     done
   done
   if [ -s "$saved" ]; then
-    $tool-restore <"$saved"
+    "$tool-restore" <"$saved"
   fi
 }
 

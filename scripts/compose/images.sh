@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034  # ROOTFS: read by the caller's teardown
 # Sourced by scripts/compose_cpu.sh: the project's three images without a container registry. The
 # base is made from Debian's package archive (debootstrap, then `docker import`) and stands in for
 # the Dockerfiles' registry bases through their BASE_IMAGE argument; the Python packages come from
@@ -6,6 +6,7 @@
 
 BASE_IMAGE=local/python:3.11-bookworm  # Debian 12's Python 3.11 in a venv, first on PATH
 WHEELHOUSE=docker/wheelhouse
+ROOTFS=''  # a rootfs being made: the caller's teardown removes it when a step failed
 # as Debian's own slim images: no manuals, docs (but their copyright files) or translations, also
 # for what the Dockerfiles install later (the worker's gcc)
 DPKG_SLIM='path-exclude /usr/share/doc/*
@@ -15,13 +16,14 @@ path-exclude /usr/share/info/*
 path-exclude /usr/share/locale/*
 path-exclude /usr/share/lintian/*'
 
-# Leaves nothing mounted under (debootstrap mounts /proc and /sys there) before it is deleted.
+# Deletes a rootfs and its debootstrap log, with nothing left mounted under it (debootstrap
+# mounts /proc and /sys there).
 remove_rootfs() {
   local root=$1
   [ -d "$root" ] || return 0
   awk -v r="$root/" 'index($5, r) == 1 {print $5}' /proc/self/mountinfo | sort -r \
     | xargs -r -n1 umount -l
-  rm -rf --one-file-system "$root"
+  rm -rf --one-file-system "$root" "$root.log"
 }
 
 base_image() {
@@ -32,7 +34,7 @@ base_image() {
   [ "$(id -u)" = 0 ] || die "making $BASE_IMAGE (debootstrap) needs root"
   say "making $BASE_IMAGE from $mirror (debootstrap, about a minute)"
   root=$(mktemp -d /var/tmp/nanoserve-rootfs.XXXXXX)
-  ROOTFS=$root  # for the teardown, should this fail half-way
+  ROOTFS=$root  # the caller's teardown removes it, should this fail half-way
   debootstrap --variant=minbase --include=python3-venv bookworm "$root" "$mirror" \
     >"$root.log" 2>&1 || {
     tail -n 20 "$root.log" >&2
@@ -54,8 +56,7 @@ EOF
     --change 'ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'ENV LANG=C.UTF-8' --change 'CMD ["python"]' - "$BASE_IMAGE" >/dev/null
   remove_rootfs "$root"
-  rm -f "$root.log"
-  ROOTFS=
+  ROOTFS=''
 }
 
 # Every wheel the three images install, built or downloaded on the host at the versions the host's
