@@ -9,8 +9,9 @@
 #   bash scripts/compose_cpu.sh test   # the live compose tests, tests/compose (CI: .ci/run)
 #
 # Needs root on Debian 12 (apt-get, dockerd, debootstrap) and the network to Debian's archive and
-# the package index (the wheelhouse). The images stay in docker's store for the next run; with no
-# daemon running, `rm -rf /var/lib/docker` drops them. Extra arguments of `test` go to pytest.
+# the package index (the wheelhouse). The images stay in docker's store for the next run (their
+# base too: `docker image rm local/python:3.11-bookworm` makes it anew, with Debian's updates); with
+# no daemon running, `rm -rf /var/lib/docker` drops them all. Extra arguments of `test` go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-up}
