@@ -37,6 +37,10 @@ teardown() {
   local rc=$?
   trap - EXIT INT TERM
   set +e
+  # serving until Ctrl-C (or a TERM) is how `up` ends: not a failure
+  if [ "$mode" = up ] && [ -n "$WAITER" ] && { [ "$rc" = 130 ] || [ "$rc" = 143 ]; }; then
+    rc=0
+  fi
   if docker info >/dev/null 2>&1; then
     say "tearing down: containers, network and volumes of project $COMPOSE_PROJECT_NAME"
     docker compose "${ALL_FILES[@]}" down --volumes --remove-orphans --timeout 45 >/dev/null 2>&1
