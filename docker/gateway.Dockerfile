@@ -12,20 +12,34 @@ COPY frontend ./frontend
 COPY worker ./worker
 COPY benchmarks ./benchmarks
 COPY protos/nanoserve ./protos/nanoserve
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+COPY docker/requirements.py /tmp/requirements.py
+# PIP_NO_INDEX=1 (scripts/compose_cpu.sh): pip finds everything in docker/wheelhouse, no network.
+ARG PIP_NO_INDEX=0
+RUN --mount=type=bind,source=docker/wheelhouse,target=/wheelhouse \
+    pip wheel --no-cache-dir --no-deps --find-links /wheelhouse --wheel-dir /wheels . \
+    && python /tmp/requirements.py pyproject.toml gateway > /wheels/requirements.txt
 
 FROM ${BASE_IMAGE}
-COPY --from=wheel /wheels /wheels
-# The `gateway` extra only: fastapi, uvicorn, pydantic and prometheus-client on top of grpcio
-# and protobuf.
-# hadolint ignore=DL3013
-RUN WHEEL="$(ls /wheels/nanoserve-*.whl)" \
-    && pip install --no-cache-dir "${WHEEL}[gateway]" \
-    && rm -rf /wheels \
-    && ! python -c "import torch" 2>/dev/null
+RUN useradd --create-home --uid 10001 --user-group --shell /usr/sbin/nologin nanoserve
 COPY docker/healthcheck.py /opt/nanoserve/healthcheck.py
 
-RUN useradd --create-home --uid 10001 --user-group --shell /usr/sbin/nologin nanoserve
+# The `gateway` extra only: fastapi, uvicorn, pydantic and prometheus-client on top of grpcio
+# and protobuf.
+# Its dependencies go in a layer of their own, keyed on their list alone (copied, not the sources),
+# so that a source change reinstalls only the wheel below. docker/wheelhouse (empty in the
+# repository) is where scripts/compose_cpu.sh puts the host's wheels.
+COPY --from=wheel /wheels/requirements.txt /tmp/requirements.txt
+ARG PIP_NO_INDEX=0
+RUN --mount=type=bind,source=docker/wheelhouse,target=/wheelhouse \
+    pip install --no-cache-dir --find-links /wheelhouse -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+# the project's wheel, mounted from the stage above (no copy of it stays in a layer); every
+# dependency is installed already, so pip needs no index
+# hadolint ignore=DL3013
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
+    pip install --no-cache-dir --no-index "$(ls /wheels/nanoserve-*.whl)[gateway]" \
+    && ! python -c "import torch" 2>/dev/null
+
 USER 10001:10001
 WORKDIR /home/nanoserve
 

@@ -15,7 +15,12 @@ COPY frontend ./frontend
 COPY worker ./worker
 COPY benchmarks ./benchmarks
 COPY protos/nanoserve ./protos/nanoserve
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+COPY docker/requirements.py /tmp/requirements.py
+# PIP_NO_INDEX=1 (scripts/compose_cpu.sh): pip finds everything in docker/wheelhouse, no network.
+ARG PIP_NO_INDEX=0
+RUN --mount=type=bind,source=docker/wheelhouse,target=/wheelhouse \
+    pip wheel --no-cache-dir --no-deps --find-links /wheelhouse --wheel-dir /wheels . \
+    && python /tmp/requirements.py pyproject.toml worker > /wheels/requirements.txt
 
 FROM ${BASE_IMAGE}
 # Triton compiles a small host-side launcher per kernel signature with the system C compiler at
@@ -24,22 +29,31 @@ FROM ${BASE_IMAGE}
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
-
-COPY --from=wheel /wheels /wheels
-# hadolint ignore=DL3013
-RUN WHEEL="$(ls /wheels/nanoserve-*.whl)" \
-    && pip install --no-cache-dir "${WHEEL}[worker]" \
-    && rm -rf /wheels
-COPY docker/healthcheck.py /opt/nanoserve/healthcheck.py
-
 # Non-root with a numeric id (Kubernetes' runAsNonRoot checks the number) and a home of its
 # own: Triton and torch keep their kernel caches under ~/.triton and ~/.cache.
 RUN useradd --create-home --uid 10001 --user-group --shell /usr/sbin/nologin nanoserve
+COPY docker/healthcheck.py /opt/nanoserve/healthcheck.py
+
+# The dependencies in a layer of their own, keyed on their list alone (copied, not the sources),
+# so that a source change reinstalls only the wheel below: seconds, not minutes. With the GPU base
+# torch and triton are the image's own (the requirement is met); docker/wheelhouse (empty in the
+# repository) is where scripts/compose_cpu.sh puts the host's wheels.
+COPY --from=wheel /wheels/requirements.txt /tmp/requirements.txt
+ARG PIP_NO_INDEX=0
+RUN --mount=type=bind,source=docker/wheelhouse,target=/wheelhouse \
+    pip install --no-cache-dir --find-links /wheelhouse -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+# the project's wheel, mounted from the stage above (no copy of it stays in a layer); every
+# dependency is installed already, so pip needs no index
+# hadolint ignore=DL3013
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
+    pip install --no-cache-dir --no-index "$(ls /wheels/nanoserve-*.whl)[worker]"
+
 USER 10001:10001
 WORKDIR /home/nanoserve
-# the mount points of the worker link's secret and the compile cache (docker-compose.yml's named
-# volumes), made by the user so that a fresh named volume takes its owner
-RUN mkdir -p /home/nanoserve/link /home/nanoserve/.cache/nanoserve/compile
+# the compile-cache volume's mount point (docker-compose.yml), made by the user so that a fresh
+# named volume takes its owner
+RUN mkdir -p /home/nanoserve/.cache/nanoserve/compile
 
 # Every WorkerConfig field is also a NANOSERVE_WORKER_<FIELD> variable. Unlike the loopback defaults
 # of a local run, the image binds all interfaces (other containers dial it) and reads /model.

@@ -1,7 +1,6 @@
 """docker-compose.yml as it ships: docker-compose accepts it; what it says (network, ports, GPUs,
 volumes, restart and health checks); its NANOSERVE_* variables build each service's real config."""
 
-import dataclasses
 import os
 import re
 import shutil
@@ -20,8 +19,11 @@ from tests.unit.compose_files import (
     GRPC_SERVICES,
     HEALTHCHECK_IN_IMAGE,
     TLS_LINE,
+    WORKER_AUTH_VARS,
     compose_v1,
+    config_env_names,
     default,
+    image_extras,
     load_compose,
     run,
     seconds,
@@ -64,6 +66,13 @@ def test_docker_compose_interpolates_tp_into_gpus_and_ranks(tmp_path) -> None:
         {"host_ip": "127.0.0.1", "published": 6000, "target": 50051},
         {"host_ip": "127.0.0.1", "published": "6000", "target": 50051, "protocol": "tcp"},
     )
+    moved = run([*compose_v1(), "config"], NANOSERVE_BIND_ADDRESS="0.0.0.0", **env)
+    assert moved.returncode == 0, moved.stderr
+    assert yaml.safe_load(moved.stdout)["services"]["gateway"]["ports"] in (
+        ["0.0.0.0:8000:8000/tcp"],
+        [{"host_ip": "0.0.0.0", "published": 8000, "target": 8000}],
+        [{"host_ip": "0.0.0.0", "published": "8000", "target": 8000, "protocol": "tcp"}],
+    )
 
 
 # --- (b) what the file says ----------------------------------------------------------------------
@@ -101,7 +110,7 @@ def test_model_directory_is_mounted_read_only_on_both(services, tmp_path) -> Non
         assert (
             services[name]["environment"][env_var("model", env_prefix(CONFIGS[name]))] == "/model"
         )
-    assert services["frontend"]["volumes"][1:] == ["link:/home/nanoserve/link:ro"]  # the secret
+    assert [v.split(":")[0] for v in services["frontend"]["volumes"][1:]] == ["worker-auth"]
     moved = load_compose({"NANOSERVE_MODEL_DIR": str(tmp_path)})["services"]
     assert moved["worker"]["volumes"][0] == f"{tmp_path}:/model:ro"
 
@@ -110,7 +119,8 @@ def test_worker_keeps_its_compile_cache_in_a_named_volume(services) -> None:
     """Triton's kernels survive a restart: the worker's cache dir lies in a named volume."""
     worker = services["worker"]
     mounts = dict(v.split(":", 1) for v in worker["volumes"][1:])
-    assert set(mounts) == {"compile-cache", "link"} and "compile-cache" in load_compose()["volumes"]
+    assert set(mounts) == {"compile-cache", "worker-auth"}
+    assert "compile-cache" in load_compose()["volumes"]
     cache_dir = worker["environment"]["NANOSERVE_WORKER_COMPILE_CACHE_DIR"]
     assert cache_dir.startswith(mounts["compile-cache"] + "/")
     assert default(WorkerConfig, "compile_cache_dir") == ""  # a local run keeps Triton's default
@@ -121,8 +131,11 @@ def test_worker_keeps_its_compile_cache_in_a_named_volume(services) -> None:
 
 def test_frontend_is_published_and_waits_for_a_healthy_worker(services) -> None:
     frontend = services["frontend"]
-    assert frontend["depends_on"] == {"worker": {"condition": "service_healthy"}}
-    assert frontend["ports"][0] == "127.0.0.1:50051:50051"  # loopback unless told otherwise
+    assert frontend["depends_on"] == {
+        "worker-auth": {"condition": "service_completed_successfully"},
+        "worker": {"condition": "service_healthy"},
+    }
+    assert frontend["ports"][0] == "127.0.0.1:50051:50051"
     assert (
         load_compose({"NANOSERVE_FRONTEND_PORT": "8001"})["services"]["frontend"]["ports"][0]
         == "127.0.0.1:8001:50051"
@@ -130,6 +143,15 @@ def test_frontend_is_published_and_waits_for_a_healthy_worker(services) -> None:
     public = load_compose({"NANOSERVE_BIND_ADDRESS": "0.0.0.0"})["services"]
     assert public["frontend"]["ports"][0] == "0.0.0.0:50051:50051"
     assert public["gateway"]["ports"] == ["0.0.0.0:8000:8000"]
+
+
+def test_every_published_port_binds_loopback_unless_told_otherwise(services) -> None:
+    """Only this host reaches the APIs and the metrics by default; NANOSERVE_BIND_ADDRESS moves
+    every published port at once."""
+    published = [p for service in services.values() for p in service.get("ports", [])]
+    assert len(published) == 3 and all(p.startswith("127.0.0.1:") for p in published)
+    moved = load_compose({"NANOSERVE_BIND_ADDRESS": "0.0.0.0"})["services"]
+    assert all(p.startswith("0.0.0.0:") for s in moved.values() for p in s.get("ports", []))
 
 
 def test_frontend_metrics_are_published_and_the_workers_stay_internal(services) -> None:
@@ -163,20 +185,18 @@ def test_gateway_is_published_and_waits_for_a_healthy_frontend(services) -> None
     gateway = services["gateway"]
     assert gateway["depends_on"] == {"frontend": {"condition": "service_healthy"}}
     assert gateway["ports"] == ["127.0.0.1:8000:8000"] and gateway["networks"] == ["nanoserve"]
-    assert "volumes" not in gateway  # no tokenizer: the frontend does the text work
+    assert "volumes" not in gateway  # no tokenizer (the frontend does the text work), no secret
     moved = load_compose({"NANOSERVE_GATEWAY_PORT": "9000"})["services"]["gateway"]
     assert moved["ports"] == ["127.0.0.1:9000:8000"]
-    installs = re.findall(r"pip install [^\n]*", DOCKERFILES["gateway"].read_text())
-    assert installs and all("[gateway]" in line for line in installs)
+    assert image_extras(DOCKERFILES["gateway"]) == {"gateway"}
 
 
 @pytest.mark.parametrize("name", ["worker", "frontend", "gateway"])
 def test_environment_names_are_config_fields(services, name: str) -> None:
-    cls = CONFIGS[name]
-    fields = {env_var(f.name, env_prefix(cls)) for f in dataclasses.fields(cls)}
+    fields = config_env_names(name)
     used = set(services[name]["environment"])
     image = set(re.findall(r"\b(NANOSERVE_\w+)=", DOCKERFILES[name].read_text()))
-    assert used | image <= fields, f"not {cls.__name__} fields: {(used | image) - fields}"
+    assert used | image <= fields, f"not {CONFIGS[name].__name__} fields: {(used | image) - fields}"
 
 
 @pytest.mark.parametrize("name", ["worker", "frontend", "gateway"])
@@ -232,21 +252,38 @@ def test_tls_lines_are_off_by_default_and_complete(services) -> None:
         assert not any(CERTS_IN_IMAGE in volume for volume in services[name]["volumes"])
 
 
-def test_the_worker_link_has_a_secret_without_any_setup(services) -> None:
-    """Issue 32: `docker compose up` runs no unauthenticated worker: link-secret writes a random
-    token into a volume once, the worker requires it and the frontend sends it."""
-    init = services["link-secret"]
-    assert init["restart"] == "no" and init["network_mode"] == "none"
-    assert "secrets.token_urlsafe" in " ".join(init["entrypoint"])
-    token = services["worker"]["environment"]["NANOSERVE_WORKER_AUTH_TOKEN_FILE"]
-    assert services["frontend"]["environment"]["NANOSERVE_FRONTEND_WORKER_AUTH_TOKEN_FILE"] == token
-    mount = f"link:{token.rsplit('/', 1)[0]}"
-    assert f"{mount}:ro" in services["worker"]["volumes"]
-    assert f"{mount}:ro" in services["frontend"]["volumes"]
-    assert mount in init["volumes"]
-    assert services["worker"]["depends_on"] == {
-        "link-secret": {"condition": "service_completed_successfully"}
+def test_workers_and_the_frontend_share_a_secret_written_before_they_start(services) -> None:
+    """No unauthenticated worker: the one-shot `worker-auth` writes the secret into a volume that
+    the worker (requires it) and the frontend (sends it) mount read-only and wait for; nothing else
+    gets it, and a plain `docker compose up` needs nothing from the user."""
+    auth = services["worker-auth"]
+    ((volume, target),) = [m.split(":") for m in auth["volumes"]]
+    assert volume in load_compose()["volumes"]
+    assert auth["network_mode"] == "none" and auth["restart"] == "no" and "ports" not in auth
+    assert auth["image"] == services["frontend"]["image"] and "build" in services["frontend"]
+    *command, token = auth["entrypoint"]
+    assert command == ["python", "/opt/nanoserve/worker_secret.py"]
+    assert token.startswith(target + "/")
+    for name in ("worker", "frontend"):
+        service = services[name]
+        assert f"{volume}:{target}:ro" in service["volumes"]
+        assert service["depends_on"]["worker-auth"] == {
+            "condition": "service_completed_successfully"
+        }
+        assert service["environment"][WORKER_AUTH_VARS[name]] == token
+    assert volume not in str(services["gateway"])
+    # the image the one-shot runs has the script, and the mount point made by its user, so that a
+    # fresh volume takes that owner and the user can write the secret
+    steps = DOCKERFILES["frontend"].read_text()
+    assert f"COPY docker/worker_secret.py {command[1]}" in steps
+    assert f"RUN mkdir -p {target}" in steps.split("USER 10001:10001", 1)[1]
+
+
+def test_health_probe_interval_is_configurable(services) -> None:
+    """Every service is healthy (and the next one starts) at its first probe after it is ready:
+    NANOSERVE_HEALTH_INTERVAL shortens the wait, e.g. for a test run of the stack."""
+    assert {s["healthcheck"]["interval"] for s in services.values() if "healthcheck" in s} == {
+        "10s"
     }
-    assert load_compose()["volumes"]["link"]["name"] == "nanoserve-link"
-    for name in ("worker", "frontend"):  # the mount point exists in the image, owned by its user
-        assert re.search(r"mkdir -p [^\n]*/home/nanoserve/link\b", DOCKERFILES[name].read_text())
+    fast = load_compose({"NANOSERVE_HEALTH_INTERVAL": "1s"})["services"]
+    assert all(fast[name]["healthcheck"]["interval"] == "1s" for name in CONFIGS)

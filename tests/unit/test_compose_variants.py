@@ -1,7 +1,6 @@
 """The compose file's variants: the docker-compose.scaled.yml override (several worker replicas)
 and the `#tls ` lines uncommented (worker-link mutual TLS); each builds valid configs."""
 
-import dataclasses
 import os
 
 import pytest
@@ -11,34 +10,22 @@ from tests.unit.compose_files import (
     CERTS_IN_IMAGE,
     COMPOSE,
     CONFIGS,
-    INTERPOLATION,
     ROOT,
+    SCALED,
     TLS_LINE,
     compose_v1,
+    config_env_names,
     container_env,
-    load_compose,
     load_compose_tls,
     load_healthcheck,
+    load_stack,
     run,
     yaml,
 )
 
-SCALED = ROOT / "docker-compose.scaled.yml"
-
-
-def merged(base: dict, override: dict) -> dict:
-    """Compose's merge of an override file, for the mappings these files use."""
-    out = dict(base)
-    for key, value in override.items():
-        both = isinstance(value, dict) and isinstance(base.get(key), dict)
-        out[key] = merged(base[key], value) if both else value
-    return out
-
 
 def load_scaled(env: dict[str, str] | None = None) -> dict:
-    env = env or {}
-    text = INTERPOLATION.sub(lambda m: env.get(m.group(1), m.group(2) or ""), SCALED.read_text())
-    return merged(load_compose(env), yaml.safe_load(text))
+    return load_stack(COMPOSE, SCALED, env=env)
 
 
 def test_docker_compose_accepts_the_scaled_override(tmp_path) -> None:
@@ -93,9 +80,8 @@ def test_tls_lines_build_a_valid_mutual_tls_config(name: str, tmp_path, monkeypa
     service = services[name]
     assert f"{tmp_path}:{CERTS_IN_IMAGE}:ro" in service["volumes"]
     cls = CONFIGS[name]
-    fields = {env_var(f.name, env_prefix(cls)) for f in dataclasses.fields(cls)}
     probe = {k for k in service["environment"] if k.startswith(load_healthcheck().PROBE)}
-    assert set(service["environment"]) - probe <= fields
+    assert set(service["environment"]) - probe <= config_env_names(name)
     for key in [k for k in os.environ if k.startswith("NANOSERVE_")]:
         monkeypatch.delenv(key)
     for key, value in container_env(service, tmp_path).items():

@@ -14,6 +14,7 @@ from tests.unit.compose_files import (
     HEALTHCHECK_IN_IMAGE,
     ROOT,
     default,
+    image_extras,
     run,
 )
 
@@ -59,10 +60,10 @@ def test_dockerfile_house_rules(name: str) -> None:
 
 def test_frontend_image_installs_no_torch() -> None:
     text = DOCKERFILES["frontend"].read_text()
+    assert image_extras(DOCKERFILES["frontend"]) == {"frontend"}
     installs = re.findall(r"pip install [^\n]*", text)
-    assert installs and all("[frontend]" in line for line in installs)
-    assert "torch" not in " ".join(installs) and "[worker]" not in text
-    assert "worker" in DOCKERFILES["worker"].read_text().split("pip install", 1)[1].split("\n")[0]
+    assert installs and "torch" not in " ".join(installs) and "[worker]" not in text
+    assert image_extras(DOCKERFILES["worker"]) == {"worker"}
 
 
 def test_dockerignore_lets_in_exactly_what_the_images_copy() -> None:
@@ -75,3 +76,24 @@ def test_dockerignore_lets_in_exactly_what_the_images_copy() -> None:
             if op == "COPY" and not arg.startswith("--from"):
                 for source in arg.split()[:-1]:
                     assert source.rstrip("*") in allowed, f"{path.name}: COPY {source} is ignored"
+            # a bind mount of the build context (no `from=`) reads it too
+            for mount in re.findall(r"--mount=(\S+)", arg) if op == "RUN" else []:
+                options = dict(o.split("=", 1) for o in mount.split(","))
+                if "from" not in options:
+                    assert options["source"] in allowed, f"{path.name}: {mount} is ignored"
+
+
+def test_images_install_the_wheelhouse_only_when_told() -> None:
+    """pip looks in docker/wheelhouse (committed empty: a plain build uses the index as before);
+    PIP_NO_INDEX=1, as scripts/compose_cpu.sh builds, keeps pip off the network."""
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert "/docker/wheelhouse/*" in ignored and "!/docker/wheelhouse/README.md" in ignored
+    for path in DOCKERFILES.values():
+        steps = instructions(path)
+        assert steps.count(("ARG", "PIP_NO_INDEX=0")) == 2  # one per stage: its default, the index
+        installs = [a for op, a in steps if op == "RUN" and "pip " in a]
+        assert len(installs) == 3, installs  # the wheel, the dependencies, the wheel installed
+        for run_args in installs[:2]:
+            assert "--mount=type=bind,source=docker/wheelhouse,target=/wheelhouse" in run_args
+            assert "--find-links /wheelhouse" in run_args
+        assert "--no-index" in installs[2] and "from=wheel" in installs[2]
