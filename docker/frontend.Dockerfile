@@ -18,7 +18,7 @@ COPY docker/requirements.py /tmp/requirements.py
 ARG PIP_NO_INDEX=0
 RUN --mount=type=bind,source=docker/wheelhouse,target=/wheelhouse \
     pip wheel --no-cache-dir --no-deps --find-links /wheelhouse --wheel-dir /wheels . \
-    && python /tmp/requirements.py pyproject.toml frontend > /wheels/requirements.txt
+    && python /tmp/requirements.py pyproject.toml frontend tracing > /wheels/requirements.txt
 
 FROM ${BASE_IMAGE}
 RUN useradd --create-home --uid 10001 --user-group --shell /usr/sbin/nologin nanoserve
@@ -26,7 +26,8 @@ COPY docker/healthcheck.py /opt/nanoserve/healthcheck.py
 # the compose stack's one-shot `worker-auth` service runs this image to write the worker secret
 COPY docker/worker_secret.py /opt/nanoserve/worker_secret.py
 
-# The `frontend` extra only: tokenizers and jinja2 on top of grpcio and protobuf. The wheel holds
+# The `frontend` and `tracing` extras only: tokenizers, jinja2 and the OpenTelemetry SDK (imported
+# only with --otlp-traces-endpoint) on top of grpcio and protobuf. The wheel holds
 # the worker package too (one distribution), but nothing here imports it and torch is not installed.
 # Its dependencies go in a layer of their own, keyed on their list alone (copied, not the sources),
 # so that a source change reinstalls only the wheel below. docker/wheelhouse (empty in the
@@ -40,7 +41,7 @@ RUN --mount=type=bind,source=docker/wheelhouse,target=/wheelhouse \
 # dependency is installed already, so pip needs no index
 # hadolint ignore=DL3013
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index "$(ls /wheels/nanoserve-*.whl)[frontend]" \
+    pip install --no-cache-dir --no-index "$(ls /wheels/nanoserve-*.whl)[frontend,tracing]" \
     && ! python -c "import torch" 2>/dev/null
 
 USER 10001:10001

@@ -17,13 +17,14 @@ COPY docker/requirements.py /tmp/requirements.py
 ARG PIP_NO_INDEX=0
 RUN --mount=type=bind,source=docker/wheelhouse,target=/wheelhouse \
     pip wheel --no-cache-dir --no-deps --find-links /wheelhouse --wheel-dir /wheels . \
-    && python /tmp/requirements.py pyproject.toml gateway > /wheels/requirements.txt
+    && python /tmp/requirements.py pyproject.toml gateway tracing > /wheels/requirements.txt
 
 FROM ${BASE_IMAGE}
 RUN useradd --create-home --uid 10001 --user-group --shell /usr/sbin/nologin nanoserve
 COPY docker/healthcheck.py /opt/nanoserve/healthcheck.py
 
-# The `gateway` extra only: fastapi, uvicorn, pydantic and prometheus-client on top of grpcio
+# The `gateway` and `tracing` extras only: fastapi, uvicorn, pydantic, prometheus-client and the
+# OpenTelemetry SDK (imported only with --otlp-traces-endpoint) on top of grpcio
 # and protobuf.
 # Its dependencies go in a layer of their own, keyed on their list alone (copied, not the sources),
 # so that a source change reinstalls only the wheel below. docker/wheelhouse (empty in the
@@ -37,7 +38,7 @@ RUN --mount=type=bind,source=docker/wheelhouse,target=/wheelhouse \
 # dependency is installed already, so pip needs no index
 # hadolint ignore=DL3013
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index "$(ls /wheels/nanoserve-*.whl)[gateway]" \
+    pip install --no-cache-dir --no-index "$(ls /wheels/nanoserve-*.whl)[gateway,tracing]" \
     && ! python -c "import torch" 2>/dev/null
 
 USER 10001:10001

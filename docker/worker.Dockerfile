@@ -20,7 +20,7 @@ COPY docker/requirements.py /tmp/requirements.py
 ARG PIP_NO_INDEX=0
 RUN --mount=type=bind,source=docker/wheelhouse,target=/wheelhouse \
     pip wheel --no-cache-dir --no-deps --find-links /wheelhouse --wheel-dir /wheels . \
-    && python /tmp/requirements.py pyproject.toml worker > /wheels/requirements.txt
+    && python /tmp/requirements.py pyproject.toml worker tracing > /wheels/requirements.txt
 
 FROM ${BASE_IMAGE}
 # Triton compiles a small host-side launcher per kernel signature with the system C compiler at
@@ -47,7 +47,7 @@ RUN --mount=type=bind,source=docker/wheelhouse,target=/wheelhouse \
 # dependency is installed already, so pip needs no index
 # hadolint ignore=DL3013
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index "$(ls /wheels/nanoserve-*.whl)[worker]"
+    pip install --no-cache-dir --no-index "$(ls /wheels/nanoserve-*.whl)[worker,tracing]"
 
 USER 10001:10001
 WORKDIR /home/nanoserve

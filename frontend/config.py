@@ -12,6 +12,7 @@ from nanoserve.frontend.validation import DEFAULT_MAX_CHAT_MESSAGES, DEFAULT_MAX
 from nanoserve.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
 from nanoserve.log import check_log_format, parse_level
 from nanoserve.model_files import REVISION_HELP, check_model_name
+from nanoserve.tracing import TRACES_HELP
 
 
 def parse_worker_address(worker_address: str) -> list[tuple[str, int]]:
@@ -228,6 +229,7 @@ class FrontendConfig:
     log_format: str = field(
         default="text", metadata={"help": "request log lines: text or json (one object a line)"}
     )
+    otlp_traces_endpoint: str = field(default="", metadata={"help": TRACES_HELP})
 
     def _check_operations_fields(self) -> None:
         for name in ("max_stop_token_ids", "max_chat_messages"):

@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -23,6 +23,7 @@ from nanoserve.errors import echo
 from nanoserve.log import check_log_format
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.request_decoding import Undecodable
+from nanoserve.tracing import traceparent_in, wall_ns
 
 logger = logging.getLogger("nanoserve.requests")
 REQUEST_ID_METADATA = "x-request-id"
@@ -48,6 +49,9 @@ class RequestRecord:
     last_token_at: float | None = None
     sent_at: float | None = None  # handed to the worker: the frontend's own latency ends here
     end: float | None = None
+    tokenized_at: float | None = None  # the prompt's ids are known (tokenized, or given)
+    detokenize_s: float = 0.0  # time spent detokenizing, measured only while traced
+    span: Any = None  # the call's trace span, while tracing is on (request_trace.py)
 
     def add(self, response: Any) -> None:
         """Counts one GenerateResponse/ChatResponse (add_tokens, then finish)."""
@@ -93,6 +97,17 @@ class RequestRecord:
         return (self.last_token_at - self.first_token_at) / (self.completion_tokens - 1)
 
 
+# what a JSON log line holds of a record (its clock readings and span stay out)
+_LOGGED_FIELDS = (
+    "request_id",
+    "method",
+    "peer",
+    "code",
+    "finish_reason",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+)
 RequestSink = Callable[[RequestRecord], None]
 # the record of the call this task serves (each grpc.aio call runs in its own task)
 _current: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
@@ -103,6 +118,13 @@ _current: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
 def current_record() -> RequestRecord | None:
     """The record of the call this task serves (None outside `recorded`)."""
     return _current.get()
+
+
+def mark_tokenized() -> None:
+    """Called once the prompt's ids are known: ends the call's tokenize phase."""
+    record = _current.get()
+    if record is not None and record.tokenized_at is None:
+        record.tokenized_at = time.perf_counter()
 
 
 def mark_sent_to_worker() -> None:
@@ -122,9 +144,7 @@ class RequestLog:
     def format(self, record: RequestRecord) -> str:
         ttft = record.ttft
         if self.log_format == "json":
-            fields = asdict(record)
-            for name in ("start", "first_token_at", "last_token_at", "sent_at", "end"):
-                del fields[name]
+            fields = {name: getattr(record, name) for name in _LOGGED_FIELDS}
             fields.update(
                 event="request_end",
                 request_id=record.request_id[:128],
@@ -164,6 +184,13 @@ def recorded(handler: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncI
         if not request.request_id:
             request.request_id = uuid.uuid4().hex
         record = RequestRecord(request.request_id, method, context.peer())
+        tracer = getattr(self, "tracer", None)
+        if tracer is not None:  # tracing on: the call's span, the caller's trace continued
+            record.span = tracer.start(
+                method,
+                traceparent_in(context.invocation_metadata()),
+                start_ns=wall_ns(record.start),
+            )
         _current.set(record)
         if _metadata_safe(request.request_id):
             context.set_trailing_metadata(((REQUEST_ID_METADATA, request.request_id),))

@@ -5,6 +5,7 @@ stream's ids into per-completion fields: detokenized text, stop strings, logprob
 
 import itertools
 import secrets
+import time
 from collections.abc import AsyncIterator
 
 import grpc.aio
@@ -84,11 +85,14 @@ class RequestRunner:
         if timeout is None and self.config.request_timeout_s > 0:
             timeout = self.config.request_timeout_s
         self.pacer.start()
+        record = current_record()
+        traced = record is not None and record.span is not None
+        if record is not None and record.span is not None:  # the worker's spans: its children
+            worker_request.traceparent = record.span.traceparent
         link = await self._connected_worker(prompt_ids)
         session = link.session
         pending = link.start_request(worker_request, timeout)
         mark_sent_to_worker()
-        record = current_record()
         num_open, completion_tokens, cached_tokens = n, 0, 0
         try:
             while True:
@@ -115,6 +119,7 @@ class RequestRunner:
                         if c.done:
                             break  # a stop string matched in an earlier piece
                         piece_last = last if piece.last else None
+                        started = time.perf_counter() if traced else 0.0
                         fields = (
                             c.fields_inline(piece.ids, piece_last, include_stop, len(prompt_ids))
                             if len(piece.ids) <= DETOKENIZE_INLINE_MAX_IDS
@@ -122,6 +127,8 @@ class RequestRunner:
                                 piece.ids, piece_last, self.tokenizer, include_stop, len(prompt_ids)
                             )
                         )
+                        if traced and record is not None:
+                            record.detokenize_s += time.perf_counter() - started
                         if piece.logprobs or piece.prompt_logprobs:
                             fields.update(
                                 response_logprobs(

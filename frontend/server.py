@@ -31,6 +31,7 @@ from nanoserve.security import (
     read_secret,
     set_cache_salt_key,
 )
+from nanoserve.tracing import tracer_for
 
 if TYPE_CHECKING:  # prometheus_client loads only with a metrics port
     from nanoserve.frontend.metrics import FrontendMetrics
@@ -74,6 +75,12 @@ class FrontendServer:
         )
         self.servicer = FrontendServicer(config, self.tokenizer, self.pool)
         self.servicer.request_sinks.append(RequestLog(config.log_format))
+        self.tracer = tracer_for("nanoserve-frontend", config.otlp_traces_endpoint)
+        if self.tracer is not None:  # the OpenTelemetry SDK is imported only then
+            from nanoserve.frontend.request_trace import RequestTracer
+
+            self.servicer.tracer = self.tracer
+            self.servicer.request_sinks.append(RequestTracer(self.tracer))
         self.metrics: FrontendMetrics | None = None
         self.metrics_server: Any = None  # prometheus_client's HTTP server, when metrics_port is set
         if config.metrics_port:  # prometheus_client is imported (and paid for) only when asked for
@@ -158,5 +165,7 @@ class FrontendServer:
         await self.pool.close()
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
+        if self.tracer is not None:
+            self.tracer.shutdown()
         if self._owns_tokenizer:
             self.tokenizer.close()

@@ -22,7 +22,7 @@ from nanoserve.frontend.chat_output import ChatOutput, think_in_prompt
 from nanoserve.frontend.chat_request import chat_inputs
 from nanoserve.frontend.config import FrontendConfig
 from nanoserve.frontend.reasoning_parser import ReasoningParser
-from nanoserve.frontend.request_log import RequestSink, recorded
+from nanoserve.frontend.request_log import RequestSink, mark_tokenized, recorded
 from nanoserve.frontend.request_stream import RequestRunner
 from nanoserve.frontend.tokenizer import Tokenizer
 from nanoserve.frontend.tool_choice import constrained_params
@@ -40,6 +40,7 @@ from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.security import current_tenant
+from nanoserve.tracing import Tracer
 
 # The field the worker names when a forced tool choice's constraint does not compile.
 FORCED_TAG_FIELD = "sampling_params.structured_output.structural_tag"
@@ -57,6 +58,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         self._live_request_ids: set[tuple[str | None, str]] = set()
         self.requests = RequestRunner(config, tokenizer, pool)
         self.request_sinks: list[RequestSink] = []  # called with each ended Generate/Chat call
+        self.tracer: Tracer | None = None  # tracing on: request_log.recorded starts the spans
 
     def _limits(self) -> tuple[Limits, worker_pb2.WorkerServiceGetModelInfoResponse]:
         if self.draining:
@@ -117,6 +119,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                 )
                 prompt_ids = await self.tokenizer.encode_async(request.prompt, add_special)
                 validate_prompt_token_ids(prompt_ids, limits, "prompt")
+            mark_tokenized()
             prompt_field = "prompt_token_ids" if request.prompt_token_ids else "prompt"
             async for fields in self.requests.stream(
                 request_id,
@@ -149,6 +152,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                 inputs.messages, enable_thinking, inputs.tools, inputs.size
             )
             validate_prompt_token_ids(prompt_ids, limits, "messages")
+            mark_tokenized()
             think = think_in_prompt(prompt_ids, self.tokenizer.token_to_id)
             params = request.sampling_params
             if inputs.forced is not None:  # the calls, as a structural tag the worker compiles

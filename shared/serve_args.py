@@ -131,6 +131,7 @@ def _serve_parser() -> argparse.ArgumentParser:
         "max_message_bytes",
         "revision",
         "max_stop_token_ids",
+        "otlp_traces_endpoint",
     }
     add_config_args(
         parser, FrontendConfig, title="frontend", skip={*SERVE_OWNS, *shared}, only_given=True
@@ -246,6 +247,11 @@ def gateway_argv(args: argparse.Namespace) -> list[str]:
         *("--host", args.host, "--port", str(args.gateway_port)),
         *("--log-level", frontend.log_level, "--grace-period-s", str(frontend.grace_period_s)),
         *("--max-message-bytes", str(frontend.max_message_bytes)),
+        *(
+            ("--otlp-traces-endpoint", frontend.otlp_traces_endpoint)
+            if frontend.otlp_traces_endpoint
+            else ()
+        ),
         *shlex.split(args.gateway_args),
     ]
     gateway = parse_config(

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from nanoserve.tracing import Tracer, tracer_for
 from nanoserve.worker import engine_core
 from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.frame_io import FrameWriter
@@ -56,6 +57,8 @@ class StepObserver(Protocol):
 
 
 class AsyncEngine:
+    tracer: Tracer | None = None  # tracing on: a span per request (nanoserve.tracing)
+
     def __init__(
         self,
         config: WorkerConfig,
@@ -101,6 +104,8 @@ class AsyncEngine:
         from nanoserve.worker.engine.llm_engine import LLMEngine
 
         self.engine_class = LLMEngine
+        # the engine core's spans are children of these
+        self.tracer = tracer_for("nanoserve-worker", config.otlp_traces_endpoint)
 
     @property
     def num_requests(self) -> int:
@@ -126,10 +131,11 @@ class AsyncEngine:
         owner: Collector | None = None,
         cache_salt: str | None = None,
         priority: int = 0,
+        traceparent: str | None = None,
     ) -> Stream:
         """Validates (ValueError) and queues a request. Without an owner, request ids are unique
         among live requests (WorkerService.Abort names them). `cache_salt`: prefix-cache isolation
-        (LLMEngine.add_request)."""
+        (LLMEngine.add_request). `traceparent`: the caller's span (tracing.traceparent_from)."""
         if self.error is not None:
             raise EngineDead(str(self.error))
         if owner is None and request_id in self.by_request_id:
@@ -140,9 +146,19 @@ class AsyncEngine:
         self.streams[stream.engine_id] = stream
         if owner is None:
             self.by_request_id[request_id] = stream
-        self.adds.append(
-            [stream.engine_id, token_ids, sp.as_fields(), cache_salt or None, priority]
-        )
+        add = [stream.engine_id, token_ids, sp.as_fields(), cache_salt or None, priority]
+        if self.tracer is not None:
+            stream.span = self.tracer.start(
+                "GenerateTokens",
+                traceparent,
+                attributes={
+                    "nanoserve.request_id": request_id,
+                    "nanoserve.prompt_tokens": len(token_ids),
+                    "nanoserve.n": sp.n,
+                },
+            )
+            add.append(stream.span.traceparent)  # the engine core's span: a child of this one
+        self.adds.append(add)
         self._schedule_flush()
         return stream
 
@@ -166,6 +182,8 @@ class AsyncEngine:
             return
         if self.by_request_id.get(stream.request_id) is stream:
             del self.by_request_id[stream.request_id]
+        if stream.span is not None:
+            _end_span(stream, aborted=True)
         self.aborts.append(stream.engine_id)
         self._schedule_flush()
 
@@ -304,12 +322,16 @@ class AsyncEngine:
     def _on_refused(self, engine_id: int, reason: str) -> None:
         stream = self.streams.get(engine_id)
         if stream is not None:
+            if stream.span is not None:
+                _end_span(stream, error=reason)
             self._forget(stream)
             self._end(stream, RequestAborted(f"refused by the engine: {reason}"))
 
     def _on_invalid(self, engine_id: int, reason: str) -> None:
         stream = self.streams.get(engine_id)
         if stream is not None:
+            if stream.span is not None:
+                _end_span(stream, error=reason)
             self._forget(stream)
             self._end(stream, RequestInvalid(reason))
 
@@ -317,6 +339,8 @@ class AsyncEngine:
         self.fail(EngineDead(message))
 
     def _forget(self, stream: Stream) -> None:
+        if stream.span is not None:
+            _end_span(stream)
         del self.streams[stream.engine_id]
         if self.by_request_id.get(stream.request_id) is stream:
             del self.by_request_id[stream.request_id]
@@ -337,6 +361,8 @@ class AsyncEngine:
         if not self.ready.done():
             self.ready.set_exception(exc)
         for stream in list(self.streams.values()):
+            if stream.span is not None:
+                _end_span(stream, error=str(exc))
             self._end(stream, exc if isinstance(exc, Exception) else EngineDead(str(exc)))
         self.streams.clear()
         self.by_request_id.clear()
@@ -361,6 +387,8 @@ class AsyncEngine:
             self.process.kill()
         await asyncio.to_thread(self.process.join)
         self.loop.remove_reader(self.from_core.fileno())
+        if self.tracer is not None:
+            self.tracer.shutdown()  # exports the spans it holds
         code = self.process.exitcode
         assert code is not None  # joined
         return code
@@ -368,6 +396,21 @@ class AsyncEngine:
     def kill(self) -> None:
         """Before a fatal exit: the core (and, by PDEATHSIG, its ranks) go without teardown."""
         self.process.kill()
+
+
+def _end_span(stream: Stream, aborted: bool = False, error: str | None = None) -> None:
+    """The request's span ends: with what its completions finished as, or why it did not."""
+    span, stream.span = stream.span, None
+    finishes = [c.finish for c in stream.completions if c.finish is not None]
+    span.end(
+        attributes={
+            "nanoserve.completion_tokens": sum(f.completion_tokens for f in finishes),
+            "nanoserve.cached_tokens": stream.cached_tokens,
+            "nanoserve.finish_reason": ",".join(f.reason for f in finishes) or None,
+            "nanoserve.aborted": aborted or None,
+        },
+        error=error,
+    )
 
 
 __all__ = [

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from nanoserve.model_files import MODEL_HELP, REVISION_HELP, check_model_name
+from nanoserve.tracing import TRACES_HELP
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -198,6 +199,7 @@ class WorkerConfig(EngineConfig):
     metrics_port: int = field(
         default=0, metadata={"help": "port of the Prometheus /metrics HTTP endpoint (0 = off)"}
     )
+    otlp_traces_endpoint: str = field(default="", metadata={"help": TRACES_HELP})
     # ---- the frontend link: a shared secret and/or TLS, mutual with a client CA ----
     auth_token_file: str | None = field(
         default=None,

@@ -15,8 +15,10 @@ from multiprocessing.connection import Connection
 
 import msgpack
 
+from nanoserve.tracing import tracer_for
 from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.frame_io import FrameReader, FrameWriter
+from nanoserve.worker.sequence_trace import trace_sequence
 from nanoserve.worker.stats_log import Load, StatsLogger
 
 logger = logging.getLogger(__name__)
@@ -47,7 +49,8 @@ def add_frame(
     completion_aborts: list[list[int]] | None = None,
 ) -> bytes:
     """Server -> engine core: adds are [engine_id, prompt ids, sampling params as a dict,
-    cache salt or None, priority]; an add without the priority (an older frame) is priority 0.
+    cache salt or None, priority, traceparent (only when traced)]; an add without the priority
+    (an older frame) is priority 0.
     completion_aborts are [engine_id, completion index] (LLMEngine.abort_completion)."""
     return encode([adds, aborts, exit_, completion_aborts or []])
 
@@ -68,6 +71,9 @@ class EngineCore:
         self.inbox = FrameReader(inbox, "core-inbox")
         self.outbox = FrameWriter(outbox, "core-outbox")
         threading.Thread(target=self._heartbeat, name="core-heartbeat", daemon=True).start()
+        # tracing on: the traced requests' parent spans (the worker gRPC process's), by engine id
+        self.tracer = tracer_for("nanoserve-engine-core", config.otlp_traces_endpoint)
+        self.traced: dict[int, str] = {}
 
     def send(self, frame: list) -> None:
         self.outbox.send_bytes(encode(frame))  # thread-safe: the TP watcher may send ERROR
@@ -116,7 +122,12 @@ class EngineCore:
             except ValueError as e:  # validated by the server already; ends the stream all the same
                 logger.warning("request %s refused by the engine: %s", engine_id, e)
                 self.send([REFUSED, engine_id, str(e)])
+                continue
+            if len(rest) > 1 and self.tracer is not None:
+                self.traced[engine_id] = rest[1]
         for engine_id in aborts:  # after the adds: a frame may add a request and abort it
+            if engine_id in self.traced:
+                self._trace_abort(engine_id)
             self.engine.abort(engine_id)
         for engine_id, index in completion_aborts:
             self.engine.abort_completion(engine_id, index)
@@ -181,10 +192,32 @@ class EngineCore:
                 for o in outputs
                 if not o.finished and 0 < len(o.new_token_ids) == o.seq.num_completion_tokens
             ]
+            if self.traced:
+                self._trace(outputs)
             load = self.load()
             self.send([STEP, load, out, step_s, cached])
             self.load_dirty = False
             self.stats.observe(load)
+
+    def _trace(self, outputs: list) -> None:
+        """The spans of the traced sequences that ended in this step."""
+        assert self.tracer is not None
+        for o in outputs:
+            parent = self.traced.get(o.seq.request_id)
+            if parent is not None and o.finished:
+                trace_sequence(self.tracer, parent, o.seq)
+                if o.seq.request_id not in self.engine.requests:  # its last completion
+                    del self.traced[o.seq.request_id]
+
+    def _trace_abort(self, engine_id: int) -> None:
+        """The spans of a traced request's open sequences, ended early by its caller."""
+        assert self.tracer is not None
+        parent = self.traced.pop(engine_id)
+        # the core names its requests by int engine ids (LLMEngine types them as str)
+        seq = self.engine.requests.get(engine_id)  # type: ignore[call-overload]
+        for s in (seq.group or (seq,)) if seq is not None else ():
+            if not s.is_finished:
+                trace_sequence(self.tracer, parent, s, aborted=True)
 
     def die(self, message: str) -> None:
         """Fatal: tell the server why, stop the ranks, exit non-zero without teardown."""
@@ -242,6 +275,8 @@ def run_engine_core(config: WorkerConfig, inbox: Connection, outbox: Connection)
         logger.exception("engine step failed")
         core.die(str(core.engine.model_runner.explain(exc)))
     core.engine.shutdown()  # between steps: no step is running now
+    if core.tracer is not None:
+        core.tracer.shutdown()  # exports the spans it holds
     core.outbox.flush(FLUSH_S)
     logging.shutdown()
     os._exit(0)

@@ -7,6 +7,7 @@ into it (vLLM's RequestOutputCollector). Streams owned by a Session are flushed 
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from nanoserve.logprob_split import MAX_LOGPROBS_PER_MESSAGE, split_logprobs
 
@@ -94,6 +95,7 @@ class Stream:
     caller: str | None = None  # who started it (the worker token's name): only it may Abort it
     cached_tokens: int | None = None  # the prompt's prefix-cache hit, known with its first output
     cached_sent: bool = False  # a Session told its frontend (with the first output)
+    span: Any = None  # its trace span, while tracing is on (nanoserve.tracing)
     event: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property

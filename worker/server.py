@@ -27,6 +27,7 @@ from nanoserve.model_files import tokenizer_digest
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 from nanoserve.security import ServerSecurity, current_tenant
+from nanoserve.tracing import traceparent_from, traceparent_in
 from nanoserve.worker.async_engine import AsyncEngine, EngineDead
 from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.request_log import (
@@ -91,6 +92,9 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
                     sp,
                     cache_salt=request.cache_salt,
                     priority=request.priority,
+                    # the request's field (a frontend's), else the caller's gRPC metadata
+                    traceparent=traceparent_from(request.traceparent)
+                    or traceparent_in(context.invocation_metadata()),
                 )
                 stream.caller = current_tenant()  # only this caller may Abort it
             except ValueError as e:

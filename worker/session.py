@@ -17,6 +17,7 @@ from nanoserve.errors import (
 )
 from nanoserve.logprob_split import MAX_LOGPROBS_PER_MESSAGE
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+from nanoserve.tracing import traceparent_from
 from nanoserve.worker.async_engine import AsyncEngine, Collector, Stream
 from nanoserve.worker.load_report import LoadReporter, load_key, session_load
 from nanoserve.worker.request_log import (
@@ -125,6 +126,7 @@ class WorkerSession:
                     owner=self.collector,
                     cache_salt=request.cache_salt,
                     priority=request.priority,
+                    traceparent=traceparent_from(request.traceparent),
                 )
             except ValueError as e:
                 raise InvalidArgument(str(e)) from None

@@ -16,6 +16,7 @@ from typing import Any
 from nanoserve.config import parse_config
 from nanoserve.frontend.gateway.config import GatewayConfig
 from nanoserve.log import log_startup_error, setup_logging
+from nanoserve.tracing import tracer_for
 
 logger = logging.getLogger("nanoserve.gateway")
 
@@ -55,7 +56,16 @@ async def serve(config: GatewayConfig) -> None:
     sock = bind(config.host, config.port, config.reuse_port)
     api = build_app(client, config.served_model_name, stream_interval=config.stream_interval)
     paths = [route.path for route in api.routes if isinstance(route, Route)]
-    app = AccessLog(BodyLimit(api, config.max_body_bytes), paths, [RequestLog(config.log_format)])
+    sinks: list = [RequestLog(config.log_format)]
+    tracer = tracer_for("nanoserve-gateway", config.otlp_traces_endpoint)
+    start_span = None
+    if tracer is not None:  # the OpenTelemetry SDK is imported only then
+        from nanoserve.frontend.gateway.request_trace import RequestTracer
+
+        request_tracer = RequestTracer(tracer)
+        sinks.append(request_tracer)
+        start_span = request_tracer.start
+    app = AccessLog(BodyLimit(api, config.max_body_bytes), paths, sinks, start_span)
     metrics_server: Any = None
     if config.metrics_port:  # prometheus_client is imported only when asked for
         from nanoserve.frontend.gateway.metrics import serve_gateway_metrics
@@ -90,6 +100,8 @@ async def serve(config: GatewayConfig) -> None:
         if metrics_server is not None:
             metrics_server.shutdown()
         await client.close()
+        if tracer is not None:
+            tracer.shutdown()
         logger.info("gateway stopped")
 
 

@@ -59,6 +59,8 @@ class Access:
     finish_reason: str | None = None
     prompt_tokens: int | None = None  # None: not known (no usage came back)
     completion_tokens: int | None = None
+    parsed_at: float | None = None  # the body was parsed and mapped (a completion route)
+    span: Any = None  # its trace span, while tracing is on (request_trace.py)
 
     def ended(
         self, usage: Usage | None, finish_reason: str | None, error_status: int | None = None
@@ -116,10 +118,18 @@ class AccessLog:
     """ASGI middleware around the whole app (body limit included: a 413 is a request too). Only
     watches the messages it passes on, and adds the X-Request-Id header to the response's start."""
 
-    def __init__(self, app: ASGIApp, routes: Collection[str], sinks: list[AccessSink]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        routes: Collection[str],
+        sinks: list[AccessSink],
+        start_span: Callable[[Access, Any], None] | None = None,
+    ) -> None:
+        """`start_span(access, headers)`: tracing on, called as each request arrives."""
         self.app = app
         self.routes = frozenset(routes)
         self.sinks = sinks
+        self.start_span = start_span
         self.in_flight = 0  # read by the metrics' gauge at scrape time
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -139,6 +149,8 @@ class AccessLog:
             _peer(scope),
         )
         scope.setdefault("state", {})[_STATE_KEY] = access
+        if self.start_span is not None:
+            self.start_span(access, scope["headers"])
         header = (REQUEST_ID_HEADER, access.request_id.encode("ascii"))
 
         async def watched_receive() -> Message:

@@ -9,6 +9,7 @@ are tokens.py's.
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
@@ -36,6 +37,7 @@ from nanoserve.frontend.gateway.protocol import ChatCompletionRequest, Completio
 from nanoserve.frontend.gateway.responses import Reply
 from nanoserve.frontend.gateway.stream import StreamShaper, events
 from nanoserve.frontend.gateway.tokens import DetokenizeBody, TokenizeBody, detokenize, tokenize
+from nanoserve.tracing import TRACEPARENT
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -127,6 +129,7 @@ class Gateway:
         client = await self.auth.client_for(request)  # 401 before the body is read
         body = await self.bodies.parse(CompletionRequest, await request.body())
         prompt, mapped = map_completion(body)
+        client = _parsed(request, client)
         name = await _until_disconnect(request, self.check_model(client, body.model))
         reply = Reply(name, False, logprobs=mapped.logprobs)
         echo, best_of = mapped.echo, mapped.best_of
@@ -150,6 +153,7 @@ class Gateway:
         client = await self.auth.client_for(request)  # 401 before the body is read
         body = await self.bodies.parse(ChatCompletionRequest, await request.body())
         messages, mapped = map_chat(body)
+        client = _parsed(request, client)
         name = await _until_disconnect(request, self.check_model(client, body.model))
         reply = Reply(name, True, logprobs=mapped.logprobs)
         request_id = access_of(request.scope).request_id
@@ -209,6 +213,15 @@ class Gateway:
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
+
+
+def _parsed(request: Request, client: AsyncClient) -> AsyncClient:
+    """Marks the end of parsing; while tracing, `client` sends the request's traceparent."""
+    access = access_of(request.scope)
+    access.parsed_at = time.perf_counter()
+    if access.span is None:
+        return client
+    return client.with_metadata(((TRACEPARENT, access.span.traceparent),))
 
 
 async def _collect(chunks: AsyncIterator[Chunk]) -> list[Chunk]:

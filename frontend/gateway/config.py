@@ -10,6 +10,7 @@ from typing import ClassVar
 from nanoserve.client_requests import MAX_STREAM_INTERVAL
 from nanoserve.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
 from nanoserve.log import check_log_format, parse_level
+from nanoserve.tracing import TRACES_HELP
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +94,7 @@ class GatewayConfig:
     metrics_port: int = field(
         default=0, metadata={"help": "port of the Prometheus /metrics HTTP endpoint (0 = off)"}
     )
+    otlp_traces_endpoint: str = field(default="", metadata={"help": TRACES_HELP})
 
     def __post_init__(self) -> None:
         for name in ("port", "metrics_port"):

@@ -65,7 +65,7 @@ EOF
 wheelhouse() {
   local tmp stamp
   tmp=$(mktemp -d)
-  python docker/requirements.py pyproject.toml frontend worker gateway >"$tmp/requirements.txt"
+  python docker/requirements.py pyproject.toml frontend worker gateway tracing >"$tmp/requirements.txt"
   python docker/requirements.py pyproject.toml --build >>"$tmp/requirements.txt"
   python -m pip freeze --exclude-editable | grep -v '^nanoserve' >"$tmp/constraints.txt"
   stamp=$(cat "$tmp/requirements.txt" "$tmp/constraints.txt" | sha256sum | cut -c1-16)

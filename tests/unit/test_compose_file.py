@@ -188,7 +188,7 @@ def test_gateway_is_published_and_waits_for_a_healthy_frontend(services) -> None
     assert "volumes" not in gateway  # no tokenizer (the frontend does the text work), no secret
     moved = load_compose({"NANOSERVE_GATEWAY_PORT": "9000"})["services"]["gateway"]
     assert moved["ports"] == ["127.0.0.1:9000:8000"]
-    assert image_extras(DOCKERFILES["gateway"]) == {"gateway"}
+    assert image_extras(DOCKERFILES["gateway"]) == {"gateway", "tracing"}
 
 
 @pytest.mark.parametrize("name", ["worker", "frontend", "gateway"])

@@ -60,10 +60,10 @@ def test_dockerfile_house_rules(name: str) -> None:
 
 def test_frontend_image_installs_no_torch() -> None:
     text = DOCKERFILES["frontend"].read_text()
-    assert image_extras(DOCKERFILES["frontend"]) == {"frontend"}
+    assert image_extras(DOCKERFILES["frontend"]) == {"frontend", "tracing"}
     installs = re.findall(r"pip install [^\n]*", text)
     assert installs and "torch" not in " ".join(installs) and "[worker]" not in text
-    assert image_extras(DOCKERFILES["worker"]) == {"worker"}
+    assert image_extras(DOCKERFILES["worker"]) == {"worker", "tracing"}
 
 
 def test_dockerignore_lets_in_exactly_what_the_images_copy() -> None:

@@ -27,6 +27,19 @@ def test_gateway_flags_follow_the_frontends(tiny_model_dir: Path, monkeypatch) -
     assert args.gateway_argv is None  # off unless asked for
 
 
+def test_one_traces_endpoint_reaches_every_service(tiny_model_dir: Path, monkeypatch) -> None:
+    """--otlp-traces-endpoint is given once; the worker, the frontend and the gateway export to it."""
+    monkeypatch.setattr(serve_args, "check_port_free", lambda *a, **k: None)
+    flag = ["--otlp-traces-endpoint", "127.0.0.1:4317"]
+    args, worker, frontend = cli.serve_argvs(
+        ["--model", str(tiny_model_dir), "--gateway-port", "0", *flag]
+    )
+    assert args.worker_config.otlp_traces_endpoint == "127.0.0.1:4317"
+    assert args.frontend_config.otlp_traces_endpoint == "127.0.0.1:4317"
+    for argv in (worker, frontend, args.gateway_argv):
+        assert argv[argv.index(flag[0]) + 1] == flag[1]
+
+
 def test_the_gateway_reaches_the_frontend_as_serves_probe_does(
     tiny_model_dir: Path, monkeypatch
 ) -> None:

@@ -37,6 +37,7 @@ class FakeEngine:
         owner: Collector | None = None,
         cache_salt: str | None = None,
         priority: int = 0,
+        traceparent: str | None = None,
     ) -> Stream:
         stream = self.streams[self.next_id] = Stream(request_id, self.next_id, owner)
         self.next_id += 1

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as nanoserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!nanoserve/v1/worker_service.proto\x12\x0cnanoserve.v1\x1a\x19nanoserve/v1/common.proto\"\xb4\x01\n\x15GenerateTokensRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x35\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1c.nanoserve.v1.SamplingParams\x12\x15\n\x08priority\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\ncache_salt\x18\x05 \x01(\tB\x0b\n\t_priority\"\xa4\x02\n\x16GenerateTokensResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x31\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x1a.nanoserve.v1.FinishReason\x12\"\n\x05usage\x18\x03 \x01(\x0b\x32\x13.nanoserve.v1.Usage\x12\x1a\n\rstop_token_id\x18\x04 \x01(\rH\x00\x88\x01\x01\x12-\n\x08logprobs\x18\x05 \x03(\x0b\x32\x1b.nanoserve.v1.TokenLogprobs\x12\x34\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x1b.nanoserve.v1.TokenLogprobs\x12\r\n\x05index\x18\x07 \x01(\rB\x10\n\x0e_stop_token_id\"\x82\x01\n\x0eSessionRequest\x12&\n\x04\x61\x64\x64s\x18\x01 \x03(\x0b\x32\x18.nanoserve.v1.SessionAdd\x12\x0e\n\x06\x61\x62orts\x18\x02 \x03(\t\x12\x38\n\x11\x63ompletion_aborts\x18\x03 \x03(\x0b\x32\x1d.nanoserve.v1.CompletionAbort\"4\n\x0f\x43ompletionAbort\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\"U\n\nSessionAdd\x12\x34\n\x07request\x18\x01 \x01(\x0b\x32#.nanoserve.v1.GenerateTokensRequest\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\"l\n\x0fSessionResponse\x12,\n\x07outputs\x18\x01 \x03(\x0b\x32\x1b.nanoserve.v1.SessionOutput\x12+\n\x04load\x18\x02 \x01(\x0b\x32\x1d.nanoserve.v1.GetLoadResponse\"\xda\x02\n\rSessionOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.nanoserve.v1.FinishReason\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.nanoserve.v1.Usage\x12\x1a\n\rstop_token_id\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x12\n\nerror_code\x18\x06 \x01(\r\x12\x15\n\rerror_message\x18\x07 \x01(\t\x12-\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1b.nanoserve.v1.TokenLogprobs\x12\x34\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x1b.nanoserve.v1.TokenLogprobs\x12\r\n\x05index\x18\n \x01(\rB\x10\n\x0e_stop_token_id\"#\n\x0c\x41\x62ortRequest\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"$\n\rAbortResponse\x12\x13\n\x0bnum_aborted\x18\x01 \x01(\r\"\"\n WorkerServiceGetModelInfoRequest\"\xbe\x02\n!WorkerServiceGetModelInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\r\x12\x1a\n\x12kvcache_block_size\x18\x05 \x01(\r\x12\x1a\n\x12num_kvcache_blocks\x18\x06 \x01(\r\x12\x1c\n\x14tensor_parallel_size\x18\x07 \x01(\r\x12\x18\n\x10tokenizer_digest\x18\x08 \x01(\t\x12\x14\n\x0cmax_num_seqs\x18\t \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\n \x01(\r\x12\r\n\x05\x64type\x18\x0b \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x0c \x01(\t\"\x10\n\x0eGetLoadRequest\"\xc5\x02\n\x0fGetLoadResponse\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x03 \x01(\r\x12\x18\n\x10num_total_blocks\x18\x04 \x01(\r\x12\x1d\n\x15prefix_cache_hit_rate\x18\x05 \x01(\x01\x12\x1f\n\x17generation_tokens_per_s\x18\x06 \x01(\x01\x12\x1b\n\x13prompt_tokens_per_s\x18\x07 \x01(\x01\x12\x17\n\x0fnum_preemptions\x18\x08 \x01(\x04\x12\x14\n\x0cnum_finished\x18\t \x01(\x04\x12\x1c\n\x14prefix_cache_queries\x18\n \x01(\x04\x12\x19\n\x11prefix_cache_hits\x18\x0b \x01(\x04\x12\x10\n\x08\x64raining\x18\x0c \x01(\x08\x32\xb5\x03\n\rWorkerService\x12]\n\x0eGenerateTokens\x12#.nanoserve.v1.GenerateTokensRequest\x1a$.nanoserve.v1.GenerateTokensResponse0\x01\x12J\n\x07Session\x12\x1c.nanoserve.v1.SessionRequest\x1a\x1d.nanoserve.v1.SessionResponse(\x01\x30\x01\x12@\n\x05\x41\x62ort\x12\x1a.nanoserve.v1.AbortRequest\x1a\x1b.nanoserve.v1.AbortResponse\x12o\n\x0cGetModelInfo\x12..nanoserve.v1.WorkerServiceGetModelInfoRequest\x1a/.nanoserve.v1.WorkerServiceGetModelInfoResponse\x12\x46\n\x07GetLoad\x12\x1c.nanoserve.v1.GetLoadRequest\x1a\x1d.nanoserve.v1.GetLoadResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!nanoserve/v1/worker_service.proto\x12\x0cnanoserve.v1\x1a\x19nanoserve/v1/common.proto\"\xc9\x01\n\x15GenerateTokensRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x35\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1c.nanoserve.v1.SamplingParams\x12\x15\n\x08priority\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\ncache_salt\x18\x05 \x01(\t\x12\x13\n\x0btraceparent\x18\x06 \x01(\tB\x0b\n\t_priority\"\xa4\x02\n\x16GenerateTokensResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x31\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x1a.nanoserve.v1.FinishReason\x12\"\n\x05usage\x18\x03 \x01(\x0b\x32\x13.nanoserve.v1.Usage\x12\x1a\n\rstop_token_id\x18\x04 \x01(\rH\x00\x88\x01\x01\x12-\n\x08logprobs\x18\x05 \x03(\x0b\x32\x1b.nanoserve.v1.TokenLogprobs\x12\x34\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x1b.nanoserve.v1.TokenLogprobs\x12\r\n\x05index\x18\x07 \x01(\rB\x10\n\x0e_stop_token_id\"\x82\x01\n\x0eSessionRequest\x12&\n\x04\x61\x64\x64s\x18\x01 \x03(\x0b\x32\x18.nanoserve.v1.SessionAdd\x12\x0e\n\x06\x61\x62orts\x18\x02 \x03(\t\x12\x38\n\x11\x63ompletion_aborts\x18\x03 \x03(\x0b\x32\x1d.nanoserve.v1.CompletionAbort\"4\n\x0f\x43ompletionAbort\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\"U\n\nSessionAdd\x12\x34\n\x07request\x18\x01 \x01(\x0b\x32#.nanoserve.v1.GenerateTokensRequest\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\"l\n\x0fSessionResponse\x12,\n\x07outputs\x18\x01 \x03(\x0b\x32\x1b.nanoserve.v1.SessionOutput\x12+\n\x04load\x18\x02 \x01(\x0b\x32\x1d.nanoserve.v1.GetLoadResponse\"\xda\x02\n\rSessionOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.nanoserve.v1.FinishReason\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.nanoserve.v1.Usage\x12\x1a\n\rstop_token_id\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x12\n\nerror_code\x18\x06 \x01(\r\x12\x15\n\rerror_message\x18\x07 \x01(\t\x12-\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1b.nanoserve.v1.TokenLogprobs\x12\x34\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x1b.nanoserve.v1.TokenLogprobs\x12\r\n\x05index\x18\n \x01(\rB\x10\n\x0e_stop_token_id\"#\n\x0c\x41\x62ortRequest\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"$\n\rAbortResponse\x12\x13\n\x0bnum_aborted\x18\x01 \x01(\r\"\"\n WorkerServiceGetModelInfoRequest\"\xbe\x02\n!WorkerServiceGetModelInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\r\x12\x1a\n\x12kvcache_block_size\x18\x05 \x01(\r\x12\x1a\n\x12num_kvcache_blocks\x18\x06 \x01(\r\x12\x1c\n\x14tensor_parallel_size\x18\x07 \x01(\r\x12\x18\n\x10tokenizer_digest\x18\x08 \x01(\t\x12\x14\n\x0cmax_num_seqs\x18\t \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\n \x01(\r\x12\r\n\x05\x64type\x18\x0b \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x0c \x01(\t\"\x10\n\x0eGetLoadRequest\"\xc5\x02\n\x0fGetLoadResponse\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x03 \x01(\r\x12\x18\n\x10num_total_blocks\x18\x04 \x01(\r\x12\x1d\n\x15prefix_cache_hit_rate\x18\x05 \x01(\x01\x12\x1f\n\x17generation_tokens_per_s\x18\x06 \x01(\x01\x12\x1b\n\x13prompt_tokens_per_s\x18\x07 \x01(\x01\x12\x17\n\x0fnum_preemptions\x18\x08 \x01(\x04\x12\x14\n\x0cnum_finished\x18\t \x01(\x04\x12\x1c\n\x14prefix_cache_queries\x18\n \x01(\x04\x12\x19\n\x11prefix_cache_hits\x18\x0b \x01(\x04\x12\x10\n\x08\x64raining\x18\x0c \x01(\x08\x32\xb5\x03\n\rWorkerService\x12]\n\x0eGenerateTokens\x12#.nanoserve.v1.GenerateTokensRequest\x1a$.nanoserve.v1.GenerateTokensResponse0\x01\x12J\n\x07Session\x12\x1c.nanoserve.v1.SessionRequest\x1a\x1d.nanoserve.v1.SessionResponse(\x01\x30\x01\x12@\n\x05\x41\x62ort\x12\x1a.nanoserve.v1.AbortRequest\x1a\x1b.nanoserve.v1.AbortResponse\x12o\n\x0cGetModelInfo\x12..nanoserve.v1.WorkerServiceGetModelInfoRequest\x1a/.nanoserve.v1.WorkerServiceGetModelInfoResponse\x12\x46\n\x07GetLoad\x12\x1c.nanoserve.v1.GetLoadRequest\x1a\x1d.nanoserve.v1.GetLoadResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,31 +33,31 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'nanoserve.v1.worker_service
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATETOKENSREQUEST']._serialized_start=79
-  _globals['_GENERATETOKENSREQUEST']._serialized_end=259
-  _globals['_GENERATETOKENSRESPONSE']._serialized_start=262
-  _globals['_GENERATETOKENSRESPONSE']._serialized_end=554
-  _globals['_SESSIONREQUEST']._serialized_start=557
-  _globals['_SESSIONREQUEST']._serialized_end=687
-  _globals['_COMPLETIONABORT']._serialized_start=689
-  _globals['_COMPLETIONABORT']._serialized_end=741
-  _globals['_SESSIONADD']._serialized_start=743
-  _globals['_SESSIONADD']._serialized_end=828
-  _globals['_SESSIONRESPONSE']._serialized_start=830
-  _globals['_SESSIONRESPONSE']._serialized_end=938
-  _globals['_SESSIONOUTPUT']._serialized_start=941
-  _globals['_SESSIONOUTPUT']._serialized_end=1287
-  _globals['_ABORTREQUEST']._serialized_start=1289
-  _globals['_ABORTREQUEST']._serialized_end=1324
-  _globals['_ABORTRESPONSE']._serialized_start=1326
-  _globals['_ABORTRESPONSE']._serialized_end=1362
-  _globals['_WORKERSERVICEGETMODELINFOREQUEST']._serialized_start=1364
-  _globals['_WORKERSERVICEGETMODELINFOREQUEST']._serialized_end=1398
-  _globals['_WORKERSERVICEGETMODELINFORESPONSE']._serialized_start=1401
-  _globals['_WORKERSERVICEGETMODELINFORESPONSE']._serialized_end=1719
-  _globals['_GETLOADREQUEST']._serialized_start=1721
-  _globals['_GETLOADREQUEST']._serialized_end=1737
-  _globals['_GETLOADRESPONSE']._serialized_start=1740
-  _globals['_GETLOADRESPONSE']._serialized_end=2065
-  _globals['_WORKERSERVICE']._serialized_start=2068
-  _globals['_WORKERSERVICE']._serialized_end=2505
+  _globals['_GENERATETOKENSREQUEST']._serialized_end=280
+  _globals['_GENERATETOKENSRESPONSE']._serialized_start=283
+  _globals['_GENERATETOKENSRESPONSE']._serialized_end=575
+  _globals['_SESSIONREQUEST']._serialized_start=578
+  _globals['_SESSIONREQUEST']._serialized_end=708
+  _globals['_COMPLETIONABORT']._serialized_start=710
+  _globals['_COMPLETIONABORT']._serialized_end=762
+  _globals['_SESSIONADD']._serialized_start=764
+  _globals['_SESSIONADD']._serialized_end=849
+  _globals['_SESSIONRESPONSE']._serialized_start=851
+  _globals['_SESSIONRESPONSE']._serialized_end=959
+  _globals['_SESSIONOUTPUT']._serialized_start=962
+  _globals['_SESSIONOUTPUT']._serialized_end=1308
+  _globals['_ABORTREQUEST']._serialized_start=1310
+  _globals['_ABORTREQUEST']._serialized_end=1345
+  _globals['_ABORTRESPONSE']._serialized_start=1347
+  _globals['_ABORTRESPONSE']._serialized_end=1383
+  _globals['_WORKERSERVICEGETMODELINFOREQUEST']._serialized_start=1385
+  _globals['_WORKERSERVICEGETMODELINFOREQUEST']._serialized_end=1419
+  _globals['_WORKERSERVICEGETMODELINFORESPONSE']._serialized_start=1422
+  _globals['_WORKERSERVICEGETMODELINFORESPONSE']._serialized_end=1740
+  _globals['_GETLOADREQUEST']._serialized_start=1742
+  _globals['_GETLOADREQUEST']._serialized_end=1758
+  _globals['_GETLOADRESPONSE']._serialized_start=1761
+  _globals['_GETLOADRESPONSE']._serialized_end=2086
+  _globals['_WORKERSERVICE']._serialized_start=2089
+  _globals['_WORKERSERVICE']._serialized_end=2526
 # @@protoc_insertion_point(module_scope)
