@@ -151,16 +151,24 @@ class FrontendServer:
         return self.port
 
     async def stop(self, grace: float = 0.0) -> None:
-        """Drains: NOT_SERVING at once, new Generate/Chat calls refused (UNAVAILABLE), calls in
-        flight get `grace` seconds to finish, then the server stops and cuts what is left."""
-        self.servicer.draining = True
+        """Drains: NOT_SERVING at once, calls in flight get `grace` seconds to finish, then the
+        server stops and cuts what is left. New calls: a frontend alone on its port keeps listening
+        and refuses them (UNAVAILABLE) while it drains; one sharing its port (--reuse-port) hands
+        them over: gRPC's graceful stop closes its listening socket and sends every connection a
+        GOAWAY, so clients open their next calls, on a new connection, on the other processes."""
+        handoff = self.config.reuse_port
+        self.servicer.draining = not handoff
         await self.health.enter_graceful_shutdown()
-        # Keep answering health checks (NOT_SERVING) while streams finish; server.stop() would
-        # refuse them, and would wait out the whole grace period for open health Watch streams.
         deadline = time.monotonic() + grace
+        stopping = asyncio.ensure_future(self.server.stop(grace)) if handoff else None
+        # Alone: keep answering health checks (NOT_SERVING) while streams finish; server.stop()
+        # would refuse them, and would wait out the whole grace period for open health Watch
+        # streams (so it comes last, with what is left of the grace, at most a second).
         while self.servicer.num_in_flight > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         await self.server.stop(min(1.0, max(0.0, deadline - time.monotonic())))
+        if stopping is not None:
+            await stopping
         await self.servicer.requests.pacer.stop()
         await self.pool.close()
         if self.metrics_server is not None:
