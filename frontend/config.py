@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from nanoserve.frontend.validation import DEFAULT_MAX_CHAT_MESSAGES, DEFAULT_MAX_STOP_TOKEN_IDS
-from nanoserve.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
+from nanoserve.grpc_options import DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_MESSAGE_BYTES
 from nanoserve.log import check_log_format, parse_level
 from nanoserve.model_files import REVISION_HELP, check_model_name
 from nanoserve.tracing import TRACES_HELP
@@ -77,6 +77,20 @@ class FrontendConfig:
     )
     route_max_queue_ratio: float = field(
         default=2.0, metadata={"help": "see route_max_queue_gap (a ratio of queue lengths)"}
+    )
+    connection_idle_timeout_s: float = field(
+        default=600.0,
+        metadata={
+            "help": "a client connection with no call for this many seconds is closed (a GOAWAY: "
+            "a client reconnects at its next call); 0 = never"
+        },
+    )
+    handshake_timeout_s: float = field(
+        default=DEFAULT_HANDSHAKE_TIMEOUT_S,
+        metadata={
+            "help": "a connection that has not completed its HTTP/2 (and TLS) handshake this many "
+            "seconds after it opened is closed"
+        },
     )
     max_concurrent_requests: int = field(
         default=1024,
@@ -235,6 +249,12 @@ class FrontendConfig:
         for name in ("max_stop_token_ids", "max_chat_messages"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.connection_idle_timeout_s >= 0:
+            raise ValueError(
+                f"connection_idle_timeout_s must be >= 0, got {self.connection_idle_timeout_s}"
+            )
+        if not self.handshake_timeout_s > 0:
+            raise ValueError(f"handshake_timeout_s must be > 0, got {self.handshake_timeout_s}")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together")
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:

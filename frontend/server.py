@@ -96,7 +96,9 @@ class FrontendServer:
             config.api_keys_file,
             config.api_keys,
         )
-        options = server_options(config.max_message_bytes)
+        options = server_options(
+            config.max_message_bytes, config.connection_idle_timeout_s, config.handshake_timeout_s
+        )
         if config.reuse_port:  # several frontend processes on one port
             options = [o for o in options if o[0] != "grpc.so_reuseport"] + [
                 ("grpc.so_reuseport", 1)

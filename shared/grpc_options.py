@@ -6,13 +6,24 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 # Clients ping an idle connection every 30 s and drop it after 10 s without an answer.
 CLIENT_KEEPALIVE_TIME_MS = 30_000
 CLIENT_KEEPALIVE_TIMEOUT_MS = 10_000
+# gRPC core's default is 120 s: a client that connects and says nothing holds a socket that long
+DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0
 # calls gRPC core may hold before the server loop takes them (its default: drops from 1,000)
 MAX_PENDING_CALLS = 65_536
 
 
-def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
-    """Options for grpc.aio.server(options=...)."""
+def server_options(
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    idle_timeout_s: float = 0.0,
+    handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
+) -> list[tuple[str, int]]:
+    """Options for grpc.aio.server(options=...). `idle_timeout_s`: a connection without a call for
+    this long gets a GOAWAY and is closed (0 = never); `handshake_timeout_s`: a connection that
+    has not completed its HTTP/2 (and TLS) handshake by then is closed."""
+    idle = [("grpc.max_connection_idle_ms", int(idle_timeout_s * 1000))] if idle_timeout_s else []
     return [
+        *idle,
+        ("grpc.server_handshake_timeout_ms", int(handshake_timeout_s * 1000)),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         # grpc binds with SO_REUSEPORT by default: a second server on a busy port would start and

@@ -43,6 +43,7 @@ async def serve(config: GatewayConfig) -> None:
     from nanoserve.frontend.gateway.access import AccessLog, RequestLog
     from nanoserve.frontend.gateway.app import build_app
     from nanoserve.frontend.gateway.body_limit import BodyLimit
+    from nanoserve.frontend.gateway.header_timeout import with_header_timeout
 
     client = AsyncClient(
         config.frontend_address,
@@ -83,15 +84,19 @@ async def serve(config: GatewayConfig) -> None:
                 loop.add_signal_handler(sig, lambda: setattr(self, "should_exit", True))
             yield
 
-    server = Server(
-        uvicorn.Config(
-            app,
-            log_level=config.log_level.lower(),
-            access_log=config.log_level.upper() == "DEBUG",
-            log_config=None,  # keep nanoserve's log format (setup_logging)
-            timeout_graceful_shutdown=max(1, round(config.grace_period_s)),
-        )
+    server_config = uvicorn.Config(
+        app,
+        log_level=config.log_level.lower(),
+        access_log=config.log_level.upper() == "DEBUG",
+        log_config=None,  # keep nanoserve's log format (setup_logging)
+        timeout_graceful_shutdown=max(1, round(config.grace_period_s)),
+        timeout_keep_alive=config.keep_alive_timeout_s,  # type: ignore[arg-type]  # a float works
     )
+    server_config.load()  # resolves the HTTP protocol class, wrapped here
+    server_config.http_protocol_class = with_header_timeout(
+        server_config.http_protocol_class, config.header_timeout_s
+    )
+    server = Server(server_config)
     host, port = sock.getsockname()[:2]
     logger.info("gateway listening on %s:%d (frontend %s)", host, port, config.frontend_address)
     try:

@@ -87,6 +87,18 @@ class GatewayConfig:
         default=30.0,
         metadata={"help": "on SIGTERM, how long in-flight requests may run before they are cut"},
     )
+    header_timeout_s: float = field(
+        default=10.0,
+        metadata={
+            "help": "a connection whose next request's headers are not complete this many seconds "
+            "after it opened (or after its previous response) is closed: slow-header clients "
+            "hold no connection longer"
+        },
+    )
+    keep_alive_timeout_s: float = field(
+        default=5.0,
+        metadata={"help": "an idle keep-alive connection is closed after this many seconds"},
+    )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
     log_format: str = field(
         default="text", metadata={"help": "request log lines: text or json (one object a line)"}
@@ -116,6 +128,9 @@ class GatewayConfig:
             raise ValueError(
                 f"stream_interval must be in [1, {MAX_STREAM_INTERVAL}], got {self.stream_interval}"
             )
+        for name in ("header_timeout_s", "keep_alive_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("request_timeout_s", "grace_period_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -145,4 +145,3 @@ def test_a_rolling_restart_of_every_service_fails_no_request(stack: Stack) -> No
         "\n".join(load.failures[:10])
     )
     assert load.ok > 100
-
