@@ -141,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=sys.executable,
         help="the frontend's interpreter (another checkout's venv: compare two frontends)",
     )
+    p.add_argument(
+        "--traces",
+        action="store_true",
+        help="the frontends (and gateways) export OpenTelemetry traces of every request to an "
+        "OTLP receiver in this process: the tracing cost per token (spans_received says so)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON line")
     p.add_argument(
         "--stand-in-worker",
@@ -152,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def measure(args: argparse.Namespace) -> dict:
     py = [sys.executable, "-m"]
+    sink = counter = None
+    traced: list[str] = []
+    if args.traces:
+        from nanoserve.benchmarks.otlp_sink import start_sink
+
+        sink, counter, sink_address = start_sink()
+        traced = ["--otlp-traces-endpoint", sink_address]
     worker = Service(
         "worker",
         [*py, "nanoserve.benchmarks.frontend_cost", "--stand-in-worker", "--model", args.model,
@@ -165,7 +178,7 @@ def measure(args: argparse.Namespace) -> dict:
             byname,
             "frontend",
             [args.frontend_python, "-m", "nanoserve.frontend", "--model", args.model,
-             "--worker-address", address, *args.frontend_args.split()],
+             "--worker-address", address, *traced, *args.frontend_args.split()],
             args.frontend_processes,
             120,
         )  # fmt: skip
@@ -173,7 +186,7 @@ def measure(args: argparse.Namespace) -> dict:
             address = start_replicas(
                 byname,
                 "gateway",
-                [*py, "nanoserve.frontend.gateway", "--frontend-address", address,
+                [*py, "nanoserve.frontend.gateway", "--frontend-address", address, *traced,
                  *args.gateway_args.split()],
                 args.frontend_processes,
                 60,
@@ -206,7 +219,9 @@ def measure(args: argparse.Namespace) -> dict:
         used = {s.name: tree_cpu_s(s.process.pid) - cpu[s.name] for s in services}
     finally:
         for s in reversed(services):
-            s.stop()
+            s.stop()  # a traced service exports what it holds before it exits
+        if sink is not None:
+            sink.stop(0)
     tokens = sum(r["tokens"] for r in res["results"])
     errors = sum(1 for r in res["results"] if r.get("error"))
     return dict(
@@ -228,6 +243,7 @@ def measure(args: argparse.Namespace) -> dict:
             if "gateway" in used
             else {}
         ),
+        **({"spans_received": counter.spans} if counter is not None else {}),
         loadgen_us_per_token=round(
             sum(c["cpu_s"] for c in res["clients"]) / max(tokens, 1) * 1e6, 2
         ),

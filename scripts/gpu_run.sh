@@ -18,6 +18,7 @@
 #   decode_sweep: the decode attention kernel's tiles and launch options over decode batches
 #   kernels: the roofline account (benchmarks/roofline.py), attention and all-reduce sweeps, 8B
 #            tp=1 latency
+#   traces:  bench frontend-cost with and without OpenTelemetry traces (carry tracing_wheels.txt)
 #   gateway: bench serving offline, through the frontend, straight to the worker and through the
 #            OpenAI HTTP gateway (--target all); carry the gateway extra's wheels first:
 #            bash scripts/gpu_run.sh wheels $(cat scripts/gateway_wheels.txt)
@@ -193,6 +194,17 @@ case $mode in
         --frontend-processes $procs ${HEADROOM_ARGS:-}
     done
     ;;
+  traces)  # issue 33: per-token CPU of the frontend and the gateway with and without tracing (an
+    # OTLP receiver in the benchmark's process), one message a token (pacing off); carry first:
+    # bash scripts/gpu_run.sh wheels $(cat scripts/gateway_wheels.txt scripts/tracing_wheels.txt)
+    for target in frontend gateway; do
+      for traced in "" --traces; do
+        step "trace_cost_${target}${traced:+_traced}" 70 $py -m nanoserve.cli bench frontend-cost \
+          --json --num-prompts 512 --max-tokens 200 --step-ms 7 --client-procs 8 \
+          --frontend-processes 1 --target $target --frontend-args "--coalesce-max-ids 1" $traced
+      done
+    done
+    ;;
   gateway)  # GATEWAY_ARGS: more gateway flags, e.g. "--stream-interval 2" (per-token events by default)
     step serving_gateway 480 $serving --num-prompts 256 --target all \
       --gateway-args "${GATEWAY_ARGS:-}"
@@ -219,7 +231,7 @@ case $mode in
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|timeline|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|gateway|service|wheels]" >&2
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|timeline|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|gateway|service|traces|wheels]" >&2
      exit 2 ;;
 esac
 done

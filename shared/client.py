@@ -51,6 +51,9 @@ from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.security import PemSource, bearer_metadata, channel_credentials
 
 
+# connections whose calls fail at once (a frontend process that is restarting, or was not up yet)
+_FAILING = (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN)
+
 class Client:
     """Blocking client. `timeout` (seconds) is the default deadline of every call."""
 
@@ -253,8 +256,17 @@ class AsyncClient:
 
     @property
     def _stub(self) -> frontend_grpc.FrontendServiceStub:
-        """The next connection's stub (round-robin)."""
-        return self._stubs[next(self._next) % len(self._stubs)]
+        """The next connection's stub (round-robin), passing over connections that are failing
+        (a frontend process restarting): a call there would fail at once while others serve."""
+        stubs = self._stubs
+        if len(stubs) == 1:
+            return stubs[0]
+        first = next(self._next)
+        for i in range(len(stubs)):
+            k = (first + i) % len(stubs)
+            if self._channels[k].get_state() not in _FAILING:
+                return stubs[k]
+        return stubs[first % len(stubs)]  # all failing: the call says why
 
     def with_token(self, token: str | None) -> "AsyncClient":
         """This client on the same channel, sending `token` instead of its own (a gateway forwards
@@ -385,6 +397,7 @@ class AsyncClient:
         return _model_info(await self._unary(self._stub.GetModelInfo, request, timeout))
 
     async def health(self, service: str = SERVICE_NAME, timeout: float = 5.0) -> str:
+        """The frontend's health, asked on the first connection."""
         request = health_pb2.HealthCheckRequest(service=service)
         response = await self._unary(self._health.Check, request, timeout)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)

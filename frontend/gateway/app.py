@@ -79,6 +79,7 @@ class Gateway:
         self._model_name = served_model_name
         self.bodies = bodies
         self._stream_interval = stream_interval
+        self._connected = False  # every frontend connection was ready once (health)
 
     def stream_interval(self, mapped: Mapped) -> int:
         """How many ids the frontend batches per message: a streamed reply's events come per
@@ -108,6 +109,13 @@ class Gateway:
         return name
 
     async def health(self) -> Response:
+        """SERVING once every connection to the frontends is up and the frontend serves: a
+        burst right after a start (or a scale-up) would otherwise meet connections still waiting
+        out a reconnect backoff, whose calls fail."""
+        if not self._connected:
+            self._connected = await self.client.connect(1.0)
+            if not self._connected:
+                return JSONResponse({"status": "CONNECTING"}, status_code=503)
         try:
             status = await self.client.health()
         except ServiceError as e:

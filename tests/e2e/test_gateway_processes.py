@@ -52,3 +52,44 @@ def test_a_second_gateway_without_reuse_port_says_the_port_is_busy(services: Pai
         assert "in use" in str(raised.value)
     finally:
         assert first.stop() == 0, first.output()
+
+
+def test_the_gateway_is_healthy_once_every_frontend_connection_is_up(tiny_model_dir) -> None:
+    """Started before its frontend, a gateway with 4 connections says 503 until all 4 are up: a
+    burst right after its first 200 meets no connection still in its reconnect backoff (whose calls
+    would fail at once: the first-burst failures of issue 29)."""
+    import json
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.e2e.gateway_process import request_json
+    from tests.e2e.processes import start_frontend, start_worker
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    gateway = start_gateway(f"127.0.0.1:{port}", "--frontend-connections", "4")
+    worker = frontend = None
+    try:
+        status, body = request_json("GET", base_url(gateway) + "/health")
+        assert status == 503, body
+        worker = start_worker(tiny_model_dir)
+        frontend = start_frontend(tiny_model_dir, worker.address, port=port)
+        deadline = time.monotonic() + 30
+        while request_json("GET", base_url(gateway) + "/health")[0] != 200:
+            assert time.monotonic() < deadline, gateway.output()
+            time.sleep(0.02)
+        model = request_json("GET", base_url(gateway) + "/v1/models")[1]["data"][0]["id"]
+        body = {"model": model, "prompt": "Hi", "max_tokens": 2}
+
+        def complete(_: int) -> int:
+            return request_json("POST", base_url(gateway) + "/v1/completions", body)[0]
+
+        with ThreadPoolExecutor(CONNECTIONS) as pool:
+            statuses = list(pool.map(complete, range(CONNECTIONS)))
+        assert statuses == [200] * CONNECTIONS, json.dumps(statuses)
+    finally:
+        assert gateway.stop() == 0, gateway.output()
+        for service in (frontend, worker):
+            if service is not None:
+                service.stop()

@@ -279,3 +279,32 @@ def test_async_client_with_token_shares_the_channel_with_another_token() -> None
         await client.close()
 
     asyncio.run(run())
+
+
+def test_async_client_passes_over_failing_connections() -> None:
+    """Calls are dealt round-robin over the connections that are not failing (a frontend process
+    restarting): a call on a failing one would end UNAVAILABLE while the others serve."""
+    import asyncio
+
+    import grpc
+
+    from nanoserve.client import AsyncClient
+
+    class Channel:
+        def __init__(self, state: grpc.ChannelConnectivity) -> None:
+            self.state = state
+
+        def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
+            return self.state
+
+    async def main() -> None:
+        client = AsyncClient("127.0.0.1:1", connections=3)
+        await client.close()
+        ready, failing = grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE
+        client._channels = [Channel(ready), Channel(failing), Channel(ready)]  # type: ignore[list-item]
+        picked = [client._stubs.index(client._stub) for _ in range(6)]
+        assert 1 not in picked and set(picked) == {0, 2}
+        client._channels = [Channel(failing)] * 3  # type: ignore[list-item]
+        assert {client._stubs.index(client._stub) for _ in range(6)} == {0, 1, 2}
+
+    asyncio.run(main())
