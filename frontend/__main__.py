@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m nanoserve.fronten
         log_startup_error(logger, e)
         sys.exit(1)
     except ImportError as e:
-        log_startup_error(logger, ImportError(f"{e}: pip install 'nanoserve[frontend]'"))
+        hint = "" if "nanoserve[" in str(e) else ": pip install 'nanoserve[frontend]'"
+        log_startup_error(logger, ImportError(f"{e}{hint}"))
         sys.exit(1)
 
 

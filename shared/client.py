@@ -50,9 +50,9 @@ from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.security import PemSource, bearer_metadata, channel_credentials
 
-
 # connections whose calls fail at once (a frontend process that is restarting, or was not up yet)
 _FAILING = (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN)
+
 
 class Client:
     """Blocking client. `timeout` (seconds) is the default deadline of every call."""

@@ -107,10 +107,15 @@ class Tracer:
     """This process's OpenTelemetry tracer, exporting in batches from a thread of the SDK's."""
 
     def __init__(self, service_name: str, endpoint: str) -> None:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        except ImportError as e:
+            raise ImportError(
+                f"{e}: --otlp-traces-endpoint needs pip install 'nanoserve[tracing]'"
+            ) from None
 
         insecure = not endpoint.startswith("https://")
         self.provider = TracerProvider(resource=Resource.create({"service.name": service_name}))

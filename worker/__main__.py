@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m nanoserve.worker"
 
         code = asyncio.run(serve(config))
     except (ValueError, OSError, ImportError) as e:  # ImportError: no torch (`worker` extra)
-        if isinstance(e, ImportError):
+        if isinstance(e, ImportError) and "nanoserve[" not in str(e):
             e = ImportError(f"{e}: the worker needs pip install 'nanoserve[worker]'")
         log_startup_error(logger, e)
         code = 1

@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m nanoserve.fronten
         log_startup_error(logger, e)
         sys.exit(1)
     except ImportError as e:
-        log_startup_error(logger, ImportError(f"{e}: pip install 'nanoserve[gateway]'"))
+        hint = "" if "nanoserve[" in str(e) else ": pip install 'nanoserve[gateway]'"
+        log_startup_error(logger, ImportError(f"{e}{hint}"))
         sys.exit(1)
 
 
