@@ -209,6 +209,11 @@ case $mode in
     step serving_grpc_runs 300 $serving --num-prompts 256 --runs 5 --warmup none --client-procs 1 \
       --target frontend ${SERVING_ARGS:-}
     ;;
+  ttft3)  # issue 29: the first-of-a-length TTFT check, three times in fresh processes (flaky?)
+    for i in 1 2 3; do
+      step "gpu_ttft_$i" 100 $py -m pytest -q tests/gpu/test_ttft_gpu.py -p no:cacheprovider -rA
+    done
+    ;;
   gateway_runs)  # issue 29's OpenAI path alone: offline, then a fresh stack, no warm-up, 5 runs
     step serving_gateway_runs 300 $serving --num-prompts 256 --runs 5 --warmup none \
       --target gateway ${SERVING_ARGS:-}
@@ -239,7 +244,7 @@ case $mode in
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|timeline|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|gateway|grpc_runs|gateway_runs|service|traces|wheels]" >&2
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|timeline|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|gateway|grpc_runs|gateway_runs|ttft3|service|traces|wheels]" >&2
      exit 2 ;;
 esac
 done
