@@ -125,8 +125,8 @@ case $mode in
     ;;
   load)  # Poisson arrivals at ~80% of the measured maximum: 32 req/s gave 14.9k tok/s (0.67 of
     # 22.2k), so 38 req/s ~ 17.7k
-    step serving_poisson80 150 $serving --num-prompts 608 --request-rate 38 --skip-offline \
-      --warmup light --target both
+    step serving_poisson80 240 $serving --num-prompts 608 --request-rate 38 --skip-offline \
+      --warmup light --target ${LOAD_TARGET:-frontend}
     ;;
   mixcap)  # issue 14: a cap on the prompt tokens of mixed steps, under the same 38 req/s as `load`,
     # and its cost on the throughput workload (MIXCAP tokens, default 2048)
