@@ -131,8 +131,8 @@ case $mode in
   mixcap)  # issue 14: a cap on the prompt tokens of mixed steps, under the same 38 req/s as `load`,
     # and its cost on the throughput workload (MIXCAP tokens, default 2048)
     cap="--max-prefill-tokens-while-decoding ${MIXCAP:-2048}"
-    step serving_poisson80_cap 150 $serving --num-prompts 608 --request-rate 38 --skip-offline \
-      --warmup light --target both $cap
+    step serving_poisson80_cap 240 $serving --num-prompts 608 --request-rate 38 --skip-offline \
+      --warmup light --target ${LOAD_TARGET:-frontend} $cap
     step bench_06b 70 $bench throughput --shape qwen3-0.6b  # the same call's baseline
     step bench_06b_cap 70 $bench throughput --shape qwen3-0.6b $cap
     ;;
