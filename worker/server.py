@@ -54,15 +54,26 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         self.config = config
         self.engine: AsyncEngine | None = None  # set once the model is loaded
         self.draining = False
+        # the engine core shows no progress (watch_engine): new work is refused, and the load
+        # reports say draining, so frontends send it to other workers until the core recovers
+        self.stalled = False
         self.sessions: set[WorkerSession] = set()  # open Session streams, for Abort
         self.histograms = None  # worker.metrics.EngineHistograms, when /metrics is served
         self.digest = tokenizer_digest(config.model) if config.model else ""
+
+    def set_stalled(self, stalled: bool) -> None:
+        """The watchdog's verdict; the sessions send their frontends a load report now."""
+        self.stalled = stalled
+        for session in self.sessions:
+            session.collector.event.set()
 
     def _ready(self) -> AsyncEngine:
         if self.engine is None:
             raise Unavailable("the worker is still loading the model")
         if self.draining:
             raise Unavailable("the worker is shutting down")
+        if self.stalled:
+            raise Unavailable("the worker's engine core shows no progress")
         if self.engine.error is not None:
             raise Unavailable("the engine has failed")
         return self.engine
@@ -144,7 +155,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             self.config.max_queued_requests,
             self._ready,
             self.config.max_stop_token_ids,
-            draining=lambda: self.draining,
+            draining=lambda: self.draining or self.stalled,
         )
         session.caller = current_tenant()  # only this caller may Abort its requests
         self.sessions.add(session)
@@ -225,7 +236,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             num_finished=a.num_finished,
             prefix_cache_queries=load.prefix_cache_queries,
             prefix_cache_hits=load.prefix_cache_hits,
-            draining=self.draining,
+            draining=self.draining or self.stalled,
         )
 
 
@@ -235,10 +246,12 @@ async def watch_engine(
     health_servicer: health.aio.HealthServicer,
     on_fatal: Callable[[BaseException], None],
     stop: asyncio.Event,
+    on_stalled: Callable[[bool], None] = lambda stalled: None,
 ) -> None:
     """A stuck engine core made visible: NOT_SERVING once it has shown no progress for half of
-    timeout_s (SERVING again if it recovers), a fatal exit (non-zero: a supervisor restarts the
-    worker) after all of it. A slow step is progress the heartbeat reports, so the bound is
+    timeout_s (SERVING again if it recovers), told to `on_stalled` (the servicer then refuses new
+    work and its load reports say draining: frontends route around it), a fatal exit (non-zero: a
+    supervisor restarts the worker) after all of it. A slow step is progress the heartbeat reports, so the bound is
     generous: a step of seconds is normal on CPU, a stall of minutes is not."""
     if timeout_s <= 0:
         return
@@ -256,6 +269,7 @@ async def watch_engine(
                 logger.warning("the engine core makes progress again: SERVING")
             else:
                 logger.error("the engine core shows no progress for %.0f s: NOT_SERVING", stalled)
+            on_stalled(not serving)
             status = health_pb2.HealthCheckResponse
             for name in ("", SERVICE_NAME):
                 await health_servicer.set(name, status.SERVING if serving else status.NOT_SERVING)
@@ -328,7 +342,14 @@ async def serve(config: WorkerConfig) -> int:
     logger.info("serving %s (%d KV blocks)", config.model, engine.info["num_kvcache_blocks"])
 
     watchdog = asyncio.create_task(
-        watch_engine(engine, config.engine_stall_timeout_s, health_servicer, on_fatal, stop)
+        watch_engine(
+            engine,
+            config.engine_stall_timeout_s,
+            health_servicer,
+            on_fatal,
+            stop,
+            lambda stalled: servicer.set_stalled(stalled),
+        )
     )
     await stop.wait()
     watchdog.cancel()

@@ -110,3 +110,35 @@ def test_a_frozen_engine_core_turns_health_not_serving_then_the_worker_exits_non
         end_leftovers(descendants)
     assert "NOT_SERVING" in statuses, statuses
     assert exit_code not in (None, 0), worker.output()
+
+
+def test_a_frontend_routes_around_a_worker_whose_engine_core_is_stuck(tiny_model_dir: Path) -> None:
+    """The stuck worker's load reports say draining once its health turns NOT_SERVING (half the
+    stall bound), so the frontend sends new requests to the other worker instead of into an engine
+    that makes no progress (until the stuck one exits at the whole bound)."""
+    from nanoserve.client import Client
+    from tests.e2e.processes import get_load, start_frontend, start_worker
+
+    stuck = start_worker_in_own_group(tiny_model_dir, "--engine-stall-timeout-s", "8")
+    descendants = descendant_pids(stuck.pid)
+    core = engine_core_pid(stuck.pid)
+    healthy = start_worker(tiny_model_dir)
+    frontend = start_frontend(tiny_model_dir, f"{stuck.address},{healthy.address}")
+    try:
+        os.kill(core, signal.SIGSTOP)
+        deadline = time.monotonic() + 7
+        while get_load(stuck.address).draining is False:  # its report while stalled
+            assert time.monotonic() < deadline, stuck.output()
+            time.sleep(0.1)
+        time.sleep(0.5)  # the report reaches the frontend on its Session (or its next poll)
+        with Client(frontend.address, timeout=20) as client:
+            for i in range(8):  # distinct prompts: none is pinned to the stuck worker's prefix
+                assert client.generate(f"{i} Once upon", max_tokens=3).usage.completion_tokens == 3
+        assert get_load(healthy.address).num_finished >= 8
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(core, signal.SIGKILL)
+        frontend.stop()
+        healthy.stop()
+        stuck.kill()
+        end_leftovers(descendants)
