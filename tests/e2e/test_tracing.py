@@ -270,3 +270,37 @@ def test_a_malformed_traceparent_starts_a_new_trace(traced: Stack, header: str) 
         time.sleep(0.05)
     (root,) = roots
     assert root.parent_id == ""
+
+
+def test_each_completion_and_an_abandoned_request_leave_their_spans(traced: Stack) -> None:
+    """n = 2: one engine span per completion under the worker's; a stream the client cancels
+    after its first output: the worker's span says aborted, the engine's finish reason is abort
+    (their spans end when the request does, not never)."""
+    from nanoserve.client_requests import generate_request
+
+    traceparent, trace_id, _ = _traceparent()
+    with Client(traced.frontend.address) as client:
+        request = generate_request("Once upon a time", "", None, None, max_tokens=4, n=2, seed=1)
+        list(client._stub.Generate(request, metadata=(("traceparent", traceparent),), timeout=60))
+    spans = traced.receiver.wait(trace_id, 4 + 1 + 2 * 4)
+    worker = _one(spans, "nanoserve-worker", "GenerateTokens")
+    engines = [s for s in spans if s.name == "engine"]
+    assert sorted(s.attributes["nanoserve.index"] for s in engines) == [0, 1]
+    assert all(s.parent_id == worker.span_id for s in engines)
+    assert worker.attributes["nanoserve.completion_tokens"] == 8
+
+    traceparent, trace_id, _ = _traceparent()
+    with Client(traced.frontend.address) as client:
+        request = generate_request("Once upon a time", "", None, None, max_tokens=3000)
+        request.sampling_params.ignore_eos = True
+        call = client._stub.Generate(request, metadata=(("traceparent", traceparent),), timeout=60)
+        next(call)
+        call.cancel()
+    spans = traced.receiver.wait(trace_id, 1 + 1 + 1)  # frontend, worker, engine at least
+    worker = _one(spans, "nanoserve-worker", "GenerateTokens")
+    assert worker.attributes.get("nanoserve.aborted") is True
+    engine = _one(spans, "nanoserve-engine-core", "engine")
+    assert engine.attributes["nanoserve.finish_reason"] == "abort"
+    assert _one(spans, "nanoserve-frontend", "Generate").attributes["rpc.grpc.status_code"] == (
+        "CANCELLED"
+    )
