@@ -18,6 +18,7 @@ from nanoserve.worker import engine_core
 from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.frame_io import FrameWriter
 from nanoserve.worker.output_stream import Collector, Completion, Finish, Stream
+from nanoserve.worker.request_trace import end_request_span, start_request_span
 from nanoserve.worker.sampling_params import SamplingParams
 from nanoserve.worker.stats_log import Load
 
@@ -148,14 +149,8 @@ class AsyncEngine:
             self.by_request_id[request_id] = stream
         add = [stream.engine_id, token_ids, sp.as_fields(), cache_salt or None, priority]
         if self.tracer is not None:
-            stream.span = self.tracer.start(
-                "GenerateTokens",
-                traceparent,
-                attributes={
-                    "nanoserve.request_id": request_id,
-                    "nanoserve.prompt_tokens": len(token_ids),
-                    "nanoserve.n": sp.n,
-                },
+            stream.span = start_request_span(
+                self.tracer, request_id, len(token_ids), sp.n, traceparent
             )
             add.append(stream.span.traceparent)  # the engine core's span: a child of this one
         self.adds.append(add)
@@ -182,8 +177,7 @@ class AsyncEngine:
             return
         if self.by_request_id.get(stream.request_id) is stream:
             del self.by_request_id[stream.request_id]
-        if stream.span is not None:
-            _end_span(stream, aborted=True)
+        end_request_span(stream, aborted=True)
         self.aborts.append(stream.engine_id)
         self._schedule_flush()
 
@@ -322,25 +316,21 @@ class AsyncEngine:
     def _on_refused(self, engine_id: int, reason: str) -> None:
         stream = self.streams.get(engine_id)
         if stream is not None:
-            if stream.span is not None:
-                _end_span(stream, error=reason)
-            self._forget(stream)
+            self._forget(stream, reason)
             self._end(stream, RequestAborted(f"refused by the engine: {reason}"))
 
     def _on_invalid(self, engine_id: int, reason: str) -> None:
         stream = self.streams.get(engine_id)
         if stream is not None:
-            if stream.span is not None:
-                _end_span(stream, error=reason)
-            self._forget(stream)
+            self._forget(stream, reason)
             self._end(stream, RequestInvalid(reason))
 
     def _on_error(self, message: str) -> None:
         self.fail(EngineDead(message))
 
-    def _forget(self, stream: Stream) -> None:
-        if stream.span is not None:
-            _end_span(stream)
+    def _forget(self, stream: Stream, error: str | None = None) -> None:
+        """The stream ended in the core (finished, refused, invalid: `error` says why)."""
+        end_request_span(stream, error=error)
         del self.streams[stream.engine_id]
         if self.by_request_id.get(stream.request_id) is stream:
             del self.by_request_id[stream.request_id]
@@ -361,8 +351,7 @@ class AsyncEngine:
         if not self.ready.done():
             self.ready.set_exception(exc)
         for stream in list(self.streams.values()):
-            if stream.span is not None:
-                _end_span(stream, error=str(exc))
+            end_request_span(stream, error=str(exc))
             self._end(stream, exc if isinstance(exc, Exception) else EngineDead(str(exc)))
         self.streams.clear()
         self.by_request_id.clear()
@@ -396,21 +385,6 @@ class AsyncEngine:
     def kill(self) -> None:
         """Before a fatal exit: the core (and, by PDEATHSIG, its ranks) go without teardown."""
         self.process.kill()
-
-
-def _end_span(stream: Stream, aborted: bool = False, error: str | None = None) -> None:
-    """The request's span ends: with what its completions finished as, or why it did not."""
-    span, stream.span = stream.span, None
-    finishes = [c.finish for c in stream.completions if c.finish is not None]
-    span.end(
-        attributes={
-            "nanoserve.completion_tokens": sum(f.completion_tokens for f in finishes),
-            "nanoserve.cached_tokens": stream.cached_tokens,
-            "nanoserve.finish_reason": ",".join(f.reason for f in finishes) or None,
-            "nanoserve.aborted": aborted or None,
-        },
-        error=error,
-    )
 
 
 __all__ = [

@@ -17,18 +17,10 @@ import openai
 from nanoserve import Client
 from tests.compose.conftest import published_port
 from tests.compose.stack import ROOT, Stack, docker, leftovers, service_of
+from tests.e2e.gateway_process import SCHEMA
 
 SERVICES = {"worker-auth", "worker", "frontend", "gateway"}
 USER = "10001"
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 8},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-    },
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
 SECRET = "/home/nanoserve/worker-auth/token"
 DRAIN_S = 8.0  # how long the request in flight during `stop` generates for (grace: 30 s)
 

@@ -1,5 +1,5 @@
 """The OpenAI-compatible gateway as a process for the e2e tests: start_gateway (port 0, read from
-its listening line), its base URL, one plain JSON request, a chat conversation to send."""
+its listening line), its base URL, one plain JSON request, a chat conversation and a JSON schema to send."""
 
 from __future__ import annotations
 
@@ -13,6 +13,16 @@ from tests.e2e.processes import Service
 
 GATEWAY_LISTENING = re.compile(r"gateway listening on (?P<host>\S+):(?P<port>\d+)")
 MESSAGES = [{"role": "user", "content": "Say something about the sea."}]
+# a JSON schema for structured-output requests (a tiny model's random weights still fill it)
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
 
 
 def start_gateway(frontend_address: str, *args: str) -> Service:

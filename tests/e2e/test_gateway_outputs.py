@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nanoserve import Client
-from tests.e2e.gateway_process import base_url, start_gateway
+from tests.e2e.gateway_process import MESSAGES, SCHEMA, base_url, start_gateway
 from tests.e2e.processes import Pair, start_pair
 from tests.weather_tool import WEATHER
 
@@ -19,17 +19,7 @@ openai = pytest.importorskip("openai", reason="pip install openai (the dev extra
 jsonschema = pytest.importorskip("jsonschema")
 pytestmark = pytest.mark.e2e
 
-MESSAGES = [{"role": "user", "content": "Say something about the sea."}]
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 8},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-    },
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
 
 
 @pytest.fixture(scope="module")
