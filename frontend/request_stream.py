@@ -86,9 +86,10 @@ class RequestRunner:
             timeout = self.config.request_timeout_s
         self.pacer.start()
         record = current_record()
-        traced = record is not None and record.span is not None
-        if record is not None and record.span is not None:  # the worker's spans: its children
-            worker_request.traceparent = record.span.traceparent
+        # the call's record while it is traced: the worker's spans become children of its span
+        traced = record if record is not None and record.span is not None else None
+        if traced is not None:
+            worker_request.traceparent = traced.span.traceparent
         link = await self._connected_worker(prompt_ids)
         session = link.session
         pending = link.start_request(worker_request, timeout)
@@ -119,7 +120,7 @@ class RequestRunner:
                         if c.done:
                             break  # a stop string matched in an earlier piece
                         piece_last = last if piece.last else None
-                        started = time.perf_counter() if traced else 0.0
+                        started = time.perf_counter() if traced is not None else 0.0
                         fields = (
                             c.fields_inline(piece.ids, piece_last, include_stop, len(prompt_ids))
                             if len(piece.ids) <= DETOKENIZE_INLINE_MAX_IDS
@@ -127,8 +128,8 @@ class RequestRunner:
                                 piece.ids, piece_last, self.tokenizer, include_stop, len(prompt_ids)
                             )
                         )
-                        if traced and record is not None:
-                            record.detokenize_s += time.perf_counter() - started
+                        if traced is not None:
+                            traced.detokenize_s += time.perf_counter() - started
                         if piece.logprobs or piece.prompt_logprobs:
                             fields.update(
                                 response_logprobs(

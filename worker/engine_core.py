@@ -203,8 +203,10 @@ class EngineCore:
         """The spans of the traced sequences that ended in this step."""
         assert self.tracer is not None
         for o in outputs:
+            if not o.finished:
+                continue
             parent = self.traced.get(o.seq.request_id)
-            if parent is not None and o.finished:
+            if parent is not None:
                 trace_sequence(self.tracer, parent, o.seq)
                 if o.seq.request_id not in self.engine.requests:  # its last completion
                     del self.traced[o.seq.request_id]

@@ -61,6 +61,11 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         self.histograms = None  # worker.metrics.EngineHistograms, when /metrics is served
         self.digest = tokenizer_digest(config.model) if config.model else ""
 
+    @property
+    def refusing_work(self) -> bool:
+        """Draining or stalled: the load reports say draining, so frontends send new work elsewhere."""
+        return self.draining or self.stalled
+
     def set_stalled(self, stalled: bool) -> None:
         """The watchdog's verdict; the sessions send their frontends a load report now."""
         self.stalled = stalled
@@ -155,7 +160,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             self.config.max_queued_requests,
             self._ready,
             self.config.max_stop_token_ids,
-            draining=lambda: self.draining or self.stalled,
+            draining=lambda: self.refusing_work,
         )
         session.caller = current_tenant()  # only this caller may Abort its requests
         self.sessions.add(session)
@@ -236,7 +241,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             num_finished=a.num_finished,
             prefix_cache_queries=load.prefix_cache_queries,
             prefix_cache_hits=load.prefix_cache_hits,
-            draining=self.draining or self.stalled,
+            draining=self.refusing_work,
         )
 
 
@@ -251,7 +256,8 @@ async def watch_engine(
     """A stuck engine core made visible: NOT_SERVING once it has shown no progress for half of
     timeout_s (SERVING again if it recovers), told to `on_stalled` (the servicer then refuses new
     work and its load reports say draining: frontends route around it), a fatal exit (non-zero: a
-    supervisor restarts the worker) after all of it. A slow step is progress the heartbeat reports, so the bound is
+    supervisor restarts the worker) after all of it. A slow step is progress the heartbeat
+    reports, so the bound is
     generous: a step of seconds is normal on CPU, a stall of minutes is not."""
     if timeout_s <= 0:
         return
@@ -348,7 +354,7 @@ async def serve(config: WorkerConfig) -> int:
             health_servicer,
             on_fatal,
             stop,
-            lambda stalled: servicer.set_stalled(stalled),
+            servicer.set_stalled,
         )
     )
     await stop.wait()

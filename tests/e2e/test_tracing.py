@@ -304,3 +304,31 @@ def test_each_completion_and_an_abandoned_request_leave_their_spans(traced: Stac
     assert _one(spans, "nanoserve-frontend", "Generate").attributes["rpc.grpc.status_code"] == (
         "CANCELLED"
     )
+
+
+def test_oversized_traceparents_are_dropped_unread_beside_a_health_prober(traced: Stack) -> None:
+    """A burst of calls whose traceparent is 6 KB of near-valid text (gRPC metadata) and of
+    requests with a 12 KB one (HTTP header): all served, as new traces, health stays fast."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.e2e.processes import FRONTEND_SERVICE
+    from tests.e2e.test_hostile_clients_inputs import HealthProber
+
+    huge = "00-" + "ab" * 3000
+    with (
+        HealthProber({traced.frontend.address: FRONTEND_SERVICE}) as prober,
+        Client(traced.frontend.address) as client,
+    ):
+
+        def grpc_call(_: int) -> int:
+            metadata = (("traceparent", huge),)
+            chunks = client._stub.Generate(_generate_request(), metadata=metadata, timeout=60)
+            return sum(len(c.token_ids) for c in chunks)
+
+        with ThreadPoolExecutor(16) as pool:
+            assert list(pool.map(grpc_call, range(64))) == [4] * 64
+            usages = list(
+                pool.map(lambda _: _sse_chat(traced, {"traceparent": huge * 2}), range(8))
+            )
+        assert all(u["completion_tokens"] > 0 for u in usages)
+    assert prober.worst()[traced.frontend.address] < 1.0, prober.worst()
