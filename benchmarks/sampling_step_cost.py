@@ -19,10 +19,10 @@ import time
 
 import torch
 
+from nanoserve.sampling import SamplingParams
 from nanoserve.worker.engine.sampling_inputs import SamplingInputs
 from nanoserve.worker.engine.sequence import Sequence
 from nanoserve.worker.sampler import sample
-from nanoserve.worker.sampling_params import SamplingParams
 from nanoserve.worker.seeded_noise import fill_seeded_exponential
 
 

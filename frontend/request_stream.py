@@ -18,12 +18,14 @@ from nanoserve.frontend.logprobs import response_logprobs
 from nanoserve.frontend.pacing import Pacer
 from nanoserve.frontend.request_log import current_record, mark_sent_to_worker
 from nanoserve.frontend.tokenizer import Tokenizer
-from nanoserve.frontend.validation import Limits, resolve_max_tokens, worker_sampling_params
+from nanoserve.frontend.validation import Limits, resolve_max_tokens
 from nanoserve.frontend.worker_link import WorkerLink
 from nanoserve.frontend.worker_pool import WorkerPool
 from nanoserve.logprob_split import Piece, split_logprobs
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+from nanoserve.sampling import SamplingParams
+from nanoserve.sampling_proto import for_worker
 from nanoserve.security import tenant_cache_salt
 
 
@@ -43,7 +45,7 @@ class RequestRunner:
         self,
         request_id: str,
         prompt_ids: list[int],
-        params: common_pb2.SamplingParams,
+        params: SamplingParams,
         limits: Limits,
         context: grpc.aio.ServicerContext,
         prompt_field: str,
@@ -60,21 +62,19 @@ class RequestRunner:
             # it ended here); it keeps the client's id for both services' logs
             request_id=f"{request_id}#{self._id_tag}-{next(self._worker_ids)}",
             prompt_token_ids=prompt_ids,
-            sampling_params=worker_sampling_params(params, max_tokens),
+            sampling_params=for_worker(params, max_tokens),
             # from the authenticated caller, never from the request
             cache_salt=tenant_cache_salt() if self.config.cache_isolation == "tenant" else "",
             priority=priority,
         )
-        skip_special = not params.HasField("skip_special_tokens") or params.skip_special_tokens
-        include_stop = params.include_stop_str_in_output
-        n = params.n if params.HasField("n") else 1
+        n = params.n
         # one detokenizer (and stop-string matcher) per completion
         completions = [
             CompletionStream(
                 Detokenizer(
-                    self.tokenizer.decoder(skip_special_tokens=skip_special),
+                    self.tokenizer.decoder(skip_special_tokens=params.skip_special_tokens),
                     stop=list(params.stop),
-                    include_stop_str_in_output=include_stop,
+                    include_stop_str_in_output=params.include_stop_str_in_output,
                     min_tokens=params.min_tokens,
                 )
             )
@@ -122,10 +122,19 @@ class RequestRunner:
                         piece_last = last if piece.last else None
                         started = time.perf_counter() if traced is not None else 0.0
                         fields = (
-                            c.fields_inline(piece.ids, piece_last, include_stop, len(prompt_ids))
+                            c.fields_inline(
+                                piece.ids,
+                                piece_last,
+                                params.include_stop_str_in_output,
+                                len(prompt_ids),
+                            )
                             if len(piece.ids) <= DETOKENIZE_INLINE_MAX_IDS
                             else await c.fields(
-                                piece.ids, piece_last, self.tokenizer, include_stop, len(prompt_ids)
+                                piece.ids,
+                                piece_last,
+                                self.tokenizer,
+                                params.include_stop_str_in_output,
+                                len(prompt_ids),
                             )
                         )
                         if traced is not None:

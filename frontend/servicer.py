@@ -108,7 +108,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
             validate_prompt_token_ids(request.prompt_token_ids, limits, "prompt_token_ids")
         else:
             validate_text(request.prompt, limits, "prompt")
-        validate_sampling_params(request.sampling_params, limits)
+        params = validate_sampling_params(request.sampling_params, limits)
         interval = stream_interval_of(request, self.config.stream_interval)
         with self._admit(request.request_id) as request_id:
             if request.prompt_token_ids:
@@ -124,7 +124,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
             async for fields in self.requests.stream(
                 request_id,
                 prompt_ids,
-                request.sampling_params,
+                params,
                 limits,
                 context,
                 prompt_field,
@@ -142,7 +142,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         limits, _ = self._limits()
         validate_request_id(request.request_id)
         inputs = chat_inputs(request, limits)  # messages counted before any is read
-        validate_sampling_params(request.sampling_params, limits)
+        params = validate_sampling_params(request.sampling_params, limits)
         interval = stream_interval_of(request, self.config.stream_interval)
         if not self.tokenizer.has_chat_template:
             raise FailedPrecondition("the model's tokenizer_config.json has no chat template")
@@ -154,7 +154,6 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
             validate_prompt_token_ids(prompt_ids, limits, "messages")
             mark_tokenized()
             think = think_in_prompt(prompt_ids, self.tokenizer.token_to_id)
-            params = request.sampling_params
             if inputs.forced is not None:  # the calls, as a structural tag the worker compiles
                 params = constrained_params(params, inputs.forced, think)
             outputs: dict[int, ChatOutput] = {}  # one parser state per completion (n > 1)

@@ -14,7 +14,7 @@ from nanoserve.errors import InvalidArgument
 from nanoserve.frontend.chat_output import ThinkState
 from nanoserve.frontend.reasoning_parser import THINK_END, THINK_START
 from nanoserve.frontend.tool_parser import TOOL_CALL_END, TOOL_CALL_START
-from nanoserve.proto.v1 import common_pb2
+from nanoserve.sampling import SamplingParams
 from nanoserve.structured_output import MAX_GRAMMAR_CHARS
 
 # Qwen3's call, as its chat template writes one (the tool parser reads the JSON between the tags)
@@ -114,10 +114,9 @@ def structural_tag(forced: ForcedTools, think: ThinkState) -> str:
 
 
 def constrained_params(
-    params: common_pb2.SamplingParams, forced: ForcedTools, think: ThinkState
-) -> common_pb2.SamplingParams:
-    """A copy of the request's sampling params whose structured output is the forced calls."""
-    out = common_pb2.SamplingParams()
-    out.CopyFrom(params)
-    out.structured_output.structural_tag = structural_tag(forced, think)
-    return out
+    params: SamplingParams, forced: ForcedTools, think: ThinkState
+) -> SamplingParams:
+    """The request's sampling params with the forced calls as their structured output."""
+    return params.copy_with(
+        {"structured_output": ("structural_tag", structural_tag(forced, think))}
+    )

@@ -16,8 +16,8 @@ except _metadata.PackageNotFoundError:  # running from a source tree that was ne
     __version__ = "0.0.0+unknown"
 
 if TYPE_CHECKING:
+    from nanoserve.sampling import SamplingParams
     from nanoserve.worker.llm import LLM
-    from nanoserve.worker.sampling_params import SamplingParams
 
 
 def __getattr__(name: str) -> Any:
@@ -26,7 +26,7 @@ def __getattr__(name: str) -> Any:
 
         return LLM
     if name == "SamplingParams":
-        from nanoserve.worker.sampling_params import SamplingParams
+        from nanoserve.sampling import SamplingParams
 
         return SamplingParams
     raise AttributeError(f"module 'nanoserve' has no attribute {name!r}")

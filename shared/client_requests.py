@@ -2,66 +2,28 @@
 sampling names, OpenAI's chat and tool shapes). nanoserve.client sends them; nanoserve.client_messages
 reads the answers."""
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nanoserve.client_messages import ChatMessages, ToolCall, Tools
+from nanoserve.errors import InvalidArgument
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
-
-# GenerateRequest/ChatRequest.stream_interval: tokens a response message may wait for (the
-# frontend refuses more; the gateway asks for it when the caller wants the whole reply)
-MAX_STREAM_INTERVAL = 256
-_SAMPLING_FIELDS = frozenset(common_pb2.SamplingParams.DESCRIPTOR.fields_by_name)
+from nanoserve.sampling import SamplingError
+from nanoserve.sampling_proto import (  # noqa: F401 - structured_output: nanoserve.client's
+    json_text,
+    structured_output,
+    to_proto,
+)
 
 
 def sampling_params(**kwargs: Any) -> common_pb2.SamplingParams:
-    """SamplingParams from vLLM-named keyword arguments; `stop` may be one string, `logit_bias`
-    a {token id: bias} dict whose ids may be strings (OpenAI's JSON shape)."""
-    unknown = set(kwargs) - _SAMPLING_FIELDS
-    if unknown:
-        raise TypeError(f"unknown sampling parameters: {sorted(unknown)}")
-    if isinstance(kwargs.get("stop"), str):
-        kwargs["stop"] = [kwargs["stop"]]
-    if isinstance(kwargs.get("logit_bias"), Mapping):
-        kwargs["logit_bias"] = {int(k): v for k, v in kwargs["logit_bias"].items()}
-    if isinstance(kwargs.get("logprobs_mode"), str):  # "raw" or "processed"
-        kwargs["logprobs_mode"] = common_pb2.LogprobsMode.Value(
-            f"LOGPROBS_MODE_{kwargs['logprobs_mode'].upper()}"
-        )
-    if isinstance(kwargs.get("structured_output"), Mapping):
-        kwargs["structured_output"] = structured_output(**kwargs["structured_output"])
-    return common_pb2.SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
-
-
-def structured_output(
-    json_schema: Mapping[str, Any] | bool | str | None = None,
-    regex: str | None = None,
-    grammar: str | None = None,
-    json_object: bool = False,
-    structural_tag: Mapping[str, Any] | str | None = None,
-) -> common_pb2.StructuredOutput:
-    """What the output must match, exactly one of: a JSON Schema (a dict, or its JSON text), a
-    regex, an EBNF grammar (GBNF dialect, rule `root`), any JSON object, or an xgrammar structural
-    tag (a dict, or its JSON text). Passed to the calls as
-    `structured_output={"json_schema": {...}}` (this dict's keywords) or this message."""
-    given = [v is not None for v in (json_schema, regex, grammar, structural_tag)]
-    if sum(given) + bool(json_object) != 1:
-        raise ValueError(
-            "structured_output: give exactly one of json_schema, regex, grammar, json_object, "
-            "structural_tag"
-        )
-    if json_object:
-        return common_pb2.StructuredOutput(json_object=True)
-    if regex is not None:
-        return common_pb2.StructuredOutput(regex=regex)
-    if grammar is not None:
-        return common_pb2.StructuredOutput(grammar=grammar)
-    if structural_tag is not None:
-        return common_pb2.StructuredOutput(structural_tag=_json_text(structural_tag))
-    schema = json_schema if isinstance(json_schema, str) else json.dumps(json_schema)
-    return common_pb2.StructuredOutput(json_schema=schema)
+    """SamplingParams from vLLM-named keyword arguments (sampling_proto.to_proto); a value that
+    cannot be sent is refused as the frontend would refuse it, naming the field."""
+    try:
+        return to_proto(**kwargs)
+    except SamplingError as e:
+        raise InvalidArgument(e.problem, field=f"sampling_params.{e.field}") from None
 
 
 def generate_request(
@@ -89,10 +51,6 @@ def generate_request(
     return request
 
 
-def _json_text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
 def _tool_call(call: ToolCall | Mapping[str, Any]) -> frontend_pb2.ToolCall:
     if isinstance(call, ToolCall):
         call = call.to_dict()
@@ -101,7 +59,7 @@ def _tool_call(call: ToolCall | Mapping[str, Any]) -> frontend_pb2.ToolCall:
         id=call.get("id", ""),
         type=call.get("type", "function"),
         function=frontend_pb2.ToolCallFunction(
-            name=function.get("name", ""), arguments=_json_text(function.get("arguments", {}))
+            name=function.get("name", ""), arguments=json_text(function.get("arguments", {}))
         ),
     )
 
@@ -128,7 +86,7 @@ def _tool(tool: Mapping[str, Any]) -> frontend_pb2.Tool:
         function=frontend_pb2.ToolFunction(
             name=function.get("name", ""),
             description=function.get("description") or "",
-            parameters="" if parameters is None else _json_text(parameters),
+            parameters="" if parameters is None else json_text(parameters),
         ),
     )
 

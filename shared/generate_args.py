@@ -1,5 +1,5 @@
 """`nanoserve generate`'s command line -> GenerateArgs: the Client keywords (nanoserve.client_args)
-and the generate_stream / chat_stream keywords, sampling flags from one table (SAMPLING_FLAGS).
+and the generate_stream / chat_stream keywords, sampling flags from the schema (nanoserve.sampling).
 nanoserve.generate_cli makes the call and prints it.
 
 Flags are checked here only as far as building the request needs (a number, ID=BIAS, a readable
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nanoserve.client_args import add_client_args, client_kwargs
-from nanoserve.sampling_rules import RULES
+from nanoserve.sampling import SCHEMA
 
 
 def token_id(text: str) -> int:
@@ -66,61 +66,40 @@ def tools_json(text: str) -> list[dict[str, Any]]:
     return tools
 
 
-@dataclass(frozen=True)
-class SamplingFlag:
-    """One SamplingParams field as a flag: `--max-tokens` for max_tokens, which is also the
-    client's keyword. A field with a range in sampling_rules.RULES gets it in its help."""
+# the shapes of nanoserve.sampling's flags: (argparse type, action, metavar)
+_FLAG_SHAPES: dict[str, tuple[Callable[[str], Any] | None, Any, str | None]] = {
+    "int": (int, "store", "INT"),
+    "float": (float, "store", "FLOAT"),
+    "text": (str, "append", "TEXT"),
+    "ids": (token_ids, "extend", "ID[,ID...]"),
+    "bias": (token_bias, "append", None),
+    "switch": (None, argparse.BooleanOptionalAction, None),
+}
+_CLI_NOTES = {  # what the command does with a field, beyond the field's meaning
+    "n": "printed by index as `[i] text`",
+    "logprobs": "printed to stderr (--json: in the JSON)",
+}
+# the SamplingParams fields with a flag: `--max-tokens` for max_tokens, also the client's keyword
+SAMPLING_FLAGS = tuple(f for f in SCHEMA if f.metadata["flag"] is not None)
 
-    name: str
-    parse: Callable[[str], Any] | None  # argparse's `type`; None for a boolean flag
-    help: str
-    metavar: str | None = None
-    action: str | type[argparse.Action] = "store"
 
+def _add_sampling_flags(group: argparse._ArgumentGroup) -> None:
+    """One flag per SAMPLING_FLAGS field: its help, rule and metavar from the schema."""
+    for f in SAMPLING_FLAGS:
+        meta = f.metadata
+        parse, action, metavar = _FLAG_SHAPES[meta["flag"]]
+        notes = [meta["rule"][1]] if meta["rule"] is not None else []
+        notes += [_CLI_NOTES[f.name]] if f.name in _CLI_NOTES else []
+        notes += ["repeatable"] if action in ("append", "extend") else []
+        kwargs: dict[str, Any] = {
+            "dest": f.name,
+            "action": action,
+            "help": meta["help"] + (f" ({'; '.join(notes)})" if notes else ""),
+        }
+        if parse is not None:
+            kwargs.update(type=parse, metavar=meta["metavar"] or metavar)
+        group.add_argument("--" + f.name.replace("_", "-"), **kwargs)
 
-SAMPLING_FLAGS = (
-    SamplingFlag("max_tokens", int, "most tokens to generate"),
-    SamplingFlag("min_tokens", int, "fewest tokens before a stop may end the reply"),
-    SamplingFlag("temperature", float, "0 = greedy"),
-    SamplingFlag("top_p", float, "nucleus: smallest set of tokens with this probability"),
-    SamplingFlag("top_k", int, "sample among the k likeliest tokens"),
-    SamplingFlag("min_p", float, "drop tokens below min_p x the likeliest token's probability"),
-    SamplingFlag("seed", int, "seed of this request's sampling"),
-    SamplingFlag("repetition_penalty", float, "> 1 discourages tokens already in prompt or reply"),
-    SamplingFlag(
-        "presence_penalty", float, "subtracted from the logits of tokens already generated"
-    ),
-    SamplingFlag("frequency_penalty", float, "subtracted per occurrence in the reply so far"),
-    SamplingFlag("n", int, "completions of the prompt, printed by index as `[i] text`"),
-    SamplingFlag(
-        "logprobs",
-        int,
-        "print each generated token's logprob and the K likeliest alternatives (stderr; --json: "
-        "in the JSON)",
-        metavar="K",
-    ),
-    SamplingFlag("stop", str, "stop string (repeatable)", metavar="TEXT", action="append"),
-    SamplingFlag(
-        "ignore_eos",
-        None,
-        "keep generating past end-of-sequence tokens (default: the server's, off)",
-        action=argparse.BooleanOptionalAction,
-    ),
-    SamplingFlag(
-        "logit_bias",
-        token_bias,
-        "add BIAS, in [-100, 100], to token ID's logit: 100 forces it, -100 bans it (repeatable)",
-        metavar="ID=BIAS",
-        action="append",
-    ),
-    SamplingFlag(
-        "allowed_token_ids",
-        token_ids,
-        "sample only these token ids (repeatable)",
-        metavar="ID[,ID...]",
-        action="extend",
-    ),
-)
 
 # structured_output.KINDS, each a flag of the mutually exclusive "structured output" group
 STRUCTURED_OUTPUT = {
@@ -189,18 +168,7 @@ def _parser() -> argparse.ArgumentParser:
         help="print token usage to stderr (default: off)",
     )
     add_client_args(parser)
-    sampling = parser.add_argument_group("sampling (unset: the server's default)")
-    for flag in SAMPLING_FLAGS:
-        rule = f" ({RULES[flag.name][1]})" if flag.name in RULES else ""
-        metavar = flag.metavar or (flag.parse.__name__.upper() if flag.parse else None)
-        kwargs: dict[str, Any] = {
-            "dest": flag.name,
-            "action": flag.action,
-            "help": flag.help + rule,
-        }
-        if flag.parse is not None:
-            kwargs.update(type=flag.parse, metavar=metavar)
-        sampling.add_argument("--" + flag.name.replace("_", "-"), **kwargs)
+    _add_sampling_flags(parser.add_argument_group("sampling (unset: the server's default)"))
     structured = parser.add_argument_group(
         "structured output (one of; TEXT or @FILE)"
     ).add_mutually_exclusive_group()

@@ -1,6 +1,6 @@
 """A request's structured-output constraint as plain values, and the checks that need no grammar
-engine (size bound, one kind, JSON that parses). The frontend runs them on the proto
-(frontend/validation.py), the worker's SamplingParams again; the worker then compiles it
+engine (size bound, one kind, JSON that parses). The schema runs them
+(nanoserve.sampling's SamplingParams, at each door); the worker's engine core then compiles it
 (worker/engine/structured_output.py), and a text that does not compile is INVALID_ARGUMENT too.
 """
 
@@ -11,7 +11,7 @@ from nanoserve.proto.v1 import common_pb2
 KINDS = ("json_schema", "regex", "grammar", "json_object", "structural_tag")
 # the longest constraint text accepted (any kind): compile time and memory grow with it
 MAX_GRAMMAR_CHARS = 64 * 1024
-FIELD = "sampling_params.structured_output"
+FIELD = "sampling_params.structured_output"  # as a request names it (the grammar compiler's)
 
 
 def from_proto(p: common_pb2.StructuredOutput) -> tuple[str, str] | None:
@@ -24,10 +24,10 @@ def from_proto(p: common_pb2.StructuredOutput) -> tuple[str, str] | None:
 
 
 def check(kind: str, spec: str, max_chars: int = MAX_GRAMMAR_CHARS) -> tuple[str, str] | None:
-    """(field, what is wrong) for a constraint that can never compile, else None."""
+    """(SamplingParams field, what is wrong) for a constraint that can never compile, else None."""
     if kind not in KINDS:
-        return FIELD, f"unknown kind {kind!r} (one of {', '.join(KINDS)})"
-    field = f"{FIELD}.{kind}"
+        return "structured_output", f"unknown kind {kind!r} (one of {', '.join(KINDS)})"
+    field = f"structured_output.{kind}"
     if kind == "json_object":
         return None
     if not spec:

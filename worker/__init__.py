@@ -1,6 +1,6 @@
 """The GPU worker: engine (scheduler, paged KV blocks, model runner, sampler) and its gRPC service."""
 
-from nanoserve.worker.sampling_params import SamplingParams
+from nanoserve.sampling import SamplingParams
 
 
 def __getattr__(name: str):

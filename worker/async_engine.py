@@ -10,16 +10,15 @@ import logging
 import multiprocessing as mp
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
+from nanoserve.sampling import Limits, SamplingParams
 from nanoserve.tracing import Tracer, tracer_for
 from nanoserve.worker import engine_core
 from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.frame_io import FrameWriter
 from nanoserve.worker.output_stream import Collector, Completion, Finish, Stream
 from nanoserve.worker.request_trace import end_request_span, start_request_span
-from nanoserve.worker.sampling_params import SamplingParams
 from nanoserve.worker.stats_log import Load
 
 logger = logging.getLogger(__name__)
@@ -36,16 +35,6 @@ class RequestAborted(RuntimeError):
 class RequestInvalid(ValueError):
     """The engine found a field invalid after admission (a grammar that does not compile); the
     message names the field."""
-
-
-@dataclass(slots=True)
-class EngineLimits:
-    """What requests are validated against: the core process reports them once its model loaded."""
-
-    max_model_len: int = 0
-    vocab_size: int = 0
-    max_num_seqs: int | None = None
-    eos_token_ids: tuple[int, ...] = ()
 
 
 class StepObserver(Protocol):
@@ -85,11 +74,13 @@ class AsyncEngine:
         self.step_running_s = 0.0  # how long the core's current step had run at that heartbeat
         self.ready: asyncio.Future = loop.create_future()  # the model info, once loaded
         self.info: dict = {}
-        self.limits = EngineLimits()
+        # what requests are checked against (request_proto.admit): the core reports them once
+        # its model loaded
+        self.limits = Limits(max_model_len=0, vocab_size=0)
         self.streams: dict[int, Stream] = {}  # engine id -> stream
         self.by_request_id: dict[str, Stream] = {}  # the caller's id -> stream (GenerateTokens)
         self.next_id = itertools.count()
-        self.adds: list[list] = []
+        self.adds: list[engine_core.Add] = []
         self.aborts: list[int] = []
         self.completion_aborts: list[list[int]] = []  # [engine id, completion index]
         self.flush_scheduled = False
@@ -101,28 +92,12 @@ class AsyncEngine:
         # (time, prompt tokens done, generated tokens) samples for the rates in GetLoad
         self.history: collections.deque = collections.deque(maxlen=64)
         loop.add_reader(self.from_core.fileno(), self._on_readable)
-        # imports torch (seconds) while the core loads, not on the first request
-        from nanoserve.worker.engine.llm_engine import LLMEngine
-
-        self.engine_class = LLMEngine
         # the engine core's spans are children of these
         self.tracer = tracer_for("nanoserve-worker", config.otlp_traces_endpoint)
 
     @property
     def num_requests(self) -> int:
         return len(self.streams)
-
-    def validate(self, token_ids: list[int], sp: SamplingParams) -> None:
-        """LLMEngine.validate against the limits the core reported (ValueError naming the field)."""
-        limits = self.limits
-        self.engine_class.validate_against(
-            token_ids,
-            sp,
-            limits.max_model_len,
-            limits.vocab_size,
-            limits.max_num_seqs,
-            limits.eos_token_ids,
-        )
 
     def add(
         self,
@@ -134,26 +109,34 @@ class AsyncEngine:
         priority: int = 0,
         traceparent: str | None = None,
     ) -> Stream:
-        """Validates (ValueError) and queues a request. Without an owner, request ids are unique
+        """Queues a request that request_proto.admit checked. Without an owner, request ids are unique
         among live requests (WorkerService.Abort names them). `cache_salt`: prefix-cache isolation
         (LLMEngine.add_request). `traceparent`: the caller's span (tracing.traceparent_from)."""
         if self.error is not None:
             raise EngineDead(str(self.error))
         if owner is None and request_id in self.by_request_id:
             raise ValueError(f"request_id: {request_id!r} is already running")
-        self.validate(token_ids, sp)
         stream = Stream(request_id, next(self.next_id), owner)
         stream.completions += [Completion() for _ in range(sp.n - 1)]
         self.streams[stream.engine_id] = stream
         if owner is None:
             self.by_request_id[request_id] = stream
-        add = [stream.engine_id, token_ids, sp.as_fields(), cache_salt or None, priority]
+        core_parent = None
         if self.tracer is not None:
             stream.span = start_request_span(
                 self.tracer, request_id, len(token_ids), sp.n, traceparent
             )
-            add.append(stream.span.traceparent)  # the engine core's span: a child of this one
-        self.adds.append(add)
+            core_parent = stream.span.traceparent  # the engine core's span: a child of this one
+        self.adds.append(
+            engine_core.Add(
+                stream.engine_id,
+                token_ids,
+                sp.as_fields(),
+                cache_salt or None,
+                priority,
+                core_parent,
+            )
+        )
         self._schedule_flush()
         return stream
 
@@ -248,10 +231,13 @@ class AsyncEngine:
 
     def _on_ready(self, info: dict) -> None:
         self.info = info
-        self.limits.max_model_len = info["max_model_len"]
-        self.limits.vocab_size = info["vocab_size"]
-        self.limits.max_num_seqs = info.get("max_num_seqs")
-        self.limits.eos_token_ids = tuple(info.get("eos_token_ids", ()))
+        self.limits = Limits(
+            max_model_len=info["max_model_len"],
+            vocab_size=info["vocab_size"],
+            eos_token_ids=tuple(info.get("eos_token_ids", ())),
+            max_num_seqs=info.get("max_num_seqs"),
+            max_stop_token_ids=self.config.max_stop_token_ids,
+        )
         self.ready.set_result(info)
 
     def _on_alive(self, step_running_s: float) -> None:

@@ -12,9 +12,11 @@ import signal
 import threading
 import time
 from multiprocessing.connection import Connection
+from typing import NamedTuple
 
 import msgpack
 
+from nanoserve.sampling import SamplingParams
 from nanoserve.tracing import tracer_for
 from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.frame_io import FrameReader, FrameWriter
@@ -34,7 +36,7 @@ HEARTBEAT_S = 1.0
 FLUSH_S = 5.0  # how long a core that exits waits for its last frames to be written
 
 
-def encode(frame: list) -> bytes:
+def encode(frame: list | tuple) -> bytes:
     return msgpack.packb(frame)
 
 
@@ -42,17 +44,33 @@ def decode(data: bytes) -> list:
     return msgpack.unpackb(data)
 
 
+class Add(NamedTuple):
+    """A request the server checked (request_proto.admit): the core trusts it."""
+
+    engine_id: int
+    token_ids: list[int]
+    params: dict  # SamplingParams.as_fields()
+    cache_salt: str | None
+    priority: int
+    traceparent: str | None  # the server's span of the request, when traced
+
+
+class Inbox(NamedTuple):
+    """A frame server -> engine core (msgpack: an array, as any tuple)."""
+
+    adds: list[Add]
+    aborts: list[int]  # engine ids
+    exit: bool
+    completion_aborts: list[list[int]]  # [engine_id, completion index]
+
+
 def add_frame(
-    adds: list[list],
+    adds: list[Add],
     aborts: list[int],
     exit_: bool = False,
     completion_aborts: list[list[int]] | None = None,
 ) -> bytes:
-    """Server -> engine core: adds are [engine_id, prompt ids, sampling params as a dict,
-    cache salt or None, priority, traceparent (only when traced)]; an add without the priority
-    (an older frame) is priority 0.
-    completion_aborts are [engine_id, completion index] (LLMEngine.abort_completion)."""
-    return encode([adds, aborts, exit_, completion_aborts or []])
+    return encode(Inbox(adds, aborts, exit_, completion_aborts or []))
 
 
 class EngineCore:
@@ -105,26 +123,23 @@ class EngineCore:
         return Load.of(self.engine)
 
     def apply(self, data: bytes) -> None:
-        from nanoserve.worker.sampling_params import SamplingParams
-
-        adds, aborts, exit_, *rest = decode(data)
-        completion_aborts = rest[0] if rest else []  # absent from an older frame
-        for engine_id, token_ids, sp, cache_salt, *rest in adds:
-            priority = rest[0] if rest else 0
+        inbox = Inbox(*decode(data))
+        for add in map(Add._make, inbox.adds):
             try:
                 self.engine.add_request(
-                    token_ids,
-                    SamplingParams(**sp),
-                    engine_id,
-                    cache_salt=cache_salt,
-                    priority=priority,
+                    add.token_ids,
+                    SamplingParams.trusted(add.params),
+                    add.engine_id,  # the core names requests by int engine ids
+                    cache_salt=add.cache_salt,
+                    priority=add.priority,
                 )
-            except ValueError as e:  # validated by the server already; ends the stream all the same
-                logger.warning("request %s refused by the engine: %s", engine_id, e)
-                self.send([REFUSED, engine_id, str(e)])
+            except ValueError as e:  # an engine id already running: a bug, but one stream's
+                logger.warning("request %s refused by the engine: %s", add.engine_id, e)
+                self.send([REFUSED, add.engine_id, str(e)])
                 continue
-            if len(rest) > 1 and self.tracer is not None:
-                self.traced[engine_id] = rest[1]
+            if add.traceparent is not None and self.tracer is not None:
+                self.traced[add.engine_id] = add.traceparent
+        aborts, completion_aborts, exit_ = inbox.aborts, inbox.completion_aborts, inbox.exit
         for engine_id in aborts:  # after the adds: a frame may add a request and abort it
             if engine_id in self.traced:
                 self._trace_abort(engine_id)
@@ -215,8 +230,7 @@ class EngineCore:
         """The spans of a traced request's open sequences, ended early by its caller."""
         assert self.tracer is not None
         parent = self.traced.pop(engine_id)
-        # the core names its requests by int engine ids (LLMEngine types them as str)
-        seq = self.engine.requests.get(engine_id)  # type: ignore[call-overload]
+        seq = self.engine.requests.get(engine_id)
         for s in (seq.group or (seq,)) if seq is not None else ():
             if not s.is_finished:
                 trace_sequence(self.tracer, parent, s, aborted=True)

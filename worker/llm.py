@@ -8,9 +8,10 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from nanoserve.model_files import resolve_model_dir
+from nanoserve.sampling import SamplingError, SamplingParams, check_prompt
 from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.engine.llm_engine import LLMEngine
-from nanoserve.worker.sampling_params import SamplingParams
+from nanoserve.worker.engine.sequence import Sequence
 
 
 @dataclass(slots=True)
@@ -61,6 +62,27 @@ class LLM(LLMEngine):
             self._tokenizer = load_prompt_tokenizer(self.config.model)
         return self._tokenizer.encode(prompt)
 
+    def check(self, token_ids: list[int], sp: SamplingParams) -> None:
+        """The offline door: SamplingError (a ValueError) naming the field of a request that can
+        never run here. Stop strings need the frontend's detokenizer."""
+        if sp.stop or sp.include_stop_str_in_output:
+            raise SamplingError("stop", "stop strings need the frontend; use stop_token_ids")
+        limits = self.limits
+        check_prompt(token_ids, limits)
+        sp.check(limits, len(token_ids))
+
+    def add_request(
+        self,
+        token_ids: list[int],
+        sampling_params: SamplingParams,
+        request_id: str | int | None = None,
+        cache_salt: str | None = None,
+        priority: int = 0,
+    ) -> Sequence:
+        """LLMEngine.add_request behind the offline door (check)."""
+        self.check(token_ids, sampling_params)
+        return super().add_request(token_ids, sampling_params, request_id, cache_salt, priority)
+
     def generate(
         self,
         prompts: str | list[str] | list[list[int]],
@@ -84,12 +106,12 @@ class LLM(LLMEngine):
             priority = [0] * len(prompts)
         if len(priority) != len(prompts):
             raise ValueError("priority: need one per prompt")
-        for prompt, sp in zip(prompts, sampling_params):  # validate all before running any
-            self.validate(prompt, sp)
+        for prompt, sp in zip(prompts, sampling_params):  # check all before running any
+            self.check(prompt, sp)
             if sp.structured_output is not None:  # compiled now (ValueError), cached for the run
                 self.grammars.check(sp.structured_output)
         seqs = [
-            self.add_request(p, sp, priority=pr)
+            super(LLM, self).add_request(p, sp, priority=pr)
             for p, sp, pr in zip(prompts, sampling_params, priority)
         ]
         logprobs: dict[int, list] = {}  # seq_id -> its entries (forks included)
@@ -108,7 +130,7 @@ class LLM(LLMEngine):
             first = completions[0]
             outputs.append(
                 RequestOutput(
-                    s.request_id,
+                    str(s.request_id),
                     s.token_ids[: s.num_prompt_tokens],
                     first.token_ids,
                     first.finish_reason,

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nanoserve.sampling_rules import violations
-from nanoserve.worker.sampling_params import FALLBACKS
+from nanoserve.sampling import FALLBACKS, range_violation
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _ARCHITECTURE = "Qwen3ForCausalLM"
@@ -134,8 +133,10 @@ def sampling_defaults(generation: dict) -> tuple[tuple[str, float], ...]:
     for name, value in found.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"generation_config.json: {name} must be a number, got {value!r}")
-    for name, rule in violations(found):
-        raise ValueError(f"generation_config.json: {name} must be {rule}, got {found[name]!r}")
+    for name, value in found.items():
+        rule = range_violation(name, value)
+        if rule is not None:
+            raise ValueError(f"generation_config.json: {name} must be {rule}, got {value!r}")
     return tuple(sorted(found.items()))
 
 

@@ -1,23 +1,27 @@
-"""A request's proto forms and the engine's: sampling params in, finish and usage out, and the
-status a stream ends with when its request did not finish. Used by GenerateTokens and Session.
+"""The worker's door: a GenerateTokensRequest checked and handed to the engine (admit), its finish
+and usage out, and the status a stream ends with when its request did not finish. Used by
+GenerateTokens and Session alike.
 """
 
-from nanoserve.errors import Aborted, InvalidArgument, ServiceError, Unavailable
+from nanoserve.errors import Aborted, InvalidArgument, ResourceExhausted, ServiceError, Unavailable
 from nanoserve.proto.v1 import common_pb2
-from nanoserve.structured_output import from_proto as structured_output_from_proto
-from nanoserve.worker.async_engine import Finish, RequestAborted, RequestInvalid
+from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
+from nanoserve.sampling import SamplingError, check_prompt, resolve_max_tokens
+from nanoserve.sampling_proto import from_proto
+from nanoserve.worker.async_engine import (
+    AsyncEngine,
+    Collector,
+    Finish,
+    RequestAborted,
+    RequestInvalid,
+    Stream,
+)
 from nanoserve.worker.engine.sequence import FinishReason
-from nanoserve.worker.sampling_params import SamplingParams
+from nanoserve.worker.validation import check_list_sizes
 
 _FINISH = {
     FinishReason.STOP.value: common_pb2.FINISH_REASON_STOP,
     FinishReason.LENGTH.value: common_pb2.FINISH_REASON_LENGTH,
-}
-
-_LOGPROBS_MODES = {
-    common_pb2.LOGPROBS_MODE_UNSPECIFIED: "raw",
-    common_pb2.LOGPROBS_MODE_RAW: "raw",
-    common_pb2.LOGPROBS_MODE_PROCESSED: "processed",
 }
 
 
@@ -57,39 +61,42 @@ def stream_error(error: Exception) -> ServiceError:
     return Unavailable(f"the engine failed: {error}")
 
 
-def sampling_params_from_proto(
-    p: common_pb2.SamplingParams, prompt_len: int, max_model_len: int
-) -> SamplingParams:
-    """Proto -> engine params; unset fields take vLLM's defaults, bad values raise ValueError."""
-    kw = {
-        name: getattr(p, name)
-        for name in (
-            "temperature",
-            "top_p",
-            "top_k",
-            "min_p",
-            "seed",
-            "max_tokens",
-            "min_tokens",
-            "ignore_eos",
-            "repetition_penalty",
-            "presence_penalty",
-            "frequency_penalty",
-            "n",
-            "logprobs",
-            "prompt_logprobs",
+def admit(
+    engine: AsyncEngine,
+    request: worker_pb2.GenerateTokensRequest,
+    request_id: str,
+    max_queued_requests: int,
+    owner: Collector | None = None,
+    traceparent: str | None = None,
+) -> Stream:
+    """The worker's one door for a request (GenerateTokens and Session alike): the queue bound,
+    the lists by their length, the sampling schema against the limits the engine core reported;
+    then the core, which trusts what passed. A refusal is a ServiceError naming the field."""
+    if engine.num_requests >= max_queued_requests:
+        raise ResourceExhausted(
+            f"{engine.num_requests} requests are in flight "
+            f"(max_queued_requests={max_queued_requests})"
         )
-        if p.HasField(name)
-    }
-    if p.logprobs_mode not in _LOGPROBS_MODES:
-        raise ValueError(f"logprobs_mode: unknown value {p.logprobs_mode}")
-    kw["logprobs_mode"] = _LOGPROBS_MODES[p.logprobs_mode]
-    kw.setdefault("max_tokens", max(1, max_model_len - prompt_len))  # unset: fill the context
-    if p.HasField("structured_output"):
-        kw["structured_output"] = structured_output_from_proto(p.structured_output)
-    # empty is unset (proto3); their lengths were checked before (worker.validation)
-    if p.logit_bias:
-        kw["logit_bias"] = dict(p.logit_bias)
-    if p.allowed_token_ids:
-        kw["allowed_token_ids"] = tuple(p.allowed_token_ids)
-    return SamplingParams(stop_token_ids=tuple(p.stop_token_ids), **kw)
+    limits = engine.limits
+    check_list_sizes(request, limits.max_model_len)
+    try:
+        sp = from_proto(request.sampling_params, limits, frontend=False)
+        token_ids = list(request.prompt_token_ids)
+        check_prompt(token_ids, limits)
+        # unset max_tokens stays None: the engine fills the context
+        resolve_max_tokens(sp.max_tokens, sp.min_tokens, len(token_ids), limits.max_model_len)
+    except SamplingError as e:
+        field = e.field if e.field.startswith("prompt_token_ids") else f"sampling_params.{e.field}"
+        raise InvalidArgument(e.problem, field=field) from None
+    try:
+        return engine.add(
+            request_id,
+            token_ids,
+            sp,
+            owner=owner,
+            cache_salt=request.cache_salt,
+            priority=request.priority,
+            traceparent=traceparent,
+        )
+    except ValueError as e:  # a request id already running
+        raise InvalidArgument(str(e)) from None

@@ -16,7 +16,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from nanoserve.errors import (
     InvalidArgument,
-    ResourceExhausted,
     ServiceError,
     Unavailable,
     echo,
@@ -28,6 +27,7 @@ from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 from nanoserve.security import ServerSecurity, current_tenant
 from nanoserve.tracing import traceparent_from, traceparent_in
+from nanoserve.wire import MAX_REQUEST_ID_LENGTH
 from nanoserve.worker.async_engine import AsyncEngine, EngineDead
 from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.request_log import (
@@ -36,14 +36,9 @@ from nanoserve.worker.request_log import (
     SHUTTING_DOWN,
     log_request_end,
 )
-from nanoserve.worker.request_proto import (
-    add_logprobs,
-    sampling_params_from_proto,
-    set_finish,
-    stream_error,
-)
+from nanoserve.worker.request_proto import add_logprobs, admit, set_finish, stream_error
 from nanoserve.worker.session import WorkerSession, run_session
-from nanoserve.worker.validation import check_request_sizes, max_request_bytes
+from nanoserve.worker.validation import max_request_bytes
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME = "nanoserve.v1.WorkerService"
@@ -88,33 +83,21 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         """Stream the ids generated for one request; cancelling the call aborts it."""
         request_id = request.request_id or uuid.uuid4().hex
         try:
+            if len(request_id) > MAX_REQUEST_ID_LENGTH:
+                raise InvalidArgument(
+                    f"longer than {MAX_REQUEST_ID_LENGTH} characters", field="request_id"
+                )
             engine = self._ready()
-            if engine.num_requests >= self.config.max_queued_requests:
-                raise ResourceExhausted(
-                    f"{engine.num_requests} requests are in flight "
-                    f"(max_queued_requests={self.config.max_queued_requests})"
-                )
-            check_request_sizes(
-                request, engine.limits.max_model_len, self.config.max_stop_token_ids
+            stream = admit(
+                engine,
+                request,
+                request_id,
+                self.config.max_queued_requests,
+                # the request's field (a frontend's), else the caller's gRPC metadata
+                traceparent=traceparent_from(request.traceparent)
+                or traceparent_in(context.invocation_metadata()),
             )
-            token_ids = list(request.prompt_token_ids)
-            try:
-                sp = sampling_params_from_proto(
-                    request.sampling_params, len(token_ids), engine.limits.max_model_len
-                )
-                stream = engine.add(
-                    request_id,
-                    token_ids,
-                    sp,
-                    cache_salt=request.cache_salt,
-                    priority=request.priority,
-                    # the request's field (a frontend's), else the caller's gRPC metadata
-                    traceparent=traceparent_from(request.traceparent)
-                    or traceparent_in(context.invocation_metadata()),
-                )
-                stream.caller = current_tenant()  # only this caller may Abort it
-            except ValueError as e:
-                raise InvalidArgument(str(e)) from None
+            stream.caller = current_tenant()  # only this caller may Abort it
         except ServiceError as e:
             log_request_end(request_id, e.code.name, str(e))
             raise
@@ -159,7 +142,6 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             self._ready(),
             self.config.max_queued_requests,
             self._ready,
-            self.config.max_stop_token_ids,
             draining=lambda: self.refusing_work,
         )
         session.caller = current_tenant()  # only this caller may Abort its requests

@@ -12,12 +12,12 @@ from collections.abc import AsyncIterator, Callable
 from nanoserve.errors import (
     DeadlineExceeded,
     InvalidArgument,
-    ResourceExhausted,
     ServiceError,
 )
 from nanoserve.logprob_split import MAX_LOGPROBS_PER_MESSAGE
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.tracing import traceparent_from
+from nanoserve.wire import MAX_WORKER_REQUEST_ID_LENGTH
 from nanoserve.worker.async_engine import AsyncEngine, Collector, Stream
 from nanoserve.worker.load_report import LoadReporter, load_key, session_load
 from nanoserve.worker.request_log import (
@@ -25,17 +25,9 @@ from nanoserve.worker.request_log import (
     SESSION_ENDED,
     log_request_end,
 )
-from nanoserve.worker.request_proto import (
-    add_logprobs,
-    sampling_params_from_proto,
-    set_finish,
-    stream_error,
-)
-from nanoserve.worker.validation import DEFAULT_MAX_STOP_TOKEN_IDS, check_list_sizes
+from nanoserve.worker.request_proto import add_logprobs, admit, set_finish, stream_error
 
 logger = logging.getLogger(__name__)
-
-MAX_REQUEST_ID_CHARS = 256
 
 
 class WorkerSession:
@@ -47,13 +39,11 @@ class WorkerSession:
         engine: AsyncEngine,
         max_queued_requests: int,
         check_ready: Callable[[], AsyncEngine],
-        max_stop_token_ids: int = DEFAULT_MAX_STOP_TOKEN_IDS,
         draining: Callable[[], bool] = lambda: False,
         reporter: LoadReporter | None = None,
     ):
         """`draining()`: whether the worker drains (its load reports say so)."""
         self.engine, self.max_queued_requests = engine, max_queued_requests
-        self.max_stop_token_ids = max_stop_token_ids  # lists bounded before they are walked
         self.check_ready = check_ready  # raises UNAVAILABLE while draining or once the engine died
         self.loop = asyncio.get_running_loop()
         self.collector = Collector()
@@ -97,9 +87,9 @@ class WorkerSession:
         request = add.request
         request_id = request.request_id
         try:
-            if not request_id or len(request_id) > MAX_REQUEST_ID_CHARS:
+            if not request_id or len(request_id) > MAX_WORKER_REQUEST_ID_LENGTH:
                 raise InvalidArgument(
-                    f"must have 1 to {MAX_REQUEST_ID_CHARS} characters", field="request_id"
+                    f"must have 1 to {MAX_WORKER_REQUEST_ID_LENGTH} characters", field="request_id"
                 )
             if request_id in self.live:
                 raise InvalidArgument(
@@ -107,31 +97,16 @@ class WorkerSession:
                 )
             if not add.timeout_s >= 0:
                 raise InvalidArgument(f"must be >= 0, got {add.timeout_s}", field="timeout_s")
-            engine = self.check_ready()
-            if engine.num_requests >= self.max_queued_requests:
-                raise ResourceExhausted(
-                    f"{engine.num_requests} requests are in flight "
-                    f"(max_queued_requests={self.max_queued_requests})"
-                )
-            check_list_sizes(request, engine.limits.max_model_len, self.max_stop_token_ids)
-            token_ids = list(request.prompt_token_ids)
-            try:
-                sp = sampling_params_from_proto(
-                    request.sampling_params, len(token_ids), engine.limits.max_model_len
-                )
-                stream = engine.add(
-                    request_id,
-                    token_ids,
-                    sp,
-                    owner=self.collector,
-                    cache_salt=request.cache_salt,
-                    priority=request.priority,
-                    traceparent=traceparent_from(request.traceparent),
-                )
-            except ValueError as e:
-                raise InvalidArgument(str(e)) from None
+            stream = admit(
+                self.check_ready(),
+                request,
+                request_id,
+                self.max_queued_requests,
+                owner=self.collector,
+                traceparent=traceparent_from(request.traceparent),
+            )
         except ServiceError as e:
-            self.refuse(request_id[:MAX_REQUEST_ID_CHARS], e)
+            self.refuse(request_id[:MAX_WORKER_REQUEST_ID_LENGTH], e)
             return
         self.live[request_id] = stream
         if add.timeout_s > 0:

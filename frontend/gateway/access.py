@@ -16,10 +16,10 @@ from nanoserve.client_messages import Usage
 from nanoserve.errors import echo
 from nanoserve.frontend.gateway.body_limit import ASGIApp, Message, Receive, Scope, Send
 from nanoserve.log import check_log_format
+from nanoserve.wire import MAX_REQUEST_ID_LENGTH
 
 logger = logging.getLogger("nanoserve.requests")
 REQUEST_ID_HEADER = b"x-request-id"
-MAX_REQUEST_ID_LENGTH = 128  # the frontend's bound on request_id (frontend/validation.py)
 OTHER_ROUTE = "other"  # any path the app does not serve: labels stay few whatever callers send
 CLIENT_CLOSED = 499  # nginx's status for a client that went away before its response
 

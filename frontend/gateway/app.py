@@ -20,7 +20,6 @@ from starlette.exceptions import HTTPException
 
 from nanoserve.client import AsyncClient
 from nanoserve.client_messages import Chunk, Completion, join_chunks
-from nanoserve.client_requests import MAX_STREAM_INTERVAL
 from nanoserve.errors import ServiceError
 from nanoserve.frontend.gateway.access import access_of
 from nanoserve.frontend.gateway.best_of import keep_best
@@ -38,6 +37,7 @@ from nanoserve.frontend.gateway.responses import Reply
 from nanoserve.frontend.gateway.stream import StreamShaper, events
 from nanoserve.frontend.gateway.tokens import DetokenizeBody, TokenizeBody, detokenize, tokenize
 from nanoserve.tracing import TRACEPARENT
+from nanoserve.wire import MAX_STREAM_INTERVAL
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -203,8 +203,8 @@ class Gateway:
         first chunk came: a call refused at the start (400, 401, 429, ...) gets its HTTP status,
         not a 200 stream with an error."""
         access = access_of(request.scope)
-        chunks = start()
         try:
+            chunks = start()  # a sampling value the client cannot send: INVALID_ARGUMENT
             if not mapped.stream:
                 whole = finish(join_chunks(await _until_disconnect(request, _collect(chunks))))
                 access.ended(whole.usage, whole.finish_reason)

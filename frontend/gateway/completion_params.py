@@ -8,7 +8,7 @@ from typing import Any
 
 from nanoserve.frontend.gateway.errors import bad_param
 from nanoserve.frontend.gateway.protocol import CompletionRequest
-from nanoserve.sampling_rules import MAX_N
+from nanoserve.sampling import MAX_N
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,10 +7,10 @@ A frozen dataclass that validates itself; nanoserve.config turns its fields into
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from nanoserve.client_requests import MAX_STREAM_INTERVAL
 from nanoserve.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
 from nanoserve.log import check_log_format, parse_level
 from nanoserve.tracing import TRACES_HELP
+from nanoserve.wire import MAX_STREAM_INTERVAL
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
 """OpenAI request -> gRPC request, table-driven: SAMPLING maps each parameter the gRPC API serves to
-its SamplingParams field (CONVERT reshapes a few: stop, logit_bias's string keys); NOT_YET lists
+its SamplingParams field (the client's sampling_proto.to_proto takes OpenAI's shapes); NOT_YET lists
 those it does not serve (functions, function_call), with the values that change nothing
 (functions=[], ...), any other value a 400 naming the parameter. logprobs, response_format and the
 vLLM structured-output extras have their own rules (output_params.py), echo, best_of and suffix too
@@ -10,7 +10,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nanoserve.errors import echo
 from nanoserve.frontend.gateway.completion_params import BestOf, Echo, map_completion_extras
 from nanoserve.frontend.gateway.errors import bad_param
 from nanoserve.frontend.gateway.output_params import map_logprobs, map_structured_output
@@ -48,22 +47,6 @@ SAMPLING: dict[str, str] = {
 }
 
 
-def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
-    """OpenAI's {"token id": bias} -> {token id: bias}; the frontend checks the ids against the
-    vocabulary and the biases against [-100, 100]."""
-    out = {}
-    for key, value in bias.items():
-        if not (key.isascii() and key.isdigit()) or int(key) >= 2**32:
-            raise bad_param("logit_bias", f"keys must be token ids, got {echo(key)}")
-        out[int(key)] = value
-    return out
-
-
-# Value conversions on the way (OpenAI allows `stop` as one string).
-CONVERT: dict[str, Callable[[Any], Any]] = {
-    "stop": lambda v: [v] if isinstance(v, str) else list(v),
-    "logit_bias": _logit_bias,
-}
 # Not in the gRPC API -> is this value a no-op (served as if absent)?
 NOT_YET: dict[str, Callable[[Any], bool]] = {
     "functions": lambda v: v == [],
@@ -112,7 +95,7 @@ def _map_common(request: OpenAIRequest) -> Mapped:
             continue
         if target in mapped.sampling:
             raise bad_param(name, f"give one of the parameters that set {target}, not both")
-        mapped.sampling[target] = CONVERT.get(name, lambda v: v)(given[name])
+        mapped.sampling[target] = given[name]  # shapes (stop as one string, ...): sampling_proto
         mapped.param_names[f"sampling_params.{target}"] = name
     structured = map_structured_output(request)
     if structured is not None:

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from nanoserve.sampling_rules import MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS
+from nanoserve.sampling import MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS
 
 
 def at_most(limit: int) -> BeforeValidator:

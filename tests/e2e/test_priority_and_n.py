@@ -122,5 +122,5 @@ def test_worker_generate_tokens_tags_each_completion(pair) -> None:
         request.sampling_params.n = 17
         with pytest.raises(grpc.RpcError) as e:
             list(stub.GenerateTokens(request, timeout=60))
-        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "n must" in e.value.details()
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "n: must" in e.value.details()
     assert_idle(pair.worker.address)

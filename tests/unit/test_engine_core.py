@@ -37,6 +37,10 @@ def core(tmp_path_factory):
     core.engine.shutdown()
 
 
+def add(engine_id: int, token_ids: list[int], sp: dict) -> engine_core.Add:
+    return engine_core.Add(engine_id, token_ids, sp, None, 0, None)
+
+
 def params(**kw) -> dict:
     sp = {"temperature": 0.0, "max_tokens": 4, "stop_token_ids": []}
     return sp | kw
@@ -62,7 +66,7 @@ def idle(frames: list) -> bool:
 
 def test_one_frame_per_step_carries_every_request(core) -> None:
     to_core, from_core, _ = core
-    adds = [[i, [5 + i, 6, 7], params(), None] for i in range(3)]
+    adds = [add(i, [5 + i, 6, 7], params()) for i in range(3)]
     to_core.send_bytes(engine_core.add_frame(adds, []))
     finished: set[int] = set()
 
@@ -82,16 +86,18 @@ def test_one_frame_per_step_carries_every_request(core) -> None:
     assert idle(frames)  # the last step's frame reports every block free
 
 
-def test_abort_frees_blocks_and_a_bad_add_is_refused(core) -> None:
+def test_abort_frees_blocks_and_a_duplicate_add_is_refused(core) -> None:
     to_core, from_core, _ = core
     to_core.send_bytes(
         engine_core.add_frame(
-            [[7, [1, 2, 3], params(max_tokens=400), None], [8, [10**6], params(), None]], []
+            [add(7, [1, 2, 3], params(max_tokens=400)), add(7, [4], params())], []
         )
     )
     frames = read_until(from_core, lambda fs: any(f[0] == engine_core.STEP for f in fs))
     refused = [f for f in frames if f[0] == engine_core.REFUSED]
-    assert refused and refused[0][1] == 8 and "prompt_token_ids" in refused[0][2]
+    # the core trusts its frames (the server checked them): only a bug, an engine id already
+    # running, is refused, and only that add
+    assert refused and refused[0][1] == 7 and "already running" in refused[0][2]
     to_core.send_bytes(engine_core.add_frame([], [7]))
     frames = read_until(from_core, idle)
     assert frames[-1][0] == engine_core.LOAD  # sent on going idle: GetLoad sees the blocks back
@@ -99,7 +105,7 @@ def test_abort_frees_blocks_and_a_bad_add_is_refused(core) -> None:
 
 def test_an_add_and_its_abort_in_one_frame_leave_nothing_running(core) -> None:
     to_core, from_core, c = core
-    to_core.send_bytes(engine_core.add_frame([[3, [1, 2], params(max_tokens=400), None]], [3]))
+    to_core.send_bytes(engine_core.add_frame([add(3, [1, 2], params(max_tokens=400))], [3]))
     frames = read_until(from_core, idle)
     assert [f[0] for f in frames] == [engine_core.LOAD]  # never stepped
     assert c.engine.requests == {}
@@ -110,7 +116,7 @@ def test_a_completion_abort_ends_that_completion_only(core) -> None:
     frame for it), the request's others run to max_tokens, then every block is free."""
     to_core, from_core, _ = core
     sp = params(temperature=1.0, seed=5, max_tokens=200, ignore_eos=True, n=3)
-    to_core.send_bytes(engine_core.add_frame([[11, [1, 2, 3], sp, None]], []))
+    to_core.send_bytes(engine_core.add_frame([add(11, [1, 2, 3], sp)], []))
     read_until(from_core, lambda fs: sum(f[0] == engine_core.STEP for f in fs) >= 3)
     to_core.send_bytes(engine_core.add_frame([], [], completion_aborts=[[11, 1], [99, 0]]))
     frames = read_until(from_core, idle)
@@ -125,12 +131,12 @@ def test_a_completion_abort_ends_that_completion_only(core) -> None:
 def test_sampling_fields_cross_the_pipe_with_unset_kept():
     """An add frame carries SamplingParams (its `unset` frozenset cannot be packed): the core's
     rebuilt copy equals the server's and still knows which fields the request left unset."""
-    from nanoserve.worker.sampling_params import SamplingParams
+    from nanoserve.sampling import SamplingParams
 
     sp = SamplingParams(temperature=None, top_k=5, max_tokens=7, stop_token_ids=(3, 4))
-    frame = engine_core.add_frame([[0, [1, 2], sp.as_fields(), None]], [], exit_=False)
-    [[_, _, fields, _]], _, _, _ = engine_core.decode(frame)
-    rebuilt = SamplingParams(**fields)
+    frame = engine_core.add_frame([add(0, [1, 2], sp.as_fields())], [], exit_=False)
+    inbox = engine_core.Inbox(*engine_core.decode(frame))
+    rebuilt = SamplingParams.trusted(engine_core.Add(*inbox.adds[0]).params)
     assert rebuilt == sp
     assert rebuilt.unset == sp.unset and "temperature" in rebuilt.unset
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from nanoserve.client_requests import MAX_STREAM_INTERVAL
 from nanoserve.frontend.gateway.config import GatewayConfig
+from nanoserve.wire import MAX_STREAM_INTERVAL
 
 pytest.importorskip("fastapi", reason="the gateway extra")
 

@@ -10,7 +10,8 @@ pytest.importorskip("fastapi", reason="the gateway extra: pip install 'nanoserve
 
 from pydantic import ValidationError
 
-from nanoserve.errors import error_for_code
+from nanoserve.client_requests import sampling_params as client_sampling_params
+from nanoserve.errors import InvalidArgument, error_for_code
 from nanoserve.frontend.gateway.body_limit import BodyLimit, BodyTooLarge
 from nanoserve.frontend.gateway.errors import (
     STATUS_BY_CODE,
@@ -64,7 +65,7 @@ def test_openai_and_vllm_parameters_map_onto_sampling_params() -> None:
     }
     prompt, mapped = map_completion(completion(**given))
     assert prompt == "Hi"
-    assert mapped.sampling == {**given, "stop": ["END"]}
+    assert mapped.sampling == given  # shapes (one stop string) are the client's to convert
     common_pb2.SamplingParams(**mapped.sampling)  # every value fits its proto field
     assert mapped.param_names["sampling_params.max_tokens"] == "max_tokens"
     assert not mapped.stream and not mapped.include_usage
@@ -108,9 +109,6 @@ def test_chat_maps_messages_parts_thinking_and_max_completion_tokens() -> None:
     ("fields", "param"),
     [
         ({"suffix": "x"}, "suffix"),
-        ({"logit_bias": {"x": 5}}, "logit_bias"),
-        ({"logit_bias": {"-1": 5}}, "logit_bias"),
-        ({"logit_bias": {"4294967296": 5}}, "logit_bias"),
         ({"response_format": {"type": "json_schema"}}, "response_format.json_schema.schema"),
         ({"response_format": {"type": "structural_tag"}}, "response_format.format"),
         ({"response_format": {"type": "text", "format": {}}}, "response_format.format"),
@@ -169,15 +167,23 @@ def test_chat_maps_parallel_tool_calls_for_every_tool_choice(choice, parallel) -
 
 def test_logit_bias_and_allowed_token_ids_map_on_both_endpoints() -> None:
     fields = {"logit_bias": {"5": 100, "17": -100.0}, "allowed_token_ids": [5, 17, 30]}
-    want = {"logit_bias": {5: 100.0, 17: -100.0}, "allowed_token_ids": [5, 17, 30]}
     for _, mapped in (map_completion(completion(**fields)), map_chat(chat(**fields))):
         mapped.sampling.pop("max_tokens", None)  # the completions default
-        assert mapped.sampling == want
-        params = common_pb2.SamplingParams(**mapped.sampling)
+        assert mapped.sampling == fields  # OpenAI's shapes: the client's sampling_proto converts
+        params = client_sampling_params(**mapped.sampling)
         assert dict(params.logit_bias) == {5: 100.0, 17: -100.0}
         assert mapped.param_names["sampling_params.logit_bias"] == "logit_bias"
     _, mapped = map_completion(completion(logit_bias={}))  # OpenAI's default: no bias
-    assert not common_pb2.SamplingParams(**mapped.sampling).logit_bias
+    assert not client_sampling_params(**mapped.sampling).logit_bias
+
+
+@pytest.mark.parametrize("bias", [{"x": 5}, {"-1": 5}, {"4294967296": 5}])
+def test_logit_bias_keys_that_are_no_token_ids_are_a_400_naming_it(bias: dict) -> None:
+    _, mapped = map_completion(completion(logit_bias=bias))
+    with pytest.raises(InvalidArgument) as refused:  # the client's message cannot hold them
+        client_sampling_params(**mapped.sampling)
+    error = from_service_error(refused.value, mapped.param_names)
+    assert error.status == 400 and error.param == "logit_bias", error.message
 
 
 def test_chat_refuses_unknown_tools_images_and_both_max_tokens() -> None:

@@ -11,10 +11,11 @@ import torch
 from nanoserve.errors import InvalidArgument
 from nanoserve.frontend.validation import Limits, validate_sampling_params
 from nanoserve.proto.v1 import common_pb2
+from nanoserve.sampling import Limits as EngineLimits
+from nanoserve.sampling_proto import from_proto
 from nanoserve.worker import LLM, SamplingParams
 from nanoserve.worker.engine.logprobs import StepLogprobs
 from nanoserve.worker.engine.sequence import Sequence
-from nanoserve.worker.request_proto import sampling_params_from_proto
 from nanoserve.worker.sampler import SamplingTensors
 from tests.unit.hf_reference import make_hf_model
 
@@ -163,11 +164,11 @@ def test_processed_logprobs_equal_hand_computation(model):
 @pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])
 @pytest.mark.parametrize("value", [21, -1])
 def test_out_of_range_k_is_refused_naming_the_field(field, value):
-    with pytest.raises(ValueError, match=f"^{field} must be in \\[0, 20\\]"):
+    with pytest.raises(ValueError, match=f"^{field}: must be in \\[0, 20\\]"):
         SamplingParams(**{field: value})
     proto = common_pb2.SamplingParams(**{field: value})
-    with pytest.raises(ValueError, match=f"^{field} must be"):
-        sampling_params_from_proto(proto, 5, 100)
+    with pytest.raises(ValueError, match=f"^{field}: must be"):
+        from_proto(proto, EngineLimits(100, 512), frontend=False)
     limits = Limits(100, 512, 4, 64, 1 << 20)
     with pytest.raises(InvalidArgument, match=f"^sampling_params.{field}:"):
         validate_sampling_params(proto, limits)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanoserve.sampling_rules import MAX_N
+from nanoserve.sampling import MAX_N
 from nanoserve.worker import LLM, SamplingParams
 from nanoserve.worker.engine.sequence import Sequence
 from tests.unit.hf_reference import make_hf_model
@@ -18,7 +18,7 @@ from tests.unit.test_scheduler_blocks import check_invariants, make
 
 def test_n_is_bounded():
     for bad in (0, -1, MAX_N + 1):
-        with pytest.raises(ValueError, match="^n must be"):
+        with pytest.raises(ValueError, match="^n: must be"):
             SamplingParams(n=bad)
 
 

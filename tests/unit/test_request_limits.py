@@ -27,9 +27,12 @@ from nanoserve.frontend.validation import (
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
-from nanoserve.sampling_rules import allowed_token_ids_violation, logit_bias_violation
+from nanoserve.sampling import Limits as EngineLimits
+from nanoserve.sampling import SamplingError, SamplingParams
+from nanoserve.sampling_proto import from_proto
 from nanoserve.security import BearerTokenInterceptor, is_loopback, load_api_keys
-from nanoserve.worker.validation import check_request_sizes, max_request_bytes
+from nanoserve.worker.request_proto import admit
+from nanoserve.worker.validation import max_request_bytes
 
 LIMITS = Limits(
     max_model_len=4096,
@@ -151,40 +154,45 @@ def test_min_tokens_with_only_ending_ids_allowed_is_refused() -> None:
 
 
 def test_logit_bias_and_allowed_token_ids_counted_before_any_is_read() -> None:
-    assert logit_bias_violation(Unwalkable(10_000_000)) == (
-        "",
-        "at most 1024 entries, got 10000000",
-    )
-    assert allowed_token_ids_violation(Unwalkable(10_000_000), 151936) == (
-        "",
-        "at most 65536 ids, got 10000000",
-    )
+    with pytest.raises(SamplingError, match="^logit_bias: at most 1024 entries, got 10000000"):
+        SamplingParams(logit_bias=Unwalkable(10_000_000))
+    with pytest.raises(SamplingError, match="^allowed_token_ids: at most 65536 ids"):
+        SamplingParams(allowed_token_ids=Unwalkable(10_000_000))
 
 
-def test_the_worker_engine_checks_the_ids_against_its_vocabulary() -> None:
-    from nanoserve.worker.engine.llm_engine import LLMEngine
-    from nanoserve.worker.request_proto import sampling_params_from_proto
-    from nanoserve.worker.sampling_params import SamplingParams
-
+def test_the_worker_checks_the_ids_against_its_vocabulary() -> None:
+    limits = EngineLimits(max_model_len=64, vocab_size=512)
     for sp, refusal in [
         (SamplingParams(logit_bias={512: 1.0}), "logit_bias: token id 512 is outside"),
         (SamplingParams(allowed_token_ids=[3, 600]), r"allowed_token_ids\[1\]: token id 600"),
     ]:
         with pytest.raises(ValueError, match=refusal):
-            LLMEngine.validate_against([1, 2], sp, max_model_len=64, vocab=512)
-    LLMEngine.validate_against(
-        [1], SamplingParams(logit_bias={511: -100}, allowed_token_ids=[0, 511]), 64, 512
-    )
+            sp.check(limits, prompt_len=2)
+    SamplingParams(logit_bias={511: -100}, allowed_token_ids=[0, 511]).check(limits, 1)
     # values the frontend would refuse, sent to WorkerService directly
     with pytest.raises(ValueError, match="logit_bias: the bias of token 3 must be"):
-        sampling_params_from_proto(common_pb2.SamplingParams(logit_bias={3: 1e9}), 1, 64)
-    unset = sampling_params_from_proto(common_pb2.SamplingParams(), 1, 64)
+        from_proto(common_pb2.SamplingParams(logit_bias={3: 1e9}), limits, frontend=False)
+    unset = from_proto(common_pb2.SamplingParams(), limits, frontend=False)
     assert unset.logit_bias is None and unset.allowed_token_ids is None
+
+
+class _Engine:
+    """What request_proto.admit reads of an AsyncEngine."""
+
+    num_requests = 0
+    limits = EngineLimits(max_model_len=4096, vocab_size=2**32)
+
+    def add(self, *args, **kwargs) -> str:
+        return "queued"
+
+
+def _admit(request: worker_pb2.GenerateTokensRequest) -> str:
+    return admit(_Engine(), request, request.request_id or "r", 16)  # type: ignore[arg-type]
 
 
 def test_worker_checks_sizes_before_copying() -> None:
     ok = worker_pb2.GenerateTokensRequest(prompt_token_ids=[1, 2, 3], cache_salt="s" * 256)
-    check_request_sizes(ok, 4096)
+    _admit(ok)
     for request, field in [
         (worker_pb2.GenerateTokensRequest(prompt_token_ids=[1] * 4096), "prompt_token_ids"),
         (
@@ -209,16 +217,12 @@ def test_worker_checks_sizes_before_copying() -> None:
             "sampling_params.allowed_token_ids",
         ),
         (
-            worker_pb2.GenerateTokensRequest(prompt_token_ids=[1], request_id="r" * 129),
-            "request_id",
-        ),
-        (
             worker_pb2.GenerateTokensRequest(prompt_token_ids=[1], cache_salt="s" * 257),
             "cache_salt",
         ),
     ]:
         with pytest.raises(InvalidArgument) as refused:
-            check_request_sizes(request, 4096)
+            _admit(request)
         assert refused.value.message.startswith(field)
     # the largest valid request fits the unparsed-size bound
     largest = worker_pb2.GenerateTokensRequest(

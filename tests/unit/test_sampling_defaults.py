@@ -6,8 +6,9 @@ import json
 import pytest
 
 from nanoserve.proto.v1 import common_pb2
+from nanoserve.sampling import Limits
+from nanoserve.sampling_proto import from_proto
 from nanoserve.worker import LLM, SamplingParams
-from nanoserve.worker.server import sampling_params_from_proto
 from tests.unit.hf_reference import make_hf_model
 
 
@@ -22,9 +23,7 @@ def test_unset_fields_read_as_vllm_defaults_and_take_the_model_defaults():
 
 
 def test_proto_leaves_unset_fields_unset():
-    sp = sampling_params_from_proto(
-        common_pb2.SamplingParams(top_k=5), prompt_len=3, max_model_len=64
-    )
+    sp = from_proto(common_pb2.SamplingParams(top_k=5), Limits(64, 512), frontend=False)
     assert "temperature" in sp.unset and "top_k" not in sp.unset
     assert sp.with_defaults({"temperature": 0.0, "top_k": 20}).top_k == 5
 
@@ -61,7 +60,7 @@ def test_params_cross_the_engine_core_frame_with_unset_fields_kept_unset() -> No
     packs, and the far side still knows which fields the request left unset (model defaults)."""
     import msgpack
 
-    from nanoserve.worker.sampling_params import SamplingParams
+    from nanoserve.sampling import SamplingParams
 
     sp = SamplingParams(temperature=None, top_p=0.5, stop_token_ids=(3, 4), max_tokens=7)
     again = SamplingParams(**msgpack.unpackb(msgpack.packb(sp.as_fields())))

@@ -6,7 +6,7 @@ import asyncio
 import itertools
 
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
-from nanoserve.worker.async_engine import EngineLimits
+from nanoserve.sampling import Limits
 from nanoserve.worker.engine.llm_engine import LLMEngine
 from nanoserve.worker.session import WorkerSession
 from tests.unit.test_completion_abort import bookkeeping_engine
@@ -20,7 +20,7 @@ async def _messages(*messages: worker_pb2.SessionRequest):
 def test_an_add_and_its_abort_in_one_message_end_the_request() -> None:
     async def main() -> None:
         engine = bookkeeping_engine()
-        engine.limits = EngineLimits(max_model_len=64, vocab_size=100, eos_token_ids=(0,))
+        engine.limits = Limits(max_model_len=64, vocab_size=100, eos_token_ids=(0,))
         engine.engine_class, engine.next_id = LLMEngine, itertools.count()
         session = WorkerSession(engine, 8, check_ready=lambda: engine)
         add = worker_pb2.SessionAdd(

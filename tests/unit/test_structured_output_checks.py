@@ -80,12 +80,12 @@ def test_worker_params_cross_a_msgpack_frame():
     pytest.importorskip("torch")
     import msgpack
 
-    from nanoserve.worker.sampling_params import SamplingParams
+    from nanoserve.sampling import SamplingParams
 
     sp = SamplingParams(structured_output=("regex", "a+"))
     back = SamplingParams(**msgpack.unpackb(msgpack.packb(sp.as_fields())))
     assert back.structured_output == ("regex", "a+") and back == sp
     sp = SamplingParams(structured_output=("structural_tag", '{"format": {}}'))
     assert SamplingParams(**msgpack.unpackb(msgpack.packb(sp.as_fields()))) == sp
-    with pytest.raises(ValueError, match=r"^sampling_params\.structured_output\.json_schema: "):
+    with pytest.raises(ValueError, match=r"^structured_output\.json_schema: "):
         SamplingParams(structured_output=("json_schema", "{"))

@@ -5,10 +5,10 @@ they were, and a batch without them builds nothing."""
 import pytest
 import torch
 
+from nanoserve.sampling import SamplingParams
 from nanoserve.worker.engine.sampling_inputs import SamplingInputs
 from nanoserve.worker.engine.sequence import Sequence
 from nanoserve.worker.sampler import SamplingTensors, adjusted_logits, sample
-from nanoserve.worker.sampling_params import SamplingParams
 
 VOCAB = 50
 

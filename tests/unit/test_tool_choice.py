@@ -14,7 +14,8 @@ from nanoserve.frontend.tool_choice import ForcedTools, constrained_params, stru
 from nanoserve.frontend.validation import Limits
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as pb
-from nanoserve.structured_output import MAX_GRAMMAR_CHARS, from_proto
+from nanoserve.sampling import SamplingParams
+from nanoserve.structured_output import MAX_GRAMMAR_CHARS
 
 LIMITS = Limits(
     max_model_len=4096,
@@ -100,13 +101,14 @@ def test_bad_tool_choice_is_refused_naming_the_field(request_, field) -> None:
 
 
 def test_the_tag_rides_in_a_copy_of_the_sampling_params() -> None:
-    params = common_pb2.SamplingParams(temperature=0.5, max_tokens=9)
+    params = SamplingParams(temperature=0.5, max_tokens=9)
     forced = chat_inputs(_request(tool_choice="required"), LIMITS).forced
     assert forced is not None
     out = constrained_params(params, forced, "closed")
-    assert not params.HasField("structured_output")
-    assert out.temperature == 0.5 and out.max_tokens == 9
-    kind, text = from_proto(out.structured_output)
+    assert params.structured_output is None
+    assert out.temperature == 0.5 and out.max_tokens == 9 and out.unset == params.unset
+    assert out.structured_output is not None
+    kind, text = out.structured_output
     assert kind == "structural_tag" and json.loads(text)["type"] == "structural_tag"
 
 

@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 from nanoserve.errors import Unavailable
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
-from nanoserve.worker.async_engine import Collector, EngineLimits, RequestAborted, Stream
+from nanoserve.sampling import Limits
+from nanoserve.worker.async_engine import Collector, RequestAborted, Stream
 from nanoserve.worker.request_log import SHUTTING_DOWN
 from nanoserve.worker.session import WorkerSession
 
@@ -19,7 +20,7 @@ class FakeEngine:
     """What WorkerSession uses of an AsyncEngine: admission count, limits, add/release/abort."""
 
     def __init__(self) -> None:
-        self.limits = EngineLimits(max_model_len=64, vocab_size=100)
+        self.limits = Limits(max_model_len=64, vocab_size=100, max_stop_token_ids=4)
         self.streams: dict[int, Stream] = {}
         self.next_id = 0
         self.released: list[int] = []
@@ -99,7 +100,7 @@ async def refuse_and_abort_one_of_each() -> None:
             raise Unavailable("the worker is shutting down")
         return engine
 
-    session = WorkerSession(engine, 3, check_ready, max_stop_token_ids=4)  # type: ignore[arg-type]
+    session = WorkerSession(engine, 3, check_ready)  # type: ignore[arg-type]
     # validation: a bad sampling value, a negative timeout, too many stop ids
     session.add(add("bad-temp#1", temperature=-1.0))
     session.add(add("bad-timeout#2", timeout_s=-1.0))
@@ -129,7 +130,7 @@ def test_each_refusal_and_abort_leaves_one_line_with_the_request_id(caplog) -> N
     caplog.set_level(logging.INFO, logger=LOGGER)
     asyncio.run(refuse_and_abort_one_of_each())
     found = lines(caplog)
-    assert found.pop("bad-temp#1").startswith("INVALID_ARGUMENT: temperature")
+    assert found.pop("bad-temp#1").startswith("INVALID_ARGUMENT: sampling_params.temperature")
     assert found.pop("bad-timeout#2").startswith("INVALID_ARGUMENT: timeout_s")
     assert found.pop("many-stops#3").startswith("INVALID_ARGUMENT: sampling_params.stop_token_ids")
     assert (

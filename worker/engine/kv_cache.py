@@ -8,7 +8,7 @@ import logging
 import numpy as np
 import torch
 
-from nanoserve.sampling_rules import MAX_LOGPROBS
+from nanoserve.sampling import MAX_LOGPROBS
 from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.context import reset_context, set_context
 from nanoserve.worker.engine.logprobs import PROMPT_CHUNK_ROWS, pack, prompt_chunk_bytes

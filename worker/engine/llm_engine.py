@@ -1,4 +1,4 @@
-"""The engine: validates requests into Sequences, and steps scheduler -> model runner -> postprocess.
+"""The engine: checked requests into Sequences, and steps scheduler -> model runner -> postprocess.
 
 Used directly by the offline LLM API and, from one engine thread, by the gRPC worker (worker.server).
 Token ids only: the worker never sees text.
@@ -8,17 +8,12 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from nanoserve.sampling_rules import (
-    allowed_token_ids_violation,
-    logit_bias_violation,
-    only_ending_ids_violation,
-)
+from nanoserve.sampling import Limits, SamplingParams
 from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.engine.block_manager import BlockManager
 from nanoserve.worker.engine.scheduler import Scheduler
 from nanoserve.worker.engine.sequence import FinishReason, Sequence, SequenceStatus
 from nanoserve.worker.model_config import ModelConfig
-from nanoserve.worker.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # imported where chosen: a single-GPU engine needs no tensor-parallel machinery
     from nanoserve.worker.engine.model_runner import ModelRunner
@@ -72,7 +67,7 @@ class LLMEngine:
             self.block_manager,
             config.max_prefill_tokens_while_decoding,
         )
-        self.requests: dict[str, Sequence] = {}
+        self.requests: dict[str | int, Sequence] = {}
         self._grammars: Grammars | None = None  # made by the first structured-output request
         self.num_prompt_tokens_done = 0
         self.num_generated_tokens = 0
@@ -101,77 +96,28 @@ class LLMEngine:
             logger.info("max_model_len %d: the model's max_position_embeddings", resolved)
         return resolved
 
-    def validate(self, token_ids: list[int], sp: SamplingParams) -> None:
-        """Raise ValueError naming the field when a request can never run."""
-        self.validate_against(
-            token_ids,
-            sp,
-            self.max_model_len,
-            self.model_config.vocab_size,
-            self.config.max_num_seqs,
-            self.eos_token_ids,
+    @property
+    def limits(self) -> Limits:
+        """What requests are checked against: this engine's model and batch bounds."""
+        return Limits(
+            max_model_len=self.max_model_len,
+            vocab_size=self.model_config.vocab_size,
+            eos_token_ids=tuple(self.eos_token_ids),
+            max_num_seqs=self.config.max_num_seqs,
         )
-
-    @staticmethod
-    def validate_against(
-        token_ids: list[int],
-        sp: SamplingParams,
-        max_model_len: int,
-        vocab: int,
-        max_num_seqs: int | None = None,
-        eos_token_ids: tuple[int, ...] = (),
-    ) -> None:
-        """validate() under given limits (AsyncEngine's: those its core process reported)."""
-        if max_num_seqs is not None and sp.n > max_num_seqs:
-            raise ValueError(f"n: {sp.n} completions exceed max_num_seqs ({max_num_seqs})")
-        if not token_ids:
-            raise ValueError("prompt_token_ids: the prompt is empty")
-        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(
-                f"prompt_token_ids: token id {bad} is outside the vocabulary [0, {vocab})"
-            )
-        bad = next((t for t in sp.stop_token_ids if t >= vocab), None)
-        if bad is not None:
-            raise ValueError(
-                f"stop_token_ids: token id {bad} is outside the vocabulary [0, {vocab})"
-            )
-        if sp.logit_bias is not None:  # SamplingParams bounded their lengths
-            problem = logit_bias_violation(sp.logit_bias, vocab)
-            if problem is not None:
-                raise ValueError(f"logit_bias{problem[0]}: {problem[1]}")
-        if sp.allowed_token_ids is not None:
-            problem = allowed_token_ids_violation(sp.allowed_token_ids, vocab)
-            if problem is not None:
-                raise ValueError(f"allowed_token_ids{problem[0]}: {problem[1]}")
-            rule = only_ending_ids_violation(
-                sp.allowed_token_ids, sp.stop_token_ids, eos_token_ids, sp.ignore_eos, sp.min_tokens
-            )
-            if rule is not None:
-                raise ValueError(f"allowed_token_ids: {rule}")
-        if len(token_ids) >= max_model_len:
-            raise ValueError(
-                f"prompt_token_ids: the prompt has {len(token_ids)} tokens; "
-                f"max_model_len is {max_model_len} (room for 1 new token needed)"
-            )
-        if sp.max_tokens is not None and len(token_ids) + sp.max_tokens > max_model_len:
-            raise ValueError(
-                f"max_tokens: prompt ({len(token_ids)}) + max_tokens ({sp.max_tokens}) "
-                f"exceeds max_model_len ({max_model_len})"
-            )
 
     def add_request(
         self,
         token_ids: list[int],
         sampling_params: SamplingParams,
-        request_id: str | None = None,
+        request_id: str | int | None = None,
         cache_salt: str | None = None,
         priority: int = 0,
     ) -> Sequence:
         """Queues a request (its first Sequence; with n > 1 the others join seq.group once it is
         prefilled). With `cache_salt`, it shares prefix-cache blocks only with requests of the same
-        salt (block_manager.salt_hash); priority: lower is served first."""
-        self.validate(token_ids, sampling_params)
+        salt (block_manager.salt_hash); priority: lower is served first. The request was checked
+        at its door (LLM.add_request, request_proto.admit)."""
         # fields the caller left unset take the model's generation_config.json defaults (vLLM)
         sp = sampling_params.with_defaults(self.sampling_defaults)
         seq = Sequence(token_ids, sp, request_id, cache_salt, priority)
@@ -217,7 +163,7 @@ class LLMEngine:
             self.requests.pop(seq.request_id, None)
         return [StepOutput(seq, [], True) for seq, _ in failed]
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: str | int) -> bool:
         seq = self.requests.pop(request_id, None)
         if seq is None:
             return False
@@ -229,7 +175,7 @@ class LLMEngine:
             self.model_runner.release(s)
         return True
 
-    def abort_completion(self, request_id: str, index: int) -> bool:
+    def abort_completion(self, request_id: str | int, index: int) -> bool:
         """Ends completion `index` of an n > 1 request (its caller matched a stop string in it):
         its blocks are freed, those it shares stay with the others, which continue. A completion
         not forked yet (the parent still prefills) ends when it is. With n = 1, the request ends.

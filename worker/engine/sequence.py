@@ -8,7 +8,7 @@ from enum import Enum, auto
 from itertools import count
 from typing import Any, Protocol
 
-from nanoserve.worker.sampling_params import SamplingParams
+from nanoserve.sampling import SamplingParams
 
 
 class TokenGrammar(Protocol):
@@ -41,7 +41,7 @@ class Sequence:
         self,
         token_ids: list[int],
         sampling_params: SamplingParams,
-        request_id: str | None = None,
+        request_id: str | int | None = None,
         cache_salt: str | None = None,
         priority: int = 0,
     ):

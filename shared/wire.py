@@ -1,0 +1,9 @@
+"""Bounds of the gRPC API that both sides of a hop share: the gateway checks its callers' request
+ids against them, the frontend its clients' requests, the worker its frontends'."""
+
+MAX_REQUEST_ID_LENGTH = 128  # a client's request_id (Generate, Chat, the gateway's X-Request-Id)
+# a worker request's id: the frontend adds "#<its tag>-<counter>" to the client's
+MAX_WORKER_REQUEST_ID_LENGTH = 2 * MAX_REQUEST_ID_LENGTH
+# GenerateRequest/ChatRequest.stream_interval: tokens a response message may wait for (the
+# frontend refuses more; the gateway asks for it when the caller wants the whole reply)
+MAX_STREAM_INTERVAL = 256
