@@ -203,9 +203,9 @@ def bench_prefill(llm, args) -> dict:
 def bench_scheduler(args) -> dict:
     """CPU time of one schedule() + postprocess() with `num_seqs` running sequences (no model)."""
     from nanoserve.sampling import SamplingParams
-    from nanoserve.worker.engine.block_manager import BlockManager
-    from nanoserve.worker.engine.scheduler import Scheduler
-    from nanoserve.worker.engine.sequence import Sequence
+    from nanoserve.worker.core.block_manager import BlockManager
+    from nanoserve.worker.core.scheduler import Scheduler
+    from nanoserve.worker.core.sequence import Sequence
 
     rng = random.Random(0)
     n = args.num_seqs

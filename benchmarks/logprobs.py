@@ -1,4 +1,4 @@
-"""Per-step device cost of logprobs (worker.engine.logprobs) at Qwen3's vocabulary: output rows
+"""Per-step device cost of logprobs (worker.runner.logprobs) at Qwen3's vocabulary: output rows
 (log_softmax, gather, rank, top-k of B rows) and prompt rows (chunked), bf16 logits, CUDA events.
 
 `python -m nanoserve.benchmarks.logprobs [--json]`: one line per (rows, k).
@@ -9,7 +9,7 @@ import json
 
 import torch
 
-from nanoserve.worker.engine.logprobs import PROMPT_CHUNK_ROWS, pack
+from nanoserve.worker.runner.logprobs import PROMPT_CHUNK_ROWS, pack
 
 VOCAB = 151936
 

@@ -16,8 +16,8 @@ from nanoserve.frontend.metrics import FrontendMetrics
 from nanoserve.frontend.request_log import RequestLog, RequestRecord
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
-from nanoserve.worker.async_engine import Finish
-from nanoserve.worker.metrics import EngineHistograms, WorkerLoad, worker_registry
+from nanoserve.worker.service.async_engine import Finish
+from nanoserve.worker.service.metrics import EngineHistograms, WorkerLoad, worker_registry
 
 
 def ended_request(num_chunks: int) -> RequestRecord:
@@ -44,7 +44,7 @@ def gateway_figures(n: int) -> dict[str, float]:
     """The gateway's per-request cost: AccessLog around an ASGI app that never waits (run by
     hand, no event loop), less that app alone; its sinks one by one; a /metrics scrape."""
     try:
-        from nanoserve.client_messages import Usage
+        from nanoserve.client.messages import Usage
         from nanoserve.frontend.gateway.access import Access, AccessLog, RequestLog
         from nanoserve.frontend.gateway.metrics import GatewayMetrics
     except ImportError:  # no gateway extra (fastapi)

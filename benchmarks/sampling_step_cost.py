@@ -6,7 +6,7 @@ tokens over Qwen3's 151,936-token vocabulary.
         [--sample] [--noise]
 
 --noise also times the seeded rows' exponential noise: one draw for all of them
-(worker.seeded_noise) against the one generator launch per row it replaced.
+(worker.runner.seeded_noise) against the one generator launch per row it replaced.
 --token-rules times logit_bias (--bias-entries per sequence) and allowed_token_ids (--allowed-ids
 per sequence) instead, against plain rows, with --rule-rows of the sequences using them.
 --filters times Qwen3's default sampling (temperature 0.6, top_k 20, top_p 0.95: top-k from
@@ -20,10 +20,10 @@ import time
 import torch
 
 from nanoserve.sampling import SamplingParams
-from nanoserve.worker.engine.sampling_inputs import SamplingInputs
-from nanoserve.worker.engine.sequence import Sequence
-from nanoserve.worker.sampler import sample
-from nanoserve.worker.seeded_noise import fill_seeded_exponential
+from nanoserve.worker.core.sequence import Sequence
+from nanoserve.worker.runner.sampler import sample
+from nanoserve.worker.runner.sampling_inputs import SamplingInputs
+from nanoserve.worker.runner.seeded_noise import fill_seeded_exponential
 
 
 def build_parser() -> argparse.ArgumentParser:

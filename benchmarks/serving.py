@@ -22,8 +22,8 @@ from nanoserve.benchmarks.services import start_services
 from nanoserve.benchmarks.serving_report import summary
 from nanoserve.benchmarks.serving_run import measure, model_info
 from nanoserve.benchmarks.shapes import SHAPES, write_shape_dir
+from nanoserve.cli.serve_args import default_frontend_processes
 from nanoserve.config import add_config_args, config_argv, config_from_args
-from nanoserve.serve_args import default_frontend_processes
 from nanoserve.worker.config import EngineConfig
 
 

@@ -1,5 +1,5 @@
 """`python -m nanoserve.benchmarks.step_mailbox`: what the tensor-parallel step mailbox
-(worker.engine.step_mailbox) costs on the host: rank 0's publish() call, and the latency from the
+(worker.tp.mailbox) costs on the host: rank 0's publish() call, and the latency from the
 start of publish() to the end of a rank's read(), with ranks busy (spinning: steps come faster than
 SPIN_S) and idle (asleep on the wake-up pipe). Prints one JSON line per case; figures, not pass/fail.
 """
@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 
-from nanoserve.worker.engine.step_inputs import max_message_words
-from nanoserve.worker.engine.step_mailbox import StepMailbox
+from nanoserve.worker.runner.step_inputs import max_message_words
+from nanoserve.worker.tp.mailbox import StepMailbox
 
 
 def _reader(handle, steps: int, results) -> None:

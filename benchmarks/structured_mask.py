@@ -162,10 +162,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def apply_time(rows: int, vocab_size: int, device: str) -> str:
-    """The sampler's mask step (worker.sampler.apply_token_bitmask) on `rows` rows of logits."""
+    """The sampler's mask step (worker.runner.sampler.apply_token_bitmask) on `rows` rows of logits."""
     import torch
 
-    from nanoserve.worker.sampler import apply_token_bitmask
+    from nanoserve.worker.runner.sampler import apply_token_bitmask
 
     dev = torch.device(device)
     logits = torch.randn(rows, vocab_size, device=dev)

@@ -21,8 +21,8 @@ import torch
 import triton
 
 from nanoserve.benchmarks import engine
-from nanoserve.worker import sampler
 from nanoserve.worker.kernels import decode_attention, pdl, split_k_gemm
+from nanoserve.worker.runner import sampler
 
 VARIANTS = (
     "before",

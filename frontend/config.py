@@ -8,7 +8,7 @@ vocab_size) are not here: the worker reports them.
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from nanoserve.frontend.validation import DEFAULT_MAX_CHAT_MESSAGES
+from nanoserve.frontend.admission import DEFAULT_MAX_CHAT_MESSAGES
 from nanoserve.grpc_options import DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_MESSAGE_BYTES
 from nanoserve.log import check_log_format, parse_level
 from nanoserve.model_files import REVISION_HELP, check_model_name

@@ -17,10 +17,9 @@ from grpc_reflection.v1alpha import reflection
 
 from nanoserve.frontend.config import FrontendConfig
 from nanoserve.frontend.request_log import RequestLog
-from nanoserve.frontend.routing import BalanceRule
 from nanoserve.frontend.servicer import FrontendServicer
-from nanoserve.frontend.tokenizer import Tokenizer
-from nanoserve.frontend.worker_pool import WorkerPool
+from nanoserve.frontend.workers.pool import WorkerPool
+from nanoserve.frontend.workers.routing import BalanceRule
 from nanoserve.grpc_options import server_options
 from nanoserve.model_files import tokenizer_digest
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
@@ -31,6 +30,7 @@ from nanoserve.security import (
     read_secret,
     set_cache_salt_key,
 )
+from nanoserve.text.tokenizer import Tokenizer
 from nanoserve.tracing import tracer_for
 
 if TYPE_CHECKING:  # prometheus_client loads only with a metrics port

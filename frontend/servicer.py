@@ -1,5 +1,5 @@
 """FrontendServicer: the public FrontendService's RPCs. Validates and admits each call, tokenizes its
-prompt (or chat messages), and hands it to frontend.request_stream, which runs it on a worker; the
+prompt (or chat messages), and hands it to frontend.request, which runs it on a worker; the
 chat output parsers split reasoning and tool calls from the streamed text.
 """
 
@@ -18,16 +18,7 @@ from nanoserve.errors import (
     Unavailable,
     grpc_errors,
 )
-from nanoserve.frontend.chat_output import ChatOutput, think_in_prompt
-from nanoserve.frontend.chat_request import chat_inputs
-from nanoserve.frontend.config import FrontendConfig
-from nanoserve.frontend.reasoning_parser import ReasoningParser
-from nanoserve.frontend.request_log import RequestSink, mark_tokenized, recorded
-from nanoserve.frontend.request_stream import RequestRunner
-from nanoserve.frontend.tokenizer import Tokenizer
-from nanoserve.frontend.tool_choice import constrained_params
-from nanoserve.frontend.tool_parser import ToolCallParser
-from nanoserve.frontend.validation import (
+from nanoserve.frontend.admission import (
     Limits,
     stream_interval_of,
     validate_prompt_token_ids,
@@ -35,11 +26,20 @@ from nanoserve.frontend.validation import (
     validate_sampling_params,
     validate_text,
 )
-from nanoserve.frontend.worker_pool import WorkerPool
+from nanoserve.frontend.chat.inputs import chat_inputs
+from nanoserve.frontend.chat.output import ChatOutput, think_in_prompt
+from nanoserve.frontend.chat.reasoning import ReasoningParser
+from nanoserve.frontend.chat.tool_choice import constrained_params
+from nanoserve.frontend.chat.tool_parser import ToolCallParser
+from nanoserve.frontend.config import FrontendConfig
+from nanoserve.frontend.request import RequestRunner
+from nanoserve.frontend.request_log import RequestSink, mark_tokenized, recorded
+from nanoserve.frontend.workers.pool import WorkerPool
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.security import current_tenant
+from nanoserve.text.tokenizer import Tokenizer
 from nanoserve.tracing import Tracer
 
 # The field the worker names when a forced tool choice's constraint does not compile.

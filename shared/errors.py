@@ -1,6 +1,6 @@
 """Typed errors of both services and their gRPC status codes, mapped both ways.
 
-Servicers raise ServiceError subclasses and `grpc_errors` turns them into statuses; shared/client.py
+Servicers raise ServiceError subclasses and `grpc_errors` turns them into statuses; shared/client/__init__.py
 turns a failed call's status back into the same classes. Nothing but finish_reason goes in-band.
 """
 

@@ -1,6 +1,6 @@
 """Logging setup called once by each service's __main__: plain text lines, no colours.
 
-Format: `2025-01-01 12:00:00,000 INFO [worker:r0] nanoserve.worker.server: message`.
+Format: `2025-01-01 12:00:00,000 INFO [worker:r0] nanoserve.worker.service.server: message`.
 """
 
 import logging

@@ -16,7 +16,7 @@ def load_prompt_tokenizer(model_dir: str | Path) -> Any:
             "(list[int]) instead"
         )
     try:
-        from nanoserve.frontend.tokenizer import Tokenizer
+        from nanoserve.text.tokenizer import Tokenizer
     except ImportError as e:
         raise ValueError(
             f"prompts: text prompts need the tokenizer libraries ({e}): "

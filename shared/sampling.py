@@ -6,42 +6,29 @@ worker's gRPC process, the offline LLM); the engine core trusts its frames (`tru
 
 import hashlib
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
+from nanoserve.sampling_limits import (  # noqa: F401 - the schema's names, with it
+    DEFAULT_MAX_STOP_TOKEN_IDS,
+    MAX_ALLOWED_TOKEN_IDS,
+    MAX_BIAS,
+    MAX_LOGIT_BIAS,
+    Limits,
+    SamplingError,
+    bias_dict,
+    bounded_tuple,
+    check_logit_bias,
+    check_prompt,
+    check_token_ids,
+    resolve_max_tokens,
+)
 from nanoserve.structured_output import check as check_structured_output
 
 MAX_N = 16  # completions per request: each takes one of the engine's batch slots
 MAX_LOGPROBS = 20  # top alternatives per position (OpenAI's top_logprobs bound; vLLM's default)
-MAX_LOGIT_BIAS = 1024  # entries (token id -> bias) per request
-MAX_BIAS = 100.0  # |bias| (OpenAI's range); -100 in effect bans a token, +100 forces it
-MAX_ALLOWED_TOKEN_IDS = 65_536  # ids per request (a 5-byte varint each on the wire)
-DEFAULT_MAX_STOP_TOKEN_IDS = 128
 LOGPROBS_MODES = ("raw", "processed")
-
-
-class SamplingError(ValueError):
-    """A request that breaks a rule: `field` is the SamplingParams field (with `[i]` or `.kind`
-    where it is an element), `problem` what is wrong."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}")
-        self.field, self.problem = field, problem
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """What a request is checked against: the engine's (GetModelInfo reports them) and the stop
-    string bounds of the frontend, the only side that reads stop strings."""
-
-    max_model_len: int
-    vocab_size: int
-    eos_token_ids: tuple[int, ...] = ()
-    max_num_seqs: int | None = None
-    max_stop_token_ids: int = DEFAULT_MAX_STOP_TOKEN_IDS
-    max_stop_strings: int = 16
-    max_stop_string_length: int = 256
 
 
 def _spec(
@@ -56,7 +43,7 @@ def _spec(
 ) -> Any:
     """A field with its schema: `rule` (predicate, text) on a given value; `fallback`: vLLM's value
     of a field the model's generation_config.json may set (None = unset, filled by the engine);
-    `flag`: the shape of its `nanoserve generate` flag (nanoserve.generate_args); `frontend`: read
+    `flag`: the shape of its `nanoserve generate` flag (nanoserve.cli.generate_args); `frontend`: read
     by the frontend only (the worker never sees it)."""
     meta = dict(help=help, rule=rule, fallback=fallback, flag=flag, metavar=metavar)
     meta["frontend"] = frontend
@@ -192,9 +179,9 @@ class SamplingParams:
             if problem is not None:
                 raise SamplingError(*problem)
         if self.logit_bias is not None:
-            _check_logit_bias(self.logit_bias, None)
+            check_logit_bias(self.logit_bias, None)
         if self.allowed_token_ids is not None:
-            _check_token_ids(self.allowed_token_ids, None)
+            check_token_ids(self.allowed_token_ids, None)
         self._fill_unset()
 
     @classmethod
@@ -212,18 +199,18 @@ class SamplingParams:
         def put(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
-        put("stop", _bounded_tuple(self.stop, "stop", MAX_ALLOWED_TOKEN_IDS, "stop strings"))
+        put("stop", bounded_tuple(self.stop, "stop", MAX_ALLOWED_TOKEN_IDS, "stop strings"))
         put(
             "stop_token_ids",
-            _bounded_tuple(self.stop_token_ids, "stop_token_ids", MAX_ALLOWED_TOKEN_IDS),
+            bounded_tuple(self.stop_token_ids, "stop_token_ids", MAX_ALLOWED_TOKEN_IDS),
         )
         if self.structured_output is not None:
             kind, text = self.structured_output  # a list on the far side of a msgpack frame
             put("structured_output", (kind, text))
         if self.logit_bias is not None:
-            put("logit_bias", _bias_dict(self.logit_bias))
+            put("logit_bias", bias_dict(self.logit_bias))
         if self.allowed_token_ids is not None:
-            ids = _bounded_tuple(self.allowed_token_ids, "allowed_token_ids", MAX_ALLOWED_TOKEN_IDS)
+            ids = bounded_tuple(self.allowed_token_ids, "allowed_token_ids", MAX_ALLOWED_TOKEN_IDS)
             put("allowed_token_ids", ids)
         put("has_token_rules", self.logit_bias is not None or self.allowed_token_ids is not None)
 
@@ -257,11 +244,11 @@ class SamplingParams:
                 "stop_token_ids",
                 f"at most {limits.max_stop_token_ids} stop token ids, got {len(self.stop_token_ids)}",
             )
-        _check_token_ids(self.stop_token_ids, vocab, "stop_token_ids", allow_empty=True)
+        check_token_ids(self.stop_token_ids, vocab, "stop_token_ids", allow_empty=True)
         if self.logit_bias is not None:
-            _check_logit_bias(self.logit_bias, vocab)
+            check_logit_bias(self.logit_bias, vocab)
         if self.allowed_token_ids is not None:
-            _check_token_ids(self.allowed_token_ids, vocab)
+            check_token_ids(self.allowed_token_ids, vocab)
             ends = set(self.stop_token_ids) | set(() if self.ignore_eos else limits.eos_token_ids)
             if self.min_tokens > 0 and ends.issuperset(self.allowed_token_ids):
                 raise SamplingError(
@@ -292,7 +279,7 @@ class SamplingParams:
         if self.seed is None or index == 0:
             return self
         digest = hashlib.blake2b(f"{self.seed}/{index}".encode(), digest_size=8).digest()
-        # in [0, 2**63), like any int64 seed (worker.seeded_noise)
+        # in [0, 2**63), like any int64 seed (worker.runner.seeded_noise)
         return self.copy_with({"seed": int.from_bytes(digest, "little") >> 1})
 
     def copy_with(self, changes: Mapping[str, Any]) -> "SamplingParams":
@@ -335,53 +322,10 @@ DEFAULTS = {
 FRONTEND_ONLY = tuple(f.name for f in SCHEMA if f.metadata["frontend"])
 
 
-def rule_of(name: str) -> str | None:
-    """The rule text of a field (the CLI's help and the docs show it), None when it has none."""
-    rule = next(f.metadata["rule"] for f in SCHEMA if f.name == name)
-    return None if rule is None else rule[1]
-
-
 def range_violation(name: str, value: float) -> str | None:
     """The rule a value of field `name` breaks (a generation_config.json default), else None."""
     rule = next(f.metadata["rule"] for f in SCHEMA if f.name == name)
     return None if rule is None or _holds(rule[0], value) else rule[1]
-
-
-def resolve_max_tokens(
-    max_tokens: int | None, min_tokens: int, prompt_len: int, max_model_len: int
-) -> int:
-    """max_tokens of a prompt of `prompt_len` tokens, unset (None) filling the context: the prompt
-    plus max_tokens must fit in max_model_len, min_tokens must not pass the result."""
-    room = max_model_len - prompt_len
-    if room < 1:
-        raise SamplingError(
-            "prompt_token_ids",
-            f"the prompt has {prompt_len} tokens; max_model_len is {max_model_len} "
-            "(room for 1 new token needed)",
-        )
-    resolved = room if max_tokens is None else max_tokens
-    if resolved > room:
-        raise SamplingError(
-            "max_tokens",
-            f"prompt ({prompt_len} tokens) + max_tokens ({resolved}) > max_model_len ({max_model_len})",
-        )
-    if min_tokens > resolved:
-        raise SamplingError("min_tokens", f"must be <= max_tokens ({resolved}), got {min_tokens}")
-    return resolved
-
-
-def check_prompt(token_ids: Sequence[int], limits: Limits) -> None:
-    """A prompt of token ids: not empty, room for one new token (counted before an id is read),
-    each id in the vocabulary; SamplingError("prompt_token_ids...")."""
-    if not token_ids:
-        raise SamplingError("prompt_token_ids", "must not be empty")
-    if len(token_ids) >= limits.max_model_len:
-        raise SamplingError(
-            "prompt_token_ids",
-            f"the prompt has {len(token_ids)} tokens; max_model_len is {limits.max_model_len} "
-            "(room for 1 new token needed)",
-        )
-    _check_token_ids(token_ids, limits.vocab_size, "prompt_token_ids")
 
 
 def _holds(ok: Callable[[Any], bool], value: Any) -> bool:
@@ -389,56 +333,3 @@ def _holds(ok: Callable[[Any], bool], value: Any) -> bool:
         return bool(ok(value))
     except TypeError:  # a value of the wrong type
         return False
-
-
-def _bounded_tuple(values: Iterable[Any], name: str, bound: int, noun: str = "ids") -> tuple:
-    """`values` as a tuple, counted before it is walked."""
-    if hasattr(values, "__len__") and len(values) > bound:  # type: ignore[arg-type]
-        raise SamplingError(name, f"at most {bound} {noun}, got {len(values)}")  # type: ignore[arg-type]
-    return tuple(values)
-
-
-def _bias_dict(bias: Mapping[int, float] | Iterable[Sequence[float]]) -> dict[int, float] | None:
-    """{token id: bias} from a mapping or [id, bias] pairs (a msgpack frame's); None when empty."""
-    if len(bias) > MAX_LOGIT_BIAS:  # type: ignore[arg-type]
-        raise SamplingError("logit_bias", f"at most {MAX_LOGIT_BIAS} entries, got {len(bias)}")  # type: ignore[arg-type]
-    pairs = bias.items() if isinstance(bias, Mapping) else bias
-    try:
-        return {int(token_id): float(value) for token_id, value in pairs} or None
-    except (TypeError, ValueError):
-        raise SamplingError("logit_bias", "must map token ids to numbers") from None
-
-
-def _check_logit_bias(bias: Mapping[int, float], vocab_size: int | None) -> None:
-    for token_id, value in bias.items():
-        if token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
-            raise SamplingError("logit_bias", _outside(token_id, vocab_size))
-        if not -MAX_BIAS <= value <= MAX_BIAS:  # NaN fails the comparison too
-            raise SamplingError(
-                "logit_bias",
-                f"the bias of token {token_id} must be a finite number in "
-                f"[{-MAX_BIAS:g}, {MAX_BIAS:g}], got {value!r}",
-            )
-
-
-def _check_token_ids(
-    token_ids: Sequence[int],
-    vocab_size: int | None,
-    name: str = "allowed_token_ids",
-    allow_empty: bool = False,
-) -> None:
-    if not token_ids:
-        if allow_empty:
-            return
-        raise SamplingError(name, "must not be empty (leave it unset to allow every token)")
-    # min / max walk the ids in C; the Python loop only runs to name a bad one
-    if min(token_ids) < 0 or (vocab_size is not None and max(token_ids) >= vocab_size):
-        for i, token_id in enumerate(token_ids):
-            if token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
-                raise SamplingError(f"{name}[{i}]", _outside(token_id, vocab_size))
-
-
-def _outside(token_id: int, vocab_size: int | None) -> str:
-    if vocab_size is None:
-        return f"token id {token_id} must be >= 0"
-    return f"token id {token_id} is outside the vocabulary [0, {vocab_size})"

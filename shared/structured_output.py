@@ -1,7 +1,7 @@
 """A request's structured-output constraint as plain values, and the checks that need no grammar
 engine (size bound, one kind, JSON that parses). The schema runs them
 (nanoserve.sampling's SamplingParams, at each door); the worker's engine core then compiles it
-(worker/engine/structured_output.py), and a text that does not compile is INVALID_ARGUMENT too.
+(worker/core/grammars.py), and a text that does not compile is INVALID_ARGUMENT too.
 """
 
 import json

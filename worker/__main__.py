@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m nanoserve.worker"
     setup_logging("worker", config.log_level)
     try:
         config = preflight(config)
-        from nanoserve.worker.server import serve
+        from nanoserve.worker.service.server import serve
 
         code = asyncio.run(serve(config))
     except (ValueError, OSError, ImportError) as e:  # ImportError: no torch (`worker` extra)

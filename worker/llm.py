@@ -10,8 +10,8 @@ from tqdm.auto import tqdm
 from nanoserve.model_files import resolve_model_dir
 from nanoserve.sampling import SamplingError, SamplingParams, check_prompt
 from nanoserve.worker.config import EngineConfig
-from nanoserve.worker.engine.llm_engine import LLMEngine
-from nanoserve.worker.engine.sequence import Sequence
+from nanoserve.worker.core.llm_engine import LLMEngine
+from nanoserve.worker.core.sequence import Sequence
 
 
 @dataclass(slots=True)
@@ -35,7 +35,7 @@ class RequestOutput:
     text: str | None = None  # the decoded completion, for a text prompt (None for token ids)
     outputs: list[CompletionOutput] = field(default_factory=list)  # all n, by index
     # per completion token / prompt position 1..n-1: [token_id, logprob, rank, top_ids,
-    # top_logprobs] (worker.engine.logprobs); None unless sampling_params asked
+    # top_logprobs] (worker.runner.logprobs); None unless sampling_params asked
     logprobs: list[list] | None = None
     prompt_logprobs: list[list] | None = None
 
@@ -46,7 +46,7 @@ class LLM(LLMEngine):
     when missing; `revision=` picks one) or `tiny`, the embedded random model.
 
     Any thread may build it. Under tensor parallelism a rank that dies makes generate raise
-    nanoserve.worker.engine.tp.RankDied (call shutdown() then); the caller's process goes on."""
+    nanoserve.worker.tp.runner.RankDied (call shutdown() then); the caller's process goes on."""
 
     def __init__(self, model: str | os.PathLike, revision: str | None = None, **kwargs):
         model_dir = resolve_model_dir(os.fspath(model), revision)

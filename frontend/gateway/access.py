@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nanoserve.client_messages import Usage
+from nanoserve.client.messages import Usage
 from nanoserve.errors import echo
 from nanoserve.frontend.gateway.body_limit import ASGIApp, Message, Receive, Scope, Send
 from nanoserve.log import check_log_format

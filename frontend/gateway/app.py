@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from nanoserve.client import AsyncClient
-from nanoserve.client_messages import Chunk, Completion, join_chunks
+from nanoserve.client.messages import Chunk, Completion, join_chunks
 from nanoserve.errors import ServiceError
 from nanoserve.frontend.gateway.access import access_of
 from nanoserve.frontend.gateway.best_of import keep_best

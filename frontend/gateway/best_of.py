@@ -5,7 +5,7 @@ logprob, best first (vLLM's rule), with logprobs only where the client asked for
 
 from dataclasses import replace
 
-from nanoserve.client_messages import Completion
+from nanoserve.client.messages import Completion
 from nanoserve.frontend.gateway.completion_params import BestOf
 
 

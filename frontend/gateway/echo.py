@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
 from nanoserve.client import AsyncClient
-from nanoserve.client_messages import Chunk, Detokenized, TokenLogprobs
+from nanoserve.client.messages import Chunk, Detokenized, TokenLogprobs
 from nanoserve.frontend.gateway.completion_params import Echo
 from nanoserve.frontend.gateway.logprobs_body import NO_LOGPROB
 

@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from nanoserve.client_messages import TokenLogprobs
+from nanoserve.client.messages import TokenLogprobs
 
 # JSON has no -inf (a token the processed distribution filtered out): vLLM's stand-in for it.
 FLOOR = -9999.0

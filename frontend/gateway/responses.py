@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nanoserve.client_messages import Completion, ToolCall, Usage
+from nanoserve.client.messages import Completion, ToolCall, Usage
 from nanoserve.frontend.gateway.logprobs_body import (
     chat_logprobs,
     completion_logprobs,

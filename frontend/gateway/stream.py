@@ -6,7 +6,7 @@ reason; then, with include_usage, the usage; then [DONE]. app.py serves them as 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
-from nanoserve.client_messages import Chunk
+from nanoserve.client.messages import Chunk
 from nanoserve.errors import ServiceError
 from nanoserve.frontend.gateway.access import Access
 from nanoserve.frontend.gateway.errors import OpenAIError, from_service_error

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from nanoserve.client import Client
-from nanoserve.client_messages import join_chunks
+from nanoserve.client.messages import join_chunks
 from nanoserve.errors import InvalidArgument
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc

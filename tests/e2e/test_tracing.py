@@ -240,7 +240,7 @@ def test_a_grpc_callers_traceparent_is_the_parent_of_the_frontends_span(traced: 
 
 
 def _generate_request():
-    from nanoserve.client_requests import generate_request
+    from nanoserve.client.requests import generate_request
 
     return generate_request("Once upon a time", "", None, None, max_tokens=4)
 
@@ -276,7 +276,7 @@ def test_each_completion_and_an_abandoned_request_leave_their_spans(traced: Stac
     """n = 2: one engine span per completion under the worker's; a stream the client cancels
     after its first output: the worker's span says aborted, the engine's finish reason is abort
     (their spans end when the request does, not never)."""
-    from nanoserve.client_requests import generate_request
+    from nanoserve.client.requests import generate_request
 
     traceparent, trace_id, _ = _traceparent()
     with Client(traced.frontend.address) as client:

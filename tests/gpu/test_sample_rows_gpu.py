@@ -1,5 +1,5 @@
 """worker.kernels.sample_rows on CUDA over Qwen3's 151,936-token vocabulary: greedy rows equal
-torch.argmax of the bf16 logits, sampled rows follow softmax(logits / T), and worker.sampler.sample
+torch.argmax of the bf16 logits, sampled rows follow softmax(logits / T), and worker.runner.sampler.sample
 routes a plain step to it."""
 
 import pytest
@@ -37,7 +37,7 @@ def test_sampled_rows_follow_softmax_on_the_gpu():
 
 
 def test_plain_steps_take_the_one_pass():
-    from nanoserve.worker import sampler
+    from nanoserve.worker.runner import sampler
 
     logits = torch.randn(16, VOCAB, device="cuda").bfloat16()
     t = sampler.SamplingTensors(

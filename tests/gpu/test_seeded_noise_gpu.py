@@ -13,7 +13,7 @@ pytestmark = [
 
 def test_kernel_matches_the_torch_path_and_the_cpu_bits():
     from nanoserve.worker.kernels.seeded_noise import fill_seeded_exponential
-    from nanoserve.worker.seeded_noise import as_int64, seeded_bits, seeded_exponential
+    from nanoserve.worker.runner.seeded_noise import as_int64, seeded_bits, seeded_exponential
 
     seeds = torch.tensor([as_int64(-5), 0, 1, 2**62, 123, 77])
     positions = torch.tensor([0, 0, 1, 3, 900, 4095])

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from nanoserve.frontend.tokenizer import Tokenizer
+from nanoserve.text.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nanoserve.frontend.config import FrontendConfig
 from nanoserve.frontend.server import FrontendServer
-from nanoserve.frontend.tokenizer import Tokenizer
 from nanoserve.model_files import tokenizer_digest
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
+from nanoserve.text.tokenizer import Tokenizer
 
 OUTPUT = "Hello, 世界! 😀 The end. STOP after"
 MAX_MODEL_LEN = 64

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from nanoserve.benchmarks import variants
-from nanoserve.worker import sampler
 from nanoserve.worker.kernels import decode_attention, split_k_gemm
+from nanoserve.worker.runner import sampler
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
-"""The Chat output parsers on recorded Qwen3 replies: frontend.reasoning_parser (<think> split),
-frontend.tool_parser (<tool_call> blocks; the first call only with parallel_tool_calls false) and
-frontend.chat_output (both, as ChatResponse fields). Every reply is also fed split into chunks at
+"""The Chat output parsers on recorded Qwen3 replies: frontend.chat.reasoning (<think> split),
+frontend.chat.tool_parser (<tool_call> blocks; the first call only with parallel_tool_calls false) and
+frontend.chat.output (both, as ChatResponse fields). Every reply is also fed split into chunks at
 every position (hypothesis): the result must not depend on where the stream's deltas fell."""
 
 import itertools
@@ -9,9 +9,9 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanoserve.frontend.chat_output import ChatOutput, think_in_prompt
-from nanoserve.frontend.reasoning_parser import ReasoningParser
-from nanoserve.frontend.tool_parser import ToolCallParser
+from nanoserve.frontend.chat.output import ChatOutput, think_in_prompt
+from nanoserve.frontend.chat.reasoning import ReasoningParser
+from nanoserve.frontend.chat.tool_parser import ToolCallParser
 from nanoserve.proto.v1 import common_pb2
 
 # ---------------------------------------------------------------- recorded replies

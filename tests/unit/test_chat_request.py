@@ -1,4 +1,4 @@
-"""nanoserve.frontend.chat_request: ChatRequest -> chat template inputs. The prompt rendered with
+"""nanoserve.frontend.chat.inputs: ChatRequest -> chat template inputs. The prompt rendered with
 tools, tool calls and tool results equals transformers' apply_chat_template on the tiny model's
 (real Qwen3) template; every new field is bounded and a bad one is refused naming it."""
 
@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 
 from nanoserve.errors import InvalidArgument
-from nanoserve.frontend.chat_request import (
+from nanoserve.frontend.admission import Limits
+from nanoserve.frontend.chat.inputs import (
     MAX_TOOL_CALLS_PER_MESSAGE,
     MAX_TOOL_SCHEMA_BYTES,
     MAX_TOOLS,
     chat_inputs,
 )
-from nanoserve.frontend.tokenizer import Tokenizer
-from nanoserve.frontend.validation import Limits
 from nanoserve.proto.v1 import frontend_service_pb2 as pb
+from nanoserve.text.tokenizer import Tokenizer
 from nanoserve.tiny.tokenizer import CHAT_TEMPLATE
 
 LIMITS = Limits(

@@ -13,8 +13,8 @@ import grpc
 import pytest
 
 from nanoserve import cli
-from nanoserve.client_args import Connection
-from nanoserve.generate_args import SAMPLING_FLAGS, STRUCTURED_OUTPUT, parse
+from nanoserve.cli.generate_args import SAMPLING_FLAGS, STRUCTURED_OUTPUT, parse
+from nanoserve.client.args import Connection
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc

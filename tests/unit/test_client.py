@@ -190,8 +190,8 @@ def test_async_client(server) -> None:
 
 
 def test_chat_request_tools_and_tool_call_history() -> None:
-    from nanoserve.client_messages import ToolCall, join_chunks, to_chunk
-    from nanoserve.client_requests import chat_request
+    from nanoserve.client.messages import ToolCall, join_chunks, to_chunk
+    from nanoserve.client.requests import chat_request
 
     weather = {
         "type": "function",

@@ -9,11 +9,12 @@ import collections
 
 import pytest
 
-from nanoserve.worker import LLM, SamplingParams, engine_core
-from nanoserve.worker.async_engine import AsyncEngine
-from nanoserve.worker.engine.sequence import FinishReason
-from nanoserve.worker.output_stream import Completion, Stream
-from nanoserve.worker.session import WorkerSession
+from nanoserve.worker import LLM, SamplingParams
+from nanoserve.worker.core import engine_core
+from nanoserve.worker.core.sequence import FinishReason
+from nanoserve.worker.service.async_engine import AsyncEngine
+from nanoserve.worker.service.output_stream import Completion, Stream
+from nanoserve.worker.service.session import WorkerSession
 from tests.unit.hf_reference import make_hf_model
 from tests.unit.test_engine_parity import assert_clean, prompts_of
 

@@ -1,4 +1,4 @@
-"""Decode lookahead (worker.engine.lookahead): forwarding step N+1 before step N's ids reach the host
+"""Decode lookahead (worker.runner.lookahead): forwarding step N+1 before step N's ids reach the host
 changes no token. Checked on CPU (the eager path) against transformers and against the engine without
 lookahead, under batches that shrink, stop tokens, seeded sampling, preemption, aborts and prefix hits."""
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from nanoserve.worker import LLM, SamplingParams
-from nanoserve.worker.engine.lookahead import Foreseen, foreseen_rows, next_decode_inputs
-from nanoserve.worker.engine.sequence import Sequence
-from nanoserve.worker.engine.step_inputs import StepInputs
+from nanoserve.worker.core.sequence import Sequence
+from nanoserve.worker.runner.lookahead import Foreseen, foreseen_rows, next_decode_inputs
+from nanoserve.worker.runner.step_inputs import StepInputs
 from tests.unit.hf_reference import hf_greedy, make_hf_model
 
 
@@ -212,8 +212,8 @@ def test_lookahead_under_a_queue(model):
 
 
 def test_decode_follows_predicts_admission():
-    from nanoserve.worker.engine.block_manager import BlockManager
-    from nanoserve.worker.engine.scheduler import Scheduler
+    from nanoserve.worker.core.block_manager import BlockManager
+    from nanoserve.worker.core.scheduler import Scheduler
 
     s = Scheduler(2, 64, 1000, (0,), BlockManager(8, 4))
     a, b = (Sequence([1, 2, 3], SamplingParams(max_tokens=5)) for _ in range(2))

@@ -1,4 +1,4 @@
-"""nanoserve.frontend.detokenizer with the real Qwen byte-level BPE: split characters, stop strings."""
+"""nanoserve.frontend.text.detokenizer with the real Qwen byte-level BPE: split characters, stop strings."""
 
 from pathlib import Path
 
@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from nanoserve.frontend.detokenizer import MAX_HELD_TOKENS, Detokenizer
+from nanoserve.frontend.text.detokenizer import MAX_HELD_TOKENS, Detokenizer
 
 IM_END = "<|im_end|>"
 TEXTS = [

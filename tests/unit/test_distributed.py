@@ -1,4 +1,4 @@
-"""nanoserve.worker.distributed over gloo on CPU: the ranks agree whether the symmetric-memory all-reduce is
+"""nanoserve.worker.tp.distributed over gloo on CPU: the ranks agree whether the symmetric-memory all-reduce is
 used (one rank without it means NCCL/gloo for all), and all_reduce / all_gather give the sum and the
 rank-ordered concatenation."""
 
@@ -6,14 +6,14 @@ import multiprocessing as mp
 
 import pytest
 
-from nanoserve.worker.engine.tp_rank import free_port
+from nanoserve.worker.tp.rank import free_port
 
 
 def _rank_main(rank: int, world_size: int, port: int, fail_rank: int, results) -> None:
     import torch
     import torch.distributed as dist
 
-    from nanoserve.worker import distributed
+    from nanoserve.worker.tp import distributed
 
     class FakeSymmetric:  # stands in for torch's symmetric memory, which needs CUDA peers
         def __init__(self, device, max_bytes, dtype, max_rows):

@@ -7,8 +7,8 @@ from multiprocessing import Pipe
 
 import pytest
 
-from nanoserve.worker import engine_core
 from nanoserve.worker.config import WorkerConfig
+from nanoserve.worker.core import engine_core
 from tests.unit.hf_reference import make_hf_model
 
 NUM_BLOCKS = 32
@@ -145,8 +145,8 @@ def test_the_load_report_fits_both_of_its_readers(core) -> None:
     """EngineCore.load() crosses the pipe as a list; the stats line (Load) and the metrics
     (WorkerLoad) both unpack it: a field added on one side only killed the engine at its first
     step on the GPU run."""
-    from nanoserve.worker.metrics import WorkerLoad
-    from nanoserve.worker.stats_log import Load
+    from nanoserve.worker.core.stats_log import Load
+    from nanoserve.worker.service.metrics import WorkerLoad
 
     _, _, c = core
     report = c.load()
@@ -159,7 +159,7 @@ def test_an_add_that_cannot_be_framed_ends_its_stream_instead_of_hanging() -> No
     """A value msgpack cannot pack (a bug) refuses that request; nothing waits forever."""
     import asyncio
 
-    from nanoserve.worker.async_engine import AsyncEngine
+    from nanoserve.worker.service.async_engine import AsyncEngine
 
     class Sink:
         def __init__(self) -> None:

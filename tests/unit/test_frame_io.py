@@ -1,4 +1,4 @@
-"""worker.frame_io: the gRPC process and the engine core each write their pipe from a thread, so two
+"""worker.core.frame_io: the gRPC process and the engine core each write their pipe from a thread, so two
 frames larger than the pipe (64 KiB) written at once in both directions cannot block each other
 (issue 32: the deadlock a big add frame met a big step frame in). A frame-size sweep, bounded in time.
 """
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from nanoserve.worker.frame_io import FrameReader, FrameWriter
+from nanoserve.worker.core.frame_io import FrameReader, FrameWriter
 
 SIZES = [1, 1024, 65_536, 65_537, 300_000, 1 << 20, 4 << 20]
 

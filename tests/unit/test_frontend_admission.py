@@ -10,9 +10,9 @@ import grpc
 import grpc.aio
 import pytest
 
-from nanoserve.frontend.tokenizer import Tokenizer
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
+from nanoserve.text.tokenizer import Tokenizer
 from tests.unit.frontend_fakes import MAX_MODEL_LEN, VOCAB_SIZE, Harness, _collect, _generate, run
 
 BAD_PARAMS = [

@@ -9,9 +9,9 @@ import grpc
 import grpc.aio
 import pytest
 
-from nanoserve.frontend.tokenizer import Tokenizer
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
+from nanoserve.text.tokenizer import Tokenizer
 from nanoserve.tiny.tokenizer import CHAT_TEMPLATE
 from tests.unit import frontend_fakes
 from tests.unit.frontend_fakes import (

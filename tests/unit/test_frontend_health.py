@@ -11,9 +11,9 @@ import grpc.aio
 import pytest
 from grpc_health.v1 import health_pb2
 
-from nanoserve.frontend.tokenizer import Tokenizer
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
+from nanoserve.text.tokenizer import Tokenizer
 from tests.unit.frontend_fakes import (
     OUTPUT,
     Harness,

@@ -5,7 +5,7 @@ import asyncio
 import time
 
 from nanoserve.frontend.pacing import HIGH, LOW, Pacer
-from nanoserve.frontend.worker_session import Pending
+from nanoserve.frontend.workers.session import Pending
 
 
 def test_observe_steps_up_to_max_and_back_with_a_dead_band() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from nanoserve.frontend.tokenizer import Tokenizer
 from nanoserve.proto.v1 import common_pb2
+from nanoserve.text.tokenizer import Tokenizer
 from tests.unit.frontend_fakes import MAX_MODEL_LEN, OUTPUT, Harness, _collect, _generate, run
 
 

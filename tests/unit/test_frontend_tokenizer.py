@@ -1,4 +1,4 @@
-"""nanoserve.frontend.tokenizer (chat template in the jinja2 sandbox, special tokens, off-loop encode) and
+"""nanoserve.text.tokenizer (chat template in the jinja2 sandbox, special tokens, off-loop encode) and
 frontend.config validation."""
 
 import asyncio
@@ -10,7 +10,7 @@ import pytest
 from nanoserve.config import parse_config
 from nanoserve.errors import InvalidArgument
 from nanoserve.frontend.config import FrontendConfig
-from nanoserve.frontend.tokenizer import Tokenizer
+from nanoserve.text.tokenizer import Tokenizer
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "你好"}]
 

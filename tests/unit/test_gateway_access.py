@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("fastapi", reason="the gateway extra: pip install 'nanoserve[gateway]'")
 
-from nanoserve.client_messages import Usage
+from nanoserve.client.messages import Usage
 from nanoserve.frontend.gateway.access import (
     Access,
     AccessLog,

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("fastapi", reason="the gateway extra: pip install 'nanoserve[gateway]'")
 
-from nanoserve.client_messages import Chunk, Detokenized, join_chunks, to_chunk
+from nanoserve.client.messages import Chunk, Detokenized, join_chunks, to_chunk
 from nanoserve.errors import error_for_code
 from nanoserve.frontend.gateway.best_of import keep_best
 from nanoserve.frontend.gateway.completion_params import BestOf, Echo

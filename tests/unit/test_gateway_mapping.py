@@ -10,7 +10,7 @@ pytest.importorskip("fastapi", reason="the gateway extra: pip install 'nanoserve
 
 from pydantic import ValidationError
 
-from nanoserve.client_requests import sampling_params as client_sampling_params
+from nanoserve.client.requests import sampling_params as client_sampling_params
 from nanoserve.errors import InvalidArgument, error_for_code
 from nanoserve.frontend.gateway.body_limit import BodyLimit, BodyTooLarge
 from nanoserve.frontend.gateway.errors import (

@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("fastapi", reason="the gateway extra: pip install 'nanoserve[gateway]'")
 
-from nanoserve.client_messages import join_chunks, to_chunk
-from nanoserve.client_requests import chat_request, generate_request
+from nanoserve.client.messages import join_chunks, to_chunk
+from nanoserve.client.requests import chat_request, generate_request
 from nanoserve.errors import error_for_code
 from nanoserve.frontend.gateway.errors import from_service_error
 from nanoserve.frontend.gateway.params import map_chat, map_completion

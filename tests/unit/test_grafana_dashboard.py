@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nanoserve.frontend.metrics import FrontendMetrics
 from nanoserve.frontend.request_log import RequestRecord
-from nanoserve.worker.metrics import EngineHistograms, WorkerLoad, worker_registry
+from nanoserve.worker.service.metrics import EngineHistograms, WorkerLoad, worker_registry
 
 try:
     from nanoserve.frontend.gateway.access import Access

@@ -1,4 +1,4 @@
-"""worker.engine.host_copy.to_device: the per-step host->device copy that never waits for the GPU.
+"""worker.runner.host_copy.to_device: the per-step host->device copy that never waits for the GPU.
 On CPU it only converts; the scan below keeps pageable copies (a stream sync on CUDA) out of the
 modules that run every step."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nanoserve.worker.engine.host_copy import to_device
+from nanoserve.worker.runner.host_copy import to_device
 
 CPU = torch.device("cpu")
 
@@ -34,12 +34,12 @@ PAGEABLE = re.compile(
     rf"(?:torch\.tensor|torch\.from_numpy){_ARGS}\s*\.to\(|torch\.tensor\([^\n]*device="
 )
 STEP_MODULES = [
-    "worker/engine/sampling_inputs.py",
-    "worker/engine/logprobs.py",
-    "worker/engine/lookahead.py",
-    "worker/engine/model_runner.py",
-    "worker/engine/token_rules.py",
-    "worker/sampler.py",
+    "worker/runner/sampling_inputs.py",
+    "worker/runner/logprobs.py",
+    "worker/runner/lookahead.py",
+    "worker/runner/model_runner.py",
+    "worker/runner/token_rules.py",
+    "worker/runner/sampler.py",
 ]
 
 

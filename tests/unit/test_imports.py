@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # once that branch is merged; a cycle through any other edge fails the test.
 KNOWN_EDGES: set[tuple[str, str]] = set()
 # Runtime modules still importing the tiny maker, pending deletion on another branch:
-# worker/server.py's main() is dead code since worker/__main__.py has its own (with --model tiny
+# worker/service/server.py's main() is dead code since worker/__main__.py has its own (with --model tiny
 # resolved by nanoserve.model_files); the lead deletes that main() and this entry after merging.
 KNOWN_TINY_USERS: set[str] = set()
 
@@ -96,7 +96,7 @@ def test_the_walk_sees_every_package_and_lazy_imports() -> None:
     assert {
         "nanoserve",
         "nanoserve.cli",
-        "nanoserve.worker.server",
+        "nanoserve.worker.service.server",
         "nanoserve.frontend.server",
         "nanoserve.benchmarks.engine",
         "nanoserve.tiny.model",

@@ -13,7 +13,7 @@ from tests.unit.interpreted_kernels import kernels  # noqa: F401  (sets TRITON_I
 def graph_inputs():
     from nanoserve.worker.kernels import graph_inputs as module
 
-    # imported earlier (worker.engine.cuda_graph) before TRITON_INTERPRET was set: again
+    # imported earlier (worker.runner.cuda_graph) before TRITON_INTERPRET was set: again
     if not isinstance(module._graph_inputs_kernel, interpreter.InterpretedFunction):
         module = importlib.reload(module)
     return module.graph_inputs

@@ -1,13 +1,13 @@
 """worker.kernels.sample_rows (Triton interpreter on CPU): greedy rows equal torch.argmax (the earliest
 token on ties, across chunks too), sampled rows follow softmax(logits / T), a step's seed comes from
-the generator, and worker.sampler.sample takes this path only for plain steps."""
+the generator, and worker.runner.sampler.sample takes this path only for plain steps."""
 
 import pytest
 import torch
 
 import tests.unit.interpreted_kernels  # noqa: F401  (the interpreter and its numpy shim first)
-from nanoserve.worker import sampler
 from nanoserve.worker.kernels import sample_rows as kernel
+from nanoserve.worker.runner import sampler
 
 
 @pytest.fixture

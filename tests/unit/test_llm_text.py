@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from nanoserve.frontend.tokenizer import Tokenizer
+from nanoserve.text.tokenizer import Tokenizer
 from nanoserve.worker import LLM, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)

@@ -5,9 +5,9 @@ import pytest
 
 from nanoserve.logprob_split import split_logprobs
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
-from nanoserve.worker.output_stream import Finish, Taken
-from nanoserve.worker.request_proto import add_logprobs
-from nanoserve.worker.session import bounded_responses
+from nanoserve.worker.service.admission import add_logprobs
+from nanoserve.worker.service.output_stream import Finish, Taken
+from nanoserve.worker.service.session import bounded_responses
 
 
 def _entry(token_id: int) -> list:

@@ -9,7 +9,7 @@ from nanoserve.tiny.model import make_tiny_model
 from nanoserve.worker import LLM, SamplingParams
 from nanoserve.worker.config import EngineConfig
 
-LOGGER = "nanoserve.worker.engine.llm_engine"
+LOGGER = "nanoserve.worker.core.llm_engine"
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from nanoserve.worker.model_config import ModelConfig
+from nanoserve.worker.model.config import ModelConfig
 
 BASE = {
     "architectures": ["Qwen3ForCausalLM"],

@@ -1,4 +1,4 @@
-"""nanoserve.worker.loader.load_model: sharded checkpoints, dtype casting, clear errors naming the tensor."""
+"""nanoserve.worker.model.loader.load_model: sharded checkpoints, dtype casting, clear errors naming the tensor."""
 
 import json
 
@@ -7,9 +7,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from nanoserve.tiny.model import make_tiny_model
-from nanoserve.worker.loader import load_model
-from nanoserve.worker.model_config import ModelConfig
-from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM
+from nanoserve.worker.model.config import ModelConfig
+from nanoserve.worker.model.loader import load_model
+from nanoserve.worker.model.qwen3 import Qwen3ForCausalLM
 
 SMALL = {
     "vocab_size": 200,

@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from nanoserve.worker.context import reset_context, set_context
 from nanoserve.worker.layers.attention import Attention
-from nanoserve.worker.loader import load_model
-from nanoserve.worker.model_config import ModelConfig
-from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM
+from nanoserve.worker.model.config import ModelConfig
+from nanoserve.worker.model.loader import load_model
+from nanoserve.worker.model.qwen3 import Qwen3ForCausalLM
+from nanoserve.worker.runner.context import reset_context, set_context
 from tests.conftest import free_port
 
 BLOCK_SIZE = 4

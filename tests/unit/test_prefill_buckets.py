@@ -1,17 +1,17 @@
-"""Prefill token-count buckets (worker.engine.prefill_graph): which sizes exist, how a step is padded
+"""Prefill token-count buckets (worker.runner.prefill_graph): which sizes exist, how a step is padded
 to one, and which prefill-attention tile sizes the start-up warm-up compiles."""
 
 import numpy as np
 import pytest
 
-from nanoserve.worker.engine.prefill_graph import (
+from nanoserve.worker.kernels.prefill_attention import prefill_block_q, prefill_block_q_lengths
+from nanoserve.worker.runner.prefill_graph import (
     attention_warmup_steps,
     bucket_for,
     pad_to_bucket,
     prefill_buckets,
 )
-from nanoserve.worker.engine.step_inputs import StepInputs
-from nanoserve.worker.kernels.prefill_attention import prefill_block_q, prefill_block_q_lengths
+from nanoserve.worker.runner.step_inputs import StepInputs
 
 
 def test_buckets_are_increasing_multiples_of_16_ending_at_the_limit():

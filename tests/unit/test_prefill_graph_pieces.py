@@ -1,15 +1,15 @@
-"""The piecewise prefill forward (worker.engine.prefill_graph) run eagerly on CPU, its Triton kernels
+"""The piecewise prefill forward (worker.runner.prefill_graph) run eagerly on CPU, its Triton kernels
 in the interpreter: the L + 1 pieces with the attention between them, over a step padded to a bucket,
 give the plain model forward's hidden states and KV cache (on CUDA the same pieces are captured)."""
 
 import torch
 
-from nanoserve.worker.context import reset_context, set_context
-from nanoserve.worker.engine.device import init_dummy_weights
-from nanoserve.worker.engine.prefill_graph import PrefillGraphRunner
 from nanoserve.worker.layers.attention import Attention
-from nanoserve.worker.model_config import ModelConfig
-from nanoserve.worker.models.qwen3 import Qwen3ForCausalLM
+from nanoserve.worker.model.config import ModelConfig
+from nanoserve.worker.model.qwen3 import Qwen3ForCausalLM
+from nanoserve.worker.runner.context import reset_context, set_context
+from nanoserve.worker.runner.device import init_dummy_weights
+from nanoserve.worker.runner.prefill_graph import PrefillGraphRunner
 from tests.unit.interpreted_kernels import kernels  # noqa: F401 (interpreter + numpy shim)
 
 BLOCK_SIZE, NUM_BLOCKS = 8, 8

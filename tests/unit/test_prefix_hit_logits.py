@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nanoserve.worker import LLM, SamplingParams
-from nanoserve.worker.engine.prefill_graph import PrefillGraphRunner, prefill_buckets
+from nanoserve.worker.runner.prefill_graph import PrefillGraphRunner, prefill_buckets
 from tests.engine_logits import prefix_hit_logits, teacher_forced_logits
 from tests.unit.hf_reference import make_hf_model
 from tests.unit.interpreted_kernels import kernels  # noqa: F401 (interpreter + numpy shim)

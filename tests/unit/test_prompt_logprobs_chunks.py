@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nanoserve.worker import LLM, SamplingParams
-from nanoserve.worker.engine.logprobs import PROMPT_CHUNK_ROWS, prompt_chunk_bytes
+from nanoserve.worker.runner.logprobs import PROMPT_CHUNK_ROWS, prompt_chunk_bytes
 from tests.unit.hf_reference import make_hf_model
 
 CHUNK = 3

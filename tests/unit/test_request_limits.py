@@ -18,7 +18,7 @@ from nanoserve.errors import (
     echo,
     error_from_worker,
 )
-from nanoserve.frontend.validation import (
+from nanoserve.frontend.admission import (
     Limits,
     validate_messages,
     validate_prompt_token_ids,
@@ -31,8 +31,8 @@ from nanoserve.sampling import Limits as EngineLimits
 from nanoserve.sampling import SamplingError, SamplingParams
 from nanoserve.sampling_proto import from_proto
 from nanoserve.security import BearerTokenInterceptor, is_loopback, load_api_keys
-from nanoserve.worker.request_proto import admit
-from nanoserve.worker.validation import max_request_bytes
+from nanoserve.worker.service.admission import admit
+from nanoserve.worker.service.request_bounds import max_request_bytes
 
 LIMITS = Limits(
     max_model_len=4096,

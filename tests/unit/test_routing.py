@@ -1,4 +1,4 @@
-"""frontend.routing: the prefix key, rendezvous order and the balance rule; and the worker pool's
+"""frontend.workers.routing: the prefix key, rendezvous order and the balance rule; and the worker pool's
 address parsing and resolution (no network: literal addresses and localhost)."""
 
 import asyncio
@@ -7,14 +7,14 @@ from collections import Counter
 import pytest
 
 from nanoserve.frontend.config import parse_worker_address
-from nanoserve.frontend.routing import (
+from nanoserve.frontend.workers.pool import resolve
+from nanoserve.frontend.workers.routing import (
     BalanceRule,
     WorkerLoad,
     choose,
     prefix_key,
     rendezvous_rank,
 )
-from nanoserve.frontend.worker_pool import resolve
 
 WORKERS = ["10.0.0.1:50061", "10.0.0.2:50061", "10.0.0.3:50061"]
 IDLE = WorkerLoad(queue=0, kv_usage=0.0)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from nanoserve.worker import LLM, SamplingParams
-from nanoserve.worker.sampler import SamplingTensors, sample
+from nanoserve.worker.runner.sampler import SamplingTensors, sample
 from tests.unit.hf_reference import make_hf_model
 
 
@@ -72,7 +72,7 @@ def test_distribution_matches_filtered_softmax(kw):
 def test_top_k_prefilter_keeps_what_the_sort_keeps(top_p):
     """Rows whose top-k the host knows (max_top_k) filter from torch.topk of max_top_k columns:
     the same tokens kept, with the same logits, as the sort of the whole vocabulary."""
-    from nanoserve.worker.sampler import filter_logits
+    from nanoserve.worker.runner.sampler import filter_logits
 
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(6, 5000, generator=gen) * 3
@@ -113,7 +113,7 @@ def test_penalties_shift_logits():
     t.frequency_penalties = torch.tensor([0.25])
     t.prompt_mask = torch.tensor([[False, True, True, False]])
     t.output_counts = torch.tensor([[0.0, 0.0, 0.0, 2.0]])
-    from nanoserve.worker.sampler import apply_penalties
+    from nanoserve.worker.runner.sampler import apply_penalties
 
     out = apply_penalties(logits, t)
     # token1 (prompt, >0): 2/2=1; token2 (prompt, <0): -1*2=-2; token3 (output x2): 0.5/2-0.5-0.5
@@ -179,7 +179,7 @@ def test_repetition_penalty_changes_greedy_output(llm):
 
 
 def test_penalty_tensors_count_prompt_and_output_per_sequence(llm):
-    from nanoserve.worker.engine.sequence import Sequence
+    from nanoserve.worker.core.sequence import Sequence
 
     seqs = []
     for prompt, output in [([5, 5, 9], [9, 9, 3]), ([7], []), ([1, 2], [2, 8, 8, 8])]:
@@ -202,7 +202,7 @@ def test_penalty_tensors_count_prompt_and_output_per_sequence(llm):
 def test_min_tokens_masks_eos_and_stop_ids_until_reached(llm):
     """vLLM semantics: a row under min_tokens never samples eos or a stop id (before: the stop id
     was sampled and only the finish was refused, so it repeated inside the output)."""
-    from nanoserve.worker.engine.sequence import Sequence
+    from nanoserve.worker.core.sequence import Sequence
 
     eos = llm.model_config.eos_token_ids[0]
     under = Sequence([5, 6], SamplingParams(temperature=0, min_tokens=3, stop_token_ids=(7, 9)))
@@ -241,8 +241,8 @@ def test_penalty_counts_persist_and_follow_each_step():
     import random
     from collections import Counter
 
-    from nanoserve.worker.engine.sampling_inputs import SamplingInputs
-    from nanoserve.worker.engine.sequence import Sequence
+    from nanoserve.worker.core.sequence import Sequence
+    from nanoserve.worker.runner.sampling_inputs import SamplingInputs
 
     rng, vocab = random.Random(3), 40
     inputs = SamplingInputs(torch.device("cpu"), vocab)

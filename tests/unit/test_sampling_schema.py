@@ -9,8 +9,9 @@ import msgpack
 import pytest
 from pydantic import ValidationError
 
-from nanoserve.client_requests import sampling_params as client_proto
+from nanoserve.client.requests import sampling_params as client_proto
 from nanoserve.errors import InvalidArgument
+from nanoserve.frontend.admission import Limits, resolve_max_tokens, validate_sampling_params
 from nanoserve.frontend.gateway.errors import (
     OpenAIError,
     from_service_error,
@@ -18,12 +19,11 @@ from nanoserve.frontend.gateway.errors import (
 )
 from nanoserve.frontend.gateway.params import SAMPLING, map_completion
 from nanoserve.frontend.gateway.protocol import CompletionRequest
-from nanoserve.frontend.validation import Limits, resolve_max_tokens, validate_sampling_params
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.sampling import FRONTEND_ONLY, SCHEMA, SamplingError, SamplingParams
 from nanoserve.sampling_proto import for_worker
-from nanoserve.worker.request_proto import admit
+from nanoserve.worker.service.admission import admit
 
 LIMITS = Limits(max_model_len=4096, vocab_size=1000, eos_token_ids=(2,), max_num_seqs=64)
 # field -> (a value its rule or the limits refuse, a good value other than its default)

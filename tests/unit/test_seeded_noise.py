@@ -1,4 +1,4 @@
-"""Seeded sampling noise (worker.seeded_noise, worker.kernels.seeded_noise): a pure function of (seed,
+"""Seeded sampling noise (worker.runner.seeded_noise, worker.kernels.seeded_noise): a pure function of (seed,
 output position, token), drawn for all seeded rows at once; its hash, its distribution, the Triton
 kernel (by the interpreter) against the torch path, and the engine's seeded runs under preemption."""
 
@@ -13,11 +13,12 @@ import pytest
 import torch
 from triton.runtime import interpreter
 
-from nanoserve.worker import LLM, SamplingParams, seeded_noise
-from nanoserve.worker.engine.sampling_inputs import SamplingInputs
-from nanoserve.worker.engine.sequence import Sequence
-from nanoserve.worker.sampler import SamplingTensors, sample
-from nanoserve.worker.seeded_noise import (
+from nanoserve.worker import LLM, SamplingParams
+from nanoserve.worker.core.sequence import Sequence
+from nanoserve.worker.runner import seeded_noise
+from nanoserve.worker.runner.sampler import SamplingTensors, sample
+from nanoserve.worker.runner.sampling_inputs import SamplingInputs
+from nanoserve.worker.runner.seeded_noise import (
     GOLDEN,
     MIX1,
     MIX2,

@@ -7,8 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nanoserve import cli, serve_args
-from nanoserve.client_args import Connection
+from nanoserve import cli
+from nanoserve.cli import serve_args
+from nanoserve.client.args import Connection
 from nanoserve.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
 
 

@@ -4,14 +4,14 @@ alone), and the slow-write merge stops at both too; the worker's list bound is f
 
 import asyncio
 
-from nanoserve.frontend.worker_session import (
+from nanoserve.frontend.workers.session import (
     MAX_BATCH,
     MAX_BATCH_BYTES,
     WorkerSession,
     session_batches,
 )
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
-from nanoserve.worker.session import session_list_bound
+from nanoserve.worker.service.session import session_list_bound
 
 
 def adds(n: int) -> list[worker_pb2.SessionAdd]:

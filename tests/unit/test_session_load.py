@@ -10,13 +10,13 @@ from collections.abc import Callable
 import grpc.aio
 import pytest
 
-from nanoserve.frontend import worker_link
-from nanoserve.frontend.worker_link import LinkState, WorkerLink
+from nanoserve.frontend.workers import link as worker_link
+from nanoserve.frontend.workers.link import LinkState, WorkerLink
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
-from nanoserve.worker.load_report import LoadReporter, load_key
-from nanoserve.worker.session import WorkerSession
-from nanoserve.worker.stats_log import Load
+from nanoserve.worker.core.stats_log import Load
+from nanoserve.worker.service.load_report import LoadReporter, load_key
+from nanoserve.worker.service.session import WorkerSession
 
 
 def load(running: int = 0, free: int = 10) -> Load:

@@ -7,8 +7,7 @@ import itertools
 
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.sampling import Limits
-from nanoserve.worker.engine.llm_engine import LLMEngine
-from nanoserve.worker.session import WorkerSession
+from nanoserve.worker.service.session import WorkerSession
 from tests.unit.test_completion_abort import bookkeeping_engine
 
 
@@ -21,7 +20,7 @@ def test_an_add_and_its_abort_in_one_message_end_the_request() -> None:
     async def main() -> None:
         engine = bookkeeping_engine()
         engine.limits = Limits(max_model_len=64, vocab_size=100, eos_token_ids=(0,))
-        engine.engine_class, engine.next_id = LLMEngine, itertools.count()
+        engine.next_id = itertools.count()
         session = WorkerSession(engine, 8, check_ready=lambda: engine)
         add = worker_pb2.SessionAdd(
             request=worker_pb2.GenerateTokensRequest(request_id="B", prompt_token_ids=[1, 2, 3]),

@@ -38,9 +38,9 @@ def test_setup_logging(capsys) -> None:
     saved = (root.handlers[:], root.level)
     try:
         setup_logging("worker", "debug", rank=0)
-        logging.getLogger("nanoserve.worker.server").info("worker listening on 127.0.0.1:5")
+        logging.getLogger("nanoserve.worker.service.server").info("worker listening on 127.0.0.1:5")
         assert (
-            "INFO [worker:r0] nanoserve.worker.server: worker listening on 127.0.0.1:5"
+            "INFO [worker:r0] nanoserve.worker.service.server: worker listening on 127.0.0.1:5"
             in capsys.readouterr().out
         )
         setup_logging("worker", "DEBUG", rank=1)

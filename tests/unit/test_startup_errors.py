@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from nanoserve import cli, serve_args
+from nanoserve import cli
+from nanoserve.cli import serve_args
 
 ROOT = Path(__file__).resolve().parents[2]
 

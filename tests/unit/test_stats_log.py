@@ -2,9 +2,9 @@
 
 import logging
 
-from nanoserve.worker.stats_log import Load, StatsLogger, format_stats
+from nanoserve.worker.core.stats_log import Load, StatsLogger, format_stats
 
-LOGGER = "nanoserve.worker.stats_log"
+LOGGER = "nanoserve.worker.core.stats_log"
 
 
 def load(t, prompt=0, generated=0, running=0, waiting=0, free=100, hit=0.0, preempted=0) -> Load:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from nanoserve.worker.engine.step_inputs import (
+from nanoserve.worker.runner.step_inputs import (
     HEADER_LEN,
     StepInputs,
     exit_message,
@@ -58,7 +58,7 @@ def test_unknown_version_is_refused():
 
 
 def test_copy_blocks_message_round_trip():
-    from nanoserve.worker.engine.step_inputs import (
+    from nanoserve.worker.runner.step_inputs import (
         CMD_COPY_BLOCKS,
         copy_blocks_message,
         decode_copies,

@@ -1,4 +1,4 @@
-"""The tensor-parallel step mailbox (worker.engine.step_mailbox): every reader gets every step, in
+"""The tensor-parallel step mailbox (worker.tp.mailbox): every reader gets every step, in
 order and whole, also when a reader is stopped (SIGSTOP, as cgroup CPU throttling does) while rank 0
 publishes many steps into a small ring; an overrun ring or a dead peer raises instead of hanging."""
 
@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from nanoserve.worker.engine.step_mailbox import PeerDied, StepMailbox
+from nanoserve.worker.tp.mailbox import PeerDied, StepMailbox
 
 STEPS = 400
 

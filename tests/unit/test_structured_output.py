@@ -13,7 +13,7 @@ jsonschema = pytest.importorskip("jsonschema")
 pytest.importorskip("xgrammar")
 
 from nanoserve.worker import LLM, SamplingParams
-from nanoserve.worker.sampler import apply_token_bitmask
+from nanoserve.worker.runner.sampler import apply_token_bitmask
 
 NAMES = ["id", "name", "ok", "tags", "kind", "n", "x", "meta"]
 
@@ -240,7 +240,7 @@ def test_apply_token_bitmask_matches_unpacked_bits():
 
 
 def test_unconstrained_batches_have_no_mask(llm):
-    from nanoserve.worker.engine.sequence import Sequence
+    from nanoserve.worker.core.sequence import Sequence
 
     seqs = [Sequence([1, 2], SamplingParams(temperature=1.0)) for _ in range(3)]
     assert llm.model_runner.sampling.prepare(seqs).allowed is None
@@ -271,7 +271,7 @@ def test_a_compiling_grammar_holds_up_no_other_request(llm, decode):
         while not free.is_finished:
             llm.step()
         assert slow.num_completion_tokens == 0 and not slow.is_finished
-        from nanoserve.worker.stats_log import Load
+        from nanoserve.worker.core.stats_log import Load
 
         assert Load.of(llm).num_waiting == 2  # both compiling: reported as waiting
         assert llm.abort(aborted.request_id) and aborted.finish_reason is not None

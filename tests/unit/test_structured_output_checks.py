@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from nanoserve.client_requests import sampling_params, structured_output
+from nanoserve.client.requests import sampling_params, structured_output
 from nanoserve.errors import InvalidArgument
-from nanoserve.frontend.validation import Limits, validate_sampling_params
+from nanoserve.frontend.admission import Limits, validate_sampling_params
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.structured_output import MAX_GRAMMAR_CHARS, from_proto
 

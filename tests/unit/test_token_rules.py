@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from nanoserve.sampling import SamplingParams
-from nanoserve.worker.engine.sampling_inputs import SamplingInputs
-from nanoserve.worker.engine.sequence import Sequence
-from nanoserve.worker.sampler import SamplingTensors, adjusted_logits, sample
+from nanoserve.worker.core.sequence import Sequence
+from nanoserve.worker.runner.sampler import SamplingTensors, adjusted_logits, sample
+from nanoserve.worker.runner.sampling_inputs import SamplingInputs
 
 VOCAB = 50
 
@@ -112,8 +112,8 @@ def test_the_inputs_are_sparse_pairs_and_follow_the_sequences():
 
 
 def test_a_batch_without_them_builds_and_runs_nothing(monkeypatch):
-    from nanoserve.worker import sampler
-    from nanoserve.worker.engine.token_rules import TokenRules
+    from nanoserve.worker.runner import sampler
+    from nanoserve.worker.runner.token_rules import TokenRules
 
     def unexpected(*args):
         raise AssertionError("token-rule work in a batch without logit_bias or allowed_token_ids")

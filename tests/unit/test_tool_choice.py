@@ -1,4 +1,4 @@
-"""Forced tool choice (frontend.tool_choice, chat_request): the request checks name the field; the
+"""Forced tool choice (frontend.chat.tool_choice, chat_request): the request checks name the field; the
 structural tag built for "required" and a named function compiles with xgrammar and, fed the real
 Qwen tokenizer's ids, accepts well-formed Qwen3 calls (after a think block where the prompt allows
 one) and refuses a wrong name, arguments off the schema, text around the calls, or no call; with
@@ -9,9 +9,9 @@ import json
 import pytest
 
 from nanoserve.errors import InvalidArgument
-from nanoserve.frontend.chat_request import chat_inputs
-from nanoserve.frontend.tool_choice import ForcedTools, constrained_params, structural_tag
-from nanoserve.frontend.validation import Limits
+from nanoserve.frontend.admission import Limits
+from nanoserve.frontend.chat.inputs import chat_inputs
+from nanoserve.frontend.chat.tool_choice import ForcedTools, constrained_params, structural_tag
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as pb
 from nanoserve.sampling import SamplingParams
@@ -126,7 +126,7 @@ def test_a_tag_past_the_bound_is_refused_naming_the_tools() -> None:
 def compile_tag(tokenizer_files_dir):
     pytest.importorskip("xgrammar")
     pytest.importorskip("torch")
-    from nanoserve.worker.engine.structured_output import Grammars
+    from nanoserve.worker.core.grammars import Grammars
 
     grammars = Grammars(str(tokenizer_files_dir), LIMITS.vocab_size, EOS)
     yield lambda text: grammars.compiled(("structural_tag", text)).result()
@@ -250,7 +250,7 @@ def test_thinking_comes_first_when_the_prompt_allows_it(compile_tag, encode) -> 
 
 def test_the_parser_reads_what_the_tag_allows(compile_tag, encode) -> None:
     """The accepted text is what the tool parser turns into calls (one format on both sides)."""
-    from nanoserve.frontend.tool_parser import ToolCallParser
+    from nanoserve.frontend.chat.tool_parser import ToolCallParser
 
     text = PARIS + "\n" + NOW
     assert _complete(compile_tag(structural_tag(_forced("required"), "closed")), encode(text))

@@ -11,13 +11,13 @@ import pytest
 jsonschema = pytest.importorskip("jsonschema")
 pytest.importorskip("xgrammar")
 
-from nanoserve.frontend.chat_output import think_in_prompt
-from nanoserve.frontend.chat_request import chat_inputs
-from nanoserve.frontend.tokenizer import Tokenizer
-from nanoserve.frontend.tool_choice import structural_tag
-from nanoserve.frontend.tool_parser import ToolCallParser
-from nanoserve.frontend.validation import Limits
+from nanoserve.frontend.admission import Limits
+from nanoserve.frontend.chat.inputs import chat_inputs
+from nanoserve.frontend.chat.output import think_in_prompt
+from nanoserve.frontend.chat.tool_choice import structural_tag
+from nanoserve.frontend.chat.tool_parser import ToolCallParser
 from nanoserve.proto.v1 import frontend_service_pb2 as pb
+from nanoserve.text.tokenizer import Tokenizer
 from nanoserve.worker import LLM, SamplingParams
 
 LIMITS = Limits(

@@ -5,9 +5,9 @@ still one. The reply is fed in small deltas, splitting the tags as a stream can.
 
 import pytest
 
-from nanoserve.frontend.chat_output import ChatOutput
-from nanoserve.frontend.reasoning_parser import ReasoningParser, ThinkGate
-from nanoserve.frontend.tool_parser import ToolCallParser
+from nanoserve.frontend.chat.output import ChatOutput
+from nanoserve.frontend.chat.reasoning import ReasoningParser, ThinkGate
+from nanoserve.frontend.chat.tool_parser import ToolCallParser
 from nanoserve.proto.v1 import common_pb2
 
 DRAFT = '<tool_call>{"name": "rm", "arguments": {}}</tool_call>'

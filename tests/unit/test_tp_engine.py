@@ -79,7 +79,7 @@ def test_engine_built_in_a_thread_that_ends_survives_it_and_a_dead_rank_raises(t
     import threading
     import time
 
-    from nanoserve.worker.engine.tp import RankDied
+    from nanoserve.worker.tp.runner import RankDied
 
     hf = make_hf_model(tmp_path, num_key_value_heads=2, vocab_size=501)
     ref = hf_greedy(hf, PROMPTS[:1], 24)
@@ -125,7 +125,7 @@ def test_a_rank_that_dies_before_the_rendezvous_fails_the_start_instead_of_hangi
     import threading
     import time
 
-    from nanoserve.worker.engine.tp import RankDied
+    from nanoserve.worker.tp.runner import RankDied
 
     make_hf_model(tmp_path, num_key_value_heads=2, vocab_size=501)
     outcome = {}

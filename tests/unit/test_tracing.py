@@ -83,9 +83,9 @@ def test_tracing_off_imports_no_opentelemetry() -> None:
     AsyncEngine's tracer stay None without an endpoint."""
     code = """
 import sys
-import nanoserve.frontend.server, nanoserve.frontend.request_stream
+import nanoserve.frontend.server, nanoserve.frontend.request
 import nanoserve.frontend.gateway.__main__, nanoserve.frontend.gateway.app
-import nanoserve.worker.server, nanoserve.worker.engine_core, nanoserve.worker.async_engine
+import nanoserve.worker.service.server, nanoserve.worker.core.engine_core, nanoserve.worker.service.async_engine
 from nanoserve.frontend.config import FrontendConfig
 from nanoserve.frontend.gateway.config import GatewayConfig
 from nanoserve.worker.config import WorkerConfig

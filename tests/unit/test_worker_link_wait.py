@@ -9,7 +9,7 @@ import time
 import pytest
 
 from nanoserve.errors import Unavailable
-from nanoserve.frontend.worker_link import WorkerLink, within
+from nanoserve.frontend.workers.link import WorkerLink, within
 
 
 async def race(wait) -> bool:

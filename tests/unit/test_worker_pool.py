@@ -1,4 +1,4 @@
-"""frontend.worker_pool against fake workers (GetModelInfo and GetLoad only): link states, the pool's
+"""frontend.workers.pool against fake workers (GetModelInfo and GetLoad only): link states, the pool's
 serving flag, refusal of a worker with another model, and routing only to ready workers."""
 
 import asyncio
@@ -10,8 +10,8 @@ import grpc
 import grpc.aio
 import pytest
 
-from nanoserve.frontend.worker_link import LinkState
-from nanoserve.frontend.worker_pool import WorkerPool
+from nanoserve.frontend.workers.link import LinkState
+from nanoserve.frontend.workers.pool import WorkerPool
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 
@@ -171,7 +171,7 @@ def test_an_unresolvable_name_is_logged_once_and_added_when_it_resolves(
                 raise OSError("Name or service not known")
             return answer
 
-        monkeypatch.setattr("nanoserve.frontend.worker_pool.resolve", fake_resolve)
+        monkeypatch.setattr("nanoserve.frontend.workers.pool.resolve", fake_resolve)
 
         async def on_serving(serving: bool) -> None:
             pass

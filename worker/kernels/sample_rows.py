@@ -1,4 +1,4 @@
-"""Plain sampling in one pass over the logits (worker.sampler.sample, CUDA, when no row of the step
+"""Plain sampling in one pass over the logits (worker.runner.sampler.sample, CUDA, when no row of the step
 uses top-k/top-p/min-p, penalties, logit rules, a grammar or a seed): each row's greedy argmax, or
 its exponential race argmax(logits / T - log E), E ~ Exp(1), read straight from the bf16 logits.
 

@@ -1,4 +1,4 @@
-"""Exponential noise of the seeded sampling rows in one launch (CUDA; worker.seeded_noise is the torch
+"""Exponential noise of the seeded sampling rows in one launch (CUDA; worker.runner.seeded_noise is the torch
 reference and the CPU path): program (s, j) hashes tokens j*BLOCK.. of seeded row s and writes
 them into that row of the step's (B, V) noise.
 """
@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 # splitmix64's constants as uint64 literals (Triton reads globals only as constexpr): the same as
-# worker.seeded_noise's, which imports this module (tests hold the two paths to the same noise)
+# worker.runner.seeded_noise's, which imports this module (tests hold the two paths to the same noise)
 GOLDEN = tl.constexpr(0x9E3779B97F4A7C15)
 MIX1 = tl.constexpr(0xBF58476D1CE4E5B9)
 MIX2 = tl.constexpr(0x94D049BB133111EB)

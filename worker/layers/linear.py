@@ -1,6 +1,6 @@
 """Linear layers split across tensor-parallel ranks (column: output rows; row: input columns).
 
-Each parameter carries weight_loader(param, loaded_weight, shard_id=None), called by worker.loader
+Each parameter carries weight_loader(param, loaded_weight, shard_id=None), called by worker.model.loader
 with the FULL checkpoint tensor or a lazy safetensors slice: it checks the full shape and reads only
 this rank's shard, so no rank ever holds the whole weight.
 """
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanoserve.worker.distributed import all_reduce, get_tp_rank, get_tp_world_size
+from nanoserve.worker.tp.distributed import all_reduce, get_tp_rank, get_tp_world_size
 
 # widest output that linear() sends to the skinny kernel at M = 1. L2-cold on the H200
 # (nanoserve.benchmarks.gemm, docs/benchmarks.md) it beats cuBLAS up to 6144 x 4096 (qkv, o_proj,
@@ -46,7 +46,7 @@ def check_shape(loaded, expected: tuple[int, ...]) -> None:
 
 
 def set_weight_loader(param: nn.Parameter, weight_loader: Callable[..., None]) -> None:
-    """Attach the loader that worker.loader calls for `param` (it reads it back by getattr)."""
+    """Attach the loader that worker.model.loader calls for `param` (it reads it back by getattr)."""
     # torch's stubs declare no extra Parameter attributes; this one is nano-vllm's convention
     param.weight_loader = weight_loader  # type: ignore[attr-defined]
 

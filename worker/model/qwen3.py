@@ -1,0 +1,206 @@
+"""Qwen3 decoder-only transformer, tensor-parallel aware. ModelRunner calls forward(input_ids,
+positions) with the batch layout in worker.runner.context, then compute_logits on the rows it samples from.
+"""
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from nanoserve.worker.layers.activation import SiluAndMul
+from nanoserve.worker.layers.attention import Attention
+from nanoserve.worker.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
+from nanoserve.worker.layers.layernorm import RMSNorm
+from nanoserve.worker.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from nanoserve.worker.layers.rotary_embedding import RotaryEmbedding
+from nanoserve.worker.model.config import ModelConfig
+from nanoserve.worker.runner.context import get_context
+
+
+class Qwen3Attention(nn.Module):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        rms_norm_eps: float,
+        rope_theta: float,
+        max_position: int,
+    ):
+        super().__init__()
+        self.qkv_proj = QKVParallelLinear(hidden_size, head_dim, num_heads, num_kv_heads)
+        # heads on this rank
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.head_dim = head_dim
+        self.q_size, self.kv_size = self.num_heads * head_dim, self.num_kv_heads * head_dim
+        # partial sums: post_attention_layernorm all-reduces them (fused with its add + norm)
+        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size, reduce_results=False)
+        # Qwen3 normalises each head's q and k over head_dim before the rotary embedding
+        self.q_norm = RMSNorm(head_dim, eps=rms_norm_eps)
+        self.k_norm = RMSNorm(head_dim, eps=rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(head_dim, max_position, rope_theta)
+        self.attn = Attention(self.num_heads, head_dim, head_dim**-0.5, self.num_kv_heads)
+
+    def project(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+        """Everything before the attention proper: (q, k, v, kv_stored); q (N, Hq, D) and k
+        (N, Hkv, D) normed and rotated, v (N, Hkv * D); kv_stored: k/v are already in the cache."""
+        # hidden_states: (N, hidden) -> qkv: (N, (Hq + 2 * Hkv) * D), heads of this rank
+        qkv = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)  # (N, Hq, D), a strided view of qkv
+        k = k.view(-1, self.num_kv_heads, self.head_dim)  # (N, Hkv, D)
+        kv_stored = False
+        # norms + rotary in one kernel, in place (on CUDA; on CPU only a test sets the Triton
+        # backend, whose kernels then run in Triton's interpreter)
+        if qkv.is_cuda or self.attn.backend == "triton":
+            from nanoserve.worker.kernels import qk_norm_rope
+
+            cache_on = self.rotary_emb.cache_on(qkv.device)
+            if self.attn.fuses_kv_store:  # the same kernel writes k/v into the paged cache
+                qk_norm_rope(
+                    q,
+                    k,
+                    self.q_norm.weight,
+                    self.k_norm.weight,
+                    cache_on,
+                    positions,
+                    self.q_norm.eps,
+                    v=v.view(-1, self.num_kv_heads, self.head_dim),
+                    k_cache=self.attn.k_cache,
+                    v_cache=self.attn.v_cache,
+                    slot_mapping=get_context().slot_mapping,
+                    k_scale=self.attn.k_scale,
+                    v_scale=self.attn.v_scale,
+                )
+                kv_stored = True
+            else:
+                qk_norm_rope(
+                    q,
+                    k,
+                    self.q_norm.weight,
+                    self.k_norm.weight,
+                    cache_on,
+                    positions,
+                    self.q_norm.eps,
+                )
+        else:
+            q, k = self.rotary_emb(positions, self.q_norm(q), self.k_norm(k))
+        return q, k, v, kv_stored
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        q, k, v, kv_stored = self.project(positions, hidden_states)
+        o = self.attn(q.flatten(1), k.flatten(1), v, kv_stored=kv_stored)  # (N, Hq * D)
+        return self.o_proj(o)  # (N, hidden), this rank's partial sum
+
+
+class Qwen3MLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2)
+        self.act_fn = SiluAndMul()
+        # partial sums: the next layer's input_layernorm (or the final norm) all-reduces them
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, reduce_results=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (N, hidden) -> (N, 2 * I / tp) -> (N, I / tp) -> (N, hidden), a partial sum over ranks
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class Qwen3DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self_attn = Qwen3Attention(
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+            config.rms_norm_eps,
+            config.rope_theta,
+            config.max_position_embeddings,
+        )
+        self.mlp = Qwen3MLP(config.hidden_size, config.intermediate_size)
+        # each norm after a sub-block all-reduces its partial sums; the two alternate slots
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, all_reduce_slot=1)
+        self.post_attention_layernorm = RMSNorm(
+            config.hidden_size, config.rms_norm_eps, all_reduce_slot=0
+        )
+
+    def pre_attention(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool, torch.Tensor]:
+        """The layer up to its attention: (q, k, v, kv_stored, residual) (Qwen3Attention.project).
+        The piecewise prefill graphs (worker.runner.prefill_graph) cut each layer here."""
+        # the residual add of each sub-block is fused into the norm that follows it
+        if residual is None:
+            hidden_states, residual = self.input_layernorm(hidden_states), hidden_states
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        return *self.self_attn.project(positions, hidden_states), residual
+
+    def post_attention(
+        self, o: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer after its attention output o (N, Hq * D): o_proj, add + norm, MLP."""
+        hidden_states, residual = self.post_attention_layernorm(self.self_attn.o_proj(o), residual)
+        return self.mlp(hidden_states), residual
+
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k, v, kv_stored, residual = self.pre_attention(positions, hidden_states, residual)
+        o = self.self_attn.attn(q.flatten(1), k.flatten(1), v, kv_stored=kv_stored)  # (N, Hq * D)
+        return self.post_attention(o, residual)
+
+
+class Qwen3Model(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            Qwen3DecoderLayer(config) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, all_reduce_slot=1)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden_states, residual = self.embed_tokens(input_ids), None  # (N, hidden)
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class Qwen3ForCausalLM(nn.Module):
+    # checkpoint name -> (parameter it is packed into, shard_id for that parameter's weight_loader)
+    packed_modules_mapping: ClassVar[dict[str, tuple[str, str | int]]] = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = Qwen3Model(config)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # input_ids, positions: (N,) for all scheduled tokens of the batch -> (N, hidden)
+        return self.model(input_ids, positions)
+
+    def compute_logits(
+        self, hidden_states: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        # (B, hidden), the rows the caller samples from -> (B, vocab), full on every rank; into
+        # `out` when given
+        return self.lm_head(hidden_states, out)

@@ -1,0 +1,388 @@
+"""Runs the model for one scheduled batch: builds input tensors from the Sequences, forwards the Qwen3
+model (decode through captured CUDA graphs), samples, and returns one token id per sequence.
+
+Owns the weights and the KV cache of its rank. Under tensor parallelism rank 0's runner drives the
+others through worker.tp.runner (every rank forwards the same batch; only rank 0 samples).
+"""
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from nanoserve.worker.config import EngineConfig
+from nanoserve.worker.core.sequence import Sequence
+from nanoserve.worker.layers.attention import FP8_KV_DTYPE, Attention
+from nanoserve.worker.model.config import ModelConfig
+from nanoserve.worker.model.loader import load_model
+from nanoserve.worker.model.qwen3 import Qwen3ForCausalLM
+from nanoserve.worker.runner.context import get_context, reset_context, set_context
+from nanoserve.worker.runner.cuda_graph import CudaGraphRunner
+from nanoserve.worker.runner.device import (
+    init_dummy_weights,
+    resolve_attention_backend,
+    resolve_device,
+    resolve_dtype,
+)
+from nanoserve.worker.runner.host_copy import PinnedRing, to_device, to_host_async
+from nanoserve.worker.runner.kv_cache import allocate_kv_cache, num_kvcache_blocks
+from nanoserve.worker.runner.logprobs import (
+    PROMPT_CHUNK_ROWS,
+    PromptLogprobs,
+    PromptRows,
+    StepLogprobs,
+)
+from nanoserve.worker.runner.lookahead import Foreseen, foreseen_logits, next_decode_inputs
+from nanoserve.worker.runner.prefill_graph import (
+    PrefillGraphRunner,
+    attention_warmup_steps,
+    pad_to_bucket,
+    prefill_buckets,
+)
+from nanoserve.worker.runner.prepare import prepare_decode, prepare_prefill
+from nanoserve.worker.runner.sampler import SamplingTensors, sample
+from nanoserve.worker.runner.sampling_inputs import SamplingInputs
+from nanoserve.worker.runner.step_inputs import (
+    CMD_STEP_AHEAD,
+    StepInputs,
+    max_message_words,
+    split_message,
+)
+from nanoserve.worker.tp.distributed import init_symmetric_all_reduce
+
+logger = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    def __init__(
+        self, config: EngineConfig, model_config: ModelConfig, rank: int = 0, world_size: int = 1
+    ):
+        if config.compile_cache_dir:  # before the first kernel compiles; the ranks inherit it
+            os.environ["TRITON_CACHE_DIR"] = os.path.abspath(config.compile_cache_dir)
+        self.config, self.model_config = config, model_config
+        self.rank, self.world_size = rank, world_size
+        self.block_size = config.kvcache_block_size
+        base = resolve_device(config.device)
+        self.device = torch.device("cuda", rank) if base.type == "cuda" else base
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        backend = resolve_attention_backend(config.attention_backend, self.device, self.block_size)
+        # fp8: e4m3 with per-tensor scales (Attention.k_scale / v_scale), half the bytes of bf16
+        self.kv_dtype = FP8_KV_DTYPE if config.kv_cache_dtype == "fp8" else self.dtype
+        if self.kv_dtype == FP8_KV_DTYPE and backend == "flash_attn":
+            raise ValueError("kv_cache_dtype: fp8 needs attention_backend triton or torch")
+        self.max_model_len = model_config.max_len(config.max_model_len)
+        self.max_num_blocks_per_seq = math.ceil(self.max_model_len / self.block_size)
+
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        with torch.device(self.device):
+            self.model = Qwen3ForCausalLM(model_config)
+        torch.set_default_dtype(default_dtype)
+        if config.load_format == "dummy":
+            init_dummy_weights(self.model, config.seed)
+        else:
+            load_model(self.model, config.model, config.load_progress_bar if rank == 0 else False)
+        self.model.eval()
+        if self.device.type == "cuda" and world_size > 1 and config.custom_all_reduce:
+            # the largest decode step's activations; prefill's bigger messages stay on NCCL
+            max_rows = min(config.max_num_seqs, 512)
+            max_bytes = max_rows * model_config.hidden_size * self.dtype.itemsize
+            init_symmetric_all_reduce(self.device, max_bytes, self.dtype, max_rows)
+        self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self.num_kv_heads = self.attention_layers[0].num_kv_heads
+        self.head_dim = model_config.head_dim
+
+        for layer in self.attention_layers:
+            layer.backend = backend
+        self.num_kvcache_blocks = self.allocate_kv_cache()
+        # prompt-logprob rows per LM-head call (the cache sizing above left room for this many)
+        self.prompt_chunk_rows = PROMPT_CHUNK_ROWS
+        # prefill steps are padded to token-count buckets whether or not graphs run them, so eager
+        # and graphs run the same GEMM shapes (greedy identity); TP ranks prefill eagerly
+        max_graph_tokens = min(config.max_num_batched_tokens, config.prefill_graph_max_tokens)
+        use_buckets = backend == "triton" and world_size == 1
+        self.prefill_buckets = prefill_buckets(max_graph_tokens) if use_buckets else []
+        self.graphs: CudaGraphRunner | None = None
+        self.prefill_graphs: PrefillGraphRunner | None = None
+        self.sample_generator = torch.Generator(self.device).manual_seed(config.seed)
+        self.sampling = SamplingInputs(
+            self.device, model_config.vocab_size, model_config.eos_token_ids
+        )
+        self.publish: Callable[[np.ndarray], None] | None = (
+            None  # set by TensorParallelRunner on rank 0: sends each StepInputs out
+        )
+        # decode lookahead (worker.runner.lookahead): on by default on CUDA, with any number of
+        # ranks (8B at tp=2 on two H200s: 3.93 -> 3.67 ms a token at batch 1)
+        self.lookahead = (
+            config.decode_lookahead
+            if config.decode_lookahead is not None
+            else self.device.type == "cuda"
+        )
+        self.foreseen: Foreseen | None = None
+        self.num_foreseen_steps = 0  # decode steps whose logits came from a foreseen forward
+        self.num_forwards = 0  # every execute(): the foreseen logits must be taken before the next
+        self.on_rank_death = None  # tensor parallelism only (TensorParallelRunner)
+        if self.device.type == "cuda":
+            words = max_message_words(
+                config.max_num_batched_tokens, config.max_num_seqs, self.max_num_blocks_per_seq
+            )
+            self.pinned = PinnedRing(words, torch.long)
+            self.capture_and_compile(backend)
+
+    @torch.no_grad()  # no autograd graph may hold on to the captured tensors
+    def capture_and_compile(self, backend: str) -> None:
+        """CUDA graphs (decode, piecewise prefill) and every kernel a step can reach, compiled now
+        (or loaded from the Triton cache) so that no request waits for a compile."""
+        started = time.perf_counter()
+        if not self.config.enforce_eager:
+            self.graphs = CudaGraphRunner(
+                self.model,
+                self.config.max_num_seqs,
+                self.max_model_len,
+                self.max_num_blocks_per_seq,
+                self.model_config.vocab_size,
+                self.dtype,
+                self.device,
+            )
+            if self.prefill_buckets:
+                self.prefill_graphs = PrefillGraphRunner(
+                    self.model, self.prefill_buckets, self.dtype, self.device
+                )
+        if backend == "triton":  # each tile size of the prefill attention (its one length-bound
+            attn = self.attention_layers[0]  # constexpr), from a one-sequence step of slots -1
+            for x in attention_warmup_steps(
+                attn.num_heads // attn.num_kv_heads, self.dtype == torch.float32, self.block_size
+            ):
+                self.execute(pad_to_bucket(x, self.prefill_buckets))
+            torch.cuda.synchronize(self.device)
+        logger.info(
+            "kernels compiled (or loaded from %s) and graphs captured in %.1f s",
+            os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache"),
+            time.perf_counter() - started,
+        )
+
+    # ---- KV cache -------------------------------------------------------------------------------
+
+    @property
+    def block_bytes(self) -> int:
+        per_token = 2 * self.num_kv_heads * self.head_dim * self.kv_dtype.itemsize
+        return len(self.attention_layers) * self.block_size * per_token
+
+    def allocate_kv_cache(self) -> int:
+        num_blocks = num_kvcache_blocks(
+            self.config,
+            self.device,
+            self.block_bytes,
+            self.model,
+            self.max_model_len,
+            self.world_size,
+        )
+        self.kv_cache = allocate_kv_cache(
+            self.attention_layers,
+            num_blocks,
+            self.block_size,
+            (self.num_kv_heads, self.head_dim),
+            self.kv_dtype,
+            self.device,
+        )
+        return num_blocks
+
+    # ---- inputs ---------------------------------------------------------------------------------
+
+    def prepare_prefill(self, seqs: list[Sequence]) -> StepInputs:
+        return self._prepare_prefill(seqs)[0]
+
+    def _prepare_prefill(self, seqs: list[Sequence]) -> tuple[StepInputs, PromptRows | None]:
+        return prepare_prefill(seqs, self.block_size, self.prefill_buckets, self.prompt_chunk_rows)
+
+    def prepare_decode(self, seqs: list[Sequence]) -> StepInputs:
+        return prepare_decode(seqs, self.block_size)
+
+    def load_inputs(
+        self, x: StepInputs, msg: np.ndarray | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Copy a step's inputs (`msg`: x encoded, when the caller has it) to the device (on CUDA:
+        one copy from pinned memory) and set the attention context."""
+        msg = x.encode() if msg is None else msg
+        if self.device.type == "cuda":
+            _, buf, done = self.pinned.take()
+            buf[: len(msg)].numpy()[:] = msg
+            flat = buf[: len(msg)].to(self.device, non_blocking=True)
+            done.record()
+        else:
+            flat = torch.from_numpy(msg)
+        ids, pos, slots, cu, ctx_lens, tables, rows = split_message(flat, x.dims)
+        ctx_lens = ctx_lens.int()
+        cu_k = None  # only the flash-attn prefill reads it
+        if x.is_prefill and self.attention_layers[0].backend == "flash_attn":
+            cu_k = torch.nn.functional.pad(ctx_lens.cumsum(0, dtype=torch.int32), (1, 0))
+        set_context(
+            is_prefill=x.is_prefill,
+            cu_seqlens_q=cu.int(),
+            cu_seqlens_k=cu_k,
+            max_seqlen_q=x.max_seqlen_q,
+            max_seqlen_k=x.max_seqlen_k,
+            slot_mapping=slots.int(),
+            context_lens=ctx_lens,
+            block_tables=tables.int(),
+        )
+        return ids, pos, rows
+
+    @torch.inference_mode()
+    def execute(
+        self,
+        x: StepInputs,
+        msg: np.ndarray | None = None,
+        input_ids: torch.Tensor | None = None,
+        prompt: PromptLogprobs | None = None,
+    ) -> torch.Tensor | None:
+        """Forward one step on this rank; returns the (S, vocab) logits of its sampled rows, the
+        first S = R - x.num_prompt_rows logit rows (None when S = 0). input_ids: the step's token
+        ids as a device tensor, overriding x.input_ids (lookahead). The prompt rows' logits go to
+        `prompt` (rank 0) a chunk at a time; the other ranks compute and drop them (their
+        all-gathers pair with rank 0's)."""
+        self.num_forwards += 1
+        if not x.is_prefill and self.graphs is not None and self.graphs.can_run(len(x.input_ids)):
+            return self.graphs.run(x, input_ids)  # decode: one copy in, one replay (+ LM head)
+        ids, positions, rows = self.load_inputs(x, msg)
+        if (
+            x.is_prefill
+            and self.prefill_graphs is not None
+            and self.prefill_graphs.can_run(len(ids))
+        ):
+            # piecewise graphs: L + 1 replays, the attentions eager in between
+            slot_mapping = get_context().slot_mapping
+            assert slot_mapping is not None  # load_inputs set the context
+            hidden = self.prefill_graphs.run(ids, positions, slot_mapping)
+        else:
+            hidden = self.model(ids if input_ids is None else input_ids, positions)
+        reset_context()
+        num_sampled = len(x.logit_rows) - x.num_prompt_rows
+        for start in range(0, x.num_prompt_rows, max(x.prompt_chunk_rows, 1)):
+            # (C, hidden) -> (C, vocab): at most prompt_chunk_rows rows of logits at a time
+            chunk = rows[num_sampled + start : num_sampled + start + x.prompt_chunk_rows]
+            logits = self.model.compute_logits(hidden[chunk])
+            if prompt is not None:
+                prompt.add(start, logits)
+            del logits
+        if num_sampled == 0:
+            return None
+        if num_sampled < hidden.shape[0] or x.num_prompt_rows:
+            hidden = hidden[rows[:num_sampled]]
+        return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()  # the cache is an inference tensor
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write of shared KV blocks (n > 1), before the forward that writes into the
+        copies: every layer's K and V of each (source, destination) pair, one gather-scatter.
+        Viewed as bytes: index_put has no kernel for every KV dtype (fp8)."""
+        cache = self.kv_cache.view(torch.uint8)
+        src = to_device([s for s, _ in copies], self.device)
+        dst = to_device([d for _, d in copies], self.device)
+        cache[:, :, dst] = cache[:, :, src]
+
+    def prepare_sample(self, seqs: list[Sequence]) -> SamplingTensors:
+        return self.sampling.prepare(seqs)
+
+    def release(self, seq: Sequence) -> None:
+        """Forget per-request state of a finished or aborted sequence."""
+        self.sampling.release(seq)
+
+    def close(self) -> None:
+        """Drop the CUDA graphs: their captured collectives pin the communicators, which a
+        tensor-parallel teardown then cannot free (TensorParallelRunner stops the ranks)."""
+        self.graphs = self.prefill_graphs = None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def kill(self) -> None:
+        """Before a fatal exit (TensorParallelRunner kills its ranks)."""
+
+    def explain(self, exc: BaseException) -> BaseException:
+        """The error to report for a failed step (TensorParallelRunner names a dead rank)."""
+        return exc
+
+    # ---- step ---------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def run(
+        self, seqs: list[Sequence], is_prefill: bool, lookahead: bool = False
+    ) -> list[int | None]:
+        """Forward one batch; returns the sampled id per sequence (None for a non-final chunk).
+        lookahead: the caller expects the next step to decode the same sequences (nothing waits)."""
+        prompt = None
+        if is_prefill:
+            x, prompt_rows = self._prepare_prefill(seqs)
+            if prompt_rows is not None:  # the last logit rows are prompt positions
+                prompt = PromptLogprobs(prompt_rows, self.device)
+        else:
+            x = prepare_decode(seqs, self.block_size)
+        logits = self._take_foreseen(seqs, x)
+        if logits is None:
+            msg = None
+            if self.publish is not None:
+                msg = x.encode()
+                self.publish(msg)  # the other tensor-parallel ranks run the same step
+            logits = self.execute(x, msg, prompt=prompt)
+        if logits is None:  # no sequence samples (mid-prompt chunks), maybe prompt rows
+            lp = StepLogprobs.compute(torch.empty(0), torch.empty(0), [], None, prompt)
+            if lp is not None:
+                lp.finish([])  # a blocking copy: no sampled ids to wait for
+            return [None] * len(seqs)
+        done = [i for i, seq in enumerate(seqs) if seq.samples_this_step]
+        t = self.prepare_sample([seqs[i] for i in done])
+        ids = sample(logits, t, self.sample_generator)  # (R,) on the device
+        # before the step forwarded ahead replays the graph whose output `logits` may view
+        lp = StepLogprobs.compute(logits, ids, [seqs[i] for i in done], t, prompt)
+        if lp is not None:
+            lp.start_copy()
+        nxt = None
+        if lookahead and self.uses_lookahead and not is_prefill:
+            nxt = next_decode_inputs(x, seqs, self.block_size, self.max_model_len)
+        token_ids = ids.tolist() if nxt is None else self._forward_ahead(*nxt, seqs, ids)
+        if lp is not None:
+            lp.finish(token_ids)
+        out: list[int | None] = [None] * len(seqs)
+        for i, token_id in zip(done, token_ids):
+            out[i] = token_id
+        return out
+
+    @property
+    def uses_lookahead(self) -> bool:
+        """Decode lookahead is on (under tensor parallelism rank 0 publishes the step forwarded ahead
+        and broadcasts its sampled ids to the other ranks)."""
+        return self.lookahead
+
+    def _take_foreseen(self, seqs: list[Sequence], x: StepInputs) -> torch.Tensor | None:
+        """The logits of x from the step forwarded ahead, when it foresaw x."""
+        f, self.foreseen = self.foreseen, None
+        logits = foreseen_logits(f, self.num_forwards, seqs, x, self.block_size)
+        self.num_foreseen_steps += logits is not None
+        return logits
+
+    def _forward_ahead(
+        self, rows: np.ndarray, nxt: StepInputs, seqs: list[Sequence], ids: torch.Tensor
+    ) -> list[int]:
+        """Start copying step N's ids (R,) to the host, forward step N+1 on those of `rows`, then
+        wait for the copy: the GPU computes N+1 while the host processes N."""
+        if self.device.type == "cuda":
+            host, copied = to_host_async(ids)
+        next_ids = ids if len(rows) == len(seqs) else ids[to_device(rows, ids.device)]
+        msg = None
+        if self.publish is not None:  # the other ranks forward the same step on these ids
+            msg = nxt.encode(CMD_STEP_AHEAD)
+            self.publish(msg)
+            torch.distributed.broadcast(next_ids, src=0)
+        logits = self.execute(nxt, msg, input_ids=next_ids)
+        assert logits is not None  # next_decode_inputs gives each of its >= 1 rows a logit row
+        self.foreseen = Foreseen([seqs[i].seq_id for i in rows], nxt, logits, self.num_forwards)
+        if self.device.type == "cuda":
+            copied.synchronize()
+            return host.tolist()
+        return ids.tolist()
