@@ -11,7 +11,7 @@ from typing import Any
 from nanoserve import sampling
 from nanoserve.errors import InvalidArgument, echo
 from nanoserve.proto.v1 import common_pb2
-from nanoserve.sampling import SamplingError, SamplingParams
+from nanoserve.sampling import SamplingError, SamplingParams, check_prompt
 from nanoserve.sampling_proto import from_proto
 from nanoserve.wire import MAX_REQUEST_ID_LENGTH, MAX_STREAM_INTERVAL
 
@@ -57,20 +57,13 @@ def resolve_max_tokens(
 
 
 def validate_prompt_token_ids(token_ids: Sequence[int], limits: Limits, field: str) -> None:
-    """Checks the length before reading an id: a 15M-id list costs one len() (the proto's repeated
-    field answers it without a walk), not a 15M-step loop."""
-    if not token_ids:
-        raise InvalidArgument("must not be empty", field=field)
-    if len(token_ids) >= limits.max_model_len:
-        raise InvalidArgument(
-            f"{len(token_ids)} tokens leave no room in max_model_len {limits.max_model_len}",
-            field=field,
-        )
-    for i, token_id in enumerate(token_ids):
-        if token_id >= limits.vocab_size:
-            raise InvalidArgument(
-                f"token id {token_id} >= vocab_size {limits.vocab_size}", field=f"{field}[{i}]"
-            )
+    """sampling.check_prompt (the length before any id is read, the ids by min/max in C), the
+    error naming `field`, the request field the prompt came from."""
+    try:
+        check_prompt(token_ids, limits)
+    except SamplingError as e:
+        suffix = e.field.removeprefix("prompt_token_ids")  # "[i]"
+        raise InvalidArgument(e.problem, field=field + suffix) from None
 
 
 def validate_text(text: str, limits: Limits, field: str, allow_empty: bool = False) -> None:

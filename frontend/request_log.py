@@ -24,14 +24,10 @@ from nanoserve.log import check_log_format
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.request_decoding import Undecodable
 from nanoserve.tracing import traceparent_in, wall_ns
+from nanoserve.wire import FINISH_REASONS
 
 logger = logging.getLogger("nanoserve.requests")
 REQUEST_ID_METADATA = "x-request-id"
-_FINISH_NAMES = {
-    common_pb2.FINISH_REASON_STOP: "stop",
-    common_pb2.FINISH_REASON_LENGTH: "length",
-    common_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
-}
 
 
 @dataclass(slots=True)
@@ -71,7 +67,7 @@ class RequestRecord:
     def finish(self, response: Any) -> None:
         """The finish reason and usage, when `response` is a call's last message."""
         if response.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
-            self.finish_reason = _FINISH_NAMES.get(response.finish_reason, "unknown")
+            self.finish_reason = FINISH_REASONS.get(response.finish_reason, "unknown")
             self.prompt_tokens = response.usage.prompt_tokens
             self.cached_tokens = response.usage.cached_tokens
             self.completion_tokens = response.usage.completion_tokens or self.completion_tokens

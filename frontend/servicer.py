@@ -70,7 +70,11 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
             max_stop_strings=self.config.max_stop_strings,
             max_stop_string_length=self.config.max_stop_string_length,
             max_prompt_bytes=self.config.max_prompt_bytes,
-            max_stop_token_ids=self.config.max_stop_token_ids,
+            # the frontend's own bound, and the worker's (it refuses more): the lower one
+            max_stop_token_ids=min(
+                self.config.max_stop_token_ids,
+                info.max_stop_token_ids or self.config.max_stop_token_ids,
+            ),
             max_chat_messages=self.config.max_chat_messages,
             eos_token_ids=tuple(info.eos_token_ids),
         ), info

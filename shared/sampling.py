@@ -54,63 +54,49 @@ def _finite(ok: Callable[[float], bool]) -> Callable[[float], bool]:
     return lambda v: math.isfinite(v) and ok(v)
 
 
+# (predicate, what it asks) of a given value
+_TEMPERATURE = (_finite(lambda v: v >= 0), "a finite number >= 0")
+_UNIT = (_finite(lambda v: 0 <= v <= 1), "in [0, 1]")
+_TOP_P = (_finite(lambda v: 0 < v <= 1), "in (0, 1]")
+_TOP_K = (lambda v: v >= -1, "-1 or 0 (disabled) or positive")
+_POSITIVE = (lambda v: v >= 1, ">= 1")
+_COUNT = (lambda v: v >= 0, ">= 0")
+_IDS = (lambda ids: min(ids, default=0) >= 0, "ids >= 0")
+_REPETITION = (_finite(lambda v: v > 0), "a finite number > 0")
 _PENALTY = (_finite(lambda v: -2 <= v <= 2), "a finite number in [-2, 2]")
+_N = (lambda v: 1 <= v <= MAX_N, f"in [1, {MAX_N}]")
 _LOGPROBS = (lambda v: 0 <= v <= MAX_LOGPROBS, f"in [0, {MAX_LOGPROBS}]")
+_MODE = (lambda v: v in LOGPROBS_MODES, f"one of {LOGPROBS_MODES}")
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    temperature: float | None = _spec(
-        "0 = greedy",
-        (_finite(lambda v: v >= 0), "a finite number >= 0"),
-        fallback=1.0,
-        flag="float",
-    )
+    temperature: float | None = _spec("0 = greedy", _TEMPERATURE, fallback=1.0, flag="float")
     top_p: float | None = _spec(
-        "nucleus: smallest set of tokens with this probability",
-        (_finite(lambda v: 0 < v <= 1), "in (0, 1]"),
-        fallback=1.0,
-        flag="float",
+        "nucleus: smallest set of tokens with this probability", _TOP_P, fallback=1.0, flag="float"
     )
     top_k: int | None = _spec(
-        "sample among the k likeliest tokens",
-        (lambda v: v >= -1, "-1 or 0 (disabled) or positive"),
-        fallback=-1,
-        flag="int",
+        "sample among the k likeliest tokens", _TOP_K, fallback=-1, flag="int"
     )
     min_p: float | None = _spec(
         "drop tokens below min_p x the likeliest token's probability",
-        (_finite(lambda v: 0 <= v <= 1), "in [0, 1]"),
+        _UNIT,
         fallback=0.0,
         flag="float",
     )
     seed: int | None = _spec("seed of this request's sampling", flag="int")
-    max_tokens: int | None = _spec(
-        "most tokens to generate",
-        (lambda v: v >= 1, ">= 1"),
-        default=16,
-        flag="int",
-    )
+    max_tokens: int | None = _spec("most tokens to generate", _POSITIVE, default=16, flag="int")
     min_tokens: int = _spec(
-        "fewest tokens before a stop may end the reply",
-        (lambda v: v >= 0, ">= 0"),
-        default=0,
-        flag="int",
+        "fewest tokens before a stop may end the reply", _COUNT, default=0, flag="int"
     )
     stop_token_ids: tuple[int, ...] = _spec(
-        "token ids that end the reply",
-        (lambda ids: min(ids, default=0) >= 0, "ids >= 0"),
-        default=(),
-        flag="ids",
+        "token ids that end the reply", _IDS, default=(), flag="ids"
     )
     ignore_eos: bool = _spec(
         "keep generating past end-of-sequence tokens", default=False, flag="switch"
     )
     repetition_penalty: float | None = _spec(
-        "> 1 discourages tokens already in prompt or reply",
-        (_finite(lambda v: v > 0), "a finite number > 0"),
-        fallback=1.0,
-        flag="float",
+        "> 1 discourages tokens already in prompt or reply", _REPETITION, fallback=1.0, flag="float"
     )
     presence_penalty: float = _spec(
         "subtracted from the logits of tokens already generated",
@@ -121,39 +107,29 @@ class SamplingParams:
     frequency_penalty: float = _spec(
         "subtracted per occurrence in the reply so far", _PENALTY, default=0.0, flag="float"
     )
-    n: int = _spec(
-        "completions of the prompt, sharing its KV blocks",
-        (lambda v: 1 <= v <= MAX_N, f"in [1, {MAX_N}]"),
-        default=1,
-        flag="int",
-    )
+    n: int = _spec("completions of the prompt, sharing its KV blocks", _N, default=1, flag="int")
     logprobs: int | None = _spec(
-        "the logprob of each generated token and its K likeliest alternatives",
-        _LOGPROBS,
-        flag="int",
-        metavar="K",
-    )
+        "the logprob of each generated token and its K likeliest alternatives", _LOGPROBS,
+        flag="int", metavar="K",
+    )  # fmt: skip
     prompt_logprobs: int | None = _spec("the same for the prompt tokens", _LOGPROBS)
     logprobs_mode: str = _spec(
-        "raw: log_softmax of the logits; processed: as sampled",
-        (lambda v: v in LOGPROBS_MODES, f"one of {LOGPROBS_MODES}"),
-        default="raw",
+        "raw: log_softmax of the logits; processed: as sampled", _MODE, default="raw"
     )
     # (kind, text): a JSON Schema, regex, EBNF grammar, xgrammar structural tag or any JSON object
     # (kinds: nanoserve.structured_output.KINDS; text "" for json_object); None: free text
     structured_output: tuple[str, str] | None = _spec("what the output must match")
-    # OpenAI's logit_bias: token id -> bias in [-100, 100], added to the logits before sampling
+    # OpenAI's logit_bias: token id -> bias, added to the logits before sampling
     logit_bias: Mapping[int, float] | None = _spec(
-        "add BIAS, in [-100, 100], to token ID's logit: 100 forces it, -100 bans it",
-        flag="bias",
+        "add BIAS, in [-100, 100], to token ID's logit: 100 forces it, -100 bans it", flag="bias",
         metavar="ID=BIAS",
-    )
+    )  # fmt: skip
     # vLLM's allowed_token_ids: only these ids may be sampled (not empty); None: every token
     allowed_token_ids: Sequence[int] | None = _spec("sample only these token ids", flag="ids")
     # read by the frontend, on the detokenized text (the offline LLM and the worker refuse them)
     stop: tuple[str, ...] = _spec("stop string", default=(), flag="text", frontend=True)
     include_stop_str_in_output: bool = _spec(
-        "keep the matched stop string in the text", default=False, frontend=True
+        "keep the matched stop string", default=False, frontend=True
     )
     skip_special_tokens: bool = _spec(
         "leave special tokens out of the text", default=True, frontend=True

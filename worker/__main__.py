@@ -13,6 +13,7 @@ from nanoserve.log import log_startup_error, setup_logging
 from nanoserve.model_files import TINY, check_model_dir, resolve_model_dir
 from nanoserve.process import check_port_free
 from nanoserve.worker.config import WorkerConfig
+from nanoserve.worker.service.request_log import use_log_format
 
 logger = logging.getLogger("nanoserve.worker")
 
@@ -36,6 +37,7 @@ def preflight(config: WorkerConfig) -> WorkerConfig:
 def main(argv: list[str] | None = None, prog: str = "python -m nanoserve.worker") -> None:
     config = parse_config(WorkerConfig, argv, prog=prog)
     setup_logging("worker", config.log_level)
+    use_log_format(config.log_format)
     try:
         config = preflight(config)
         from nanoserve.worker.service.server import serve

@@ -8,6 +8,7 @@ config) live on the objects that compute them.
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from nanoserve.log import check_log_format
 from nanoserve.model_files import MODEL_HELP, REVISION_HELP, check_model_name
 from nanoserve.tracing import TRACES_HELP
 
@@ -177,6 +178,9 @@ class WorkerConfig(EngineConfig):
         default=16 * 1024 * 1024, metadata={"help": "max gRPC message size"}
     )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
+    log_format: str = field(
+        default="text", metadata={"help": "request log lines: text or json (one object a line)"}
+    )
     stats_interval_s: float = field(
         default=10.0,
         metadata={
@@ -250,6 +254,7 @@ class WorkerConfig(EngineConfig):
             )
         if self.max_stop_token_ids < 0:
             raise ValueError(f"max_stop_token_ids must be >= 0, got {self.max_stop_token_ids}")
+        check_log_format(self.log_format)
         if not 0 <= self.metrics_port < 65536:
             raise ValueError(f"metrics_port must be in [0, 65535], got {self.metrics_port}")
         if not 0 <= self.port < 65536:

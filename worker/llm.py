@@ -1,5 +1,5 @@
 """Offline API, no gRPC (`from nanoserve.worker import LLM, SamplingParams`): prompts as token ids or
-as text (encoded with the model's tokenizer.json by nanoserve.prompt_text, loaded on first use)."""
+as text (encoded with the model's tokenizer.json by nanoserve.text, loaded on first use)."""
 
 import os
 from dataclasses import dataclass, field
@@ -51,13 +51,13 @@ class LLM(LLMEngine):
     def __init__(self, model: str | os.PathLike, revision: str | None = None, **kwargs):
         model_dir = resolve_model_dir(os.fspath(model), revision)
         super().__init__(EngineConfig(model=model_dir, **kwargs))
-        self._tokenizer: Any = None  # nanoserve.prompt_text's, loaded by the first text prompt
+        self._tokenizer: Any = None  # nanoserve.text's Tokenizer, loaded by the first text prompt
 
     def _encode(self, prompt: str | list[int]) -> list[int]:
         if not isinstance(prompt, str):
             return prompt
         if self._tokenizer is None:
-            from nanoserve.prompt_text import load_prompt_tokenizer  # only text prompts need it
+            from nanoserve.text import load_prompt_tokenizer  # only text prompts need it
 
             self._tokenizer = load_prompt_tokenizer(self.config.model)
         return self._tokenizer.encode(prompt)

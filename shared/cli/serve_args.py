@@ -127,6 +127,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     )
     shared = {  # in the worker section, given to both services
         "log_level",
+        "log_format",
         "grace_period_s",
         "max_message_bytes",
         "revision",

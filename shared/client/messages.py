@@ -9,14 +9,10 @@ from typing import Any
 from nanoserve.errors import ServiceError
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
+from nanoserve.wire import FINISH_REASONS
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 SERVICE_NAME = "nanoserve.v1.FrontendService"
-_FINISH_REASONS = {
-    common_pb2.FINISH_REASON_STOP: "stop",
-    common_pb2.FINISH_REASON_LENGTH: "length",
-    common_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
-}
 
 # {"role", "content"} dicts (OpenAI's shape: an assistant turn may add "tool_calls" and
 # "reasoning_content", a tool turn "tool_call_id" and "name") or (role, content) pairs.
@@ -130,7 +126,7 @@ def to_chunk(response: frontend_pb2.GenerateResponse | frontend_pb2.ChatResponse
     return Chunk(
         text=response.text,
         token_ids=list(response.token_ids),
-        finish_reason=_FINISH_REASONS.get(response.finish_reason) if finished else None,
+        finish_reason=FINISH_REASONS.get(response.finish_reason) if finished else None,
         usage=Usage(
             response.usage.prompt_tokens,
             response.usage.completion_tokens,

@@ -63,7 +63,7 @@ class Unwalkable:
 
 
 def test_prompt_ids_refused_by_length_before_any_is_read() -> None:
-    with pytest.raises(InvalidArgument, match="prompt_token_ids: 15000000 tokens"):
+    with pytest.raises(InvalidArgument, match="prompt_token_ids: the prompt has 15000000 tokens"):
         validate_prompt_token_ids(Unwalkable(15_000_000), LIMITS, "prompt_token_ids")
     with pytest.raises(InvalidArgument, match=r"prompt_token_ids\[1\]"):
         validate_prompt_token_ids([1, LIMITS.vocab_size], LIMITS, "prompt_token_ids")

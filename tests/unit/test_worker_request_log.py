@@ -150,3 +150,23 @@ async def aiter_of(
 ) -> AsyncIterator[worker_pb2.SessionRequest]:
     for message in messages:
         yield message
+
+
+def test_json_log_format_writes_one_object_a_line(caplog) -> None:
+    import json
+
+    from nanoserve.worker.service.request_log import log_request_end, use_log_format
+
+    use_log_format("json")
+    try:
+        with caplog.at_level(logging.INFO, logger=LOGGER):
+            log_request_end('odd "id"\n#1', "CANCELLED", "aborted by its caller")
+    finally:
+        use_log_format("text")
+    [record] = [r for r in caplog.records if r.name == LOGGER]
+    assert "\n" not in record.getMessage()
+    assert json.loads(record.getMessage()) == {
+        "request_id": 'odd "id"\n#1',
+        "code": "CANCELLED",
+        "reason": "aborted by its caller",
+    }

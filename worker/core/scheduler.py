@@ -177,7 +177,7 @@ class Scheduler:
             and any(s.priority > head.priority for s in self.running)
         ):
             return False  # the head may preempt one of them (_preempt_for_priority)
-        ending = [seq for seq in seqs if self._ends_by_length(seq)]
+        ending = [seq for seq in seqs if seq.reaches_length(1, self.max_model_len)]
         if len(self.running) - len(ending) + head.num_seats > self.max_num_seqs:
             return True
         if head.block_table:
@@ -185,13 +185,6 @@ class Scheduler:
         # an upper bound of the blocks free next step: shared blocks of an ending seq may stay held
         free = self.block_manager.num_free_blocks + sum(len(seq.block_table) for seq in ending)
         return blocks_for(head.num_tokens, self.block_manager.block_size) > free
-
-    def _ends_by_length(self, seq: Sequence) -> bool:
-        """The token sampled this step surely ends seq (max_tokens or max_model_len)."""
-        max_tokens = seq.sampling_params.max_tokens
-        return (
-            max_tokens is not None and seq.num_completion_tokens + 1 >= max_tokens
-        ) or seq.num_tokens + 1 >= self.max_model_len
 
     def preempt(self, seq: Sequence) -> None:
         """Free seq's blocks; it is recomputed (prompt + output so far) when blocks are available."""
@@ -249,17 +242,13 @@ class Scheduler:
 
     def _stop_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
         sp = seq.sampling_params
-        num_tokens = len(seq.token_ids)
-        num_completion = num_tokens - seq.num_prompt_tokens
-        if num_completion >= sp.min_tokens:
+        if len(seq.token_ids) - seq.num_prompt_tokens >= sp.min_tokens:
             if (
                 token_id in self.eos_token_ids and not sp.ignore_eos
             ) or token_id in sp.stop_token_ids:
                 seq.stop_token_id = token_id
                 return FinishReason.STOP
-        if (
-            sp.max_tokens is not None and num_completion >= sp.max_tokens
-        ) or num_tokens >= self.max_model_len:
+        if seq.reaches_length(0, self.max_model_len):
             return FinishReason.LENGTH
         return None
 

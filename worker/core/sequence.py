@@ -103,6 +103,14 @@ class Sequence:
     def num_completion_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
 
+    def reaches_length(self, more: int, max_model_len: int) -> bool:
+        """With `more` tokens appended, it ends by length (max_tokens or max_model_len)."""
+        max_tokens = self.sampling_params.max_tokens
+        num_tokens = len(self.token_ids) + more
+        return (
+            max_tokens is not None and num_tokens - self.num_prompt_tokens >= max_tokens
+        ) or num_tokens >= max_model_len
+
     @property
     def completion_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]

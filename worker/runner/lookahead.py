@@ -40,17 +40,7 @@ def next_decode_inputs(
     """The decode step after decode step x for the sequences that may go on: (their rows in x, the
     step). Sequences that surely stop by length (max_tokens, max_model_len) are left out; None when
     none is left or one's next slot has no block (LLMEngine reserves it: BlockManager.reserve_next)."""
-    keep = [
-        i
-        for i, seq in enumerate(seqs)
-        if not (
-            (
-                seq.sampling_params.max_tokens is not None
-                and seq.num_completion_tokens + 1 >= seq.sampling_params.max_tokens
-            )
-            or seq.num_tokens + 1 >= max_model_len
-        )
-    ]
+    keep = [i for i, seq in enumerate(seqs) if not seq.reaches_length(1, max_model_len)]
     if not keep:
         return None
     rows = np.asarray(keep, dtype=np.int64)

@@ -8,7 +8,7 @@ from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.sampling import SamplingError, check_prompt, resolve_max_tokens
 from nanoserve.sampling_proto import from_proto
-from nanoserve.worker.core.sequence import FinishReason
+from nanoserve.wire import FINISH_REASON_OF
 from nanoserve.worker.service.async_engine import (
     AsyncEngine,
     Collector,
@@ -17,17 +17,12 @@ from nanoserve.worker.service.async_engine import (
     RequestInvalid,
     Stream,
 )
-from nanoserve.worker.service.request_bounds import check_list_sizes
-
-_FINISH = {
-    FinishReason.STOP.value: common_pb2.FINISH_REASON_STOP,
-    FinishReason.LENGTH.value: common_pb2.FINISH_REASON_LENGTH,
-}
+from nanoserve.worker.service.request_bounds import MAX_CACHE_SALT_LENGTH
 
 
 def set_finish(response, finish: Finish) -> None:
     """The last message of a request: finish reason, usage and the stop token that ended it."""
-    response.finish_reason = _FINISH[finish.reason]
+    response.finish_reason = FINISH_REASON_OF[finish.reason]  # a FinishReason value
     response.usage.prompt_tokens = finish.prompt_tokens
     response.usage.completion_tokens = finish.completion_tokens
     response.usage.cached_tokens = finish.cached_tokens
@@ -70,19 +65,21 @@ def admit(
     traceparent: str | None = None,
 ) -> Stream:
     """The worker's one door for a request (GenerateTokens and Session alike): the queue bound,
-    the lists by their length, the sampling schema against the limits the engine core reported;
+    each list by its length before it is read, the sampling schema against the limits the engine
+    core reported;
     then the core, which trusts what passed. A refusal is a ServiceError naming the field."""
     if engine.num_requests >= max_queued_requests:
         raise ResourceExhausted(
             f"{engine.num_requests} requests are in flight "
             f"(max_queued_requests={max_queued_requests})"
         )
+    if len(request.cache_salt) > MAX_CACHE_SALT_LENGTH:
+        raise InvalidArgument(f"longer than {MAX_CACHE_SALT_LENGTH} characters", field="cache_salt")
     limits = engine.limits
-    check_list_sizes(request, limits.max_model_len)
     try:
+        check_prompt(request.prompt_token_ids, limits)  # counted, then read by min/max in C
         sp = from_proto(request.sampling_params, limits, frontend=False)
         token_ids = list(request.prompt_token_ids)
-        check_prompt(token_ids, limits)
         # unset max_tokens stays None: the engine fills the context
         resolve_max_tokens(sp.max_tokens, sp.min_tokens, len(token_ids), limits.max_model_len)
     except SamplingError as e:

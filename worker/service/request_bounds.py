@@ -1,10 +1,7 @@
-"""Size bounds of a GenerateTokensRequest, before any list in it is copied or walked: unparsed by
-its bytes (max_request_bytes), then the prompt and cache salt by their length (a 15M-id prompt
-costs one len()); request_proto.admit checks the rest with the sampling schema.
+"""The byte bound of a GenerateTokensRequest, checked before it is parsed (max_request_bytes);
+admission.admit then counts each list before it reads it (a 15M-id prompt costs one len()).
 """
 
-from nanoserve.errors import InvalidArgument
-from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.sampling import MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS
 
 MAX_CACHE_SALT_LENGTH = 256  # the frontend sends a 64-character digest of the tenant
@@ -26,17 +23,3 @@ def max_request_bytes(max_model_len: int, max_stop_token_ids: int) -> int:
         + _TOKEN_RULES_BYTES
         + _REQUEST_OVERHEAD_BYTES
     )
-
-
-def check_list_sizes(request: worker_pb2.GenerateTokensRequest, max_model_len: int) -> None:
-    """The prompt ids and the cache salt by their length alone (the sampling lists:
-    sampling_proto.from_proto); InvalidArgument naming the field."""
-    num_ids = len(request.prompt_token_ids)
-    if num_ids >= max_model_len:
-        raise InvalidArgument(
-            f"the prompt has {num_ids} tokens; max_model_len is {max_model_len} "
-            "(room for 1 new token needed)",
-            field="prompt_token_ids",
-        )
-    if len(request.cache_salt) > MAX_CACHE_SALT_LENGTH:
-        raise InvalidArgument(f"longer than {MAX_CACHE_SALT_LENGTH} characters", field="cache_salt")

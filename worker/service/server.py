@@ -193,6 +193,7 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             tensor_parallel_size=self.config.tensor_parallel_size,
             tokenizer_digest=self.digest,
             max_num_seqs=self.config.max_num_seqs,
+            max_stop_token_ids=self.config.max_stop_token_ids,
             max_num_batched_tokens=self.config.max_num_batched_tokens,
             dtype=info["dtype"],
             device=info["device"],

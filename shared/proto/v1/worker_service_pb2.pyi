@@ -116,7 +116,7 @@ class WorkerServiceGetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerServiceGetModelInfoResponse(_message.Message):
-    __slots__ = ("model_name", "max_model_len", "vocab_size", "eos_token_ids", "kvcache_block_size", "num_kvcache_blocks", "tensor_parallel_size", "tokenizer_digest", "max_num_seqs", "max_num_batched_tokens", "dtype", "device")
+    __slots__ = ("model_name", "max_model_len", "vocab_size", "eos_token_ids", "kvcache_block_size", "num_kvcache_blocks", "tensor_parallel_size", "tokenizer_digest", "max_num_seqs", "max_num_batched_tokens", "dtype", "device", "max_stop_token_ids")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +129,7 @@ class WorkerServiceGetModelInfoResponse(_message.Message):
     MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    MAX_STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     max_model_len: int
     vocab_size: int
@@ -141,7 +142,8 @@ class WorkerServiceGetModelInfoResponse(_message.Message):
     max_num_batched_tokens: int
     dtype: str
     device: str
-    def __init__(self, model_name: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., kvcache_block_size: _Optional[int] = ..., num_kvcache_blocks: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., tokenizer_digest: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
+    max_stop_token_ids: int
+    def __init__(self, model_name: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., kvcache_block_size: _Optional[int] = ..., num_kvcache_blocks: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., tokenizer_digest: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_stop_token_ids: _Optional[int] = ...) -> None: ...
 
 class GetLoadRequest(_message.Message):
     __slots__ = ()
