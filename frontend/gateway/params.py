@@ -20,31 +20,14 @@ from nanoserve.frontend.gateway.protocol import (
     NamedToolChoice,
     OpenAIRequest,
 )
+from nanoserve.sampling import SCHEMA
 
-# OpenAI (or vLLM extra) parameter -> SamplingParams field.
+# OpenAI (or vLLM extra) parameter -> SamplingParams field: the schema's own names, and chat's newer
+# name of max_tokens (after it: a body with both is refused naming max_completion_tokens); logprobs
+# and structured_output have their own rules (output_params.py)
 SAMPLING: dict[str, str] = {
-    "max_tokens": "max_tokens",
-    "max_completion_tokens": "max_tokens",  # chat's newer name of max_tokens
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "seed": "seed",
-    "stop": "stop",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "repetition_penalty": "repetition_penalty",
-    "min_tokens": "min_tokens",
-    "ignore_eos": "ignore_eos",
-    "skip_special_tokens": "skip_special_tokens",
-    "include_stop_str_in_output": "include_stop_str_in_output",
-    "stop_token_ids": "stop_token_ids",
-    "n": "n",
-    "prompt_logprobs": "prompt_logprobs",
-    "logprobs_mode": "logprobs_mode",
-    "logit_bias": "logit_bias",
-    "allowed_token_ids": "allowed_token_ids",
-}
+    f.name: f.name for f in SCHEMA if f.name not in ("logprobs", "structured_output")
+} | {"max_completion_tokens": "max_tokens"}
 
 
 # Not in the gRPC API -> is this value a no-op (served as if absent)?
