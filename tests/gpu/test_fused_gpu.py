@@ -119,7 +119,7 @@ def _attention_layer(backend: str, k_cache: torch.Tensor, v_cache: torch.Tensor)
 def test_qwen3_attention_fused_store_matches_torch_backend(is_prefill):
     """Qwen3Attention on the Triton backend (k/v stored by the q/k-norm kernel, no second store)
     writes the same cache and attends like the torch backend (separate store)."""
-    from nanoserve.worker.runner.context import reset_context, set_context
+    from nanoserve.worker.layers.context import reset_context, set_context
 
     gen = torch.Generator(device="cuda").manual_seed(2)
     hkv, d, block_size, width = 8, 128, 256, 4
@@ -167,7 +167,7 @@ def test_decode_layer_launches_no_separate_store_or_reduce():
     and the split decode merges in-kernel (no store_kvcache, no reduce kernel)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from nanoserve.worker.runner.context import reset_context, set_context
+    from nanoserve.worker.layers.context import reset_context, set_context
 
     gen = torch.Generator(device="cuda").manual_seed(3)
     cache = torch.randn(9, 256, 8, 128, generator=gen, device="cuda").bfloat16()

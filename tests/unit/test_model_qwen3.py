@@ -9,10 +9,10 @@ import torch
 import torch.multiprocessing as mp
 
 from nanoserve.worker.layers.attention import Attention
+from nanoserve.worker.layers.context import reset_context, set_context
 from nanoserve.worker.model.config import ModelConfig
 from nanoserve.worker.model.loader import load_model
 from nanoserve.worker.model.qwen3 import Qwen3ForCausalLM
-from nanoserve.worker.runner.context import reset_context, set_context
 from tests.conftest import free_port
 
 BLOCK_SIZE = 4

@@ -5,9 +5,9 @@ give the plain model forward's hidden states and KV cache (on CUDA the same piec
 import torch
 
 from nanoserve.worker.layers.attention import Attention
+from nanoserve.worker.layers.context import reset_context, set_context
 from nanoserve.worker.model.config import ModelConfig
 from nanoserve.worker.model.qwen3 import Qwen3ForCausalLM
-from nanoserve.worker.runner.context import reset_context, set_context
 from nanoserve.worker.runner.device import init_dummy_weights
 from nanoserve.worker.runner.prefill_graph import PrefillGraphRunner
 from tests.unit.interpreted_kernels import kernels  # noqa: F401 (interpreter + numpy shim)

@@ -4,7 +4,7 @@ On the Triton and flash-attn backends Qwen3Attention's q/k-norm + rotary kernel 
 (fuses_kv_store), and forward is told so (kv_stored) and skips its own store.
 
 Backends: torch (gather the blocks, SDPA; the CPU path and the reference), Triton kernels on CUDA
-(worker.kernels), flash-attn when asked for (attention_backend=flash_attn). All read the batch layout from nanoserve.worker.runner.context.
+(worker.kernels), flash-attn when asked for (attention_backend=flash_attn). All read the batch layout from nanoserve.worker.layers.context.
 KV cache layout: (num_blocks, block_size, num_kv_heads, head_dim), the flash-attn paged layout.
 """
 
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanoserve.worker.runner.context import get_context
+from nanoserve.worker.layers.context import get_context
 
 FP8_KV_DTYPE = torch.float8_e4m3fn  # kv_cache_dtype=fp8 (worker.kernels.dtypes names the same)
 

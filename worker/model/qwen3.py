@@ -1,5 +1,5 @@
 """Qwen3 decoder-only transformer, tensor-parallel aware. ModelRunner calls forward(input_ids,
-positions) with the batch layout in worker.runner.context, then compute_logits on the rows it samples from.
+positions) with the batch layout in worker.layers.context, then compute_logits on the rows it samples from.
 """
 
 from typing import ClassVar
@@ -9,6 +9,7 @@ from torch import nn
 
 from nanoserve.worker.layers.activation import SiluAndMul
 from nanoserve.worker.layers.attention import Attention
+from nanoserve.worker.layers.context import get_context
 from nanoserve.worker.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from nanoserve.worker.layers.layernorm import RMSNorm
 from nanoserve.worker.layers.linear import (
@@ -18,7 +19,6 @@ from nanoserve.worker.layers.linear import (
 )
 from nanoserve.worker.layers.rotary_embedding import RotaryEmbedding
 from nanoserve.worker.model.config import ModelConfig
-from nanoserve.worker.runner.context import get_context
 
 
 class Qwen3Attention(nn.Module):

@@ -12,8 +12,8 @@ import logging
 import torch
 
 from nanoserve.worker.kernels.graph_inputs import graph_inputs
+from nanoserve.worker.layers.context import reset_context, set_context
 from nanoserve.worker.model.qwen3 import Qwen3ForCausalLM
-from nanoserve.worker.runner.context import reset_context, set_context
 from nanoserve.worker.runner.host_copy import PinnedRing, side_stream
 from nanoserve.worker.runner.step_inputs import StepInputs
 

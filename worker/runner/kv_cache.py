@@ -10,8 +10,8 @@ import torch
 
 from nanoserve.sampling import MAX_LOGPROBS
 from nanoserve.worker.config import EngineConfig
+from nanoserve.worker.layers.context import reset_context, set_context
 from nanoserve.worker.model.qwen3 import Qwen3ForCausalLM
-from nanoserve.worker.runner.context import reset_context, set_context
 from nanoserve.worker.runner.logprobs import PROMPT_CHUNK_ROWS, pack, prompt_chunk_bytes
 from nanoserve.worker.runner.sampler import SamplingTensors, sample
 

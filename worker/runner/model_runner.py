@@ -17,10 +17,10 @@ import torch
 from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.core.sequence import Sequence
 from nanoserve.worker.layers.attention import FP8_KV_DTYPE, Attention
+from nanoserve.worker.layers.context import get_context, reset_context, set_context
 from nanoserve.worker.model.config import ModelConfig
 from nanoserve.worker.model.loader import load_model
 from nanoserve.worker.model.qwen3 import Qwen3ForCausalLM
-from nanoserve.worker.runner.context import get_context, reset_context, set_context
 from nanoserve.worker.runner.cuda_graph import CudaGraphRunner
 from nanoserve.worker.runner.device import (
     init_dummy_weights,

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from nanoserve.worker.kernels.prefill_attention import prefill_block_q_lengths
+from nanoserve.worker.layers.context import reset_context, set_context
 from nanoserve.worker.model.qwen3 import Qwen3DecoderLayer, Qwen3ForCausalLM
-from nanoserve.worker.runner.context import reset_context, set_context
 from nanoserve.worker.runner.step_inputs import StepInputs
 
 logger = logging.getLogger(__name__)
