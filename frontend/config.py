@@ -9,11 +9,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from nanoserve.frontend.admission import DEFAULT_MAX_CHAT_MESSAGES
-from nanoserve.grpc_options import DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_MESSAGE_BYTES
-from nanoserve.log import check_log_format, parse_level
+from nanoserve.grpc_options import DEFAULT_HANDSHAKE_TIMEOUT_S
 from nanoserve.model_files import REVISION_HELP, check_model_name
 from nanoserve.sampling import DEFAULT_MAX_STOP_TOKEN_IDS
-from nanoserve.tracing import TRACES_HELP
+from nanoserve.service_config import PORT_HELP, ServiceConfig, at_least, one_of, positive
 
 
 def parse_worker_address(worker_address: str) -> list[tuple[str, int]]:
@@ -28,8 +27,8 @@ def parse_worker_address(worker_address: str) -> list[tuple[str, int]]:
     return targets
 
 
-@dataclass(frozen=True, slots=True)
-class FrontendConfig:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FrontendConfig(ServiceConfig):
     """nanoserve frontend: validates, admits, tokenizes requests; streams text from the worker."""
 
     env_prefix: ClassVar[str] = "NANOSERVE_FRONTEND_"
@@ -42,8 +41,7 @@ class FrontendConfig:
         },
     )
     revision: str | None = field(default=None, metadata={"help": REVISION_HELP})
-    host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
-    port: int = field(default=50051, metadata={"help": "port to bind (0 = any free port)"})
+    port: int = field(default=50051, metadata={"help": PORT_HELP})
     worker_address: str = field(
         default="127.0.0.1:50061",
         metadata={
@@ -105,10 +103,6 @@ class FrontendConfig:
         default=4 * 1024 * 1024,
         metadata={"help": "largest prompt (or sum of chat message contents), in UTF-8 bytes"},
     )
-    max_message_bytes: int = field(
-        default=DEFAULT_MAX_MESSAGE_BYTES,
-        metadata={"help": "largest gRPC message, either direction"},
-    )
     # No deadline of our own by default (as vLLM): a long generation the client waits for is not cut.
     request_timeout_s: float = field(
         default=0.0,
@@ -117,10 +111,6 @@ class FrontendConfig:
     worker_connect_timeout_s: float = field(
         default=1.0,
         metadata={"help": "how long a request waits for the worker connection before UNAVAILABLE"},
-    )
-    grace_period_s: float = field(
-        default=30.0,
-        metadata={"help": "on SIGTERM, how long in-flight streams may run before they are cut"},
     )
     stream_interval: int = field(
         default=1,
@@ -169,23 +159,12 @@ class FrontendConfig:
     enable_reflection: bool = field(
         default=True, metadata={"help": "serve gRPC reflection (for grpcurl)"}
     )
-    log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
     # ---- operating it in public: hostile-list bounds, TLS, tokens, metrics, request logs ----
     max_stop_token_ids: int = field(
         default=DEFAULT_MAX_STOP_TOKEN_IDS, metadata={"help": "most stop token ids per request"}
     )
     max_chat_messages: int = field(
         default=DEFAULT_MAX_CHAT_MESSAGES, metadata={"help": "most messages in one Chat request"}
-    )
-    tls_cert_file: str | None = field(
-        default=None, metadata={"help": "PEM certificate chain: serve TLS (with tls_key_file)"}
-    )
-    tls_key_file: str | None = field(
-        default=None, metadata={"help": "PEM private key of tls_cert_file"}
-    )
-    tls_client_ca_file: str | None = field(
-        default=None,
-        metadata={"help": "PEM CA bundle: require client certificates it signed (mutual TLS)"},
     )
     api_keys_file: str | None = field(
         default=None,
@@ -238,57 +217,19 @@ class FrontendConfig:
             "shared by all callers. Without api keys there is one tenant"
         },
     )
-    metrics_port: int = field(
-        default=0, metadata={"help": "port of the Prometheus /metrics HTTP endpoint (0 = off)"}
-    )
-    log_format: str = field(
-        default="text", metadata={"help": "request log lines: text or json (one object a line)"}
-    )
-    otlp_traces_endpoint: str = field(default="", metadata={"help": TRACES_HELP})
-
-    def _check_operations_fields(self) -> None:
-        for name in ("max_stop_token_ids", "max_chat_messages"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not self.connection_idle_timeout_s >= 0:
-            raise ValueError(
-                f"connection_idle_timeout_s must be >= 0, got {self.connection_idle_timeout_s}"
-            )
-        if not self.handshake_timeout_s > 0:
-            raise ValueError(f"handshake_timeout_s must be > 0, got {self.handshake_timeout_s}")
-        if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ValueError("tls_cert_file and tls_key_file go together")
-        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
-            raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file")
-        if not 0 <= self.metrics_port < 65536:
-            raise ValueError(f"metrics_port must be in [0, 65535], got {self.metrics_port}")
-        if (self.worker_tls_client_cert_file is None) != (self.worker_tls_client_key_file is None):
-            raise ValueError(
-                "worker_tls_client_cert_file and worker_tls_client_key_file go together"
-            )
-        if self.worker_tls_client_cert_file is not None and self.worker_tls_ca_file is None:
-            raise ValueError("worker_tls_client_cert_file needs worker_tls_ca_file")
-        if self.cache_isolation not in ("tenant", "none"):
-            raise ValueError(
-                f"cache_isolation must be tenant or none, got {self.cache_isolation!r}"
-            )
-        check_log_format(self.log_format)
 
     def __post_init__(self) -> None:
+        ServiceConfig.__post_init__(self)
         check_model_name(self.model)
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port must be in [0, 65535], got {self.port}")
         parse_worker_address(self.worker_address)
-        for name in ("worker_resolve_interval_s", "worker_poll_interval_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.route_prefix_tokens < 1 or self.route_max_queue_gap < 0:
-            raise ValueError("route_prefix_tokens must be >= 1 and route_max_queue_gap >= 0")
-        if not self.route_max_queue_ratio >= 1:
-            raise ValueError(
-                f"route_max_queue_ratio must be >= 1, got {self.route_max_queue_ratio}"
-            )
-        for name in (
+        positive(self, "worker_resolve_interval_s", "worker_poll_interval_s")
+        positive(self, "worker_connect_timeout_s", "handshake_timeout_s")
+        at_least(self, 1, "route_prefix_tokens", "route_max_queue_ratio")
+        at_least(self, 0, "route_max_queue_gap", "max_stop_strings", "request_timeout_s")
+        at_least(self, 0, "max_stop_token_ids", "max_chat_messages", "connection_idle_timeout_s")
+        at_least(
+            self,
+            1,
             "max_concurrent_requests",
             "max_stop_string_length",
             "max_prompt_bytes",
@@ -296,19 +237,11 @@ class FrontendConfig:
             "stream_interval",
             "coalesce_max_ids",
             "max_logprobs_per_message",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_stop_strings < 0:
-            raise ValueError(f"max_stop_strings must be >= 0, got {self.max_stop_strings}")
-        if self.max_message_bytes < 1024:
-            raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
-        for name in ("request_timeout_s", "grace_period_s"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not self.worker_connect_timeout_s > 0:
+        )
+        if (self.worker_tls_client_cert_file is None) != (self.worker_tls_client_key_file is None):
             raise ValueError(
-                f"worker_connect_timeout_s must be > 0, got {self.worker_connect_timeout_s}"
+                "worker_tls_client_cert_file and worker_tls_client_key_file go together"
             )
-        parse_level(self.log_level)
-        self._check_operations_fields()
+        if self.worker_tls_client_cert_file is not None and self.worker_tls_ca_file is None:
+            raise ValueError("worker_tls_client_cert_file needs worker_tls_ca_file")
+        one_of(self, "cache_isolation", ("tenant", "none"))

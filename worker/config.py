@@ -8,9 +8,9 @@ config) live on the objects that compute them.
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from nanoserve.log import check_log_format
 from nanoserve.model_files import MODEL_HELP, REVISION_HELP, check_model_name
-from nanoserve.tracing import TRACES_HELP
+from nanoserve.sampling import DEFAULT_MAX_STOP_TOKEN_IDS
+from nanoserve.service_config import PORT_HELP, ServiceConfig, at_least, one_of, positive
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -108,78 +108,40 @@ class EngineConfig:
     def __post_init__(self):
         if self.model:
             check_model_name(self.model)
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        for name in (
-            "tensor_parallel_size",
-            "max_num_seqs",
-            "max_num_batched_tokens",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_prefill_tokens_while_decoding < 0:
-            raise ValueError(
-                "max_prefill_tokens_while_decoding must be >= 0 (0: max_num_batched_tokens), got "
-                f"{self.max_prefill_tokens_while_decoding}"
-            )
-        if self.max_model_len < 0:
-            raise ValueError(
-                f"max_model_len must be >= 0 (0: from the model), got {self.max_model_len}"
-            )
+        one_of(self, "device", ("auto", "cpu", "cuda"))
+        one_of(self, "dtype", DTYPES)
+        at_least(self, 1, "tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens")
+        at_least(self, 0, "max_prefill_tokens_while_decoding", "max_model_len")
+        at_least(self, 0, "prefill_graph_max_tokens")
         bs = self.kvcache_block_size
         if bs < 1 or bs & (bs - 1):
             raise ValueError(f"kvcache_block_size must be a power of two, got {bs}")
-        if self.num_kvcache_blocks is not None and self.num_kvcache_blocks < 1:
-            raise ValueError(f"num_kvcache_blocks must be >= 1, got {self.num_kvcache_blocks}")
+        if self.num_kvcache_blocks is not None:
+            at_least(self, 1, "num_kvcache_blocks")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
-        if self.cpu_kvcache_gib <= 0:
-            raise ValueError(f"cpu_kvcache_gib must be > 0, got {self.cpu_kvcache_gib}")
-        if self.prefill_graph_max_tokens < 0:
-            raise ValueError(
-                f"prefill_graph_max_tokens must be >= 0, got {self.prefill_graph_max_tokens}"
-            )
-        if self.kv_cache_dtype not in ("auto", "fp8"):
-            raise ValueError(f"kv_cache_dtype must be auto or fp8, got {self.kv_cache_dtype!r}")
-        if self.load_format not in ("auto", "dummy"):
-            raise ValueError(f"load_format must be auto or dummy, got {self.load_format!r}")
-        if self.attention_backend not in ("auto", "torch", "triton", "flash_attn"):
-            raise ValueError(
-                "attention_backend must be auto, torch, triton or flash_attn, "
-                f"got {self.attention_backend!r}"
-            )
+        positive(self, "cpu_kvcache_gib")
+        one_of(self, "kv_cache_dtype", ("auto", "fp8"))
+        one_of(self, "load_format", ("auto", "dummy"))
+        one_of(self, "attention_backend", ("auto", "torch", "triton", "flash_attn"))
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerConfig(EngineConfig):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerConfig(EngineConfig, ServiceConfig):
     """nanoserve worker: scheduler, paged KV cache and Qwen3 model behind WorkerService (gRPC)."""
 
     env_prefix: ClassVar[str] = "NANOSERVE_WORKER_"
 
     model: str = field(metadata={"help": MODEL_HELP})  # required here: no silent random weights
     revision: str | None = field(default=None, metadata={"help": REVISION_HELP})
-    host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
-    port: int = field(default=50061, metadata={"help": "port to bind (0 = any free port)"})
+    port: int = field(default=50061, metadata={"help": PORT_HELP})
     max_queued_requests: int = field(
         default=4096,
         metadata={
             "help": "requests running + waiting before the worker answers RESOURCE_EXHAUSTED"
         },
-    )
-    grace_period_s: float = field(
-        default=30.0,
-        metadata={"help": "on SIGTERM, how long in-flight streams may run before they are cut"},
-    )
-    max_message_bytes: int = field(
-        default=16 * 1024 * 1024, metadata={"help": "max gRPC message size"}
-    )
-    log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
-    log_format: str = field(
-        default="text", metadata={"help": "request log lines: text or json (one object a line)"}
     )
     stats_interval_s: float = field(
         default=10.0,
@@ -196,14 +158,10 @@ class WorkerConfig(EngineConfig):
             "non-zero so that its supervisor restarts it; 0: never"
         },
     )
-    # ---- operating it: hostile-list bounds and metrics ----
+    # ---- operating it: hostile-list bounds ----
     max_stop_token_ids: int = field(
-        default=128, metadata={"help": "most stop token ids per request"}
+        default=DEFAULT_MAX_STOP_TOKEN_IDS, metadata={"help": "most stop token ids per request"}
     )
-    metrics_port: int = field(
-        default=0, metadata={"help": "port of the Prometheus /metrics HTTP endpoint (0 = off)"}
-    )
-    otlp_traces_endpoint: str = field(default="", metadata={"help": TRACES_HELP})
     # ---- the frontend link: a shared secret and/or TLS, mutual with a client CA ----
     auth_token_file: str | None = field(
         default=None,
@@ -220,26 +178,10 @@ class WorkerConfig(EngineConfig):
             "tls_client_ca_file (anyone who reaches the port could run and abort requests)"
         },
     )
-    tls_cert_file: str | None = field(
-        default=None, metadata={"help": "PEM certificate chain: serve TLS (with tls_key_file)"}
-    )
-    tls_key_file: str | None = field(
-        default=None, metadata={"help": "PEM private key of tls_cert_file"}
-    )
-    tls_client_ca_file: str | None = field(
-        default=None,
-        metadata={
-            "help": "PEM CA bundle: require frontends to present a client certificate it signed "
-            "(mutual TLS)"
-        },
-    )
 
     def __post_init__(self):
-        super(WorkerConfig, self).__post_init__()
-        if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ValueError("tls_cert_file and tls_key_file go together")
-        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
-            raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file")
+        EngineConfig.__post_init__(self)
+        ServiceConfig.__post_init__(self)
         from nanoserve.security import is_loopback  # grpc: not for the offline engine's config
 
         if not (
@@ -252,18 +194,5 @@ class WorkerConfig(EngineConfig):
                 f"host {self.host} is not loopback: set auth_token_file (or tls_client_ca_file), "
                 "or allow_unauthenticated to serve it open"
             )
-        if self.max_stop_token_ids < 0:
-            raise ValueError(f"max_stop_token_ids must be >= 0, got {self.max_stop_token_ids}")
-        check_log_format(self.log_format)
-        if not 0 <= self.metrics_port < 65536:
-            raise ValueError(f"metrics_port must be in [0, 65535], got {self.metrics_port}")
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        if self.max_queued_requests < 1:
-            raise ValueError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
-        if not self.engine_stall_timeout_s >= 0:
-            raise ValueError(
-                f"engine_stall_timeout_s must be >= 0, got {self.engine_stall_timeout_s}"
-            )
-        if not self.stats_interval_s >= 0:
-            raise ValueError(f"stats_interval_s must be >= 0, got {self.stats_interval_s}")
+        at_least(self, 0, "max_stop_token_ids", "engine_stall_timeout_s", "stats_interval_s")
+        at_least(self, 1, "max_queued_requests")

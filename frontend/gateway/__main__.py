@@ -9,6 +9,7 @@ import contextlib
 import logging
 import signal
 import socket
+import ssl
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -91,6 +92,10 @@ async def serve(config: GatewayConfig) -> None:
         log_config=None,  # keep nanoserve's log format (setup_logging)
         timeout_graceful_shutdown=max(1, round(config.grace_period_s)),
         timeout_keep_alive=config.keep_alive_timeout_s,  # type: ignore[arg-type]  # a float works
+        ssl_certfile=config.tls_cert_file,  # HTTPS, and with a client CA, mutual TLS
+        ssl_keyfile=config.tls_key_file,
+        ssl_ca_certs=config.tls_client_ca_file,
+        ssl_cert_reqs=ssl.CERT_REQUIRED if config.tls_client_ca_file else ssl.CERT_NONE,
     )
     server_config.load()  # resolves the HTTP protocol class, wrapped here
     server_config.http_protocol_class = with_header_timeout(

@@ -150,3 +150,40 @@ def test_the_key_is_checked_before_the_body_and_the_model(guarded: tuple[Pair, S
     with pytest.raises(urllib.error.HTTPError) as raised:
         urllib.request.urlopen(base_url(gateway) + "/openapi.json", timeout=30)
     assert raised.value.code == 404
+
+
+def test_gateway_serves_https_and_requires_client_certificates(
+    services: Pair, tmp_path: Path
+) -> None:
+    """--tls-cert-file/--tls-key-file make the gateway HTTPS; --tls-client-ca-file makes it mutual:
+    a caller without a certificate the CA signed gets no HTTP exchange at all."""
+    import json
+    import ssl
+    import urllib.request
+
+    from tests.tls_certs import make_certs
+
+    certs = make_certs(tmp_path / "certs")
+    gateway = start_gateway(
+        services.frontend.address,
+        *("--tls-cert-file", str(certs.server_cert), "--tls-key-file", str(certs.server_key)),
+        *("--tls-client-ca-file", str(certs.ca)),
+    )
+    url = f"https://localhost:{gateway.port}"
+    try:
+        anonymous = ssl.create_default_context(cafile=str(certs.ca))
+        with pytest.raises(OSError):  # the handshake (or its first read) fails: no certificate
+            urllib.request.urlopen(url + "/health", context=anonymous, timeout=30).read()
+        with pytest.raises(OSError):  # plain HTTP to a TLS port is no request either
+            urllib.request.urlopen(base_url(gateway) + "/health", timeout=30).read()
+        tenant = ssl.create_default_context(cafile=str(certs.ca))
+        tenant.load_cert_chain(str(certs.client_cert), str(certs.client_key))
+        with urllib.request.urlopen(url + "/v1/models", context=tenant, timeout=30) as reply:
+            (model,) = [m["id"] for m in json.loads(reply.read())["data"]]
+        body = json.dumps({"model": model, "prompt": "Hi", "max_tokens": 3}).encode()
+        request = urllib.request.Request(url + "/v1/completions", data=body, method="POST")
+        request.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(request, context=tenant, timeout=60) as reply:
+            assert json.loads(reply.read())["usage"]["completion_tokens"] == 3
+    finally:
+        assert gateway.stop() == 0, gateway.output()

@@ -10,7 +10,7 @@ import collections
 import pytest
 
 from nanoserve.worker import LLM, SamplingParams
-from nanoserve.worker.core import engine_core
+from nanoserve.worker.core.frames import Step, read_inbox
 from nanoserve.worker.core.sequence import FinishReason
 from nanoserve.worker.service.async_engine import AsyncEngine
 from nanoserve.worker.service.output_stream import Completion, Stream
@@ -128,7 +128,7 @@ class Sink:
         self.frames: list[list] = []
 
     def send_bytes(self, data: bytes) -> None:
-        self.frames.append(engine_core.decode(data))
+        self.frames.append(list(read_inbox(data)))
 
 
 def bookkeeping_engine() -> AsyncEngine:
@@ -144,6 +144,8 @@ def bookkeeping_engine() -> AsyncEngine:
 
 LOAD = [0.0] + [0] * 10
 FINISH = ["length", 3, 2, 0, None, 0.0, 0.0, 0.0]
+# completion 0 gets two ids and ends; completion 1 gets one (as the core sends them: arrays)
+STEP = Step(LOAD, [[5, [7, 8], FINISH, 0, None, None], [5, [9], None, 1, None, None]], 0.0, [])
 
 
 def test_async_engine_counts_an_aborted_completion_as_ended():
@@ -158,7 +160,7 @@ def test_async_engine_counts_an_aborted_completion_as_ended():
         assert not engine.abort_completion(stream, 1) and not engine.abort_completion(stream, 3)
         await asyncio.sleep(0)  # the flush
         assert engine.to_core.frames == [[[], [], False, [[5, 1]]]]
-        engine._on_step(LOAD, [[5, [7, 8], FINISH, 0], [5, [9], None, 1]])
+        engine._on_step(STEP)
         assert [t.index for t in stream.take()] == [0]  # completion 1's late id is dropped
         assert not stream.finished and 5 in engine.streams
         assert engine.abort_completion(stream, 2)  # the last open one: the request ends
@@ -179,7 +181,7 @@ def test_session_writes_what_the_others_left_when_the_last_open_one_is_aborted()
         stream = Stream("r", 5, owner=session.collector)
         stream.completions += [Completion()]
         engine.streams[5], session.live["r"] = stream, stream
-        engine._on_step(LOAD, [[5, [7, 8], FINISH, 0], [5, [9], None, 1]])  # 0 ends, not taken
+        engine._on_step(STEP)  # 0 ends, not taken
         session.abort_completion("r", 1)  # the frontend matched a stop string in completion 1
         session.abort_completion("unknown", 0)
         response = session.take_outputs()

@@ -1,4 +1,4 @@
-"""EngineCore in-process over real pipes: msgpack frames in and out, one STEP frame per engine step
+"""EngineCore in-process over real pipes: core.frames in and out, one Step frame per engine step
 carrying every request, adds and aborts applied between steps (an abort frees the blocks), a
 refused add named, the exit frame ends the loop."""
 
@@ -9,6 +9,19 @@ import pytest
 
 from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.core import engine_core
+from nanoserve.worker.core.frames import (
+    Add,
+    Finish,
+    LoadFrame,
+    Output,
+    Refused,
+    Step,
+    decode,
+    encode,
+    inbox_frame,
+    read_inbox,
+)
+from nanoserve.worker.core.stats_log import Load
 from tests.unit.hf_reference import make_hf_model
 
 NUM_BLOCKS = 32
@@ -31,14 +44,14 @@ def core(tmp_path_factory):
     thread = threading.Thread(target=core.run, daemon=True)
     thread.start()
     yield to_core, from_core, core
-    to_core.send_bytes(engine_core.add_frame([], [], exit_=True))
+    to_core.send_bytes(inbox_frame([], [], exit_=True))
     thread.join(timeout=30)
     assert not thread.is_alive()
     core.engine.shutdown()
 
 
-def add(engine_id: int, token_ids: list[int], sp: dict) -> engine_core.Add:
-    return engine_core.Add(engine_id, token_ids, sp, None, 0, None)
+def add(engine_id: int, token_ids: list[int], sp: dict) -> Add:
+    return Add(engine_id, token_ids, sp, None, 0, None)
 
 
 def params(**kw) -> dict:
@@ -46,68 +59,78 @@ def params(**kw) -> dict:
     return sp | kw
 
 
-def read_until(from_core, done) -> list[list]:
+def read_until(from_core, done) -> list:
     frames = []
     while not frames or not done(frames):
         assert from_core.poll(30), "the engine core sent nothing for 30 s"
-        frames.append(engine_core.decode(from_core.recv_bytes()))
+        frames.append(decode(from_core.recv_bytes()))
     return frames
 
 
+def outputs(frames: list) -> list[Output]:
+    """Every Step frame's outputs, in order, by name."""
+    return [Output._make(out) for f in frames if isinstance(f, Step) for out in f.outputs]
+
+
+def finishes(frames: list) -> list[tuple[Output, Finish]]:
+    return [(out, Finish._make(out.finish)) for out in outputs(frames) if out.finish is not None]
+
+
 def idle(frames: list) -> bool:
-    """The latest load report (LOAD and STEP frames carry one) shows nothing running or waiting
-    and every block free."""
+    """The latest load report (LoadFrame and Step frames carry one) shows nothing running or
+    waiting and every block free."""
     frame = frames[-1]
-    if frame[0] not in (engine_core.LOAD, engine_core.STEP):
+    if not isinstance(frame, LoadFrame | Step):
         return False
-    load = frame[1]
-    return (load[3], load[4], load[5]) == (0, 0, NUM_BLOCKS)
+    load = Load._make(frame.load)
+    return (load.num_running, load.num_waiting, load.num_free_blocks) == (0, 0, NUM_BLOCKS)
 
 
 def test_one_frame_per_step_carries_every_request(core) -> None:
     to_core, from_core, _ = core
     adds = [add(i, [5 + i, 6, 7], params()) for i in range(3)]
-    to_core.send_bytes(engine_core.add_frame(adds, []))
+    to_core.send_bytes(inbox_frame(adds, []))
     finished: set[int] = set()
 
     def done(frames: list) -> bool:
-        frame = frames[-1]
-        if frame[0] == engine_core.STEP:
-            finished.update(out[0] for out in frame[2] if out[2] is not None)
+        finished.update(out.engine_id for out, _ in finishes(frames[-1:]))
         return finished == {0, 1, 2}
 
     frames = read_until(from_core, done)
-    steps = [f for f in frames if f[0] == engine_core.STEP]
-    ids = {i: [t for f in steps for out in f[2] if out[0] == i for t in out[1]] for i in range(3)}
+    ids = {
+        i: [t for out in outputs(frames) if out.engine_id == i for t in out.new_ids]
+        for i in range(3)
+    }
     assert all(len(v) == 4 for v in ids.values()), ids
-    assert max(len(f[2]) for f in steps) == 3  # one decode step, all three requests
-    last = {out[0]: out[2] for f in steps for out in f[2] if out[2] is not None}
-    assert all(fin[:3] == ["length", 3, 4] for fin in last.values()), last
+    assert max(len(f.outputs) for f in frames if isinstance(f, Step)) == 3  # one step, all three
+    last = {out.engine_id: fin for out, fin in finishes(frames)}
+    assert all(
+        (fin.reason, fin.prompt_tokens, fin.completion_tokens) == ("length", 3, 4)
+        for fin in last.values()
+    ), last
     assert idle(frames)  # the last step's frame reports every block free
 
 
 def test_abort_frees_blocks_and_a_duplicate_add_is_refused(core) -> None:
     to_core, from_core, _ = core
     to_core.send_bytes(
-        engine_core.add_frame(
-            [add(7, [1, 2, 3], params(max_tokens=400)), add(7, [4], params())], []
-        )
+        inbox_frame([add(7, [1, 2, 3], params(max_tokens=400)), add(7, [4], params())], [])
     )
-    frames = read_until(from_core, lambda fs: any(f[0] == engine_core.STEP for f in fs))
-    refused = [f for f in frames if f[0] == engine_core.REFUSED]
+    frames = read_until(from_core, lambda fs: any(isinstance(f, Step) for f in fs))
+    refused = [f for f in frames if isinstance(f, Refused)]
     # the core trusts its frames (the server checked them): only a bug, an engine id already
     # running, is refused, and only that add
-    assert refused and refused[0][1] == 7 and "already running" in refused[0][2]
-    to_core.send_bytes(engine_core.add_frame([], [7]))
+    assert refused and refused[0].engine_id == 7 and "already running" in refused[0].reason
+    to_core.send_bytes(inbox_frame([], [7]))
     frames = read_until(from_core, idle)
-    assert frames[-1][0] == engine_core.LOAD  # sent on going idle: GetLoad sees the blocks back
+    assert isinstance(frames[-1], LoadFrame)  # sent on going idle: GetLoad sees the blocks back
 
 
 def test_an_add_and_its_abort_in_one_frame_leave_nothing_running(core) -> None:
     to_core, from_core, c = core
-    to_core.send_bytes(engine_core.add_frame([add(3, [1, 2], params(max_tokens=400))], [3]))
+    to_core.send_bytes(inbox_frame([add(3, [1, 2], params(max_tokens=400))], [3]))
     frames = read_until(from_core, idle)
-    assert [f[0] for f in frames] == [engine_core.LOAD]  # never stepped
+    assert [type(f) for f in frames] == [LoadFrame]  # never stepped
     assert c.engine.requests == {}
 
 
@@ -116,15 +139,14 @@ def test_a_completion_abort_ends_that_completion_only(core) -> None:
     frame for it), the request's others run to max_tokens, then every block is free."""
     to_core, from_core, _ = core
     sp = params(temperature=1.0, seed=5, max_tokens=200, ignore_eos=True, n=3)
-    to_core.send_bytes(engine_core.add_frame([add(11, [1, 2, 3], sp)], []))
-    read_until(from_core, lambda fs: sum(f[0] == engine_core.STEP for f in fs) >= 3)
-    to_core.send_bytes(engine_core.add_frame([], [], completion_aborts=[[11, 1], [99, 0]]))
+    to_core.send_bytes(inbox_frame([add(11, [1, 2, 3], sp)], []))
+    read_until(from_core, lambda fs: sum(isinstance(f, Step) for f in fs) >= 3)
+    to_core.send_bytes(inbox_frame([], [], completion_aborts=[[11, 1], [99, 0]]))
     frames = read_until(from_core, idle)
-    finished = {
-        out[3]: out[2] for f in frames if f[0] == engine_core.STEP for out in f[2] if out[2]
-    }
+    finished = {out.index: fin for out, fin in finishes(frames)}
     assert set(finished) == {0, 2} and all(
-        fin[:3] == ["length", 3, 200] for fin in finished.values()
+        (fin.reason, fin.prompt_tokens, fin.completion_tokens) == ("length", 3, 200)
+        for fin in finished.values()
     )
 
 
@@ -134,9 +156,8 @@ def test_sampling_fields_cross_the_pipe_with_unset_kept():
     from nanoserve.sampling import SamplingParams
 
     sp = SamplingParams(temperature=None, top_k=5, max_tokens=7, stop_token_ids=(3, 4))
-    frame = engine_core.add_frame([add(0, [1, 2], sp.as_fields())], [], exit_=False)
-    inbox = engine_core.Inbox(*engine_core.decode(frame))
-    rebuilt = SamplingParams.trusted(engine_core.Add(*inbox.adds[0]).params)
+    frame = inbox_frame([add(0, [1, 2], sp.as_fields())], [], exit_=False)
+    rebuilt = SamplingParams.trusted(Add._make(read_inbox(frame).adds[0]).params)
     assert rebuilt == sp
     assert rebuilt.unset == sp.unset and "temperature" in rebuilt.unset
 
@@ -145,12 +166,11 @@ def test_the_load_report_fits_both_of_its_readers(core) -> None:
     """EngineCore.load() crosses the pipe as a list; the stats line (Load) and the metrics
     (WorkerLoad) both unpack it: a field added on one side only killed the engine at its first
     step on the GPU run."""
-    from nanoserve.worker.core.stats_log import Load
     from nanoserve.worker.service.metrics import WorkerLoad
 
     _, _, c = core
     report = c.load()
-    crossed = Load(*engine_core.decode(engine_core.encode(report)))  # as a reader gets it
+    crossed = Load._make(decode(encode(LoadFrame(report))).load)  # as a reader gets it
     assert crossed == report and crossed.num_total_blocks == NUM_BLOCKS
     assert WorkerLoad.from_load(crossed, 0).num_total_blocks == NUM_BLOCKS
 
@@ -174,10 +194,10 @@ def test_an_add_that_cannot_be_framed_ends_its_stream_instead_of_hanging() -> No
         engine.completion_aborts = []
         engine.streams, engine.by_request_id, engine.to_core = {}, {}, Sink()
         ended = []
-        engine._on_refused = lambda engine_id, reason: ended.append((engine_id, reason))
+        engine._on_refused = lambda frame: ended.append((frame.engine_id, frame.reason))
         engine.adds.append([3, [1, 2], {"temperature": frozenset()}])
         engine._flush()
         assert ended and ended[0][0] == 3 and "could not be sent" in ended[0][1]
-        assert engine_core.decode(engine.to_core.frames[0]) == [[], [7], False, []]  # aborts go
+        assert read_inbox(engine.to_core.frames[0]) == ([], [7], False, [])  # the aborts go
 
     asyncio.run(main())

@@ -1,8 +1,8 @@
 """The engine core process: owns LLMEngine (and its tensor-parallel ranks) and busy-loops over steps.
 
-worker.service.server (gRPC, asyncio) <-- msgpack frames over a pipe --> run_engine_core (this process).
-In: batches of adds and aborts. Out: one frame per engine step with every request's new ids, so the
-engine never waits for an event loop, protobuf or gRPC; nothing crosses the pipe as pickle.
+worker.service.server (gRPC, asyncio) <-- core.frames over a pipe --> run_engine_core (this process).
+In: batches of adds and aborts. Out: one Step frame per engine step with every request's new ids, so
+the engine never waits for an event loop, protobuf or gRPC.
 """
 
 import logging
@@ -12,65 +12,33 @@ import signal
 import threading
 import time
 from multiprocessing.connection import Connection
-from typing import NamedTuple
-
-import msgpack
 
 from nanoserve.sampling import SamplingParams
 from nanoserve.tracing import tracer_for
 from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.core.frame_io import FrameReader, FrameWriter
+from nanoserve.worker.core.frames import (
+    Add,
+    Alive,
+    CoreFrame,
+    Error,
+    Finish,
+    Invalid,
+    LoadFrame,
+    Output,
+    Ready,
+    Refused,
+    Step,
+    encode,
+    read_inbox,
+)
 from nanoserve.worker.core.sequence_trace import trace_sequence
 from nanoserve.worker.core.stats_log import Load, StatsLogger
 
 logger = logging.getLogger(__name__)
 
-# frames engine core -> server: [kind, ...]; a STEP frame's outputs are [engine id, new ids, finish
-# or None, completion index] with, for requests that asked for logprobs, [..., logprob entries,
-# prompt entries]
-READY, STEP, LOAD, REFUSED, INVALID, ERROR = "ready", "step", "load", "refused", "invalid", "error"
-# [ALIVE, seconds the current step has run (0.0 between steps)], every HEARTBEAT_S from a thread of
-# its own: the server tells a core that is alive but stuck in a step from one that is frozen
-ALIVE = "alive"
-HEARTBEAT_S = 1.0
+HEARTBEAT_S = 1.0  # between Alive frames
 FLUSH_S = 5.0  # how long a core that exits waits for its last frames to be written
-
-
-def encode(frame: list | tuple) -> bytes:
-    return msgpack.packb(frame)
-
-
-def decode(data: bytes) -> list:
-    return msgpack.unpackb(data)
-
-
-class Add(NamedTuple):
-    """A request the server checked (request_proto.admit): the core trusts it."""
-
-    engine_id: int
-    token_ids: list[int]
-    params: dict  # SamplingParams.as_fields()
-    cache_salt: str | None
-    priority: int
-    traceparent: str | None  # the server's span of the request, when traced
-
-
-class Inbox(NamedTuple):
-    """A frame server -> engine core (msgpack: an array, as any tuple)."""
-
-    adds: list[Add]
-    aborts: list[int]  # engine ids
-    exit: bool
-    completion_aborts: list[list[int]]  # [engine_id, completion index]
-
-
-def add_frame(
-    adds: list[Add],
-    aborts: list[int],
-    exit_: bool = False,
-    completion_aborts: list[list[int]] | None = None,
-) -> bytes:
-    return encode(Inbox(adds, aborts, exit_, completion_aborts or []))
 
 
 class EngineCore:
@@ -93,7 +61,7 @@ class EngineCore:
         self.tracer = tracer_for("nanoserve-engine-core", config.otlp_traces_endpoint)
         self.traced: dict[int, str] = {}
 
-    def send(self, frame: list) -> None:
+    def send(self, frame: CoreFrame) -> None:
         self.outbox.send_bytes(encode(frame))  # thread-safe: the TP watcher may send ERROR
 
     def _heartbeat(self) -> None:
@@ -101,7 +69,7 @@ class EngineCore:
             started = self.step_started
             running = 0.0 if started is None else time.monotonic() - started
             try:
-                self.send([ALIVE, running])
+                self.send(Alive(running))
             except OSError:  # the server is gone
                 return
             time.sleep(HEARTBEAT_S)
@@ -123,7 +91,7 @@ class EngineCore:
         return Load.of(self.engine)
 
     def apply(self, data: bytes) -> None:
-        inbox = Inbox(*decode(data))
+        inbox = read_inbox(data)
         for add in map(Add._make, inbox.adds):
             try:
                 self.engine.add_request(
@@ -135,7 +103,7 @@ class EngineCore:
                 )
             except ValueError as e:  # an engine id already running: a bug, but one stream's
                 logger.warning("request %s refused by the engine: %s", add.engine_id, e)
-                self.send([REFUSED, add.engine_id, str(e)])
+                self.send(Refused(add.engine_id, str(e)))
                 continue
             if add.traceparent is not None and self.tracer is not None:
                 self.traced[add.engine_id] = add.traceparent
@@ -155,7 +123,7 @@ class EngineCore:
         while not self.exiting:
             idle = engine.is_finished()
             if idle and self.load_dirty:  # GetLoad sees blocks freed by aborts while idle
-                self.send([LOAD, self.load()])
+                self.send(LoadFrame(self.load()))
                 self.load_dirty = False
             # idle: block until the server sends something (or the stats line is due); busy: only
             # take what is there
@@ -179,29 +147,20 @@ class EngineCore:
             self.step_started = None
             step_s = time.perf_counter() - started
             for o in outputs:
-                if o.seq.error is not None:  # a grammar that does not compile: INVALID_ARGUMENT
-                    self.send([INVALID, o.seq.request_id, o.seq.error])
+                if o.seq.error is not None:  # a grammar that does not compile
+                    self.send(Invalid(o.seq.request_id, o.seq.error))
             out = [
-                [
-                    o.seq.request_id,
-                    o.new_token_ids,
-                    _finish(o.seq) if o.finished else None,
-                    o.seq.index,  # which of the request's n completions
-                ]
-                if o.logprobs is None and o.prompt_logprobs is None
-                else [
+                Output(
                     o.seq.request_id,
                     o.new_token_ids,
                     _finish(o.seq) if o.finished else None,
                     o.seq.index,
                     o.logprobs,
                     o.prompt_logprobs,
-                ]
+                )
                 for o in outputs
                 if o.seq.error is None
             ]
-            # a prompt's cached tokens, with its first output: the frontend reports them even
-            # when it ends the request itself (a stop string) and the finish never comes
             cached = [
                 [o.seq.request_id, o.seq.num_cached_tokens]
                 for o in outputs
@@ -210,7 +169,7 @@ class EngineCore:
             if self.traced:
                 self._trace(outputs)
             load = self.load()
-            self.send([STEP, load, out, step_s, cached])
+            self.send(Step(load, out, step_s, cached))
             self.load_dirty = False
             self.stats.observe(load)
 
@@ -238,7 +197,7 @@ class EngineCore:
     def die(self, message: str) -> None:
         """Fatal: tell the server why, stop the ranks, exit non-zero without teardown."""
         try:
-            self.send([ERROR, message])
+            self.send(Error(message))
             self.outbox.flush(FLUSH_S)
         except OSError:
             pass
@@ -247,17 +206,15 @@ class EngineCore:
         os._exit(1)
 
 
-def _finish(seq) -> list:
-    """[finish reason, prompt tokens, completion tokens, cached tokens, stop token id or None,
-    queue s, prefill s, decode s] (async_engine.Finish)"""
-    return [
+def _finish(seq) -> Finish:
+    return Finish(
         seq.finish_reason.value,
         seq.num_prompt_tokens,
         seq.num_completion_tokens,
         seq.num_cached_tokens,
         seq.stop_token_id,
         *seq.timings(),
-    ]
+    )
 
 
 def run_engine_core(config: WorkerConfig, inbox: Connection, outbox: Connection) -> None:
@@ -281,10 +238,10 @@ def run_engine_core(config: WorkerConfig, inbox: Connection, outbox: Connection)
     except BaseException as exc:
         # the server logs the one line that says why; the traceback only at DEBUG
         logger.debug("loading the engine failed", exc_info=True)
-        outbox.send_bytes(encode([ERROR, f"loading the engine failed: {exc}"]))
+        outbox.send_bytes(encode(Error(f"loading the engine failed: {exc}")))
         logging.shutdown()
         os._exit(1)
-    core.send([READY, core.info()])
+    core.send(Ready(core.info()))
     try:
         core.run()
     except BaseException as exc:

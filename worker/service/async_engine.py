@@ -15,10 +15,11 @@ from typing import Protocol
 from nanoserve.sampling import Limits, SamplingParams
 from nanoserve.tracing import Tracer, tracer_for
 from nanoserve.worker.config import WorkerConfig
-from nanoserve.worker.core import engine_core
+from nanoserve.worker.core import engine_core, frames
 from nanoserve.worker.core.frame_io import FrameWriter
+from nanoserve.worker.core.frames import Finish
 from nanoserve.worker.core.stats_log import Load
-from nanoserve.worker.service.output_stream import Collector, Completion, Finish, Stream
+from nanoserve.worker.service.output_stream import Collector, Completion, Stream
 from nanoserve.worker.service.request_trace import end_request_span, start_request_span
 
 logger = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ class AsyncEngine:
         # written by a thread (frame_io): a large frame never blocks this event loop, whatever
         # the core is doing (its own thread drains the pipe)
         self.to_core = FrameWriter(to_core, "to-core")
-        self.last_alive = loop.time()  # the core's last heartbeat (engine_core.ALIVE)
+        self.last_alive = loop.time()  # the core's last heartbeat (frames.Alive)
         self.step_running_s = 0.0  # how long the core's current step had run at that heartbeat
         self.ready: asyncio.Future = loop.create_future()  # the model info, once loaded
         self.info: dict = {}
@@ -80,7 +81,7 @@ class AsyncEngine:
         self.streams: dict[int, Stream] = {}  # engine id -> stream
         self.by_request_id: dict[str, Stream] = {}  # the caller's id -> stream (GenerateTokens)
         self.next_id = itertools.count()
-        self.adds: list[engine_core.Add] = []
+        self.adds: list[frames.Add] = []
         self.aborts: list[int] = []
         self.completion_aborts: list[list[int]] = []  # [engine id, completion index]
         self.flush_scheduled = False
@@ -128,7 +129,7 @@ class AsyncEngine:
             )
             core_parent = stream.span.traceparent  # the engine core's span: a child of this one
         self.adds.append(
-            engine_core.Add(
+            frames.Add(
                 stream.engine_id,
                 token_ids,
                 sp.as_fields(),
@@ -201,13 +202,13 @@ class AsyncEngine:
         adds, self.adds, aborts, self.aborts = self.adds, [], self.aborts, []
         completion_aborts, self.completion_aborts = self.completion_aborts, []
         try:
-            frame = engine_core.add_frame(adds, aborts, exit_, completion_aborts)
+            frame = frames.inbox_frame(adds, aborts, exit_, completion_aborts)
         except (TypeError, ValueError) as e:  # a value msgpack cannot carry: a bug, but one that
             # must end these requests with an error rather than leave their streams hanging
             logger.error("requests could not be sent to the engine core: %s", e)
             for engine_id, *_ in adds:
-                self._on_refused(engine_id, f"could not be sent to the engine core: {e}")
-            frame = engine_core.add_frame([], aborts, exit_, completion_aborts)
+                self._on_refused(frames.Refused(engine_id, f"could not be sent to the core: {e}"))
+            frame = frames.inbox_frame([], aborts, exit_, completion_aborts)
         try:
             self.to_core.send_bytes(frame)
         except OSError as e:  # the core is gone; the reader sees EOF and fails the streams
@@ -218,8 +219,8 @@ class AsyncEngine:
     def _on_readable(self) -> None:
         try:
             while self.from_core.poll(0):
-                frame = engine_core.decode(self.from_core.recv_bytes())
-                getattr(self, f"_on_{frame[0]}")(*frame[1:])
+                frame = frames.decode(self.from_core.recv_bytes())
+                getattr(self, "_on_" + frame.KIND)(frame)
         except (EOFError, OSError):
             self.loop.remove_reader(self.from_core.fileno())
             if self.stopping:
@@ -229,8 +230,8 @@ class AsyncEngine:
                 EngineDead(f"the engine core process died (exit code {self.process.exitcode})")
             )
 
-    def _on_ready(self, info: dict) -> None:
-        self.info = info
+    def _on_ready(self, frame: frames.Ready) -> None:
+        self.info = info = frame.info
         self.limits = Limits(
             max_model_len=info["max_model_len"],
             vocab_size=info["vocab_size"],
@@ -240,23 +241,22 @@ class AsyncEngine:
         )
         self.ready.set_result(info)
 
-    def _on_alive(self, step_running_s: float) -> None:
-        self.last_alive, self.step_running_s = self.loop.time(), step_running_s
+    def _on_alive(self, frame: frames.Alive) -> None:
+        self.last_alive, self.step_running_s = self.loop.time(), frame.step_running_s
 
     def stalled_s(self) -> float:
         """How long the core has shown no progress: its current step's run time, or the silence
         since its last heartbeat when that is longer (a frozen process sends none)."""
         return self.loop.time() - self.last_alive + self.step_running_s
 
-    def _on_load(self, load: list) -> None:
-        self.load = Load(*load)
-        self.history.append(load[:3])
+    def _on_load(self, frame: frames.LoadFrame | frames.Step) -> None:
+        self.load = Load._make(frame.load)
+        self.history.append(frame.load[:3])
 
-    def _on_step(
-        self, load: list, outputs: list, step_s: float = 0.0, cached: list | tuple = ()
-    ) -> None:
+    def _on_step(self, frame: frames.Step) -> None:
         previous = self.load
-        self._on_load(load)
+        self._on_load(frame)
+        outputs = frame.outputs
         histograms = self.histograms
         if histograms is not None:  # a few observations per step, none per token
             current = self.load
@@ -266,14 +266,14 @@ class AsyncEngine:
                 - previous.num_prompt_tokens
                 + current.num_generated_tokens
                 - previous.num_generated_tokens,
-                step_s,
+                frame.step_s,
             )
         streams, touched = self.streams, set()
-        for engine_id, num_cached in cached:  # [engine id, cached prompt tokens], first outputs
+        for engine_id, num_cached in frame.cached:
             stream = streams.get(engine_id)
             if stream is not None and stream.cached_tokens is None:
                 stream.cached_tokens = num_cached
-        for engine_id, ids, finish, index, *logprobs in outputs:
+        for engine_id, ids, finish, index, logprobs, prompt_logprobs in outputs:  # frames.Output
             stream = streams.get(engine_id)
             if stream is None:
                 continue  # ended meanwhile
@@ -281,10 +281,10 @@ class AsyncEngine:
             if completion.aborted:
                 continue  # its consumer ended it; counted as finished then
             completion.ids += ids
-            if logprobs:  # [entries or None, prompt entries or None]
-                completion.add_logprobs(*logprobs)
+            if logprobs is not None or prompt_logprobs is not None:
+                completion.add_logprobs(logprobs, prompt_logprobs)
             if finish is not None:
-                completion.finish = Finish(*finish)
+                completion.finish = Finish._make(finish)
                 stream.num_finished += 1
                 if histograms is not None:
                     histograms.observe_finish(completion.finish)
@@ -299,20 +299,20 @@ class AsyncEngine:
         for owner in touched:
             owner.event.set()
 
-    def _on_refused(self, engine_id: int, reason: str) -> None:
-        stream = self.streams.get(engine_id)
+    def _on_refused(self, frame: frames.Refused) -> None:
+        stream = self.streams.get(frame.engine_id)
         if stream is not None:
-            self._forget(stream, reason)
-            self._end(stream, RequestAborted(f"refused by the engine: {reason}"))
+            self._forget(stream, frame.reason)
+            self._end(stream, RequestAborted(f"refused by the engine: {frame.reason}"))
 
-    def _on_invalid(self, engine_id: int, reason: str) -> None:
-        stream = self.streams.get(engine_id)
+    def _on_invalid(self, frame: frames.Invalid) -> None:
+        stream = self.streams.get(frame.engine_id)
         if stream is not None:
-            self._forget(stream, reason)
-            self._end(stream, RequestInvalid(reason))
+            self._forget(stream, frame.reason)
+            self._end(stream, RequestInvalid(frame.reason))
 
-    def _on_error(self, message: str) -> None:
-        self.fail(EngineDead(message))
+    def _on_error(self, frame: frames.Error) -> None:
+        self.fail(EngineDead(frame.message))
 
     def _forget(self, stream: Stream, error: str | None = None) -> None:
         """The stream ended in the core (finished, refused, invalid: `error` says why)."""

@@ -10,18 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nanoserve.logprob_split import MAX_LOGPROBS_PER_MESSAGE, split_logprobs
-
-
-@dataclass(slots=True)
-class Finish:
-    reason: str  # FinishReason value: "stop" or "length"
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    stop_token_id: int | None
-    queue_s: float = 0.0  # arrival -> first scheduled, in the engine core
-    prefill_s: float = 0.0  # first scheduled -> first token
-    decode_s: float = 0.0  # first token -> finish
+from nanoserve.worker.core.frames import Finish
 
 
 @dataclass(slots=True)

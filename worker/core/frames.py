@@ -1,0 +1,131 @@
+"""The pipe between the worker's gRPC process (service.async_engine) and its engine core
+(core.engine_core): every frame that crosses it, by field name. On the wire a frame is a msgpack
+array (never pickle): [kind, *fields] from the core, the Inbox's fields to it.
+"""
+
+from typing import NamedTuple
+
+import msgpack
+
+# ---- server -> engine core: one Inbox per flush of the event loop ----
+
+
+class Add(NamedTuple):
+    """A request the server checked (service.admission.admit): the core trusts it."""
+
+    engine_id: int
+    token_ids: list[int]
+    params: dict  # SamplingParams.as_fields()
+    cache_salt: str | None
+    priority: int
+    traceparent: str | None  # the server's span of the request, when traced
+
+
+class Inbox(NamedTuple):
+    adds: list[Add]
+    aborts: list[int]  # engine ids
+    exit: bool
+    completion_aborts: list[list[int]]  # [engine_id, completion index]
+
+
+def inbox_frame(
+    adds: list[Add],
+    aborts: list[int],
+    exit_: bool = False,
+    completion_aborts: list[list[int]] | None = None,
+) -> bytes:
+    return msgpack.packb(Inbox(adds, aborts, exit_, completion_aborts or []))
+
+
+def read_inbox(data: bytes) -> Inbox:
+    """The core's side; its adds are still arrays (Add._make each)."""
+    return Inbox(*msgpack.unpackb(data))
+
+
+# ---- engine core -> server: the readers rebuild nested arrays with _make where they need names ----
+
+
+class Finish(NamedTuple):
+    """How a completion ended, with its counts and its times in the engine core."""
+
+    reason: str  # FinishReason value: "stop" or "length"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    stop_token_id: int | None
+    queue_s: float = 0.0  # arrival -> first scheduled
+    prefill_s: float = 0.0  # first scheduled -> first token
+    decode_s: float = 0.0  # first token -> finish
+
+
+class Output(NamedTuple):
+    """One sequence's share of a step (read positionally, per token: no _make on the hot path)."""
+
+    engine_id: int
+    new_ids: list[int]
+    finish: Finish | None
+    index: int  # which of the request's n completions
+    logprobs: list | None  # entries of new_ids (runner.logprobs), when asked for
+    prompt_logprobs: list | None  # entries of new prompt positions, when asked for
+
+
+class Ready(NamedTuple):
+    KIND = "ready"
+    info: dict  # the engine's limits: max_model_len, vocab_size, eos_token_ids, block_size, ...
+
+
+class Alive(NamedTuple):
+    """Every HEARTBEAT_S from a thread of its own: the server tells a core stuck in a step from a
+    frozen one."""
+
+    KIND = "alive"
+    step_running_s: float  # how long the current step has run (0.0 between steps)
+
+
+class LoadFrame(NamedTuple):
+    KIND = "load"
+    load: list  # stats_log.Load's fields: sent when the core goes idle
+
+
+class Step(NamedTuple):
+    KIND = "step"
+    load: list  # stats_log.Load's fields, after the step
+    outputs: list[Output]
+    step_s: float
+    # [engine id, cached prompt tokens] with a request's first output: the frontend reports them
+    # even when it ends the request itself (a stop string) and the finish never comes
+    cached: list[list[int]]
+
+
+class Refused(NamedTuple):
+    KIND = "refused"
+    engine_id: int
+    reason: str
+
+
+class Invalid(NamedTuple):
+    """A request the engine could not run (a grammar that does not compile): INVALID_ARGUMENT."""
+
+    KIND = "invalid"
+    engine_id: int
+    reason: str
+
+
+class Error(NamedTuple):
+    """Fatal: the core exits after it."""
+
+    KIND = "error"
+    message: str
+
+
+FROM_CORE = {kind.KIND: kind for kind in (Ready, Alive, LoadFrame, Step, Refused, Invalid, Error)}
+CoreFrame = Ready | Alive | LoadFrame | Step | Refused | Invalid | Error
+
+
+def encode(frame: CoreFrame) -> bytes:
+    return msgpack.packb([frame.KIND, *frame])
+
+
+def decode(data: bytes) -> CoreFrame:
+    kind, *fields = msgpack.unpackb(data)
+    return FROM_CORE[kind]._make(fields)
