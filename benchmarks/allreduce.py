@@ -1,5 +1,5 @@
 """`python -m nanoserve.benchmarks.allreduce`: per-call latency of the tensor-parallel all-reduce inside CUDA
-graphs, NCCL against the symmetric-memory one-shot kernel (worker.tp.distributed), by message size; and
+graphs, NCCL against the symmetric-memory one-shot kernel (worker.layers.distributed), by message size; and
 the all-reduce + residual add + RMSNorm of a decoder layer, unfused (one-shot, then the norm kernel)
 against fused (worker.kernels.allreduce_norm).
 
@@ -74,8 +74,8 @@ def _time_norm(symm, x: torch.Tensor, rank: int) -> tuple[float, float, bool]:
 
 
 def _worker(rank: int, world_size: int, port: int, args) -> None:
-    from nanoserve.worker.tp import distributed
-    from nanoserve.worker.tp.distributed import SymmetricAllReduce
+    from nanoserve.worker.layers import distributed
+    from nanoserve.worker.layers.distributed import SymmetricAllReduce
 
     distributed.FUSED_MAX_ROWS = args.max_rows  # time the fused kernel at every size asked for
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")

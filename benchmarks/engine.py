@@ -205,7 +205,7 @@ def bench_scheduler(args) -> dict:
     from nanoserve.sampling import SamplingParams
     from nanoserve.worker.core.block_manager import BlockManager
     from nanoserve.worker.core.scheduler import Scheduler
-    from nanoserve.worker.core.sequence import Sequence
+    from nanoserve.worker.sequence import Sequence
 
     rng = random.Random(0)
     n = args.num_seqs

@@ -25,7 +25,7 @@ def step_times(llm, prompt: list[int]) -> tuple[float, float]:
     import torch
 
     from nanoserve.worker import SamplingParams
-    from nanoserve.worker.core.sequence import Sequence
+    from nanoserve.worker.sequence import Sequence
 
     runner, bm = llm.model_runner, llm.block_manager
     seq = Sequence(prompt, SamplingParams())

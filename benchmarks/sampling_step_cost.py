@@ -20,10 +20,10 @@ import time
 import torch
 
 from nanoserve.sampling import SamplingParams
-from nanoserve.worker.core.sequence import Sequence
 from nanoserve.worker.runner.sampler import sample
 from nanoserve.worker.runner.sampling_inputs import SamplingInputs
 from nanoserve.worker.runner.seeded_noise import fill_seeded_exponential
+from nanoserve.worker.sequence import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:

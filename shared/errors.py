@@ -169,21 +169,14 @@ _RELAYED_WORKER_CODES = frozenset(
 )
 
 
-def error_from_worker(error: grpc.RpcError) -> ServiceError:
-    """The frontend's error for a failed worker call: the codes a client can act on pass through
-    (details prefixed "worker: "), CANCELLED by the worker itself (shutting down) becomes
-    UNAVAILABLE, anything else INTERNAL without the worker's details."""
-    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
-    details = error.details() if hasattr(error, "details") else ""
-    return worker_status_error(code, details or "")
-
-
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def worker_status_error(code: grpc.StatusCode | int, details: str) -> ServiceError:
-    """error_from_worker for a status given as its parts (a Session output's error_code and
-    error_message, or a failed call's code and details)."""
+    """The frontend's error for a worker's status (a Session output's error_code and
+    error_message, or a failed call's code and details): the codes a client can act on pass
+    through (details prefixed "worker: "), CANCELLED by the worker itself (shutting down) becomes
+    UNAVAILABLE, anything else INTERNAL without the worker's details."""
     if isinstance(code, int):
         code = _CODES.get(code, grpc.StatusCode.UNKNOWN)
     if code in _RELAYED_WORKER_CODES:

@@ -3,7 +3,7 @@ ids against them, the frontend its clients' requests, the worker its frontends'.
 
 from nanoserve.proto.v1 import common_pb2
 
-# a FinishReason's name: OpenAI's and vLLM's, the engine's (worker.core.sequence.FinishReason)
+# a FinishReason's name: OpenAI's and vLLM's, the engine's (worker.sequence.FinishReason)
 FINISH_REASONS = {
     common_pb2.FINISH_REASON_STOP: "stop",
     common_pb2.FINISH_REASON_LENGTH: "length",

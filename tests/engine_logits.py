@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from nanoserve.worker import SamplingParams
-from nanoserve.worker.core.sequence import Sequence
+from nanoserve.worker.sequence import Sequence
 
 _salts = count()
 

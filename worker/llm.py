@@ -11,7 +11,7 @@ from nanoserve.model_files import resolve_model_dir
 from nanoserve.sampling import SamplingError, SamplingParams, check_prompt
 from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.core.llm_engine import LLMEngine
-from nanoserve.worker.core.sequence import Sequence
+from nanoserve.worker.sequence import Sequence
 
 
 @dataclass(slots=True)

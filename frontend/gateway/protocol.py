@@ -149,11 +149,6 @@ class CompletionRequest(OpenAIRequest):
     suffix: Any = None
 
 
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: Text
-
-
 class FunctionCall(_Strict):
     name: Name
     arguments: Text  # a JSON object as a string

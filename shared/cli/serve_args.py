@@ -18,6 +18,8 @@ from nanoserve.process import check_port_free
 from nanoserve.worker.config import WorkerConfig
 
 SERVE_OWNS = ("model", "host", "port", "worker_address")  # set by `serve` itself, per service
+# ServiceConfig fields serve gives all of its services alike (listed in the worker section)
+COMMON = ("log_level", "log_format", "grace_period_s", "max_message_bytes", "otlp_traces_endpoint")
 # the worker's TLS fields, given to `serve` as --worker-<field> (the frontend's own are --<field>)
 WORKER_TLS = ("tls_cert_file", "tls_key_file", "tls_client_ca_file")
 # serve's own: how its readiness probe reaches a frontend that serves TLS
@@ -35,8 +37,8 @@ def _serve_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nanoserve serve",
         description="Run a worker and a frontend on this machine; Ctrl-C stops both. Worker and "
-        "frontend flags are listed below; --log-level, --grace-period-s, --max-message-bytes and "
-        "--revision go to both.",
+        "frontend flags are listed below; --log-level, --log-format, --grace-period-s, "
+        "--max-message-bytes, --otlp-traces-endpoint and --revision go to every service.",
     )
     parser.add_argument(
         "--model",
@@ -125,15 +127,7 @@ def _serve_parser() -> argparse.ArgumentParser:
         skip={*SERVE_OWNS, "metrics_port", *WORKER_TLS},
         only_given=True,
     )
-    shared = {  # in the worker section, given to both services
-        "log_level",
-        "log_format",
-        "grace_period_s",
-        "max_message_bytes",
-        "revision",
-        "max_stop_token_ids",
-        "otlp_traces_endpoint",
-    }
+    shared = {*COMMON, "revision", "max_stop_token_ids"}  # in the worker section, given to both
     add_config_args(
         parser, FrontendConfig, title="frontend", skip={*SERVE_OWNS, *shared}, only_given=True
     )
@@ -246,13 +240,7 @@ def gateway_argv(args: argparse.Namespace) -> list[str]:
     frontend: FrontendConfig = args.frontend_config
     argv = [
         *("--host", args.host, "--port", str(args.gateway_port)),
-        *("--log-level", frontend.log_level, "--grace-period-s", str(frontend.grace_period_s)),
-        *("--max-message-bytes", str(frontend.max_message_bytes)),
-        *(
-            ("--otlp-traces-endpoint", frontend.otlp_traces_endpoint)
-            if frontend.otlp_traces_endpoint
-            else ()
-        ),
+        *config_argv({name: getattr(frontend, name) for name in COMMON}),
         *shlex.split(args.gateway_args),
     ]
     gateway = parse_config(

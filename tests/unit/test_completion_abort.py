@@ -11,9 +11,9 @@ import pytest
 
 from nanoserve.worker import LLM, SamplingParams
 from nanoserve.worker.core.frames import Step, read_inbox
-from nanoserve.worker.core.sequence import FinishReason
+from nanoserve.worker.sequence import FinishReason
 from nanoserve.worker.service.async_engine import AsyncEngine
-from nanoserve.worker.service.output_stream import Completion, Stream
+from nanoserve.worker.service.output_stream import Collector, Completion, Stream
 from nanoserve.worker.service.session import WorkerSession
 from tests.unit.hf_reference import make_hf_model
 from tests.unit.test_engine_parity import assert_clean, prompts_of
@@ -154,7 +154,7 @@ def test_async_engine_counts_an_aborted_completion_as_ended():
 
     async def main() -> None:
         engine = bookkeeping_engine()
-        stream = Stream("r", 5, completions=[Completion() for _ in range(3)])
+        stream = Stream("r", 5, Collector(), completions=[Completion() for _ in range(3)])
         engine.streams[5] = stream
         assert engine.abort_completion(stream, 1)
         assert not engine.abort_completion(stream, 1) and not engine.abort_completion(stream, 3)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from nanoserve.worker import LLM, SamplingParams
-from nanoserve.worker.core.sequence import Sequence
 from nanoserve.worker.runner.lookahead import Foreseen, foreseen_rows, next_decode_inputs
 from nanoserve.worker.runner.step_inputs import StepInputs
+from nanoserve.worker.sequence import Sequence
 from tests.unit.hf_reference import hf_greedy, make_hf_model
 
 

@@ -13,7 +13,7 @@ def _rank_main(rank: int, world_size: int, port: int, fail_rank: int, results) -
     import torch
     import torch.distributed as dist
 
-    from nanoserve.worker.tp import distributed
+    from nanoserve.worker.layers import distributed
 
     class FakeSymmetric:  # stands in for torch's symmetric memory, which needs CUDA peers
         def __init__(self, device, max_bytes, dtype, max_rows):

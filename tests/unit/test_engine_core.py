@@ -143,7 +143,7 @@ def test_a_completion_abort_ends_that_completion_only(core) -> None:
     read_until(from_core, lambda fs: sum(isinstance(f, Step) for f in fs) >= 3)
     to_core.send_bytes(inbox_frame([], [], completion_aborts=[[11, 1], [99, 0]]))
     frames = read_until(from_core, idle)
-    finished = {out.index: fin for out, fin in finishes(frames)}
+    finished = {out.completion: fin for out, fin in finishes(frames)}
     assert set(finished) == {0, 2} and all(
         (fin.reason, fin.prompt_tokens, fin.completion_tokens) == ("length", 3, 200)
         for fin in finished.values()

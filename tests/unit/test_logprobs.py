@@ -14,9 +14,9 @@ from nanoserve.proto.v1 import common_pb2
 from nanoserve.sampling import Limits as EngineLimits
 from nanoserve.sampling_proto import from_proto
 from nanoserve.worker import LLM, SamplingParams
-from nanoserve.worker.core.sequence import Sequence
 from nanoserve.worker.runner.logprobs import StepLogprobs
 from nanoserve.worker.runner.sampler import SamplingTensors
+from nanoserve.worker.sequence import Sequence
 from tests.unit.hf_reference import make_hf_model
 
 ATOL = 1e-4

@@ -15,6 +15,7 @@ from nanoserve.frontend.metrics import FrontendMetrics
 from nanoserve.frontend.request_log import RequestLog, RequestRecord, current_record, recorded
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
+from nanoserve.worker.core.stats_log import Load
 from nanoserve.worker.service.async_engine import Finish
 from nanoserve.worker.service.metrics import EngineHistograms, WorkerLoad, worker_registry
 
@@ -132,7 +133,7 @@ def test_worker_load_from_an_engine(tiny_model_dir) -> None:
     llm = LLM(str(tiny_model_dir), device="cpu", kvcache_block_size=16, num_kvcache_blocks=64)
     try:
         llm.generate([[1, 2, 3]], SamplingParams(max_tokens=5), use_tqdm=False)
-        load = WorkerLoad.from_engine(llm, 1)  # LLM is an LLMEngine
+        load = WorkerLoad.from_load(Load.of(llm), 1)  # LLM is an LLMEngine
     finally:
         llm.shutdown()
     assert (load.num_running, load.num_waiting) == (0, 0)

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 
 from nanoserve.worker.model.config import ModelConfig
 
@@ -37,7 +36,7 @@ def test_transformers4_layout_and_defaults(tmp_path):
     assert config.rope_theta == 1e6
     assert config.rms_norm_eps == 1e-5
     assert config.tie_word_embeddings is False
-    assert config.torch_dtype is torch.bfloat16
+    assert config.dtype == "bfloat16"
     assert config.eos_token_ids == (7,)
 
 

@@ -70,7 +70,7 @@ def test_sharded_checkpoint_equals_single_file(tmp_path):
 
 def test_bf16_checkpoint_loads_into_float32_model(tmp_path):
     model_dir = make_tiny_model(tmp_path, dtype="bfloat16", **SMALL)
-    assert ModelConfig.from_model_dir(str(model_dir)).torch_dtype is torch.bfloat16
+    assert ModelConfig.from_model_dir(str(model_dir)).dtype == "bfloat16"
     model = loaded(model_dir)
     ckpt = load_file(model_dir / "model.safetensors")
     assert ckpt["model.norm.weight"].dtype is torch.bfloat16

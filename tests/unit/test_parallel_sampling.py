@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from nanoserve.sampling import MAX_N
 from nanoserve.worker import LLM, SamplingParams
-from nanoserve.worker.core.sequence import Sequence
+from nanoserve.worker.sequence import Sequence
 from tests.unit.hf_reference import make_hf_model
 from tests.unit.test_engine_parity import assert_clean, prompts_of
 from tests.unit.test_scheduler_blocks import check_invariants, make

@@ -6,7 +6,7 @@ import pytest
 
 from nanoserve.sampling import SamplingParams
 from nanoserve.worker import LLM
-from nanoserve.worker.core.sequence import Sequence
+from nanoserve.worker.sequence import Sequence
 from tests.unit.hf_reference import make_hf_model
 from tests.unit.test_engine_parity import GREEDY, assert_clean, prompts_of
 from tests.unit.test_scheduler_blocks import check_invariants, make

@@ -16,7 +16,7 @@ from nanoserve.errors import (
     InvalidArgument,
     Unavailable,
     echo,
-    error_from_worker,
+    worker_status_error,
 )
 from nanoserve.frontend.admission import (
     Limits,
@@ -249,17 +249,6 @@ def test_echo_and_details_are_capped() -> None:
     assert len(error.message) == MAX_DETAILS_CHARS and error.message.endswith("(truncated)")
 
 
-class FakeRpcError(grpc.RpcError):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        self._code, self._details = code, details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-
 @pytest.mark.parametrize(
     ("code", "expected"),
     [
@@ -272,7 +261,7 @@ class FakeRpcError(grpc.RpcError):
     ],
 )
 def test_worker_statuses_the_frontend_relays(code, expected) -> None:
-    error = error_from_worker(FakeRpcError(code, "request 'x' was aborted"))
+    error = worker_status_error(code, "request 'x' was aborted")
     assert type(error) is expected
     if code == grpc.StatusCode.ABORTED:
         assert error.message == "worker: request 'x' was aborted"

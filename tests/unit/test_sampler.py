@@ -179,7 +179,7 @@ def test_repetition_penalty_changes_greedy_output(llm):
 
 
 def test_penalty_tensors_count_prompt_and_output_per_sequence(llm):
-    from nanoserve.worker.core.sequence import Sequence
+    from nanoserve.worker.sequence import Sequence
 
     seqs = []
     for prompt, output in [([5, 5, 9], [9, 9, 3]), ([7], []), ([1, 2], [2, 8, 8, 8])]:
@@ -202,7 +202,7 @@ def test_penalty_tensors_count_prompt_and_output_per_sequence(llm):
 def test_min_tokens_masks_eos_and_stop_ids_until_reached(llm):
     """vLLM semantics: a row under min_tokens never samples eos or a stop id (before: the stop id
     was sampled and only the finish was refused, so it repeated inside the output)."""
-    from nanoserve.worker.core.sequence import Sequence
+    from nanoserve.worker.sequence import Sequence
 
     eos = llm.model_config.eos_token_ids[0]
     under = Sequence([5, 6], SamplingParams(temperature=0, min_tokens=3, stop_token_ids=(7, 9)))
@@ -241,8 +241,8 @@ def test_penalty_counts_persist_and_follow_each_step():
     import random
     from collections import Counter
 
-    from nanoserve.worker.core.sequence import Sequence
     from nanoserve.worker.runner.sampling_inputs import SamplingInputs
+    from nanoserve.worker.sequence import Sequence
 
     rng, vocab = random.Random(3), 40
     inputs = SamplingInputs(torch.device("cpu"), vocab)

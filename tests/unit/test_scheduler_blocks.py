@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from nanoserve.sampling import SamplingParams
 from nanoserve.worker.core.block_manager import BlockManager, chain_hash, salt_hash
 from nanoserve.worker.core.scheduler import Scheduler
-from nanoserve.worker.core.sequence import Sequence
+from nanoserve.worker.sequence import Sequence
 
 
 def make(num_blocks=16, block_size=4, max_num_seqs=8, max_tokens=64) -> Scheduler:

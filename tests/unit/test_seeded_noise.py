@@ -14,7 +14,6 @@ import torch
 from triton.runtime import interpreter
 
 from nanoserve.worker import LLM, SamplingParams
-from nanoserve.worker.core.sequence import Sequence
 from nanoserve.worker.runner import seeded_noise
 from nanoserve.worker.runner.sampler import SamplingTensors, sample
 from nanoserve.worker.runner.sampling_inputs import SamplingInputs
@@ -26,6 +25,7 @@ from nanoserve.worker.runner.seeded_noise import (
     seeded_bits,
     seeded_exponential,
 )
+from nanoserve.worker.sequence import Sequence
 from tests.unit.hf_reference import make_hf_model
 
 _KERNEL = "nanoserve.worker.kernels.seeded_noise"

@@ -16,12 +16,14 @@ from nanoserve.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
 def test_gateway_flags_follow_the_frontends(tiny_model_dir: Path, monkeypatch) -> None:
     monkeypatch.setattr(serve_args, "check_port_free", lambda *a, **k: None)
     common = ["--model", str(tiny_model_dir), "--host", "0.0.0.0", "--log-level", "DEBUG"]
+    common += ["--log-format", "json"]
     args, _, _ = cli.serve_argvs(
         [*common, "--gateway-port", "8123", "--gateway-args", "--reuse-port --metrics-port 9092"]
     )
     assert args.gateway_argv == [
-        *("--host", "0.0.0.0", "--port", "8123", "--log-level", "DEBUG"),
+        *("--host", "0.0.0.0", "--port", "8123", "--log-level", "DEBUG", "--log-format", "json"),
         *("--grace-period-s", "30.0", "--max-message-bytes", str(DEFAULT_MAX_MESSAGE_BYTES)),
+        *("--otlp-traces-endpoint", ""),  # the ServiceConfig fields every service gets alike
         *("--reuse-port", "--metrics-port", "9092"),
     ]
     args, _, _ = cli.serve_argvs(common)

@@ -240,7 +240,7 @@ def test_apply_token_bitmask_matches_unpacked_bits():
 
 
 def test_unconstrained_batches_have_no_mask(llm):
-    from nanoserve.worker.core.sequence import Sequence
+    from nanoserve.worker.sequence import Sequence
 
     seqs = [Sequence([1, 2], SamplingParams(temperature=1.0)) for _ in range(3)]
     assert llm.model_runner.sampling.prepare(seqs).allowed is None

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from nanoserve.sampling import SamplingParams
-from nanoserve.worker.core.sequence import Sequence
 from nanoserve.worker.runner.sampler import SamplingTensors, adjusted_logits, sample
 from nanoserve.worker.runner.sampling_inputs import SamplingInputs
+from nanoserve.worker.sequence import Sequence
 
 VOCAB = 50
 

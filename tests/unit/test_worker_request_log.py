@@ -40,7 +40,7 @@ class FakeEngine:
         priority: int = 0,
         traceparent: str | None = None,
     ) -> Stream:
-        stream = self.streams[self.next_id] = Stream(request_id, self.next_id, owner)
+        stream = self.streams[self.next_id] = Stream(request_id, self.next_id, owner or Collector())
         self.next_id += 1
         if self.refuse_next is not None:  # as AsyncEngine._on_refused forgets and ends it
             del self.streams[stream.engine_id]

@@ -11,7 +11,7 @@ import hashlib
 from array import array
 from collections import OrderedDict
 
-from nanoserve.worker.core.sequence import Sequence
+from nanoserve.worker.sequence import Sequence
 
 
 class Block:

@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 from multiprocessing.connection import Connection
+from typing import cast
 
 from nanoserve.sampling import SamplingParams
 from nanoserve.tracing import tracer_for
@@ -146,32 +147,31 @@ class EngineCore:
             outputs = engine.step()
             self.step_started = None
             step_s = time.perf_counter() - started
-            for o in outputs:
-                if o.seq.error is not None:  # a grammar that does not compile
-                    self.send(Invalid(o.seq.request_id, o.seq.error))
-            out = [
-                Output(
-                    o.seq.request_id,
-                    o.new_token_ids,
-                    _finish(o.seq) if o.finished else None,
-                    o.seq.index,
-                    o.logprobs,
-                    o.prompt_logprobs,
-                )
-                for o in outputs
-                if o.seq.error is None
-            ]
-            cached = [
-                [o.seq.request_id, o.seq.num_cached_tokens]
-                for o in outputs
-                if not o.finished and 0 < len(o.new_token_ids) == o.seq.num_completion_tokens
-            ]
+            out, cached = self._outputs(outputs)
             if self.traced:
                 self._trace(outputs)
             load = self.load()
             self.send(Step(load, out, step_s, cached))
             self.load_dirty = False
             self.stats.observe(load)
+
+    def _outputs(self, outputs: list) -> tuple[list[Output], list[list[int]]]:
+        """A step's outputs as frames.Output, and [engine id, cached prompt tokens] of the
+        sequences whose first output this is; a sequence that failed gets an Invalid frame."""
+        out, cached = [], []
+        for o in outputs:
+            seq = o.seq
+            engine_id = cast(int, seq.request_id)  # the core adds requests by int ids only
+            if seq.error is not None:  # a grammar that does not compile
+                self.send(Invalid(engine_id, seq.error))
+                continue
+            finish = _finish(seq) if o.finished else None
+            out.append(
+                Output(engine_id, o.new_token_ids, finish, seq.index, o.logprobs, o.prompt_logprobs)
+            )
+            if not o.finished and 0 < len(o.new_token_ids) == seq.num_completion_tokens:
+                cached.append([engine_id, seq.num_cached_tokens])
+        return out, cached
 
     def _trace(self, outputs: list) -> None:
         """The spans of the traced sequences that ended in this step."""

@@ -3,9 +3,11 @@
 array (never pickle): [kind, *fields] from the core, the Inbox's fields to it.
 """
 
-from typing import NamedTuple
+from typing import NamedTuple, get_args
 
 import msgpack
+
+from nanoserve.worker.core.stats_log import Load
 
 # ---- server -> engine core: one Inbox per flush of the event loop ----
 
@@ -42,7 +44,7 @@ def read_inbox(data: bytes) -> Inbox:
     return Inbox(*msgpack.unpackb(data))
 
 
-# ---- engine core -> server: the readers rebuild nested arrays with _make where they need names ----
+# ---- engine core -> server: [class name, *fields]; readers rebuild nested arrays with _make ----
 
 
 class Finish(NamedTuple):
@@ -64,13 +66,12 @@ class Output(NamedTuple):
     engine_id: int
     new_ids: list[int]
     finish: Finish | None
-    index: int  # which of the request's n completions
+    completion: int  # which of the request's n completions
     logprobs: list | None  # entries of new_ids (runner.logprobs), when asked for
     prompt_logprobs: list | None  # entries of new prompt positions, when asked for
 
 
 class Ready(NamedTuple):
-    KIND = "ready"
     info: dict  # the engine's limits: max_model_len, vocab_size, eos_token_ids, block_size, ...
 
 
@@ -78,18 +79,15 @@ class Alive(NamedTuple):
     """Every HEARTBEAT_S from a thread of its own: the server tells a core stuck in a step from a
     frozen one."""
 
-    KIND = "alive"
     step_running_s: float  # how long the current step has run (0.0 between steps)
 
 
 class LoadFrame(NamedTuple):
-    KIND = "load"
-    load: list  # stats_log.Load's fields: sent when the core goes idle
+    load: Load  # sent when the core goes idle (an array after the pipe: Load._make it)
 
 
 class Step(NamedTuple):
-    KIND = "step"
-    load: list  # stats_log.Load's fields, after the step
+    load: Load  # after the step (an array after the pipe: Load._make it)
     outputs: list[Output]
     step_s: float
     # [engine id, cached prompt tokens] with a request's first output: the frontend reports them
@@ -98,7 +96,6 @@ class Step(NamedTuple):
 
 
 class Refused(NamedTuple):
-    KIND = "refused"
     engine_id: int
     reason: str
 
@@ -106,7 +103,6 @@ class Refused(NamedTuple):
 class Invalid(NamedTuple):
     """A request the engine could not run (a grammar that does not compile): INVALID_ARGUMENT."""
 
-    KIND = "invalid"
     engine_id: int
     reason: str
 
@@ -114,16 +110,15 @@ class Invalid(NamedTuple):
 class Error(NamedTuple):
     """Fatal: the core exits after it."""
 
-    KIND = "error"
     message: str
 
 
-FROM_CORE = {kind.KIND: kind for kind in (Ready, Alive, LoadFrame, Step, Refused, Invalid, Error)}
 CoreFrame = Ready | Alive | LoadFrame | Step | Refused | Invalid | Error
+FROM_CORE = {kind.__name__: kind for kind in get_args(CoreFrame)}
 
 
 def encode(frame: CoreFrame) -> bytes:
-    return msgpack.packb([frame.KIND, *frame])
+    return msgpack.packb([type(frame).__name__, *frame])
 
 
 def decode(data: bytes) -> CoreFrame:

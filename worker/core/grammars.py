@@ -17,15 +17,13 @@ import logging
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from nanoserve.structured_output import FIELD
-from nanoserve.worker.core.sequence import Sequence
+from nanoserve.worker.sequence import Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -177,25 +175,3 @@ class Grammars:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
-
-
-def grammar_bitmask(seqs: list[Sequence], vocab_size: int) -> tuple[list[int], torch.Tensor] | None:
-    """(rows, (G, ceil(V/32)) int32 bitmask on the host) of the rows of seqs that have a grammar:
-    bit t of row g set = token t allowed. None when no row has one."""
-    rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None]
-    if not rows:
-        return None
-    bitmask = torch.empty(len(rows), (vocab_size + 31) // 32, dtype=torch.int32)
-    for g, i in enumerate(rows):
-        grammar = seqs[i].grammar
-        assert grammar is not None
-        grammar.fill(bitmask, g)
-    return rows, bitmask
-
-
-def allows_none_of(bitmask_row: torch.Tensor, token_ids: Collection[int]) -> bool:
-    """Whether a host bitmask row ((ceil(V/32),) int32 words) clears every one of token_ids: a
-    grammar and allowed_token_ids that leave a row no token at all."""
-    words = bitmask_row.numpy().view(np.uint32)
-    ids = np.asarray(token_ids, dtype=np.int64)
-    return not ((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).any()

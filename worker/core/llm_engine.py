@@ -12,8 +12,8 @@ from nanoserve.sampling import Limits, SamplingParams
 from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.core.block_manager import BlockManager
 from nanoserve.worker.core.scheduler import Scheduler
-from nanoserve.worker.core.sequence import FinishReason, Sequence, SequenceStatus
 from nanoserve.worker.model.config import ModelConfig
+from nanoserve.worker.sequence import FinishReason, Sequence, SequenceStatus
 
 if TYPE_CHECKING:  # imported where chosen: a single-GPU engine needs no tensor-parallel machinery
     from nanoserve.worker.core.grammars import Grammars

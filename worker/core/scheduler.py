@@ -14,7 +14,7 @@ from collections import deque
 from itertools import chain
 
 from nanoserve.worker.core.block_manager import BlockManager, blocks_for
-from nanoserve.worker.core.sequence import FinishReason, Sequence, SequenceStatus
+from nanoserve.worker.sequence import FinishReason, Sequence, SequenceStatus
 
 
 def _sched_key(seq: Sequence) -> tuple[int, int, int]:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from nanoserve.tracing import Tracer, wall_ns_of_monotonic
 
 if TYPE_CHECKING:  # the engine core imports torch; the module stays light for the gRPC process
-    from nanoserve.worker.core.sequence import Sequence
+    from nanoserve.worker.sequence import Sequence
 
 
 def trace_sequence(

@@ -1,5 +1,5 @@
 """All-reduce of a row-parallel layer's partial sums fused with the residual add and RMSNorm that
-follow it (worker.tp.distributed.all_reduce_add_rms_norm, tensor parallelism on CUDA).
+follow it (worker.layers.distributed.all_reduce_add_rms_norm, tensor parallelism on CUDA).
 
 One program per token row: it writes its row of this rank's partial sum into every peer's symmetric
 buffer (a push over NVLink: no remote read's round trip), raises a flag on each peer, waits for every

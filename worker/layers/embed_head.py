@@ -9,8 +9,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nanoserve.worker.layers.distributed import (
+    all_gather,
+    all_reduce,
+    get_tp_rank,
+    get_tp_world_size,
+)
 from nanoserve.worker.layers.linear import check_shape, narrow, set_weight_loader
-from nanoserve.worker.tp.distributed import all_gather, all_reduce, get_tp_rank, get_tp_world_size
 
 
 class VocabParallelEmbedding(nn.Module):

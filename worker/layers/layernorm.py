@@ -4,8 +4,8 @@ under tensor parallelism, with the all-reduce of the row-parallel layer before t
 import torch
 from torch import nn
 
+from nanoserve.worker.layers.distributed import all_reduce, all_reduce_add_rms_norm
 from nanoserve.worker.layers.linear import load_whole, set_weight_loader
-from nanoserve.worker.tp.distributed import all_reduce, all_reduce_add_rms_norm
 
 
 class RMSNorm(nn.Module):

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanoserve.worker.tp.distributed import all_reduce, get_tp_rank, get_tp_world_size
+from nanoserve.worker.layers.distributed import all_reduce, get_tp_rank, get_tp_world_size
 
 # widest output that linear() sends to the skinny kernel at M = 1. L2-cold on the H200
 # (nanoserve.benchmarks.gemm, docs/benchmarks.md) it beats cuBLAS up to 6144 x 4096 (qkv, o_proj,

@@ -8,11 +8,9 @@ import json
 import os
 from dataclasses import dataclass
 
-import torch
-
 from nanoserve.sampling import FALLBACKS, range_violation
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_DTYPES = ("float32", "float16", "bfloat16")
 _ARCHITECTURE = "Qwen3ForCausalLM"
 
 
@@ -74,10 +72,6 @@ class ModelConfig:
         """`--max-model-len` (0: not set) capped by the positions the model was trained for; the
         engine lowers it further to what the KV cache holds."""
         return min(requested or self.max_position_embeddings, self.max_position_embeddings)
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.dtype]
 
     @classmethod
     def from_model_dir(cls, path: str) -> "ModelConfig":

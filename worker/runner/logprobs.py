@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nanoserve.worker.core.sequence import Sequence
 from nanoserve.worker.runner.host_copy import to_device
 from nanoserve.worker.runner.sampler import SamplingTensors, processed_logits
+from nanoserve.worker.sequence import Sequence
 
 # Prompt-logprob rows go through the LM head and the reduction this many at a time, so a step's
 # extra memory is bounded whatever its prompt length (a whole 8k-token chunk of Qwen3 would hold

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nanoserve.worker.core.sequence import Sequence
 from nanoserve.worker.runner.host_copy import to_device
 from nanoserve.worker.runner.step_inputs import StepInputs
+from nanoserve.worker.sequence import Sequence
 
 
 @dataclass(slots=True)

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from nanoserve.worker.config import EngineConfig
-from nanoserve.worker.core.sequence import Sequence
 from nanoserve.worker.layers.attention import FP8_KV_DTYPE, Attention
 from nanoserve.worker.layers.context import get_context, reset_context, set_context
+from nanoserve.worker.layers.distributed import init_symmetric_all_reduce
 from nanoserve.worker.model.config import ModelConfig
 from nanoserve.worker.model.loader import load_model
 from nanoserve.worker.model.qwen3 import Qwen3ForCausalLM
@@ -52,7 +52,7 @@ from nanoserve.worker.runner.step_inputs import (
     max_message_words,
     split_message,
 )
-from nanoserve.worker.tp.distributed import init_symmetric_all_reduce
+from nanoserve.worker.sequence import Sequence
 
 logger = logging.getLogger(__name__)
 

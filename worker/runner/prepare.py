@@ -7,10 +7,10 @@ those come last among the logit rows (StepInputs.num_prompt_rows; PromptRows say
 
 import numpy as np
 
-from nanoserve.worker.core.sequence import Sequence
 from nanoserve.worker.runner.logprobs import PROMPT_CHUNK_ROWS, PromptRows
 from nanoserve.worker.runner.prefill_graph import pad_to_bucket
 from nanoserve.worker.runner.step_inputs import StepInputs
+from nanoserve.worker.sequence import Sequence
 
 
 def block_tables(seqs: list[Sequence]) -> np.ndarray:

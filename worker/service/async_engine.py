@@ -92,6 +92,15 @@ class AsyncEngine:
         self.load = Load(time.monotonic(), 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0)  # the core's latest
         # (time, prompt tokens done, generated tokens) samples for the rates in GetLoad
         self.history: collections.deque = collections.deque(maxlen=64)
+        self.handlers: dict[type, Callable] = {
+            frames.Ready: self._on_ready,
+            frames.Alive: self._on_alive,
+            frames.LoadFrame: self._on_load,
+            frames.Step: self._on_step,
+            frames.Refused: self._on_refused,
+            frames.Invalid: self._on_invalid,
+            frames.Error: self._on_error,
+        }
         loop.add_reader(self.from_core.fileno(), self._on_readable)
         # the engine core's spans are children of these
         self.tracer = tracer_for("nanoserve-worker", config.otlp_traces_endpoint)
@@ -110,14 +119,15 @@ class AsyncEngine:
         priority: int = 0,
         traceparent: str | None = None,
     ) -> Stream:
-        """Queues a request that request_proto.admit checked. Without an owner, request ids are unique
-        among live requests (WorkerService.Abort names them). `cache_salt`: prefix-cache isolation
+        """Queues a request that service.admission.admit checked. Without an owner (a Session's),
+        it gets a Collector of its own and its request id is unique among such requests
+        (WorkerService.Abort names them). `cache_salt`: prefix-cache isolation
         (LLMEngine.add_request). `traceparent`: the caller's span (tracing.traceparent_from)."""
         if self.error is not None:
             raise EngineDead(str(self.error))
         if owner is None and request_id in self.by_request_id:
             raise ValueError(f"request_id: {request_id!r} is already running")
-        stream = Stream(request_id, next(self.next_id), owner)
+        stream = Stream(request_id, next(self.next_id), owner or Collector())
         stream.completions += [Completion() for _ in range(sp.n - 1)]
         self.streams[stream.engine_id] = stream
         if owner is None:
@@ -220,7 +230,7 @@ class AsyncEngine:
         try:
             while self.from_core.poll(0):
                 frame = frames.decode(self.from_core.recv_bytes())
-                getattr(self, "_on_" + frame.KIND)(frame)
+                self.handlers[type(frame)](frame)
         except (EOFError, OSError):
             self.loop.remove_reader(self.from_core.fileno())
             if self.stopping:
@@ -291,11 +301,8 @@ class AsyncEngine:
                 if stream.finished:
                     self._forget(stream)
                     self.num_finished += 1
-            if stream.owner is None:
-                stream.event.set()
-            else:
-                stream.owner.ready[engine_id] = stream
-                touched.add(stream.owner)
+            stream.owner.ready[engine_id] = stream
+            touched.add(stream.owner)
         for owner in touched:
             owner.event.set()
 
@@ -323,10 +330,7 @@ class AsyncEngine:
 
     def _end(self, stream: Stream, error: Exception) -> None:
         stream.error = error
-        if stream.owner is None:
-            stream.event.set()
-        else:
-            stream.owner.notify(stream)
+        stream.owner.notify(stream)
 
     def fail(self, exc: BaseException) -> None:
         """The engine is dead (a step raised, a rank or the core process died)."""

@@ -56,11 +56,6 @@ class WorkerLoad:
             num_finished=num_finished,
         )
 
-    @classmethod
-    def from_engine(cls, engine: Any, num_finished: int) -> "WorkerLoad":
-        """Reads an LLMEngine in this process (the offline API, tests)."""
-        return cls.from_load(Load.of(engine), num_finished)
-
 
 class WorkerCollector(Collector):
     """Turns a WorkerLoad, read at scrape time, into metric families. `read` returns None while

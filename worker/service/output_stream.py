@@ -2,7 +2,8 @@
 (worker.service.async_engine fans them out) and the request's consumer (GenerateTokens, a Session).
 
 Every stream keeps at most one pending delta: ids that arrive before its consumer runs are merged
-into it (vLLM's RequestOutputCollector). Streams owned by a Session are flushed once per frame.
+into it (vLLM's RequestOutputCollector). Each stream's owner Collector wakes its consumer: a
+Session's holds all of that Session's streams (flushed once per frame), a GenerateTokens call's one.
 """
 
 import asyncio
@@ -77,7 +78,7 @@ class Stream:
 
     request_id: str
     engine_id: int
-    owner: "Collector | None" = None  # a Session flushes its streams together
+    owner: "Collector"  # a Session's, flushed together; GenerateTokens' holds this one stream
     completions: list[Completion] = field(default_factory=lambda: [Completion()])
     num_finished: int = 0  # completions that ended
     error: Exception | None = None
@@ -85,7 +86,6 @@ class Stream:
     cached_tokens: int | None = None  # the prompt's prefix-cache hit, known with its first output
     cached_sent: bool = False  # a Session told its frontend (with the first output)
     span: Any = None  # its trace span, while tracing is on (nanoserve.tracing)
-    event: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def finished(self) -> bool:

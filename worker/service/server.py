@@ -105,8 +105,8 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
         try:
             while True:
                 if not stream.has_output:
-                    await stream.event.wait()
-                stream.event.clear()
+                    await stream.owner.event.wait()
+                stream.owner.take()  # this one stream: its output is read below
                 if stream.error is not None:
                     error = stream_error(stream.error)
                     ended = (error.code.name, str(error))

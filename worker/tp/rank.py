@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from nanoserve.worker.config import EngineConfig
+from nanoserve.worker.layers.distributed import close_symmetric_all_reduce, fused_all_reduce_error
 from nanoserve.worker.model.config import ModelConfig
 from nanoserve.worker.runner.device import resolve_device
 from nanoserve.worker.runner.model_runner import ModelRunner
@@ -30,7 +31,6 @@ from nanoserve.worker.runner.step_inputs import (
     StepInputs,
     decode_copies,
 )
-from nanoserve.worker.tp.distributed import close_symmetric_all_reduce, fused_all_reduce_error
 from nanoserve.worker.tp.mailbox import StepMailbox
 
 logger = logging.getLogger(__name__)

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from nanoserve.worker.config import EngineConfig
+from nanoserve.worker.layers.distributed import fused_all_reduce_error
 from nanoserve.worker.model.config import ModelConfig
 from nanoserve.worker.runner.device import resolve_device
 from nanoserve.worker.runner.model_runner import ModelRunner
@@ -31,7 +32,6 @@ from nanoserve.worker.runner.step_inputs import (
     exit_message,
     max_message_words,
 )
-from nanoserve.worker.tp.distributed import fused_all_reduce_error
 from nanoserve.worker.tp.mailbox import PeerDied, StepMailbox
 from nanoserve.worker.tp.rank import (
     Spawner,
