@@ -4,7 +4,7 @@
 #        bash scripts/gpu_run.sh wheels [NAME==VERSION...]    (here, before: fills .whl/ to carry)
 #   full:    tests/gpu (one GPU), 0.6B throughput + batch-1 latency, `nanoserve bench serving` at
 #            256 streams and at 16 req/s Poisson, benchmarks/prefill.py if present
-#   quick:   the same without tests/gpu and the Poisson run
+#   quick:   the same without tests/gpu and the Poisson run;  engine: 0.6B throughput + scheduler only
 #   tests:   all of tests/gpu (tp ones too on two GPUs), 0.6B engine figures, prefill host/GPU time
 #   serve:   bench serving at 256 streams, at 16 req/s Poisson, and at tp=2 on two GPUs
 #   timeline: the GPU's idle gaps over the throughput workload
@@ -117,6 +117,10 @@ case $mode in
     $py -m nanoserve.cli make-tiny-model /tmp/nanoserve-tiny >/dev/null 2>&1 &&
       step structured_mask 60 $py -m nanoserve.benchmarks.structured_mask \
         --model /tmp/nanoserve-tiny --engines xgrammar --apply-rows 256 --device cuda
+    ;;
+  engine)  # the engine's throughput and the scheduler's host time alone (an A/B of two trees runs
+    # this script in each: cd OTHER_TREE && bash THIS_TREE/scripts/gpu_run.sh engine)
+    step bench_06b_engine 100 $bench throughput scheduler --shape qwen3-0.6b
     ;;
   retest)  # the GPU tests named by GPU_TESTS_K (a pytest -k expression, e.g. last run's failures;
     # unset: all of them)

@@ -4,6 +4,7 @@ refused add named, the exit frame ends the loop."""
 
 import threading
 from multiprocessing import Pipe
+from typing import NamedTuple
 
 import pytest
 
@@ -13,7 +14,6 @@ from nanoserve.worker.core.frames import (
     Add,
     Finish,
     LoadFrame,
-    Output,
     Refused,
     Step,
     decode,
@@ -67,12 +67,23 @@ def read_until(from_core, done) -> list:
     return frames
 
 
-def outputs(frames: list) -> list[Output]:
-    """Every Step frame's outputs, in order, by name."""
-    return [Output._make(out) for f in frames if isinstance(f, Step) for out in f.outputs]
+class Out(NamedTuple):
+    """A frames.Output by name (the core sends them as plain arrays)."""
+
+    engine_id: int
+    new_ids: list[int]
+    finish: list | None
+    completion: int
+    logprobs: list | None
+    prompt_logprobs: list | None
 
 
-def finishes(frames: list) -> list[tuple[Output, Finish]]:
+def outputs(frames: list) -> list[Out]:
+    """Every Step frame's outputs, in order."""
+    return [Out._make(out) for f in frames if isinstance(f, Step) for out in f.outputs]
+
+
+def finishes(frames: list) -> list[tuple[Out, Finish]]:
     return [(out, Finish._make(out.finish)) for out in outputs(frames) if out.finish is not None]
 
 

@@ -15,8 +15,8 @@ from nanoserve.frontend.metrics import FrontendMetrics
 from nanoserve.frontend.request_log import RequestLog, RequestRecord, current_record, recorded
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
+from nanoserve.worker.core.frames import Finish
 from nanoserve.worker.core.stats_log import Load
-from nanoserve.worker.service.async_engine import Finish
 from nanoserve.worker.service.metrics import EngineHistograms, WorkerLoad, worker_registry
 
 

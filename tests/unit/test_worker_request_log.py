@@ -9,7 +9,8 @@ from nanoserve.errors import Unavailable
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.sampling import Limits
-from nanoserve.worker.service.async_engine import Collector, RequestAborted, Stream
+from nanoserve.worker.service.async_engine import RequestAborted
+from nanoserve.worker.service.output_stream import Collector, Stream
 from nanoserve.worker.service.request_log import SHUTTING_DOWN
 from nanoserve.worker.service.session import WorkerSession
 

@@ -167,7 +167,7 @@ class EngineCore:
                 continue
             finish = _finish(seq) if o.finished else None
             out.append(
-                Output(engine_id, o.new_token_ids, finish, seq.index, o.logprobs, o.prompt_logprobs)
+                (engine_id, o.new_token_ids, finish, seq.index, o.logprobs, o.prompt_logprobs)
             )
             if not o.finished and 0 < len(o.new_token_ids) == seq.num_completion_tokens:
                 cached.append([engine_id, seq.num_cached_tokens])

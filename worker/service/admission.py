@@ -9,14 +9,9 @@ from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.sampling import SamplingError, check_prompt, resolve_max_tokens
 from nanoserve.sampling_proto import from_proto
 from nanoserve.wire import FINISH_REASON_OF
-from nanoserve.worker.service.async_engine import (
-    AsyncEngine,
-    Collector,
-    Finish,
-    RequestAborted,
-    RequestInvalid,
-    Stream,
-)
+from nanoserve.worker.core.frames import Finish
+from nanoserve.worker.service.async_engine import AsyncEngine, RequestAborted, RequestInvalid
+from nanoserve.worker.service.output_stream import Collector, Stream
 from nanoserve.worker.service.request_bounds import MAX_CACHE_SALT_LENGTH
 
 

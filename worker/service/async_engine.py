@@ -375,14 +375,3 @@ class AsyncEngine:
     def kill(self) -> None:
         """Before a fatal exit: the core (and, by PDEATHSIG, its ranks) go without teardown."""
         self.process.kill()
-
-
-__all__ = [
-    "AsyncEngine",
-    "Collector",
-    "Completion",
-    "EngineDead",
-    "Finish",
-    "RequestAborted",
-    "Stream",
-]

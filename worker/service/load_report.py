@@ -29,7 +29,7 @@ def load_key(load: Load, draining: bool) -> LoadKey:
 
 
 def session_load(load: Load, draining: bool) -> worker_pb2.GetLoadResponse:
-    """The report a SessionResponse carries (GetLoad's fields less the throughput rates)."""
+    """The report a SessionResponse carries: GetLoad's fields less the rates and num_finished."""
     return worker_pb2.GetLoadResponse(
         num_running=load.num_running,
         num_waiting=load.num_waiting,

@@ -20,8 +20,8 @@ from nanoserve.metric_buckets import (
     STEP_BUCKETS,
 )
 from nanoserve.metrics_endpoint import serve_metrics
+from nanoserve.worker.core.frames import Finish
 from nanoserve.worker.core.stats_log import Load
-from nanoserve.worker.service.async_engine import Finish
 
 
 @dataclass(frozen=True, slots=True)

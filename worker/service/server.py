@@ -31,6 +31,7 @@ from nanoserve.wire import MAX_REQUEST_ID_LENGTH
 from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.service.admission import add_logprobs, admit, set_finish, stream_error
 from nanoserve.worker.service.async_engine import AsyncEngine, EngineDead
+from nanoserve.worker.service.load_report import session_load
 from nanoserve.worker.service.request_bounds import max_request_bytes
 from nanoserve.worker.service.request_log import (
     CANCELLED_BY_CALLER,
@@ -210,22 +211,10 @@ class WorkerServicer(worker_grpc.WorkerServiceServicer):
             raise Unavailable("the worker is still loading the model")
         if a.error is not None:
             raise Unavailable("the engine has failed")
-        load = a.load
-        prompt_rate, gen_rate = a.rates()
-        return worker_pb2.GetLoadResponse(
-            num_running=load.num_running,
-            num_waiting=load.num_waiting,
-            num_free_blocks=load.num_free_blocks,
-            num_total_blocks=load.num_total_blocks,
-            prefix_cache_hit_rate=load.prefix_cache_hit_rate,
-            generation_tokens_per_s=gen_rate,
-            prompt_tokens_per_s=prompt_rate,
-            num_preemptions=load.num_preemptions,
-            num_finished=a.num_finished,
-            prefix_cache_queries=load.prefix_cache_queries,
-            prefix_cache_hits=load.prefix_cache_hits,
-            draining=self.refusing_work,
-        )
+        report = session_load(a.load, self.refusing_work)  # plus what only GetLoad says:
+        report.prompt_tokens_per_s, report.generation_tokens_per_s = a.rates()
+        report.num_finished = a.num_finished
+        return report
 
 
 async def watch_engine(

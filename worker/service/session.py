@@ -19,8 +19,9 @@ from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.tracing import traceparent_from
 from nanoserve.wire import MAX_WORKER_REQUEST_ID_LENGTH
 from nanoserve.worker.service.admission import add_logprobs, admit, set_finish, stream_error
-from nanoserve.worker.service.async_engine import AsyncEngine, Collector, Stream
+from nanoserve.worker.service.async_engine import AsyncEngine
 from nanoserve.worker.service.load_report import LoadReporter, load_key, session_load
+from nanoserve.worker.service.output_stream import Collector, Stream
 from nanoserve.worker.service.request_log import (
     CANCELLED_BY_CALLER,
     SESSION_ENDED,
