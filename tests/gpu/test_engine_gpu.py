@@ -141,8 +141,11 @@ def bf16_ulp(x: float) -> float:
         (dict(attention_backend="torch", enforce_eager=True), False),
         (dict(max_num_seqs=16), False),  # 40 sequences in batches of 16: other GEMM shapes
         (dict(num_kvcache_blocks=12, kvcache_block_size=256), False),  # preemption
+        # one sequence at a time: every decode step is one row, whose GEMVs do the MLP's
+        # activation and the add + RMSNorm as they read it (worker.kernels.skinny_gemm)
+        (dict(max_num_seqs=1), False),
     ],
-    ids=["graphs", "block16", "torch_backend", "outside_buckets", "preemption"],
+    ids=["graphs", "block16", "torch_backend", "outside_buckets", "preemption", "one_row"],
 )
 def test_greedy_tokens_stable(hf_model, reference_tokens, kw, exact, capsys):
     """bf16 GEMMs round differently for other batch shapes (no batch-invariant kernels), so where
