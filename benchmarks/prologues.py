@@ -5,6 +5,7 @@ then the qkv or gate_up projection. Prints one JSON line per case.
 """
 
 import json
+from collections.abc import Callable
 
 import torch
 
@@ -22,7 +23,7 @@ def main() -> None:
         return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
 
     gate_up, down_w = randn(1, 2 * INTER), randn(HIDDEN, INTER)
-    cases = {
+    cases: dict[str, tuple[Callable[[], object], ...]] = {
         "down": (
             lambda: skinny_gemm(gate_up, down_w, silu_and_mul=True),
             lambda: skinny_gemm(silu_and_mul(gate_up), down_w),
