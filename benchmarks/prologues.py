@@ -6,6 +6,7 @@ then the qkv or gate_up projection. Prints one JSON line per case.
 
 import json
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -14,6 +15,10 @@ from nanoserve.worker.kernels import fused_add_rms_norm, silu_and_mul
 from nanoserve.worker.kernels.skinny_gemm import skinny_add_rms_norm_gemm, skinny_gemm
 
 HIDDEN, INTER, QKV = 1024, 3072, 4096  # Qwen3-0.6B
+
+
+def _norm_then_gemm(x, residual, norm_w, w) -> torch.Tensor:
+    return skinny_gemm(fused_add_rms_norm(x, residual, norm_w, 1e-6)[0], w)
 
 
 def main() -> None:
@@ -34,9 +39,9 @@ def main() -> None:
     for name, n in (("qkv", QKV), ("gate_up", 2 * INTER)):
         w = randn(n, HIDDEN)
         cases[name] = (
-            lambda w=w: skinny_add_rms_norm_gemm(x, residual, norm_w, 1e-6, w),
-            lambda w=w: skinny_gemm(fused_add_rms_norm(x, residual, norm_w, 1e-6)[0], w),
-            lambda: fused_add_rms_norm(x, residual, norm_w, 1e-6),
+            partial(skinny_add_rms_norm_gemm, x, residual, norm_w, 1e-6, w),
+            partial(_norm_then_gemm, x, residual, norm_w, w),
+            partial(fused_add_rms_norm, x, residual, norm_w, 1e-6),
         )
     for name, (fused, pair, prologue) in cases.items():
         row = {"case": name, "fused_us": round(graph_us(fused), 2)}
