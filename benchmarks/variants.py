@@ -11,9 +11,6 @@ machine (the same code moves ~8% between machines). `gpu_run.sh ab` runs AB_VARI
   cublaslt   the code as it is, torch's cuBLASLt back end for the GEMMs cuBLAS runs
   fp8        the code as it is with the fp8 KV cache (--kv-cache-dtype fp8)
   notrigger  the code as it is without the early launch signal of PDL kernels (pdl.TRIGGER)
-  nosilu     the code as it is, a decode row's SiLU-and-mul its own kernel again (not in the GEMV)
-  nonorm     the code as it is, a decode row's add + RMSNorm its own kernel again (not in the GEMV)
-  nofuse     both of the above
   now        the code as it is
 """
 
@@ -24,8 +21,7 @@ import torch
 import triton
 
 from nanoserve.benchmarks import engine
-from nanoserve.worker.kernels import decode_attention, pdl, skinny_gemm, split_k_gemm
-from nanoserve.worker.layers import activation, layernorm
+from nanoserve.worker.kernels import decode_attention, pdl, split_k_gemm
 from nanoserve.worker.runner import sampler
 
 VARIANTS = (
@@ -37,9 +33,6 @@ VARIANTS = (
     "cublaslt",
     "fp8",
     "notrigger",
-    "nosilu",
-    "nonorm",
-    "nofuse",
     "now",
 )
 
@@ -68,22 +61,6 @@ def apply(variant: str) -> None:
         pdl.TRIGGER = triton.language.constexpr(False)
         # compiled apart: a cached kernel of the other setting must not be loaded
         os.environ["TRITON_CACHE_DIR"] = os.path.expanduser("~/.triton/cache-notrigger")
-    if variant in ("nosilu", "nofuse"):
-        plain = skinny_gemm.skinny_gemm
-
-        def unfused(x, weight, config=None, silu_and_mul=False):
-            if silu_and_mul:
-                x = activation.silu_and_mul(x)
-            return plain(x, weight, config)
-
-        skinny_gemm.skinny_gemm = unfused  # linear() imports it at each call
-    if variant in ("nonorm", "nofuse"):
-
-        def norm_then_linear(self, x, residual, layer):
-            hidden, residual = self(x, residual)
-            return layer(hidden), residual
-
-        layernorm.RMSNorm.forward_linear = norm_then_linear  # type: ignore[method-assign]
     if variant == "cublaslt":
         torch.backends.cuda.preferred_blas_library("cublaslt")
 

@@ -141,8 +141,7 @@ def bf16_ulp(x: float) -> float:
         (dict(attention_backend="torch", enforce_eager=True), False),
         (dict(max_num_seqs=16), False),  # 40 sequences in batches of 16: other GEMM shapes
         (dict(num_kvcache_blocks=12, kvcache_block_size=256), False),  # preemption
-        # one sequence at a time: every decode step is one row, whose GEMVs do the MLP's
-        # activation and the add + RMSNorm as they read it (worker.kernels.skinny_gemm)
+        # one sequence at a time: every decode step is one row (the skinny GEMV's path)
         (dict(max_num_seqs=1), False),
     ],
     ids=["graphs", "block16", "torch_backend", "outside_buckets", "preemption", "one_row"],

@@ -5,13 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nanoserve.worker.kernels.norm import fused_add_rms_norm, silu_and_mul
-from nanoserve.worker.kernels.skinny_gemm import (
-    MAX_M,
-    skinny_add_rms_norm_gemm,
-    skinny_gemm,
-    skinny_gemm_config,
-)
+from nanoserve.worker.kernels.skinny_gemm import MAX_M, skinny_gemm, skinny_gemm_config
 
 
 def _cfg(bm: int, bn: int, bk: int, stages: int = 1) -> dict:
@@ -77,7 +71,7 @@ def test_config_rule():
 def test_rejects_what_it_cannot_run():
     with pytest.raises(ValueError, match="M=9"):
         skinny_gemm(torch.randn(MAX_M + 1, 16), torch.randn(4, 16))
-    with pytest.raises(ValueError, match=r"x width 16 must be 8 \(weight's K=8\)"):
+    with pytest.raises(ValueError, match="x width 16 must be weight's K=8"):
         skinny_gemm(torch.randn(1, 16), torch.randn(4, 8))
     with pytest.raises(ValueError, match="stride"):
         skinny_gemm(torch.randn(1, 16), torch.randn(16, 4).t())
@@ -89,35 +83,3 @@ def test_rejects_what_it_cannot_run():
         skinny_gemm(torch.randn(2, 16), torch.randn(4, 16), _cfg(1, 2, 16))
     assert skinny_gemm(torch.randn(0, 16), torch.randn(4, 16)).shape == (0, 4)
     assert not skinny_gemm(torch.randn(2, 0), torch.randn(4, 0)).any()
-
-
-@pytest.mark.parametrize("m, k, cfg", [(1, 96, None), (3, 200, None), (1, 520, _cfg(1, 4, 64, 2))])
-def test_silu_and_mul_prologue_equals_the_two_kernels(m, k, cfg):
-    """The MLP's activation done as the down projection reads its rows: bit for bit the separate
-    silu_and_mul kernel (rounded to the activation dtype) and then the GEMM."""
-    torch.manual_seed(k)
-    gate_up, w = torch.randn(m, 2 * k).bfloat16(), torch.randn(40, k).bfloat16()
-    fused = skinny_gemm(gate_up, w, cfg, silu_and_mul=True)
-    torch.testing.assert_close(fused, skinny_gemm(silu_and_mul(gate_up), w, cfg), atol=0, rtol=0)
-    with pytest.raises(ValueError, match=r"x width 96 must be 192"):
-        skinny_gemm(torch.randn(1, 96), torch.randn(4, 96), silu_and_mul=True)
-
-
-@pytest.mark.parametrize("m, k", [(1, 64), (2, 1000), (1, 1024)])
-def test_add_rms_norm_prologue_equals_the_two_kernels(m, k):
-    """RMSNorm(x + residual) done as the GEMM reads its row, x + residual stored alongside: the
-    separate fused_add_rms_norm kernel's outputs and then the GEMM (ulps: the row's sum of squares
-    may be added in another order)."""
-    torch.manual_seed(k)
-    x, residual = torch.randn(m, k).bfloat16(), torch.randn(m, k).bfloat16()
-    norm_w, w = (1 + 0.1 * torch.randn(k)).bfloat16(), torch.randn(48, k).bfloat16()
-    x0, residual0 = x.clone(), residual.clone()
-    y, new_residual = skinny_add_rms_norm_gemm(x, residual, norm_w, 1e-6, w)
-    normed, expected_residual = fused_add_rms_norm(x, residual, norm_w, 1e-6)
-    assert torch.equal(new_residual, expected_residual)
-    torch.testing.assert_close(y, skinny_gemm(normed, w), atol=0.05, rtol=1e-2)
-    assert torch.equal(x, x0) and torch.equal(residual, residual0)  # the inputs are not written
-    with pytest.raises(ValueError, match="K=4096 <= 2048"):
-        skinny_add_rms_norm_gemm(
-            torch.randn(1, 4096), torch.randn(1, 4096), torch.ones(4096), 1e-6, torch.randn(4, 4096)
-        )

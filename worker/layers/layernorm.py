@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from nanoserve.worker.layers.distributed import all_reduce, all_reduce_add_rms_norm
-from nanoserve.worker.layers.linear import LinearBase, load_whole, set_weight_loader, skinny_row
+from nanoserve.worker.layers.linear import load_whole, set_weight_loader
 
 
 class RMSNorm(nn.Module):
@@ -43,18 +43,3 @@ class RMSNorm(nn.Module):
         x_f = x_f * torch.rsqrt(x_f.pow(2).mean(-1, keepdim=True) + self.eps)
         out = self.weight * x_f.to(x.dtype)
         return out if residual is None else (out, residual)
-
-    def forward_linear(
-        self, x: torch.Tensor, residual: torch.Tensor, layer: LinearBase
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(layer(norm(x + residual)), x + residual). One decode row on CUDA without tensor
-        parallelism (where the norm would all-reduce first) takes one kernel: the skinny GEMV
-        normalises the row as it reads it (worker.kernels.skinny_gemm, ADD_RMS_NORM)."""
-        if layer.tp_size == 1 and skinny_row(x, layer.weight, layer.bias):
-            from nanoserve.worker.kernels.skinny_gemm import fits_add_rms_norm
-            from nanoserve.worker.kernels.skinny_gemm import skinny_add_rms_norm_gemm as fused
-
-            if fits_add_rms_norm(x.shape[1]) and residual.is_contiguous():
-                return fused(x, residual, self.weight, self.eps, layer.weight)
-        hidden, residual = self(x, residual)
-        return layer(hidden), residual

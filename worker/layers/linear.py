@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanoserve.worker.layers import activation
 from nanoserve.worker.layers.distributed import all_reduce, get_tp_rank, get_tp_world_size
 
 # widest output that linear() sends to the skinny kernel at M = 1. L2-cold on the H200
@@ -58,35 +57,17 @@ def load_whole(param: nn.Parameter, loaded, shard_id=None) -> None:
     param.data.copy_(narrow(loaded, 0, 0, param.shape[0]))
 
 
-def skinny_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether x @ weight^T goes to worker.kernels.skinny_gemm: one contiguous row on CUDA and a
-    weight of at most SKINNY_MAX_N rows (it streams W faster than cuBLAS's tiles there)."""
-    return (
-        x.is_cuda
-        and bias is None
-        and x.dim() == 2
-        and x.shape[0] == 1
-        and x.stride(1) == 1
-        and weight.shape[0] <= SKINNY_MAX_N
-    )
-
-
-def linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu_and_mul: bool = False
-) -> torch.Tensor:
-    """F.linear, except on CUDA for a decode batch's few rows: one row goes to the skinny GEMV
-    (skinny_row), and 2..256 rows of a shape the split-K sweep measured to win go to
-    worker.kernels.split_k_gemm. silu_and_mul: x is [gate | up] and the product is of
-    silu(gate) * up (the skinny GEMV does it as it reads the row: one launch fewer)."""
-    if skinny_row(x, weight, bias):
-        from nanoserve.worker.kernels.skinny_gemm import skinny_gemm
-
-        return skinny_gemm(x, weight, silu_and_mul=silu_and_mul)
-    if silu_and_mul:
-        x = activation.silu_and_mul(x)
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear, except on CUDA for a decode batch's few rows: one row times a weight of at most
+    SKINNY_MAX_N rows goes to worker.kernels.skinny_gemm (streams W faster than cuBLAS's tiles), and
+    2..256 rows of a shape the split-K sweep measured to win go to worker.kernels.split_k_gemm."""
     if not (x.is_cuda and bias is None and x.dim() == 2 and x.stride(1) == 1):
         return F.linear(x, weight, bias)
     m, n = x.shape[0], weight.shape[0]
+    if m == 1 and n <= SKINNY_MAX_N:
+        from nanoserve.worker.kernels.skinny_gemm import skinny_gemm
+
+        return skinny_gemm(x, weight)
     if 1 < m <= SPLIT_K_MAX_M:
         from nanoserve.worker.kernels.split_k_gemm import split_k_config, split_k_gemm
 
@@ -208,7 +189,7 @@ class RowParallelLinear(LinearBase):
         check_shape(loaded, (param.shape[0], cols * self.tp_size))
         param.data.copy_(narrow(loaded, 1, self.tp_rank * cols, cols))
 
-    def forward(self, x: torch.Tensor, silu_and_mul: bool = False) -> torch.Tensor:
-        # the bias is added once, on rank 0, before the sum; silu_and_mul: see linear()
-        y = linear(x, self.weight, self.bias if self.tp_rank == 0 else None, silu_and_mul)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # the bias is added once, on rank 0, before the sum
+        y = linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
         return all_reduce(y) if self.tp_size > 1 and self.reduce_results else y

@@ -7,6 +7,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from nanoserve.worker.layers.activation import SiluAndMul
 from nanoserve.worker.layers.attention import Attention
 from nanoserve.worker.layers.context import get_context
 from nanoserve.worker.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
@@ -46,11 +47,12 @@ class Qwen3Attention(nn.Module):
         self.attn = Attention(self.num_heads, head_dim, head_dim**-0.5, self.num_kv_heads)
 
     def project(
-        self, positions: torch.Tensor, qkv: torch.Tensor
+        self, positions: torch.Tensor, hidden_states: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
-        """Everything between qkv_proj and the attention proper: (q, k, v, kv_stored); q (N, Hq, D)
-        and k (N, Hkv, D) normed and rotated, v (N, Hkv * D); kv_stored: k/v are already in the
-        cache. qkv: (N, (Hq + 2 * Hkv) * D), heads of this rank."""
+        """Everything before the attention proper: (q, k, v, kv_stored); q (N, Hq, D) and k
+        (N, Hkv, D) normed and rotated, v (N, Hkv * D); kv_stored: k/v are already in the cache."""
+        # hidden_states: (N, hidden) -> qkv: (N, (Hq + 2 * Hkv) * D), heads of this rank
+        qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)  # (N, Hq, D), a strided view of qkv
         k = k.view(-1, self.num_kv_heads, self.head_dim)  # (N, Hkv, D)
@@ -93,7 +95,7 @@ class Qwen3Attention(nn.Module):
         return q, k, v, kv_stored
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        q, k, v, kv_stored = self.project(positions, self.qkv_proj(hidden_states))
+        q, k, v, kv_stored = self.project(positions, hidden_states)
         o = self.attn(q.flatten(1), k.flatten(1), v, kv_stored=kv_stored)  # (N, Hq * D)
         return self.o_proj(o)  # (N, hidden), this rank's partial sum
 
@@ -102,15 +104,13 @@ class Qwen3MLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2)
+        self.act_fn = SiluAndMul()
         # partial sums: the next layer's input_layernorm (or the final norm) all-reduces them
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, reduce_results=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.gate_up_proj(x))
-
-    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
-        # (N, 2 * I / tp) -> silu(gate) * up (N, I / tp) -> (N, hidden), a partial sum over ranks
-        return self.down_proj(gate_up, silu_and_mul=True)
+        # (N, hidden) -> (N, 2 * I / tp) -> (N, I / tp) -> (N, hidden), a partial sum over ranks
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -137,25 +137,19 @@ class Qwen3DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool, torch.Tensor]:
         """The layer up to its attention: (q, k, v, kv_stored, residual) (Qwen3Attention.project).
         The piecewise prefill graphs (worker.runner.prefill_graph) cut each layer here."""
-        # the residual add of each sub-block is fused into the norm that follows it (and, for one
-        # decode row, the norm into the projection after it: RMSNorm.forward_linear)
+        # the residual add of each sub-block is fused into the norm that follows it
         if residual is None:
             hidden_states, residual = self.input_layernorm(hidden_states), hidden_states
-            qkv = self.self_attn.qkv_proj(hidden_states)
         else:
-            norm, qkv_proj = self.input_layernorm, self.self_attn.qkv_proj
-            qkv, residual = norm.forward_linear(hidden_states, residual, qkv_proj)
-        return *self.self_attn.project(positions, qkv), residual
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        return *self.self_attn.project(positions, hidden_states), residual
 
     def post_attention(
         self, o: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer after its attention output o (N, Hq * D): o_proj, add + norm, MLP."""
-        norm, mlp = self.post_attention_layernorm, self.mlp
-        gate_up, residual = norm.forward_linear(
-            self.self_attn.o_proj(o), residual, mlp.gate_up_proj
-        )
-        return mlp.down(gate_up), residual
+        hidden_states, residual = self.post_attention_layernorm(self.self_attn.o_proj(o), residual)
+        return self.mlp(hidden_states), residual
 
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
