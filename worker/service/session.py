@@ -51,6 +51,7 @@ class WorkerSession:
         self.live: dict[str, Stream] = {}  # request id -> stream
         self.timers: dict[str, asyncio.TimerHandle] = {}
         self.refused: list[worker_pb2.SessionOutput] = []  # requests ended outside the engine
+        self.taken_entries = 0  # logprob entries in the last take_outputs (split past the bound)
         self.reading = True
         self.error: InvalidArgument | None = None  # a message past the bounds ends the session
         self.draining = draining
@@ -170,9 +171,11 @@ class WorkerSession:
             raise AssertionError("session requests left behind")
 
     def take_outputs(self) -> worker_pb2.SessionResponse:
-        """Everything produced since the last call: each request's merged new ids, ends, errors."""
+        """Everything produced since the last call: each request's merged new ids, ends, errors
+        (self.taken_entries: how many logprob entries they carry)."""
         response = worker_pb2.SessionResponse()
         outputs = response.outputs
+        self.taken_entries = 0
         for stream in self.collector.take():
             if self.live.get(stream.request_id) is not stream:
                 continue  # aborted meanwhile
@@ -190,8 +193,12 @@ class WorkerSession:
                     out = outputs.add(
                         request_id=stream.request_id, token_ids=taken.ids, index=taken.index
                     )
-                    add_logprobs(out.logprobs, taken.logprobs)
-                    add_logprobs(out.prompt_logprobs, taken.prompt_logprobs)
+                    if taken.logprobs is not None or taken.prompt_logprobs is not None:
+                        add_logprobs(out.logprobs, taken.logprobs)
+                        add_logprobs(out.prompt_logprobs, taken.prompt_logprobs)
+                        self.taken_entries += len(taken.logprobs or ()) + len(
+                            taken.prompt_logprobs or ()
+                        )
                     if taken.finish is not None:
                         set_finish(out, taken.finish)
                     elif stream.cached_tokens is not None and not stream.cached_sent:
@@ -224,7 +231,11 @@ class WorkerSession:
                     await event.wait()
                 finally:
                     timer.cancel()
-            parts = bounded_responses(self.take_outputs())
+            response = self.take_outputs()
+            if self.taken_entries > MAX_LOGPROBS_PER_MESSAGE:  # split: each part under the bound
+                parts = bounded_responses(response)
+            else:  # one message as it is (bounded_responses copies every output)
+                parts = [response] if response.outputs else []
             load = self.engine.load
             draining = self.draining()
             if self.reporter.due(load_key(load, draining), self.loop.time()):
