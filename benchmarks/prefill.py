@@ -57,6 +57,24 @@ def ttft_ms(llm, prompt: list[int]) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def profile_steps(llm, prompt, n: int, steps: int) -> None:
+    """cProfile of `steps` prefill steps of n-token prompts: the top functions by own time and by
+    cumulative time, per step (the GPU is held busy, so host time is all that is measured)."""
+    import cProfile
+    import pstats
+
+    step_times(llm, prompt(n))  # warm
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        step_times(llm, prompt(n))
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    for key in ("tottime", "cumulative"):
+        print(f"--- {steps} prefill steps of {n} tokens, by {key}")
+        stats.sort_stats(key).print_stats(25)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="nanoserve bench prefill-step",
@@ -75,6 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--repeats", type=int, default=10, help="timed runs per prompt length (default: 10)"
     )
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (decode, prefill)")
+    p.add_argument(
+        "--cprofile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: cProfile N prefill steps of the first length (the GPU kept busy, as for the "
+        "host time) and print where their host time goes, by function",
+    )
     p.add_argument(
         "--max-model-len",
         type=int,
@@ -111,6 +137,9 @@ def main(argv: list[str] | None = None) -> None:
     def prompt(n: int) -> list[int]:  # distinct random prompts: no prefix-cache hits
         return [rng.randrange(vocab) for _ in range(n)]
 
+    if args.cprofile:
+        profile_steps(llm, prompt, int(args.lengths.split(",")[0]), args.cprofile)
+        return
     rows = []
     for n in (int(v) for v in args.lengths.split(",")):
         first_ttft = ttft_ms(llm, prompt(n))
