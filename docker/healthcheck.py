@@ -4,7 +4,7 @@ is SERVING. Docker runs it inside the container, so it dials loopback on the por
 usage: healthcheck.py SERVICE DEFAULT_PORT   (the port is the service's own port variable when set:
 $NANOSERVE_WORKER_PORT for the worker, $NANOSERVE_FRONTEND_PORT for the frontend)
        healthcheck.py http://127.0.0.1:PORT/health   (the gateway: HTTP 200; $NANOSERVE_GATEWAY_PORT
-replaces PORT when set)
+replaces PORT when set; HTTPS, with the same TLS variables as below, when the gateway serves it)
 exit 0: SERVING; exit 1: anything else (NOT_SERVING while loading or draining, refused, timeout,
 a failed TLS handshake).
 
@@ -21,11 +21,12 @@ that CA signed, before any RPC (health included) is served:
   NANOSERVE_HEALTHCHECK_TLS_CLIENT_CERT_FILE, NANOSERVE_HEALTHCHECK_TLS_CLIENT_KEY_FILE
 """
 
+import http.client
 import os
+import socket
+import ssl
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -51,6 +52,19 @@ def tls_credentials(prefix: str) -> tuple[grpc.ChannelCredentials | None, list[t
     cert = env.get(prefix + "TLS_CERT_FILE")
     if not cert:
         return None, []
+    client_cert, client_key = client_pair(prefix)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=_read(env.get(PROBE + "CA_FILE") or cert),
+        private_key=_read(client_key) if client_key else None,
+        certificate_chain=_read(client_cert) if client_cert else None,
+    )
+    name = env.get(PROBE + "SERVER_NAME")
+    return credentials, [("grpc.ssl_target_name_override", name)] if name else []
+
+
+def client_pair(prefix: str) -> tuple[str | None, str | None]:
+    """The probe's client certificate and key (both or neither; required under mutual TLS)."""
+    env = os.environ
     client_cert, client_key = (
         env.get(PROBE + "CLIENT_CERT_FILE"),
         env.get(PROBE + "CLIENT_KEY_FILE"),
@@ -62,13 +76,22 @@ def tls_credentials(prefix: str) -> tuple[grpc.ChannelCredentials | None, list[t
             f"{prefix}TLS_CLIENT_CA_FILE is set (mutual TLS): set {PROBE}CLIENT_CERT_FILE and "
             f"{PROBE}CLIENT_KEY_FILE to a client certificate that CA signed"
         )
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=_read(env.get(PROBE + "CA_FILE") or cert),
-        private_key=_read(client_key) if client_key else None,
-        certificate_chain=_read(client_cert) if client_cert else None,
-    )
-    name = env.get(PROBE + "SERVER_NAME")
-    return credentials, [("grpc.ssl_target_name_override", name)] if name else []
+    return client_cert, client_key
+
+
+def https_context(prefix: str = "NANOSERVE_GATEWAY_") -> ssl.SSLContext | None:
+    """The gateway probe's TLS, as tls_credentials for gRPC: None when it serves plain HTTP."""
+    cert = os.environ.get(prefix + "TLS_CERT_FILE")
+    if not cert:
+        return None
+    client_cert, client_key = client_pair(prefix)
+    context = ssl.create_default_context(cafile=os.environ.get(PROBE + "CA_FILE") or cert)
+    context.verify_flags |= (
+        ssl.VERIFY_X509_PARTIAL_CHAIN
+    )  # the service's own leaf may be the anchor
+    if client_cert:
+        context.load_cert_chain(client_cert, client_key)
+    return context
 
 
 def check(
@@ -95,18 +118,29 @@ def check(
 
 
 def check_http(url: str) -> int:
-    """The gateway's probe: GET url answers 200 (its frontend is SERVING)."""
-    port = os.environ.get("NANOSERVE_GATEWAY_PORT")
-    if port:
-        parts = urllib.parse.urlsplit(url)
-        url = parts._replace(netloc=f"{parts.hostname}:{port}").geturl()
+    """The gateway's probe: GET url answers 200 (its frontend is SERVING); over HTTPS when the
+    gateway serves it, checking its certificate (for $NANOSERVE_HEALTHCHECK_TLS_SERVER_NAME when
+    set, else the URL's host)."""
+    parts = urllib.parse.urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    port = int(os.environ.get("NANOSERVE_GATEWAY_PORT") or port)
     try:
-        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
-            status = response.status
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        status = getattr(e, "code", None) or str(e)
+        context = https_context()
+        sock = socket.create_connection((host, port), timeout=TIMEOUT_S)
+        if context is not None:
+            name = os.environ.get(PROBE + "SERVER_NAME") or host
+            sock = context.wrap_socket(sock, server_hostname=name)
+        conn = http.client.HTTPConnection(host, port, timeout=TIMEOUT_S)
+        conn.sock = sock
+        try:
+            conn.request("GET", parts.path or "/")
+            status: int | str = conn.getresponse().status
+        finally:
+            conn.close()
+    except (OSError, ValueError, http.client.HTTPException) as e:  # ssl.SSLError is an OSError
+        status = str(e) or type(e).__name__
     if status != 200:
-        print(f"healthcheck: {url} answered {status}", file=sys.stderr)
+        print(f"healthcheck: {host}:{port}{parts.path} answered {status}", file=sys.stderr)
     return 0 if status == 200 else 1
 
 

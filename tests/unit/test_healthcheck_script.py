@@ -1,5 +1,5 @@
 """docker/healthcheck.py, the images' health probe: its exit code against a real gRPC health service
-(plain, and mutual TLS with the compose file's `#tls ` environment) and an HTTP /health."""
+(plain, and mutual TLS with the compose file's `#tls ` environment) and an HTTP(S) /health."""
 
 import os
 import sys
@@ -90,6 +90,59 @@ def test_healthcheck_probes_the_gateway_over_http(monkeypatch) -> None:
         assert check.main(["http://127.0.0.1:1/health"]) == 0
         monkeypatch.setenv("NANOSERVE_GATEWAY_PORT", "1")
         assert check.main([f"http://127.0.0.1:{port}/health"]) == 1  # nothing listens on 1
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_healthcheck_probes_an_https_gateway(tmp_path, monkeypatch) -> None:
+    """A gateway serving HTTPS with mutual TLS ($NANOSERVE_GATEWAY_TLS_*): the probe speaks TLS,
+    trusts the gateway's own certificate unless given a CA, presents its client certificate, and
+    checks the name the certificate was issued for."""
+    import http.server
+    import ssl
+    import threading
+
+    from tests.tls_certs import make_certs
+
+    certs = make_certs(tmp_path / "certs", dns_names=("gateway",))
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(certs.ca))
+    context.load_cert_chain(str(certs.server_cert), str(certs.server_key))
+    context.verify_mode = ssl.CERT_REQUIRED
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/health"
+    for key in [k for k in os.environ if k.startswith("NANOSERVE_")]:
+        monkeypatch.delenv(key)
+    check = load_healthcheck()
+    try:
+        assert check.main([url]) == 1  # plain HTTP against TLS
+        monkeypatch.setenv("NANOSERVE_GATEWAY_TLS_CERT_FILE", str(certs.server_cert))
+        monkeypatch.setenv("NANOSERVE_GATEWAY_TLS_KEY_FILE", str(certs.server_key))
+        monkeypatch.setenv("NANOSERVE_GATEWAY_TLS_CLIENT_CA_FILE", str(certs.ca))
+        assert check.main([url]) == 1  # mutual TLS and no client certificate: refused before
+        monkeypatch.setenv("NANOSERVE_HEALTHCHECK_TLS_CLIENT_CERT_FILE", str(certs.client_cert))
+        monkeypatch.setenv("NANOSERVE_HEALTHCHECK_TLS_CLIENT_KEY_FILE", str(certs.client_key))
+        assert check.main([url]) == 0  # the gateway's own leaf trusted; 127.0.0.1 is in it
+        monkeypatch.setenv("NANOSERVE_HEALTHCHECK_TLS_CA_FILE", str(certs.ca))
+        monkeypatch.setenv("NANOSERVE_HEALTHCHECK_TLS_SERVER_NAME", "gateway")
+        assert check.main([url]) == 0
+        monkeypatch.setenv("NANOSERVE_HEALTHCHECK_TLS_SERVER_NAME", "frontend")
+        assert check.main([url]) == 1  # not the name the certificate holds
+        monkeypatch.delenv("NANOSERVE_HEALTHCHECK_TLS_SERVER_NAME")
+        other = make_certs(tmp_path / "other", ca_name="another CA")
+        monkeypatch.setenv("NANOSERVE_HEALTHCHECK_TLS_CA_FILE", str(other.ca))
+        assert check.main([url]) == 1  # a CA that did not sign it
     finally:
         server.shutdown()
         server.server_close()
