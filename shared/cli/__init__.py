@@ -142,7 +142,8 @@ def _serve(args: argparse.Namespace, worker_argv: list[str], frontend_argv: list
             )
             if gateway is None:
                 return 0 if stop.is_set() else 1
-            openai = f"\n  openai: http://{probe_address(gateway.address)}/v1 (the gateway)"
+            scheme, address = args.gateway_scheme, probe_address(gateway.address)
+            openai = f"\n  openai: {scheme}://{address}/v1 (the gateway)"
         print(
             f"nanoserve serving {args.model} on {frontend.address} (worker on {worker.address})\n"
             f"  stop: Ctrl-C (or SIGTERM to pid {os.getpid()}); in-flight requests finish first\n"

@@ -249,6 +249,7 @@ def gateway_argv(args: argparse.Namespace) -> list[str]:
         prog="nanoserve serve (gateway flags)",
     )
     args.gateway_metrics_port = gateway.metrics_port  # the first gateway's; the others count up
+    args.gateway_scheme = "https" if gateway.tls_cert_file else "http"  # for serve's hint
     return argv
 
 

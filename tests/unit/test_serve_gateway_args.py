@@ -26,6 +26,10 @@ def test_gateway_flags_follow_the_frontends(tiny_model_dir: Path, monkeypatch) -
         *("--otlp-traces-endpoint", ""),  # the ServiceConfig fields every service gets alike
         *("--reuse-port", "--metrics-port", "9092"),
     ]
+    assert args.gateway_scheme == "http"
+    tls = "--tls-cert-file gw.pem --tls-key-file gw.key"
+    args, _, _ = cli.serve_argvs([*common, "--gateway-port", "8123", "--gateway-args", tls])
+    assert args.gateway_scheme == "https"  # serve's hint names the scheme the gateway serves
     args, _, _ = cli.serve_argvs(common)
     assert args.gateway_argv is None  # off unless asked for
 
