@@ -18,6 +18,7 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nanoserve.client.async_client import AsyncClient  # noqa: F401 - users import it from here
+from nanoserve.client.calls import StreamedCalls
 from nanoserve.client.messages import (  # noqa: F401 - also the names users import from here
     DEFAULT_ADDRESS,
     SERVICE_NAME,
@@ -50,8 +51,9 @@ from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.security import PemSource, bearer_metadata, channel_credentials
 
 
-class Client:
-    """Blocking client. `timeout` (seconds) is the default deadline of every call."""
+class Client(StreamedCalls[Iterator[Chunk]]):
+    """Blocking client. `timeout` (seconds) is the default deadline of every call; generate_stream
+    and chat_stream are StreamedCalls'."""
 
     def __init__(
         self,
@@ -108,64 +110,9 @@ class Client:
         finally:
             call.cancel()  # the caller stopped iterating early: end the request on the server
 
-    def generate_stream(
-        self,
-        prompt: str | Sequence[int],
-        *,
-        timeout: float | None = None,
-        request_id: str = "",
-        add_special_tokens: bool | None = None,
-        priority: int | None = None,
-        **sampling: Any,
-    ) -> Iterator[Chunk]:
-        """Streams the completion of `prompt` (text or token ids); keyword arguments are
-        SamplingParams fields (temperature, max_tokens, stop, n, ...); with n > 1 each chunk's
-        `index` says which completion it continues. priority: lower is served first.
-        stream_interval=N: after the first chunk, one per N tokens (1..256; fewer, bigger chunks
-        cost less per token; chat_stream takes it too)."""
-        request = generate_request(prompt, request_id, add_special_tokens, priority, **sampling)
-        return self._stream(self._stub.Generate, request, timeout)
-
     def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Completion:
         """The whole completion of `prompt`; same arguments as generate_stream."""
         return join_chunks(self.generate_stream(prompt, **kwargs))
-
-    def chat_stream(
-        self,
-        messages: ChatMessages,
-        *,
-        timeout: float | None = None,
-        request_id: str = "",
-        enable_thinking: bool | None = None,
-        priority: int | None = None,
-        tools: Tools | None = None,
-        tool_choice: str = "",
-        tool_choice_function: str = "",
-        parallel_tool_calls: bool | None = None,
-        separate_reasoning: bool | None = None,
-        **sampling: Any,
-    ) -> Iterator[Chunk]:
-        """Streams the reply to `messages` ({"role", "content"} dicts or (role, content) pairs).
-        `tools` (OpenAI's shape) are rendered by the model's chat template and the reply's calls
-        come back as Chunk.tool_calls (tool_choice "none": no tools). tool_choice "required" makes
-        the model call one or more of them, `tool_choice_function="name"` exactly that one once
-        (constrained decoding; the model may reason first when thinking is on).
-        `parallel_tool_calls=False`: at most one call ("required": exactly one; "auto": the first
-        call only). `separate_reasoning` moves the model's <think> reasoning from `text` to
-        Chunk.reasoning_content."""
-        request = chat_request(
-            messages,
-            request_id,
-            enable_thinking,
-            priority,
-            tools=tools,
-            tool_choice=tool_choice,
-            tool_choice_function=tool_choice_function,
-            parallel_tool_calls=parallel_tool_calls,
-            separate_reasoning=separate_reasoning,
-            **sampling,
-        )
-        return self._stream(self._stub.Chat, request, timeout)
 
     def chat(self, messages: ChatMessages, **kwargs: Any) -> Completion:
         """The whole reply to `messages`; same arguments as chat_stream."""

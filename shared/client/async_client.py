@@ -13,6 +13,7 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from nanoserve.client.calls import StreamedCalls
 from nanoserve.client.messages import (
     DEFAULT_ADDRESS,
     SERVICE_NAME,
@@ -21,16 +22,13 @@ from nanoserve.client.messages import (
     Completion,
     Detokenized,
     ModelInfo,
-    Tools,
     _detokenized,
     _model_info,
     join_chunks,
     to_chunk,
 )
 from nanoserve.client.requests import (
-    chat_request,
     detokenize_request,
-    generate_request,
     tokenize_request,
 )
 from nanoserve.errors import DeadlineExceeded, ServiceError, error_from_rpc
@@ -43,7 +41,7 @@ from nanoserve.security import PemSource, bearer_metadata, channel_credentials
 _FAILING = (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN)
 
 
-class AsyncClient:
+class AsyncClient(StreamedCalls[AsyncIterator[Chunk]]):
     """asyncio client (grpc.aio); same methods as Client, as coroutines and async iterators."""
 
     def __init__(
@@ -151,52 +149,8 @@ class AsyncClient:
         finally:
             call.cancel()
 
-    def generate_stream(
-        self,
-        prompt: str | Sequence[int],
-        *,
-        timeout: float | None = None,
-        request_id: str = "",
-        add_special_tokens: bool | None = None,
-        priority: int | None = None,
-        **sampling: Any,
-    ) -> AsyncIterator[Chunk]:
-        """Streams the completion of `prompt`; see Client.generate_stream."""
-        request = generate_request(prompt, request_id, add_special_tokens, priority, **sampling)
-        return self._stream(self._stub.Generate, request, timeout)
-
     async def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Completion:
         return join_chunks([chunk async for chunk in self.generate_stream(prompt, **kwargs)])
-
-    def chat_stream(
-        self,
-        messages: ChatMessages,
-        *,
-        timeout: float | None = None,
-        request_id: str = "",
-        enable_thinking: bool | None = None,
-        priority: int | None = None,
-        tools: Tools | None = None,
-        tool_choice: str = "",
-        tool_choice_function: str = "",
-        parallel_tool_calls: bool | None = None,
-        separate_reasoning: bool | None = None,
-        **sampling: Any,
-    ) -> AsyncIterator[Chunk]:
-        """Streams the reply to `messages`; see Client.chat_stream."""
-        request = chat_request(
-            messages,
-            request_id,
-            enable_thinking,
-            priority,
-            tools=tools,
-            tool_choice=tool_choice,
-            tool_choice_function=tool_choice_function,
-            parallel_tool_calls=parallel_tool_calls,
-            separate_reasoning=separate_reasoning,
-            **sampling,
-        )
-        return self._stream(self._stub.Chat, request, timeout)
 
     async def chat(self, messages: ChatMessages, **kwargs: Any) -> Completion:
         return join_chunks([chunk async for chunk in self.chat_stream(messages, **kwargs)])
