@@ -163,11 +163,14 @@ class Attention(nn.Module):
     def attend_stored(self, q: torch.Tensor, out: torch.Tensor) -> None:
         """Prefill attention of q (N, Hq * D) into out (N, Hq * D), this step's k/v already in the
         cache (Triton backend): the eager part between the piecewise prefill graphs."""
-        ctx = get_context()
+        shape = (-1, self.num_heads, self.head_dim)
+        self._prefill(q.view(shape), get_context(), out=out.view(shape))
+
+    def _prefill(self, q: torch.Tensor, ctx, out: torch.Tensor | None = None) -> torch.Tensor:
         from nanoserve.worker.kernels import paged_prefill_attention
 
-        paged_prefill_attention(
-            q.view(-1, self.num_heads, self.head_dim),
+        return paged_prefill_attention(
+            q,
             self.k_cache,
             self.v_cache,
             _given(ctx.block_tables),
@@ -175,7 +178,7 @@ class Attention(nn.Module):
             _given(ctx.context_lens),
             ctx.max_seqlen_q,
             self.scale,
-            out=out.view(-1, self.num_heads, self.head_dim),
+            out=out,
             k_scale=self.k_scale,
             v_scale=self.v_scale,
         )
@@ -183,29 +186,14 @@ class Attention(nn.Module):
     def _triton(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx, kv_stored: bool
     ) -> torch.Tensor:
-        from nanoserve.worker.kernels import (
-            paged_decode_attention,
-            paged_prefill_attention,
-            store_kvcache,
-        )
+        from nanoserve.worker.kernels import paged_decode_attention, store_kvcache
 
         if not kv_stored:
             store_kvcache(
                 k, v, self.k_cache, self.v_cache, ctx.slot_mapping, self.k_scale, self.v_scale
             )
         if ctx.is_prefill:
-            return paged_prefill_attention(
-                q,
-                self.k_cache,
-                self.v_cache,
-                ctx.block_tables,
-                ctx.cu_seqlens_q,
-                ctx.context_lens,
-                ctx.max_seqlen_q,
-                self.scale,
-                k_scale=self.k_scale,
-                v_scale=self.v_scale,
-            )
+            return self._prefill(q, ctx)
         return paged_decode_attention(
             q,
             self.k_cache,
