@@ -86,9 +86,7 @@ def https_context(prefix: str = "NANOSERVE_GATEWAY_") -> ssl.SSLContext | None:
         return None
     client_cert, client_key = client_pair(prefix)
     context = ssl.create_default_context(cafile=os.environ.get(PROBE + "CA_FILE") or cert)
-    context.verify_flags |= (
-        ssl.VERIFY_X509_PARTIAL_CHAIN
-    )  # the service's own leaf may be the anchor
+    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # its own leaf may be the anchor
     if client_cert:
         context.load_cert_chain(client_cert, client_key)
     return context

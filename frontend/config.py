@@ -227,17 +227,9 @@ class FrontendConfig(ServiceConfig):
         at_least(self, 1, "route_prefix_tokens", "route_max_queue_ratio")
         at_least(self, 0, "route_max_queue_gap", "max_stop_strings", "request_timeout_s")
         at_least(self, 0, "max_stop_token_ids", "max_chat_messages", "connection_idle_timeout_s")
-        at_least(
-            self,
-            1,
-            "max_concurrent_requests",
-            "max_stop_string_length",
-            "max_prompt_bytes",
-            "tokenizer_threads",
-            "stream_interval",
-            "coalesce_max_ids",
-            "max_logprobs_per_message",
-        )
+        at_least(self, 1, "max_concurrent_requests", "max_stop_string_length", "max_prompt_bytes")
+        at_least(self, 1, "tokenizer_threads", "stream_interval", "coalesce_max_ids")
+        at_least(self, 1, "max_logprobs_per_message")
         if (self.worker_tls_client_cert_file is None) != (self.worker_tls_client_key_file is None):
             raise ValueError(
                 "worker_tls_client_cert_file and worker_tls_client_key_file go together"

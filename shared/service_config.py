@@ -36,12 +36,6 @@ def one_of(config: object, name: str, choices: tuple[str, ...]) -> None:
         )
 
 
-def check_ports(config: object, *names: str) -> None:
-    for name in names:
-        if not 0 <= getattr(config, name) < 65536:
-            raise ValueError(f"{name} must be in [0, 65535], got {getattr(config, name)}")
-
-
 # Not slotted (slots=True is for the subclasses): WorkerConfig also extends the slotted EngineConfig,
 # and two slotted bases would not share one instance layout.
 @dataclass(frozen=True, kw_only=True)
@@ -79,7 +73,9 @@ class ServiceConfig:
     )
 
     def __post_init__(self) -> None:
-        check_ports(self, "port", "metrics_port")
+        for name in ("port", "metrics_port"):
+            if not 0 <= getattr(self, name) < 65536:
+                raise ValueError(f"{name} must be in [0, 65535], got {getattr(self, name)}")
         if self.metrics_port and self.metrics_port == self.port:
             raise ValueError(f"metrics_port and port must differ, both are {self.port}")
         at_least(self, 0, "grace_period_s")
