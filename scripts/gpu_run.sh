@@ -40,11 +40,13 @@ start=$SECONDS budget=${GPU_RUN_BUDGET_S:-530}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 # Carried wheels (.whl/, see `wheels` above), installed offline into a side directory: never
-# from the network, and never over the image's own packages.
+# from the network, and never over the image's own packages. They are the script's own tree's, so
+# that a run from another tree (an A/B: cd OTHER && bash THIS/scripts/gpu_run.sh) finds them too.
 site=/tmp/nanoserve-site
-if ls .whl/*.whl >/dev/null 2>&1; then
+whl=$(cd "$(dirname "$0")/.." && pwd)/.whl
+if ls "$whl"/*.whl >/dev/null 2>&1; then
   $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
-    .whl/*.whl || echo "gpu_run: installing .whl/ failed" >&2
+    "$whl"/*.whl || echo "gpu_run: installing .whl/ failed" >&2
 fi
 # The `nanoserve` package is spread over shared/, frontend/, worker/, benchmarks/ (pyproject's
 # package-dir): a directory of links puts it on the path without pip-installing the checkout.
