@@ -79,6 +79,10 @@ def serving_lines(r: dict) -> list[str]:
             + ", ".join(f"{b} {fmt(s)}" for b, s in x["ttft_ms_by_prompt_len"].items())
             + f"; service CPU cores {x['service_cpu_cores']}"
         )
+        if x["loadgen"].get("saturated"):
+            lines.append(
+                "    WARNING: a load-generator process was near one core: raise --client-procs"
+            )
     if "gateway_over_frontend" in r:
         lines.append(f"  gateway (HTTP) / frontend (gRPC) tok/s: {r['gateway_over_frontend']}")
     if "ttft_frontend_minus_worker_ms" in r:

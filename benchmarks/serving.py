@@ -17,9 +17,9 @@ import tempfile
 from pathlib import Path
 
 from nanoserve.benchmarks import workload
+from nanoserve.benchmarks.gpu_table import serving_lines
 from nanoserve.benchmarks.offline import MARK
 from nanoserve.benchmarks.services import start_services
-from nanoserve.benchmarks.serving_report import summary
 from nanoserve.benchmarks.serving_run import measure, model_info
 from nanoserve.benchmarks.shapes import SHAPES, write_shape_dir
 from nanoserve.cli.serve_args import default_frontend_processes
@@ -301,7 +301,8 @@ def main(argv: list[str] | None = None) -> None:
             )
     signal.signal(signal.SIGTERM, _terminate)  # e.g. gpu_run.sh's timeout
     res = run(args)
-    print(json.dumps(res) if args.json else summary(res), flush=True)
+    text = "\n".join(serving_lines({"step": "bench serving", **res}))  # gpu_run.sh's table too
+    print(json.dumps(res) if args.json else text, flush=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ stream's ids into per-completion fields: detokenized text, stop strings, logprob
 """
 
 import itertools
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -20,6 +21,7 @@ from nanoserve.frontend.text.detokenizer import Detokenizer
 from nanoserve.frontend.text.logprobs import response_logprobs
 from nanoserve.frontend.workers.link import WorkerLink
 from nanoserve.frontend.workers.pool import WorkerPool
+from nanoserve.frontend.workers.session import Pending
 from nanoserve.logprob_split import Piece, split_logprobs
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
@@ -27,6 +29,9 @@ from nanoserve.sampling import SamplingParams
 from nanoserve.sampling_proto import for_worker
 from nanoserve.security import tenant_cache_salt
 from nanoserve.text.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]  # a SessionOutput's error_code
 
 
 class RequestRunner:
@@ -90,14 +95,11 @@ class RequestRunner:
         traced = record if record is not None and record.span is not None else None
         if traced is not None:
             worker_request.traceparent = traced.span.traceparent
-        link = await self._connected_worker(prompt_ids)
+        link, pending, taken = await self._start(worker_request, prompt_ids, timeout)
         session = link.session
-        pending = link.start_request(worker_request, timeout)
-        mark_sent_to_worker()
         num_open, completion_tokens, cached_tokens = n, 0, 0
         try:
             while True:
-                taken = await pending.take()
                 pending.min_ids = max(stream_interval, self.pacer.min_ids)
                 for index, ids, last in taken:
                     c = completions[index]
@@ -175,14 +177,45 @@ class RequestRunner:
                         yield fields  # request_log.recorded logs the request's end after the last
                         if num_open == 0:
                             return
+                taken = await pending.take()
         finally:
             # a no-op once ended; on client cancel or deadline the worker frees the KV blocks
             session.abort(worker_request.request_id)
 
-    async def _connected_worker(self, prompt_ids: list[int]) -> WorkerLink:
-        """The routed worker, or the next choice when its connection just failed (a worker that
-        died since the last poll)."""
+    async def _start(
+        self,
+        worker_request: worker_pb2.GenerateTokensRequest,
+        prompt_ids: list[int],
+        timeout: float | None,
+    ) -> tuple[WorkerLink, Pending, list]:
+        """Starts the request on the routed worker and takes its first output. A worker that
+        refuses it UNAVAILABLE before any output (it began to drain, or its engine stalled, and
+        its load report has not reached this frontend yet) is passed over for the next choice
+        while one is left: the client has seen nothing yet, so nothing is repeated to it."""
         tried: list[WorkerLink] = []
+        link = await self._connected_worker(prompt_ids, tried)
+        while True:
+            pending = link.start_request(worker_request, timeout)
+            mark_sent_to_worker()
+            try:
+                taken = await pending.take()
+            except BaseException:  # cancelled, or the session broke: the worker frees the blocks
+                link.session.abort(worker_request.request_id)
+                raise
+            first = taken[0][2] if taken else None
+            if first is None or first.error_code != UNAVAILABLE or any(ids for _, ids, _ in taken):
+                return link, pending, taken
+            why = f"{worker_request.request_id} ({first.error_message})"
+            logger.info("worker %s refused %s: trying another", link.address, why)
+            tried.append(link)
+            try:
+                link = await self._connected_worker(prompt_ids, tried)
+            except Unavailable:  # no other worker takes requests: the refusal is the answer
+                return link, pending, taken
+
+    async def _connected_worker(self, prompt_ids: list[int], tried: list[WorkerLink]) -> WorkerLink:
+        """The routed worker other than those tried, or the next choice when its connection just
+        failed (a worker that died since the last poll)."""
         while True:
             link = self.pool.choose(prompt_ids, exclude=tried)  # UNAVAILABLE once none is left
             try:

@@ -109,8 +109,8 @@ def test_bench_serving_offline_and_both_paths(tiny_model_dir, tmp_path, capsys):
     assert "serving: exit 0 after 9 s" in table
     assert f"frontend  {res['frontend']['tok_s']:>9,.0f} {res['frontend_over_offline']:>8}" in table
     assert json.loads((tmp_path / "results.json").read_text())[0]["bench"] == "serving"
-    text = serving.summary(res)  # what it prints without --json
-    assert f"({res['worker_over_offline']} of offline)" in text and "TTFT ms, prompt" in text
+    text = "\n".join(gpu_table.serving_lines({"step": "bench serving", **res}))  # without --json
+    assert f"{res['worker_over_offline']:>8}" in text and "TTFT by prompt length" in text
 
 
 def test_bench_serving_against_running_services(services):
@@ -155,9 +155,9 @@ def test_bench_serving_through_the_gateway_next_to_grpc(tiny_model_dir):
         check_path(res[path], 6, tokens)
     assert set(res["gateway"]["service_cpu_cores"]) == {"worker", "frontend", "gateway"}
     assert res["gateway_over_frontend"] > 0
-    assert f"({res['gateway_over_frontend']} of frontend)" in serving.summary(res)
     table = "\n".join(gpu_table.serving_lines({**res, "step": "serving_gateway"}))
-    assert "  gateway " in table and "gateway (HTTP) / frontend (gRPC)" in table
+    assert "  gateway " in table
+    assert f"gateway (HTTP) / frontend (gRPC) tok/s: {res['gateway_over_frontend']}" in table
 
 
 def test_frontend_cost_streams_every_token_through_a_stand_in_worker() -> None:
