@@ -12,7 +12,6 @@ import signal
 import threading
 import time
 from multiprocessing.connection import Connection
-from typing import cast
 
 from nanoserve.sampling import SamplingParams
 from nanoserve.tracing import tracer_for
@@ -161,7 +160,7 @@ class EngineCore:
         out, cached = [], []
         for o in outputs:
             seq = o.seq
-            engine_id = cast(int, seq.request_id)  # the core adds requests by int ids only
+            engine_id: int = seq.request_id  # type: ignore[assignment]  # the core's ids are ints
             if seq.error is not None:  # a grammar that does not compile
                 self.send(Invalid(engine_id, seq.error))
                 continue
