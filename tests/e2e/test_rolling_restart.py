@@ -3,28 +3,18 @@ gateways sharing another, each restarted in turn (SIGTERM, drain, exit 0, starte
 port, SERVING) while clients send requests at a steady rate: gRPC calls on one long-lived channel,
 and OpenAI HTTP requests. Every request must succeed."""
 
-import asyncio
-import concurrent.futures
-import contextlib
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-import grpc.aio
 import pytest
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from nanoserve.benchmarks.frontend_cost import StandInWorker
 from nanoserve.client import Client
-from nanoserve.grpc_options import server_options
-from nanoserve.process import WORKER_SERVICE
-from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
-from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 from tests.e2e.gateway_process import request_json, start_gateway
 from tests.e2e.processes import Service, start_frontend, start_worker
 
@@ -158,71 +148,21 @@ def test_a_rolling_restart_of_every_service_fails_no_request(stack: Stack) -> No
     assert load.ok > 100
 
 
-class RefusingWorker(StandInWorker):
-    """A worker that has just begun to drain, as its frontends have not heard yet: it answers
-    GetLoad as an idle worker but refuses every add UNAVAILABLE, as a draining worker does."""
-
-    def __init__(self, model_dir: str) -> None:
-        super().__init__(model_dir, step_s=0.005)
-        self.refused = 0
-
-    async def Session(self, request_iterator, context):
-        async for message in request_iterator:
-            if not message.adds:
-                continue
-            response = worker_pb2.SessionResponse()
-            for add in message.adds:
-                self.refused += 1
-                response.outputs.add(
-                    request_id=add.request.request_id,
-                    error_code=grpc.StatusCode.UNAVAILABLE.value[0],
-                    error_message="the worker is shutting down",
-                )
-            yield response
-
-
-@contextlib.contextmanager
-def serving(*servicers: StandInWorker) -> Iterator[list[str]]:
-    """Serves each servicer (WorkerService and health, SERVING) from one event loop in a thread
-    (grpc.aio wants one loop a process); yields their addresses."""
-    loop = asyncio.new_event_loop()
-    ready: concurrent.futures.Future = concurrent.futures.Future()
-
-    async def serve() -> None:
-        servers, addresses = [], []
-        for servicer in servicers:
-            server = grpc.aio.server(options=server_options())
-            worker_grpc.add_WorkerServiceServicer_to_server(servicer, server)
-            health_servicer = health.aio.HealthServicer()
-            health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-            for name in ("", WORKER_SERVICE):
-                await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-            addresses.append(f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}")
-            await server.start()
-            servers.append(server)
-        ready.set_result((servers, addresses))
-        await asyncio.gather(*(server.wait_for_termination() for server in servers))
-
-    async def stop(servers: list[grpc.aio.Server]) -> None:
-        await asyncio.gather(*(server.stop(0) for server in servers))
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
-    thread.start()
-    servers, addresses = ready.result(timeout=30)
-    try:
-        yield addresses
-    finally:
-        asyncio.run_coroutine_threadsafe(stop(servers), loop).result(timeout=30)
-        thread.join(timeout=30)
-
-
 def test_a_request_a_draining_worker_refuses_goes_to_another(tiny_model_dir: Path) -> None:
     """The window of a rolling restart, made permanent: one of two workers refuses every request
-    UNAVAILABLE ("shutting down") while its load says idle. Each refused request goes to the
-    other worker before the client sees anything: every call succeeds."""
-    refusing = RefusingWorker(str(tiny_model_dir))
-    with serving(refusing, StandInWorker(str(tiny_model_dir), 0.005)) as addresses:
-        frontend = start_frontend(tiny_model_dir, ",".join(addresses))
+    UNAVAILABLE ("shutting down") while its load says idle (tests/e2e/refusing_worker.py). Each
+    refused request goes to the other worker before the client sees anything: every call
+    succeeds."""
+    py = [sys.executable, "-m"]
+    bad = Service("refusing worker", [*py, "tests.e2e.refusing_worker", str(tiny_model_dir)])
+    good = Service(
+        "stand-in worker",
+        [*py, "nanoserve.benchmarks.frontend_cost", "--stand-in-worker"]
+        + ["--model", str(tiny_model_dir), "--step-ms", "5"],
+    )
+    try:
+        addresses = f"{bad.wait_listening()},{good.wait_listening()}"
+        frontend = start_frontend(tiny_model_dir, addresses)
         try:
             with Client(frontend.address, timeout=30) as client:
                 client.wait_ready(timeout=30)
@@ -231,4 +171,7 @@ def test_a_request_a_draining_worker_refuses_goes_to_another(tiny_model_dir: Pat
                     assert completion.usage.completion_tokens == 3
         finally:
             assert frontend.stop() == 0, frontend.output()
-    assert refusing.refused > 0  # the refusal path ran
+    finally:
+        bad.stop()
+        good.stop()
+    assert any(line.startswith("refused ") for line in bad.lines)  # the refusal path ran
