@@ -97,9 +97,7 @@ def bench_prefill(
     )
     q = torch.randn(num_seqs * prompt_len, num_q_heads, head_dim, device="cuda", dtype=dtype)
     cu = torch.arange(0, num_seqs + 1, dtype=torch.int32, device="cuda") * prompt_len
-    fn = lambda: paged_prefill_attention(
-        q, k_cache, v_cache, tables, cu, lens, prompt_len, head_dim**-0.5
-    )
+    fn = lambda: paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, head_dim**-0.5)
     ms = triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
     # causal QK^T and PV: 4 * D flops per visible (query, key) pair per q head
     pairs = num_seqs * (prompt_len * prefix_len + prompt_len * (prompt_len + 1) // 2)
@@ -256,7 +254,7 @@ def sweep_prefill_configs(tokens: int = 16384, seed: int = 0) -> list[dict]:
     out = []
     for config in grid:
         fn = lambda: paged_prefill_attention(
-            q, k_cache, v_cache, tables, cu, ctx, max(lens), d**-0.5, config=config
+            q, k_cache, v_cache, tables, cu, ctx, d**-0.5, config=config
         )
         try:
             ms = triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median")

@@ -87,7 +87,7 @@ class EngineConfig:
         default=8192,
         metadata={
             "help": "cuda + triton attention: prefill steps of up to this many tokens are padded to "
-            "a bucket and run through piecewise CUDA graphs (0: eager prefill, unpadded)"
+            "a bucket and run as one CUDA graph each (0: eager prefill, unpadded)"
         },
     )
     kv_cache_dtype: str = field(

@@ -1,6 +1,6 @@
 """Logprobs on CUDA: with the decode CUDA graph and decode lookahead (the logits are a view of the
 graph's output, read before the step forwarded ahead replays it) and prompt logprobs through the
-piecewise prefill graphs, they equal transformers' log_softmax (float32)."""
+prefill graphs, they equal transformers' log_softmax (float32)."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
 """Time to first token on CUDA (Qwen3-0.6B shapes, random weights): after the engine's start-up no
 prompt length compiles a Triton kernel, so a length the engine has never seen (primes, 1, the
-longest) reaches its first token as fast as a length it has; and the piecewise prefill graphs give
+longest) reaches its first token as fast as a length it has; and the prefill graphs give
 the eager prefill's logits bit for bit."""
 
 import random

@@ -50,9 +50,7 @@ def prefill_and_reference(
     cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
     lens = torch.tensor(context_lens, dtype=torch.int32)
     q = torch.randn(sum(q_lens), group * hkv, d, generator=gen).to(dtype)
-    out = kernels.paged_prefill_attention(
-        q, k_cache, v_cache, tables, cu, lens, max(q_lens), d**-0.5
-    )
+    out = kernels.paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, d**-0.5)
     ref = paged_attention_torch(
         q.float(), k_cache.float(), v_cache.float(), tables, cu, lens, d**-0.5
     )
@@ -90,9 +88,49 @@ def test_prefill_skips_empty_sequences_and_strided_q():
     # q as a strided view of a fused qkv buffer: (tokens, (Hq + 2 Hkv) * D)
     qkv = torch.randn(15, (group * hkv + 2 * hkv) * d, generator=gen)
     q = qkv[:, : group * hkv * d].view(15, group * hkv, d)
-    out = kernels.paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, 10, 0.3)
+    out = kernels.paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, 0.3)
     ref = paged_attention_torch(q, k_cache, v_cache, tables, cu, lens, 0.3)
     assert rel_err(out, ref) < TOL[torch.float32]
+
+
+def test_prefill_finds_its_block_among_more_sequences_than_one_scan():
+    """70 sequences (past SCAN = 64, the chunk a program reads cu_seqlens_q in), empty ones among
+    them: each program finds its (sequence, query block) from cu_seqlens_q alone."""
+    assert kernels.prefill_attention.SCAN < 70
+    gen = torch.Generator().manual_seed(7)
+    q_lens = [
+        0 if i % 9 == 4 else 1 + int(x)
+        for i, x in enumerate(torch.randint(0, 6, (70,), generator=gen))
+    ]
+    prefix = torch.randint(0, 20, (70,), generator=gen).tolist()
+    context_lens = [q + p for q, p in zip(q_lens, prefix)]
+    run_prefill_case(q_lens, context_lens, 16, 2, torch.float32, seed=7, hkv=1, d=16)
+
+
+def test_prefill_over_a_padded_batch_equals_the_step():
+    """What a prefill graph replays: the step's metadata copied into buffers of a fixed batch
+    (cu_seqlens_q padded with its last entry, so the extra sequences own no block) gives the
+    step's output bit for bit."""
+    gen = torch.Generator().manual_seed(8)
+    hkv, d, group, block_size = 2, 16, 2, 16
+    context_lens = [10, 40, 21]  # 10, 3 and 21 new tokens (the second after a 37-token prefix)
+    k_cache, v_cache = make_cache(12, block_size, hkv, d, torch.float32, gen)
+    tables = make_block_tables(context_lens, block_size, 12, gen)
+    cu = torch.tensor([0, 10, 13, 34], dtype=torch.int32)
+    lens = torch.tensor(context_lens, dtype=torch.int32)
+    q = torch.randn(40, group * hkv, d, generator=gen)  # 34 tokens padded to a bucket of 40
+    out = kernels.paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, 0.3)
+    batch = 8  # the graph's buffers: stale rows past the step's 3 sequences
+    static_cu = torch.cat([cu, cu[-1:].expand(batch - 3)])
+    static_lens = torch.cat([lens, torch.full((batch - 3,), 99, dtype=torch.int32)])
+    static_tables = torch.full((batch, tables.shape[1] + 2), 5, dtype=torch.int32)
+    static_tables[:3, : tables.shape[1]] = tables
+    padded = kernels.paged_prefill_attention(
+        q, k_cache, v_cache, static_tables, static_cu, static_lens, 0.3
+    )
+    assert torch.equal(padded[:34], out[:34])
+    ref = paged_attention_torch(q[:34], k_cache, v_cache, tables, cu, lens, 0.3)
+    assert rel_err(out[:34], ref) < TOL[torch.float32]
 
 
 def extend_cases(seed: int, num_calls: int, per_call: int) -> list[tuple[list[int], list[int]]]:

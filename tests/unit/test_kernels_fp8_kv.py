@@ -100,7 +100,6 @@ def test_prefill_over_fp8_cache_matches_torch(q_dtype):
         tables,
         cu,
         lens,
-        max(q_lens),
         d**-0.5,
         k_scale=K_SCALE,
         v_scale=V_SCALE,

@@ -2,7 +2,7 @@
 mixed decode + prefill steps, arrivals while others decode, decode lookahead, steps padded to the
 prefill buckets as on CUDA) every prompt's rerun reads cached blocks whose KV is right: in float32
 its logits equal a full prefill's and every generated token is the argmax of full-prefill logits.
-Also on the Triton path of CUDA (its kernels in the interpreter, the piecewise prefill forward run
+Also on the Triton path of CUDA (its kernels in the interpreter, the prefill graphs' forward run
 eagerly), CUDA graphs aside."""
 
 import random
@@ -33,11 +33,18 @@ def make_llm(path, triton: bool = False, **kw) -> LLM:
     # pad prefill steps to the buckets as the Triton backend does on CUDA (padded rows: slot -1)
     runner = llm.model_runner
     runner.prefill_buckets = prefill_buckets(llm.config.max_num_batched_tokens)
-    if triton:  # CUDA's path: k/v stored by the q/k-norm + rotary kernel, the piecewise forward
+    if (
+        triton
+    ):  # CUDA's path: k/v stored by the q/k-norm + rotary kernel, the prefill graphs' forward
         for layer in runner.attention_layers:
             layer.backend = "triton"
         runner.prefill_graphs = PrefillGraphRunner(
-            runner.model, runner.prefill_buckets, runner.dtype, runner.device, capture=False
+            runner.model,
+            runner.prefill_buckets,
+            llm.config.max_num_seqs,
+            runner.max_num_blocks_per_seq,
+            runner.device,
+            capture=False,
         )
     return llm
 

@@ -3,7 +3,9 @@
 q holds only the new tokens of each sequence (varlen by cu_seqlens_q); their k/v are already stored,
 so every key, cached prefix or new, is read from the cache through block_tables. Each program owns
 BLOCK_Q query tokens x all q heads of one kv head (the GQA group packed into M), runs an online
-softmax, skips the mask on tiles every query sees and skips tiles past the causal edge.
+softmax, skips the mask on tiles every query sees and skips tiles past the causal edge. A program
+finds its (sequence, query block) from cu_seqlens_q itself, so the grid follows only the token
+count and the batch size: a prefill CUDA graph (worker.runner.prefill_graph) captures it.
 """
 
 import torch
@@ -19,11 +21,12 @@ LOG2E = 1.4426950408889634
 # sweep_prefill_configs on the H200 (d0f1be3), one 16,384-token step of the throughput workload,
 # Qwen3-0.6B heads: 203.9 µs a layer, against 233.5 for (128 rows, 64, 8 warps, 2 stages)
 PREFILL_CONFIG: dict = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, HEAVY_FIRST=True)
+SCAN = 64  # sequences of cu_seqlens_q a program reads at a time while finding its query block
 
 
-# stride_bt is the block-table width of this step (its longest sequence's blocks): an integer Triton
-# would otherwise specialise (== 1, % 16), compiling a new kernel for a new prompt length mid-serving
-@triton.jit(do_not_specialize=["stride_bt"])
+# batch and stride_bt follow the step (its sequences, its longest sequence's blocks): integers
+# Triton would otherwise specialise (== 1, % 16), compiling a new kernel mid-serving
+@triton.jit(do_not_specialize=["batch", "stride_bt"])
 def _prefill_kernel(
     q_ptr,
     k_cache_ptr,
@@ -34,6 +37,7 @@ def _prefill_kernel(
     o_ptr,
     qk_scale,
     v_scale,
+    batch,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -50,17 +54,40 @@ def _prefill_kernel(
     DOT_PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     HEAVY_FIRST: tl.constexpr,
+    SCAN_SEQS: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP
-    seq = tl.program_id(0)
-    q_block = tl.program_id(1)
-    if HEAVY_FIRST:  # the last query blocks see the most keys: launched first, they end no tail
-        q_block = tl.num_programs(1) - 1 - q_block
-    kv_head = tl.program_id(2)
+    # program g owns the g-th (sequence, query block) pair of the step (the last first when
+    # HEAVY_FIRST: a sequence's last blocks see the most keys, and launched first they end no
+    # tail); the grid is an upper bound of the pairs, and programs past them exit. Sequences
+    # [batch, ...) and empty ones own no block.
+    g = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    total = 0
+    for start in range(0, batch, SCAN_SEQS):
+        i = start + tl.arange(0, SCAN_SEQS)
+        lo = tl.load(cu_seqlens_q_ptr + i, mask=i < batch, other=0)
+        hi = tl.load(cu_seqlens_q_ptr + i + 1, mask=i < batch, other=0)
+        total += tl.sum((hi - lo + BLOCK_Q - 1) // BLOCK_Q)
+    idx = total - 1 - g if HEAVY_FIRST else g
+    if (idx < 0) | (idx >= total):
+        return
+    # seq: the sequences whose blocks all come before idx; q_block: idx less their blocks
+    seq = 0
+    before = 0
+    ends = 0  # blocks of the sequences before this chunk
+    for start in range(0, batch, SCAN_SEQS):
+        i = start + tl.arange(0, SCAN_SEQS)
+        lo = tl.load(cu_seqlens_q_ptr + i, mask=i < batch, other=0)
+        hi = tl.load(cu_seqlens_q_ptr + i + 1, mask=i < batch, other=0)
+        blocks = (hi - lo + BLOCK_Q - 1) // BLOCK_Q
+        done = (ends + tl.cumsum(blocks, 0) <= idx) & (i < batch)
+        seq += tl.sum(done.to(tl.int32))
+        before += tl.sum(tl.where(done, blocks, 0))
+        ends += tl.sum(blocks)
+    q_block = idx - before
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    if q_block * BLOCK_Q >= q_len:  # the grid is sized by max_seqlen_q; shorter sequences exit here
-        return
     context_len = tl.load(context_lens_ptr + seq)
     prefix_len = context_len - q_len  # query j sits at position prefix_len + j
 
@@ -82,7 +109,7 @@ def _prefill_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    table = block_tables_ptr + tl.cast(seq, tl.int64) * stride_bt
     kv_head_off = kv_head * stride_ch
 
     first_q_pos = prefix_len + q_block * BLOCK_Q
@@ -139,18 +166,19 @@ def _prefill_kernel(
     )
 
 
-def prefill_block_q(max_seqlen_q: int, group: int, fp32: bool, block_m: int | None = None) -> int:
+def prefill_block_q(num_tokens: int, group: int, fp32: bool, block_m: int | None = None) -> int:
     """Query tokens a program owns: block_m (PREFILL_CONFIG's) rows of M (at most 64 for fp32, to
-    fit shared memory), at least one query token per row group, fewer for small prompts. A
-    constexpr: each value is a kernel, and ModelRunner's warm-up compiles every one that
-    prefill_block_q_lengths reaches."""
+    fit shared memory), at least one query token per row group, fewer for small steps. It follows
+    the step's token count (its bucket when padded), not its sequences, so that a prefill graph
+    and an eager step of one bucket run the same tiles. A constexpr: each value is a kernel, and
+    ModelRunner's warm-up compiles every one that prefill_block_q_lengths reaches."""
     block_m = PREFILL_CONFIG["BLOCK_M"] if block_m is None else block_m
     block_q = max(1, min(block_m, 64 if fp32 else 128) // group)
-    return min(block_q, max(16 // group, triton.next_power_of_2(max_seqlen_q)))
+    return min(block_q, max(16 // group, triton.next_power_of_2(num_tokens)))
 
 
 def prefill_block_q_lengths(group: int, fp32: bool) -> list[int]:
-    """One max_seqlen_q for each BLOCK_Q that prefill_block_q can return (the warm-up's lengths)."""
+    """One token count for each BLOCK_Q that prefill_block_q can return (the warm-up's lengths)."""
     top = prefill_block_q(1 << 30, group, fp32)
     seen: dict[int, int] = {}
     n = 1
@@ -167,7 +195,6 @@ def paged_prefill_attention(
     block_tables: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     context_lens: torch.Tensor,
-    max_seqlen_q: int,
     scale: float,
     out: torch.Tensor | None = None,
     k_scale: float = 1.0,
@@ -198,13 +225,15 @@ def paged_prefill_attention(
         raise ValueError(f"out {tuple(out.shape)} {out.dtype} does not fit q {tuple(q.shape)}")
     else:
         o = out
-    if num_tokens == 0 or batch == 0 or max_seqlen_q <= 0:
+    if num_tokens == 0 or batch == 0:
         return o
     fp32 = q.dtype == torch.float32
     c = PREFILL_CONFIG | (config or {})
-    block_q = prefill_block_q(max_seqlen_q, group, fp32, c["BLOCK_M"])
+    block_q = prefill_block_q(num_tokens, group, fp32, c["BLOCK_M"])
     block_n = min(c["BLOCK_N"], block_size)
-    grid = (batch, triton.cdiv(max_seqlen_q, block_q), num_kv_heads)
+    # the step's (sequence, query block) pairs number at most one a token, and at most
+    # num_tokens / block_q plus one partial block a sequence: shapes alone bound them
+    grid = (min(num_tokens, triton.cdiv(num_tokens, block_q) + batch), num_kv_heads)
     _prefill_kernel[grid](
         q,
         k_cache,
@@ -215,6 +244,7 @@ def paged_prefill_attention(
         o,
         scale * LOG2E * k_scale,
         v_scale,
+        batch,
         q.stride(0),
         q.stride(1),
         o.stride(0),
@@ -231,6 +261,7 @@ def paged_prefill_attention(
         DOT_PRECISION="ieee" if fp32 else "tf32",
         DOT_DTYPE=dot_dtype(k_cache.dtype, q.dtype),
         HEAVY_FIRST=c["HEAVY_FIRST"],
+        SCAN_SEQS=SCAN,
         num_warps=c["num_warps"],
         num_stages=c["num_stages"],
     )

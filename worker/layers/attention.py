@@ -160,13 +160,7 @@ class Attention(nn.Module):
             )
         return o.flatten(1, 2)
 
-    def attend_stored(self, q: torch.Tensor, out: torch.Tensor) -> None:
-        """Prefill attention of q (N, Hq * D) into out (N, Hq * D), this step's k/v already in the
-        cache (Triton backend): the eager part between the piecewise prefill graphs."""
-        shape = (-1, self.num_heads, self.head_dim)
-        self._prefill(q.view(shape), get_context(), out=out.view(shape))
-
-    def _prefill(self, q: torch.Tensor, ctx, out: torch.Tensor | None = None) -> torch.Tensor:
+    def _prefill(self, q: torch.Tensor, ctx) -> torch.Tensor:
         from nanoserve.worker.kernels import paged_prefill_attention
 
         return paged_prefill_attention(
@@ -176,9 +170,7 @@ class Attention(nn.Module):
             _given(ctx.block_tables),
             _given(ctx.cu_seqlens_q),
             _given(ctx.context_lens),
-            ctx.max_seqlen_q,
             self.scale,
-            out=out,
             k_scale=self.k_scale,
             v_scale=self.v_scale,
         )

@@ -132,31 +132,17 @@ class Qwen3DecoderLayer(nn.Module):
             config.hidden_size, config.rms_norm_eps, all_reduce_slot=0
         )
 
-    def pre_attention(
+    def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool, torch.Tensor]:
-        """The layer up to its attention: (q, k, v, kv_stored, residual) (Qwen3Attention.project).
-        The piecewise prefill graphs (worker.runner.prefill_graph) cut each layer here."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         # the residual add of each sub-block is fused into the norm that follows it
         if residual is None:
             hidden_states, residual = self.input_layernorm(hidden_states), hidden_states
         else:
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        return *self.self_attn.project(positions, hidden_states), residual
-
-    def post_attention(
-        self, o: torch.Tensor, residual: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer after its attention output o (N, Hq * D): o_proj, add + norm, MLP."""
-        hidden_states, residual = self.post_attention_layernorm(self.self_attn.o_proj(o), residual)
+        hidden_states = self.self_attn(positions, hidden_states)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
-
-    def forward(
-        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        q, k, v, kv_stored, residual = self.pre_attention(positions, hidden_states, residual)
-        o = self.self_attn.attn(q.flatten(1), k.flatten(1), v, kv_stored=kv_stored)  # (N, Hq * D)
-        return self.post_attention(o, residual)
 
 
 class Qwen3Model(nn.Module):

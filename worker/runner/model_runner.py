@@ -137,7 +137,7 @@ class ModelRunner:
 
     @torch.no_grad()  # no autograd graph may hold on to the captured tensors
     def capture_and_compile(self, backend: str) -> None:
-        """CUDA graphs (decode, piecewise prefill) and every kernel a step can reach, compiled now
+        """CUDA graphs (decode, prefill) and every kernel a step can reach, compiled now
         (or loaded from the Triton cache) so that no request waits for a compile."""
         started = time.perf_counter()
         if not self.config.enforce_eager:
@@ -152,7 +152,11 @@ class ModelRunner:
             )
             if self.prefill_buckets:
                 self.prefill_graphs = PrefillGraphRunner(
-                    self.model, self.prefill_buckets, self.dtype, self.device
+                    self.model,
+                    self.prefill_buckets,
+                    self.config.max_num_seqs,
+                    self.max_num_blocks_per_seq,
+                    self.device,
                 )
         if backend == "triton":  # each tile size of the prefill attention (its one length-bound
             attn = self.attention_layers[0]  # constexpr), from a one-sequence step of slots -1
@@ -256,10 +260,8 @@ class ModelRunner:
             and self.prefill_graphs is not None
             and self.prefill_graphs.can_run(len(ids))
         ):
-            # piecewise graphs: L + 1 replays, the attentions eager in between
-            slot_mapping = get_context().slot_mapping
-            assert slot_mapping is not None  # load_inputs set the context
-            hidden = self.prefill_graphs.run(ids, positions, slot_mapping)
+            # the step's inputs copied into the bucket's buffers, one replay
+            hidden = self.prefill_graphs.run(ids, positions, get_context())
         else:
             hidden = self.model(ids if input_ids is None else input_ids, positions)
         reset_context()

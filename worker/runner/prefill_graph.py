@@ -1,25 +1,24 @@
-"""Piecewise CUDA graphs for prefill steps: per token-count bucket, one graph per stretch of the model
-between two attentions; the attentions run eagerly in between, since their grids follow the step's
-sequence lengths (vLLM's piecewise graphs).
+"""CUDA graphs for prefill steps: per token-count bucket, one graph of the whole forward, attention
+included (the prefill attention finds its blocks from cu_seqlens_q on the device, so its grid
+follows the bucket alone).
 
 ModelRunner.prepare_prefill pads a step's tokens to a bucket (padded tokens have slot -1: they never
-touch the KV cache; their rows are computed and never read). For a bucket of T tokens, graph 0 is
-the embedding and layer 0 up to its attention, graph i the rest of layer i - 1 and layer i up to its
-attention, graph L the rest of layer L - 1 and the final norm. Each graph writes its layer's q into
-one static buffer the attention reads, and the attention writes one static buffer the next graph
-reads. A step then costs L + 1 replays and L attention launches of host time instead of ~15 launches
-a layer.
+touch the KV cache; their rows are computed and never read). A step copies its inputs and its
+attention metadata into static buffers sized for the bucket's most sequences (cu_seqlens_q padded
+with its last entry: the rows past the step's sequences own no query block) and replays one graph:
+a few copies and one launch of host time, against ~15 launches a layer eagerly.
 """
 
 import logging
 import math
+from collections.abc import Callable
 from typing import cast
 
 import numpy as np
 import torch
 
 from nanoserve.worker.kernels.prefill_attention import prefill_block_q_lengths
-from nanoserve.worker.layers.context import reset_context, set_context
+from nanoserve.worker.layers.context import Context, reset_context, set_context
 from nanoserve.worker.model.qwen3 import Qwen3DecoderLayer, Qwen3ForCausalLM
 from nanoserve.worker.runner.step_inputs import StepInputs
 
@@ -72,8 +71,9 @@ def pad_to_bucket(x: StepInputs, buckets: list[int]) -> StepInputs:
 
 def attention_warmup_steps(group: int, fp32: bool, block_size: int) -> list[StepInputs]:
     """One single-sequence prefill step for each tile size of the prefill attention (the one kernel
-    parameter that follows a prompt's length): its slots -1 (nothing stored), keys read from block
-    0. ModelRunner runs them at start so that no prompt compiles a kernel while serving."""
+    parameter that follows a step's token count): its slots -1 (nothing stored), keys read from
+    block 0. ModelRunner runs them at start so that no prompt compiles a kernel while serving (an
+    eager step: past the largest bucket, or without graphs)."""
     steps = []
     for n in prefill_block_q_lengths(group, fp32):
         blocks = math.ceil(n / block_size)
@@ -99,98 +99,88 @@ class PrefillGraphRunner:
         self,
         model: Qwen3ForCausalLM,
         buckets: list[int],
-        dtype: torch.dtype,
+        max_num_seqs: int,
+        max_blocks_per_seq: int,
         device: torch.device,
         capture: bool = True,
     ):
-        # an nn.ModuleList types its items as nn.Module
-        self.layers = cast(list[Qwen3DecoderLayer], list(model.model.layers))
-        self.embed, self.norm = model.model.embed_tokens, model.model.norm
-        attn = self.layers[0].self_attn
-        if not attn.attn.fuses_kv_store:
+        attn = cast(Qwen3DecoderLayer, model.model.layers[0]).self_attn.attn
+        if not attn.fuses_kv_store:
             raise ValueError("prefill graphs need the Triton backend with the KV cache allocated")
-        self.buckets = buckets
+        self.model, self.buckets, self.max_num_seqs = model, buckets, max_num_seqs
         top = buckets[-1]
         self.input_ids = torch.zeros(top, dtype=torch.long, device=device)
         self.positions = torch.zeros(top, dtype=torch.long, device=device)
         self.slot_mapping = torch.full((top,), -1, dtype=torch.int32, device=device)
-        width = attn.num_heads * attn.head_dim
-        self.q = torch.zeros(top, width, dtype=dtype, device=device)  # graph i -> attention i
-        self.o = torch.zeros(top, width, dtype=dtype, device=device)  # attention i -> graph i + 1
-        # bucket -> its L + 1 steps: graph replays, or (capture=False: tests on CPU) the pieces run
-        # eagerly, the same code the graphs captured
-        self.steps: dict[int, list] = {}
-        self.hidden: dict[int, torch.Tensor] = {}  # bucket -> (T, hidden) output of its last graph
+        # the attention's metadata, rows for the most sequences any bucket holds; all zeros
+        # until a step: no query block, nothing read
+        self.cu_seqlens_q = torch.zeros(max_num_seqs + 1, dtype=torch.int32, device=device)
+        self.context_lens = torch.zeros(max_num_seqs, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(
+            max_num_seqs, max_blocks_per_seq, dtype=torch.int32, device=device
+        )
+        self.hidden: dict[int, torch.Tensor] = {}  # bucket -> (T, hidden) output of its graph
+        # bucket -> one replay, or (capture=False: tests on CPU) the same forward run eagerly
+        self.steps: dict[int, Callable[[], None]] = {}
         if not capture:
-            self.steps = {n: self._pieces(n) for n in buckets}
+            self.steps = {n: self._forward(n) for n in buckets}
             return
         pool = None
         for n in reversed(buckets):  # largest first: the smaller ones reuse its pool
             pool = self._capture(n, pool)
         # a graph's first replay uploads it to the GPU: here, not in a request's first token (the
-        # static slots are still -1: nothing is stored)
-        for steps in self.steps.values():
-            for step in steps:
-                step()
+        # static slots are still -1 and cu_seqlens_q zeros: nothing is stored or attended)
+        for step in self.steps.values():
+            step()
         torch.cuda.synchronize()
-        logger.info("captured piecewise CUDA graphs for prefill token counts %s", buckets)
+        logger.info("captured prefill CUDA graphs for token counts %s", buckets)
 
-    def _pieces(self, n: int) -> list:
-        """The L + 1 stretches of the forward for n tokens, as closures over the static buffers;
-        the residual stream passes from one to the next in `carry`."""
-        ids, pos, q_out, o = self.input_ids[:n], self.positions[:n], self.q[:n], self.o[:n]
-        carry: dict[str, torch.Tensor] = {}
+    def _forward(self, n: int) -> Callable[[], None]:
+        """The forward of n tokens over the static buffers, its output kept in self.hidden[n]."""
+        batch = min(n, self.max_num_seqs)  # a sequence has at least one token
+        ids, pos = self.input_ids[:n], self.positions[:n]
 
-        def head(layer, hidden, residual):
-            q, _, _, _, carry["residual"] = layer.pre_attention(pos, hidden, residual)
-            q_out.copy_(q.flatten(1))
+        def forward() -> None:
+            set_context(
+                is_prefill=True,
+                slot_mapping=self.slot_mapping[:n],
+                cu_seqlens_q=self.cu_seqlens_q[: batch + 1],
+                context_lens=self.context_lens[:batch],
+                block_tables=self.block_tables[:batch],
+            )
+            self.hidden[n] = self.model(ids, pos)
+            reset_context()
 
-        def first():
-            head(self.layers[0], self.embed(ids), None)
-
-        def middle(i):
-            hidden, residual = self.layers[i - 1].post_attention(o, carry["residual"])
-            head(self.layers[i], hidden, residual)
-
-        def last():
-            hidden, residual = self.layers[-1].post_attention(o, carry["residual"])
-            self.hidden[n], _ = self.norm(hidden, residual)
-
-        return [first] + [lambda i=i: middle(i) for i in range(1, len(self.layers))] + [last]
+        return forward
 
     def _capture(self, n: int, pool):
-        set_context(is_prefill=True, slot_mapping=self.slot_mapping[:n])
-        pieces = self._pieces(n)
-        for piece in pieces:  # eager once: compiles kernels, sizes cuBLAS workspaces
-            piece()
-        graphs = []
-        for piece in pieces:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool):
-                piece()
-            pool = pool or graph.pool()
-            graphs.append(graph)
-        self.steps[n] = [graph.replay for graph in graphs]  # (a bound replay keeps its graph)
+        forward = self._forward(n)
+        forward()  # eager once: compiles kernels, sizes cuBLAS workspaces
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool):
+            forward()
+        self.steps[n] = graph.replay  # (a bound replay keeps its graph)
         torch.cuda.synchronize()
-        reset_context()
-        return pool
+        return pool or graph.pool()
 
     def can_run(self, num_tokens: int) -> bool:
         return num_tokens in self.steps
 
-    def run(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor
-    ) -> torch.Tensor:
-        """Forward a prefill step of a bucket's token count (the attention context already set);
-        returns its (T, hidden) hidden states, a view valid until the next replay of that bucket."""
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
+        """Forward a prefill step of a bucket's token count, its attention context `ctx` (set by
+        ModelRunner.load_inputs); returns its (T, hidden) hidden states, a view valid until the
+        next replay of that bucket."""
         n = input_ids.shape[0]
+        cu, lens, tables = ctx.cu_seqlens_q, ctx.context_lens, ctx.block_tables
+        assert ctx.slot_mapping is not None and cu is not None and lens is not None
+        assert tables is not None
+        b, w = tables.shape
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
-        self.slot_mapping[:n].copy_(slot_mapping)
-        q, o = self.q[:n], self.o[:n]
-        steps = self.steps[n]
-        for layer, step in zip(self.layers, steps):
-            step()  # graph i: the rest of layer i - 1, layer i up to its attention
-            layer.self_attn.attn.attend_stored(q, o)
-        steps[-1]()
+        self.slot_mapping[:n].copy_(ctx.slot_mapping)
+        self.cu_seqlens_q[: b + 1].copy_(cu)
+        self.cu_seqlens_q[b + 1 :].copy_(cu[b:].expand(self.max_num_seqs - b))
+        self.context_lens[:b].copy_(lens)
+        self.block_tables[:b, :w].copy_(tables)
+        self.steps[n]()
         return self.hidden[n]

@@ -1,11 +1,12 @@
-"""The piecewise prefill forward (worker.runner.prefill_graph) run eagerly on CPU, its Triton kernels
-in the interpreter: the L + 1 pieces with the attention between them, over a step padded to a bucket,
-give the plain model forward's hidden states and KV cache (on CUDA the same pieces are captured)."""
+"""The prefill graphs' forward (worker.runner.prefill_graph) run eagerly on CPU, its Triton kernels in
+the interpreter: a step padded to a bucket, its metadata copied into the runner's fixed-batch
+buffers (stale rows from an earlier, larger step among them), gives the plain model forward's
+hidden states and KV cache (on CUDA the same forward is captured)."""
 
 import torch
 
 from nanoserve.worker.layers.attention import Attention
-from nanoserve.worker.layers.context import reset_context, set_context
+from nanoserve.worker.layers.context import get_context, reset_context, set_context
 from nanoserve.worker.model.config import ModelConfig
 from nanoserve.worker.model.qwen3 import Qwen3ForCausalLM
 from nanoserve.worker.runner.device import init_dummy_weights
@@ -34,7 +35,7 @@ def fresh_caches(model: Qwen3ForCausalLM, backend: str) -> list[Attention]:
     return layers
 
 
-def test_pieces_with_attention_between_equal_the_model_forward():
+def test_the_graph_forward_over_fixed_batch_buffers_equals_the_model_forward():
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(CONFIG).eval()
     init_dummy_weights(model, seed=0)
@@ -67,9 +68,11 @@ def test_pieces_with_attention_between_equal_the_model_forward():
         ref_k = [layer.k_cache.clone() for layer in ref_layers]
 
         layers = fresh_caches(model, "triton")
-        runner = PrefillGraphRunner(
-            model, [16, 32], torch.float32, torch.device("cpu"), capture=False
-        )
+        runner = PrefillGraphRunner(model, [16, 32], 4, 3, torch.device("cpu"), capture=False)
+        # an earlier step of 4 sequences leaves rows 2..3 stale: the padding must hide them
+        runner.cu_seqlens_q[:] = torch.tensor([0, 3, 6, 9, 12])
+        runner.context_lens[:] = 9
+        runner.block_tables[:] = 7
         pad = 32 - n
         padded_slots = torch.cat([slots, torch.full((pad,), -1)]).int()
         set_context(slot_mapping=padded_slots, **ctx)
@@ -77,7 +80,7 @@ def test_pieces_with_attention_between_equal_the_model_forward():
         out = runner.run(
             torch.cat([ids, torch.zeros(pad, dtype=torch.long)]),
             torch.cat([positions, torch.zeros(pad, dtype=torch.long)]),
-            padded_slots,
+            get_context(),
         )
         reset_context()
     assert out.shape == (32, CONFIG.hidden_size)
