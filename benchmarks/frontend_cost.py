@@ -30,7 +30,9 @@ from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 
 
 class StandInWorker(worker_grpc.WorkerServiceServicer):
-    """Answers GetModelInfo, GetLoad and Session as a worker would, at `step_s` per decode step."""
+    """Answers GetModelInfo, GetLoad and Session as a worker would, at `step_s` per decode step:
+    a fixed cadence, so its ceiling is (live requests) / step_s tokens a second whatever building
+    a step costs it."""
 
     def __init__(self, model_dir: str, step_s: float) -> None:
         self.step_s = step_s
@@ -68,9 +70,15 @@ class StandInWorker(worker_grpc.WorkerServiceServicer):
 
         reader = asyncio.create_task(read())
         rng = random.Random(0)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time()
         try:
             while not reader.done():
-                await asyncio.sleep(self.step_s)
+                # Sleep until the next deadline, not for a whole step after building this one (the
+                # period would be step_s + the build). A late step goes at once, but a stall leaves
+                # at most one step of debt: no burst of missed steps after it.
+                deadline = max(deadline + self.step_s, loop.time() - self.step_s)
+                await asyncio.sleep(deadline - loop.time())
                 if not live:
                     continue
                 response = worker_pb2.SessionResponse()
@@ -113,6 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=200, help="output tokens of each request")
     p.add_argument("--prompt-len", type=int, default=100, help="prompt tokens of each request")
     p.add_argument("--client-procs", type=int, default=2, help="load generator processes")
+    p.add_argument(
+        "--client-channels",
+        type=int,
+        default=4,
+        help="gRPC channels (TCP connections) of each load generator process, requests dealt "
+        "round-robin over them (default: 4). Frontends sharing a port get whole connections, as "
+        "the kernel hashes them, and a real fleet's streams come over many: a few connections "
+        "would load them unevenly. No effect with --target gateway (a connection per request)",
+    )
     p.add_argument(
         "--request-rate",
         type=float,
@@ -205,7 +222,14 @@ def measure(args: argparse.Namespace) -> dict:
                 for i, at in enumerate(arrivals(n, rate))
             ]
 
-        run_processes(args.target, address, requests("warm", 32, 8, float("inf")), 0.0, 1)
+        run_processes(
+            args.target,
+            address,
+            requests("warm", 32, 8, float("inf")),
+            0.0,
+            1,
+            channels=args.client_channels,
+        )
         cpu = {s.name: tree_cpu_s(s.process.pid) for s in services}
         t = time.perf_counter()
         res = run_processes(
@@ -214,8 +238,13 @@ def measure(args: argparse.Namespace) -> dict:
             requests("run", args.num_prompts, args.max_tokens, args.request_rate),
             0.0,
             args.client_procs,
+            channels=args.client_channels,
         )
-        wall = time.perf_counter() - t
+        # the clients' own clock, from when all are connected: not their processes' spawn, imports
+        # and results' return (a second or more, against a run of a few seconds). The services'
+        # CPU is counted over both, but they idle outside the run.
+        wall = res["wall_s"]
+        client_overhead_s = time.perf_counter() - t - wall
         used = {s.name: tree_cpu_s(s.process.pid) - cpu[s.name] for s in services}
     finally:
         for s in reversed(services):
@@ -224,21 +253,34 @@ def measure(args: argparse.Namespace) -> dict:
             sink.stop(0)
     tokens = sum(r["tokens"] for r in res["results"])
     errors = sum(1 for r in res["results"] if r.get("error"))
+    ceiling = args.num_prompts / (args.step_ms / 1000)  # every request a token every step
     return dict(
         bench="frontend_cost",
         requests=args.num_prompts,
         output_tokens=tokens,
         errors=errors,
         tok_s=round(tokens / wall, 1),
+        seconds=round(wall, 3),
+        client_overhead_s=round(client_overhead_s, 3),
+        ceiling_tok_s=round(ceiling, 1),
+        fraction_of_ceiling=round(tokens / wall / ceiling, 3),
         messages_per_token=round(sum(r["messages"] for r in res["results"]) / max(tokens, 1), 3),
         frontend_us_per_token=round(_sum(used, "frontend") / max(tokens, 1) * 1e6, 2),
         frontend_cores=round(_sum(used, "frontend") / wall, 2),
+        frontend_cores_each=_each(used, "frontend", wall),
         frontend_processes=args.frontend_processes,
+        **(
+            {"client_connections": args.client_procs * args.client_channels}
+            if args.target != "gateway"
+            else {}
+        ),
         stand_in_us_per_token=round(used["worker"] / max(tokens, 1) * 1e6, 2),
+        stand_in_cores=round(used["worker"] / wall, 2),
         **(
             {
                 "gateway_us_per_token": round(_sum(used, "gateway") / max(tokens, 1) * 1e6, 2),
                 "gateway_cores": round(_sum(used, "gateway") / wall, 2),
+                "gateway_cores_each": _each(used, "gateway", wall),
             }
             if "gateway" in used
             else {}
@@ -255,8 +297,16 @@ def _sum(used: dict[str, float], kind: str) -> float:
     return sum(v for k, v in used.items() if k.split("-")[0] == kind)
 
 
+def _each(used: dict[str, float], kind: str, wall: float) -> list[float]:
+    """Cores of each process of one kind, in start order: how evenly the connections spread."""
+    return [round(v / wall, 2) for k, v in used.items() if k.split("-")[0] == kind]
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.client_channels < 1:
+        parser.error("--client-channels must be at least 1")
     if args.stand_in_worker:
         asyncio.run(serve_stand_in(args.model, args.step_ms))
         return

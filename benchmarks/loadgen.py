@@ -2,7 +2,9 @@
 WorkerService.GenerateTokens over plain grpc.aio, or to the OpenAI gateway's /v1/completions
 (gateway_stream.py), and times every response message. Several client
 processes (spawned, results back as JSON) when one event loop would be the bottleneck; each reports
-its own CPU time so that the figures say whether it was.
+its own CPU time so that the figures say whether it was. Each process may open several gRPC
+channels (separate TCP connections): the kernel hands each connection whole to one of the
+frontend processes sharing a port (SO_REUSEPORT), so a few connections load them unevenly.
 """
 
 import asyncio
@@ -63,6 +65,14 @@ def _call(target: str, channel: grpc.aio.Channel, temperature: float):
     return start
 
 
+def _channel_options(channels: int) -> list[tuple[str, int]]:
+    """grpc core shares one subchannel (one TCP connection) among all channels of a process to
+    the same address with identical args (its global subchannel pool): several channels then each
+    get a pool of their own, hence a connection of their own. One channel keeps the plain options."""
+    local_pool = [("grpc.use_local_subchannel_pool", 1)] if channels > 1 else []
+    return [*channel_options(), *local_pool]
+
+
 async def _one(start, r: Request, t0: float) -> dict:
     """Send one request at its arrival time (seconds after t0) and time every message that carries
     tokens: TTFT, the gaps between messages (inter-token latency), the end."""
@@ -106,28 +116,35 @@ async def run(
     temperature: float,
     sequential: bool = False,
     barrier=None,
+    channels: int = 1,
 ) -> dict:
-    """Run `requests` on one channel: all concurrently at their arrival times, or one after another
-    (each sent when the previous ends). `barrier` (multiprocessing) starts every client process's
-    clock together, once all are connected."""
+    """Run `requests` dealt round-robin over `channels` gRPC channels (each its own connection):
+    all concurrently at their arrival times, or one after another (each sent when the previous
+    ends). `barrier` (multiprocessing) starts every client process's clock together, once all are
+    connected. The gateway target ignores `channels` (HTTP: a connection per request)."""
     async with contextlib.AsyncExitStack() as stack:
-        if target == "gateway":  # HTTP: a connection per request, no channel
-            start = await starter(address, temperature)
+        if target == "gateway":
+            starts = [await starter(address, temperature)]
         else:
-            channel = await stack.enter_async_context(
-                grpc.aio.insecure_channel(address, options=channel_options())
-            )
-            await asyncio.wait_for(channel.channel_ready(), 60)
-            start = _call(target, channel, temperature)
+            starts = []
+            for _ in range(channels):
+                channel = await stack.enter_async_context(
+                    grpc.aio.insecure_channel(address, options=_channel_options(channels))
+                )
+                await asyncio.wait_for(channel.channel_ready(), 60)
+                starts.append(_call(target, channel, temperature))
         if barrier is not None:
             await asyncio.get_running_loop().run_in_executor(None, barrier.wait)
         cpu0, t0 = time.process_time(), time.perf_counter()
         if sequential:
             results = []
-            for r in requests:
+            for i, r in enumerate(requests):
+                start = starts[i % len(starts)]
                 results.append(await _one(start, r, time.perf_counter() - r.arrival_s))
         else:
-            results = await asyncio.gather(*(_one(start, r, t0) for r in requests))
+            results = await asyncio.gather(
+                *(_one(starts[i % len(starts)], r, t0) for i, r in enumerate(requests))
+            )
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     return dict(
         results=list(results),
@@ -143,7 +160,14 @@ def _client_main(spec: str, barrier, out) -> None:
     requests = [Request(**r) for r in s["requests"]]
     try:
         res = asyncio.run(
-            run(s["target"], s["address"], requests, s["temperature"], barrier=barrier)
+            run(
+                s["target"],
+                s["address"],
+                requests,
+                s["temperature"],
+                barrier=barrier,
+                channels=s["channels"],
+            )
         )
     except Exception as e:  # noqa: BLE001 - reported, not raised: the parent must not wait forever
         barrier.abort()
@@ -158,11 +182,13 @@ def run_processes(
     temperature: float,
     procs: int,
     timeout_s: float = 1800.0,
+    channels: int = 1,
 ) -> dict:
-    """`requests` dealt round-robin over `procs` spawned client processes that start together;
-    their results merged (per-process CPU and wall listed). procs=1 runs in this process."""
+    """`requests` dealt round-robin over `procs` spawned client processes that start together,
+    each with `channels` gRPC channels; their results merged (per-process CPU and wall listed).
+    procs=1 runs in this process."""
     if procs <= 1:
-        res = asyncio.run(run(target, address, requests, temperature))
+        res = asyncio.run(run(target, address, requests, temperature, channels=channels))
         return dict(
             results=res["results"], wall_s=res["wall_s"], clients=[{k: res[k] for k in CLIENT_KEYS}]
         )
@@ -175,6 +201,7 @@ def run_processes(
                 target=target,
                 address=address,
                 temperature=temperature,
+                channels=channels,
                 requests=[asdict(r) for r in requests[k::procs]],
             )
         )

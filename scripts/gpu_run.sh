@@ -3,8 +3,8 @@
 # Usage: bash scripts/gpu_run.sh MODE [MODE...]   (GPU machine, ≤ 9 min; the modes run in order)
 #        bash scripts/gpu_run.sh wheels [NAME==VERSION...]    (here, before: fills .whl/ to carry)
 #   full:    tests/gpu (one GPU), 0.6B throughput + batch-1 latency, `nanoserve bench serving` at
-#            256 streams and at 16 req/s Poisson, benchmarks/prefill.py if present
-#   quick:   the same without tests/gpu and the Poisson run;  engine: 0.6B throughput + scheduler only
+#            256 streams, benchmarks/prefill.py if present
+#   quick:   the same without tests/gpu;  engine: 0.6B throughput + scheduler only
 #   tests:   all of tests/gpu (tp ones too on two GPUs), 0.6B engine figures, prefill host/GPU time
 #   serve:   bench serving at 256 streams, at 16 req/s Poisson, and at tp=2 on two GPUs
 #   timeline: the GPU's idle gaps over the throughput workload
@@ -19,6 +19,8 @@
 #   kernels: the roofline account (benchmarks/roofline.py), attention and all-reduce sweeps, 8B
 #            tp=1 latency
 #   traces:  bench frontend-cost with and without OpenTelemetry traces (carry tracing_wheels.txt)
+#   headroom: (issue 29) the stand-in worker's headroom alone: bench frontend-cost at 512 streams
+#            over gRPC and through the gateway, at 1, 4 and 8 frontend (and gateway) processes
 #   gateway: bench serving offline, through the frontend, straight to the worker and through the
 #            OpenAI HTTP gateway (--target all); carry the gateway extra's wheels first:
 #            bash scripts/gpu_run.sh wheels $(cat scripts/gateway_wheels.txt)
@@ -97,6 +99,19 @@ step() {  # step NAME TIMEOUT CMD...: run with a timeout inside the budget, keep
 }
 bench="$py -m nanoserve.benchmarks.engine --json"
 serving="$py -m nanoserve.cli bench serving --json --shape qwen3-0.6b"
+headroom() {  # headroom PROCS...: issue 29's stand-in worker (no GPU: it answers every 7 ms) at 512
+  # streams of 300 tokens from 8 client processes (frontend-cost's default channels each), over gRPC
+  # and through the gateway, at each count of frontend (and gateway) processes
+  local procs
+  for procs in "$@"; do
+    step headroom_grpc_$procs 60 $py -m nanoserve.cli bench frontend-cost --json \
+      --num-prompts 512 --max-tokens 300 --step-ms 7 --client-procs 8 \
+      --frontend-processes $procs ${HEADROOM_ARGS:-}
+    step headroom_gateway_$procs 60 $py -m nanoserve.cli bench frontend-cost --json \
+      --num-prompts 512 --max-tokens 300 --step-ms 7 --client-procs 8 --target gateway \
+      --frontend-processes $procs ${HEADROOM_ARGS:-}
+  done
+}
 
 for mode in "${@:-full}"; do  # several modes run one after the other in one call
 case $mode in
@@ -105,8 +120,7 @@ case $mode in
       --ignore=tests/gpu/test_tp_gpu.py
     step bench_06b 100 $bench throughput latency --shape qwen3-0.6b
     step serving 240 $serving --num-prompts 256
-    [ "$mode" = full ] && step serving_poisson 120 $serving --num-prompts 256 --request-rate 16 \
-      --skip-offline --warmup light
+    # (Poisson arrivals: the `load` mode; here they never finished inside the budget)
     [ -f benchmarks/prefill.py ] && step prefill 60 $py -m nanoserve.benchmarks.prefill
     [ "$mode" = full ] && step logprobs 40 $py -m nanoserve.benchmarks.logprobs --json
     ;;
@@ -191,14 +205,10 @@ case $mode in
       --target both --profile-dir /tmp/nanoserve-prof ${SERVING_ARGS:-}
     step serving_gateway 200 $serving --num-prompts 256 --runs 5 --warmup none --target gateway \
       --skip-offline --profile-dir /tmp/nanoserve-prof ${SERVING_ARGS:-}
-    for procs in 1 4; do  # one frontend (and gateway) process, and serve's default here
-      step headroom_grpc_$procs 60 $py -m nanoserve.cli bench frontend-cost --json \
-        --num-prompts 512 --max-tokens 300 --step-ms 7 --client-procs 8 \
-        --frontend-processes $procs ${HEADROOM_ARGS:-}
-      step headroom_gateway_$procs 60 $py -m nanoserve.cli bench frontend-cost --json \
-        --num-prompts 512 --max-tokens 300 --step-ms 7 --client-procs 8 --target gateway \
-        --frontend-processes $procs ${HEADROOM_ARGS:-}
-    done
+    headroom 1 4  # one frontend (and gateway) process, and serve's default here
+    ;;
+  headroom)  # issue 29's headroom steps alone, up to 8 processes (HEADROOM_ARGS: more flags)
+    headroom 1 4 8
     ;;
   traces)  # issue 33: per-token CPU of the frontend and the gateway with and without tracing (an
     # OTLP receiver in the benchmark's process), one message a token (pacing off); carry first:
@@ -250,7 +260,7 @@ case $mode in
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|timeline|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|gateway|grpc_runs|gateway_runs|ttft3|service|traces|wheels]" >&2
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|timeline|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|gateway|grpc_runs|gateway_runs|ttft3|service|headroom|traces|wheels]" >&2
      exit 2 ;;
 esac
 done

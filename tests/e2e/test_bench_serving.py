@@ -2,13 +2,18 @@
 mode (offline in its own process, then worker and frontend started by the benchmark) and --address
 mode against services this test session started. Checks the report's shape, not speed."""
 
+import asyncio
 import json
 import subprocess
 import sys
 
+import grpc.aio
 import pytest
 
-from nanoserve.benchmarks import gpu_table, serving
+from nanoserve.benchmarks import gpu_table, loadgen, serving
+from nanoserve.benchmarks.workload import Request
+from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
+from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from tests.e2e.processes import REPO_ROOT, assert_idle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -174,3 +179,58 @@ def test_frontend_cost_streams_every_token_through_a_stand_in_worker() -> None:
     assert (res["requests"], res["output_tokens"], res["errors"]) == (6, 54, 0)
     # a figure, not a bound: 54 tokens may take less than one clock tick of CPU (then 0)
     assert res["frontend_us_per_token"] >= 0 and res["tok_s"] > 0
+
+
+def test_frontend_cost_spreads_streams_over_client_channels_and_frontend_processes() -> None:
+    """Several frontend processes on one port, each client process with several channels: every
+    token arrives, and the report lists each frontend process's cores and the stand-in's ceiling."""
+    out = subprocess.run(
+        [sys.executable, "-m", "nanoserve.cli", "bench", "frontend-cost", "--json",
+         "--num-prompts", "16", "--max-tokens", "20", "--prompt-len", "5", "--step-ms", "5",
+         "--client-procs", "2", "--client-channels", "2", "--frontend-processes", "2"],
+        capture_output=True, text=True, timeout=180, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (res["requests"], res["output_tokens"], res["errors"]) == (16, 320, 0)
+    assert res["frontend_processes"] == 2 and len(res["frontend_cores_each"]) == 2
+    assert all(c >= 0 for c in res["frontend_cores_each"])
+    assert res["client_connections"] == 4
+    assert res["ceiling_tok_s"] == 16 / 0.005 and 0 < res["fraction_of_ceiling"]
+
+
+class _PeerRecorder(frontend_grpc.FrontendServiceServicer):
+    """A frontend that answers every Generate with all its tokens at once and notes the peer (the
+    client's address and port: one per TCP connection)."""
+
+    def __init__(self) -> None:
+        self.peers: set[str] = set()
+
+    async def Generate(self, request, context):
+        self.peers.add(context.peer())
+        yield frontend_pb2.GenerateResponse(token_ids=[7] * request.sampling_params.max_tokens)
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_loadgen_channels_are_separate_connections(channels: int) -> None:
+    """grpc shares one connection among a process's channels with identical args to an address;
+    the load generator's `channels` must each be their own, seen as distinct peers by the server."""
+
+    async def go() -> tuple[dict, set[str]]:
+        recorder = _PeerRecorder()
+        server = grpc.aio.server()
+        frontend_grpc.add_FrontendServiceServicer_to_server(recorder, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            requests = [Request(f"r{i}", [1, 2, 3], 2, 0.0) for i in range(6)]
+            res = await loadgen.run(
+                "frontend", f"127.0.0.1:{port}", requests, 0.0, channels=channels
+            )
+        finally:
+            await server.stop(0)
+        return res, recorder.peers
+
+    res, peers = asyncio.run(go())
+    assert [r["tokens"] for r in res["results"]] == [2] * 6
+    assert len(peers) == channels, peers
