@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=default_frontend_processes(),
         help="frontend processes sharing one port, and as many gateways (as `nanoserve serve "
-        "--frontend-processes`; default, as there: a quarter of the cores, 1 to 8)",
+        "--frontend-processes`; default, as there: half the cores, 1 to 8)",
     )
     g.add_argument(
         "--profile-dir",

@@ -94,7 +94,7 @@ def _serve_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="frontend processes sharing --port (SO_REUSEPORT; the kernel spreads connections), "
         "and as many gateway processes sharing --gateway-port: a Python process streams about "
-        "25,000 tokens/s at one message a token (default: a quarter of the cores, 1 to 8)",
+        "25,000 tokens/s at one message a token (default: half the cores, 1 to 8)",
     )
     parser.add_argument(
         "--demo",
@@ -135,9 +135,11 @@ def _serve_parser() -> argparse.ArgumentParser:
 
 
 def default_frontend_processes() -> int:
-    """A quarter of the cores, 1 to 8: the worker's gRPC process and engine core, the tokenizer
-    threads and the clients keep the rest."""
-    return max(1, min(8, (os.cpu_count() or 1) // 4))
+    """Half the cores, 1 to 8: on the H200 host's 16 cores, 8 frontends (and 8 gateways) carry a
+    stand-in worker's 512 streams at ~0.9-1.0 messages a token and 64,000-70,000 tokens/s, where 4
+    coalesced to ~0.6 (docs/benchmarks.md); an idle process costs little, and the kernel spreads
+    connections better over more processes."""
+    return max(1, min(8, (os.cpu_count() or 1) // 2))
 
 
 def _fields(cls: type) -> set[str]:

@@ -88,3 +88,9 @@ def test_bad_gateway_flags_end_serve_before_it_starts(tiny_model_dir: Path) -> N
         busy = serve(*model, "--port", "0", "--gateway-port", str(port))
     assert busy.returncode == 1, busy.stderr
     assert f"--gateway-port {port}" in busy.stderr and "already in use" in busy.stderr
+
+
+def test_frontend_processes_default_to_half_the_cores_1_to_8(monkeypatch) -> None:
+    for cores, expected in ((None, 1), (1, 1), (2, 1), (4, 2), (16, 8), (128, 8)):
+        monkeypatch.setattr(serve_args.os, "cpu_count", lambda c=cores: c)
+        assert serve_args.default_frontend_processes() == expected, cores
