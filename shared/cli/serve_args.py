@@ -93,8 +93,9 @@ def _serve_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="frontend processes sharing --port (SO_REUSEPORT; the kernel spreads connections), "
-        "and as many gateway processes sharing --gateway-port: a Python process streams about "
-        "25,000 tokens/s at one message a token (default: half the cores, 1 to 8)",
+        "and as many gateway processes sharing --gateway-port: a frontend streams about 12,000 "
+        "tokens/s at one message a token, and a client connection lands whole on one of them "
+        "(default: half the cores, 1 to 8)",
     )
     parser.add_argument(
         "--demo",
