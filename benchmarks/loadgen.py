@@ -175,6 +175,24 @@ def _client_main(spec: str, barrier, out) -> None:
     out.put(json.dumps(res))
 
 
+def _start_together(barrier, children: list, timeout_s: float = 120.0) -> None:
+    """Wait until every client is connected, so that their clocks start together. A client that
+    failed breaks the barrier itself (its error is in the queue); one that died before it could
+    (killed, or its spawn's imports failed) is seen by its exit code, and the barrier is broken
+    for it rather than waited on to its timeout."""
+
+    def wait() -> None:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait(timeout=timeout_s)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    while waiter.is_alive():
+        waiter.join(0.5)
+        if any(p.exitcode not in (None, 0) for p in children):
+            barrier.abort()
+
+
 def run_processes(
     target: str,
     address: str,
@@ -209,10 +227,7 @@ def run_processes(
         p.start()
         children.append(p)
     try:
-        # every client connected: start the clocks together (broken: a client failed; its error
-        # is in `out`)
-        with contextlib.suppress(threading.BrokenBarrierError):
-            barrier.wait(timeout=120)
+        _start_together(barrier, children)
         parts: list[dict] = []
         deadline = time.monotonic() + timeout_s
         while len(parts) < procs:

@@ -106,3 +106,21 @@ def test_every_bench_flag_has_help(build):
     parser = build()
     missing = [a.dest for a in parser._actions if not a.help or not a.help.strip()]
     assert not missing, f"flags without help: {missing}"
+
+
+def test_the_load_generators_start_is_not_held_by_a_client_that_died_before_it():
+    """A client process that dies before the start barrier (killed, or its imports failed) breaks
+    the barrier at once, instead of the parent waiting out the barrier's 120 s timeout."""
+    import multiprocessing as mp
+    import os
+    import time
+
+    from nanoserve.benchmarks.loadgen import _start_together
+
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(2)  # the dead client and the parent
+    dead = ctx.Process(target=os._exit, args=(3,), daemon=True)
+    dead.start()
+    t = time.monotonic()
+    _start_together(barrier, [dead], timeout_s=60)
+    assert time.monotonic() - t < 10 and dead.exitcode == 3 and barrier.broken
