@@ -237,6 +237,7 @@ BENCHMARKS = {
     "allreduce": ("allreduce", "tensor-parallel all-reduce: NCCL against one-shot (GPUs)"),
     "roofline": ("roofline", "each step's bytes and FLOPs against the H200's bounds"),
     "timeline": ("timeline", "the GPU's idle gaps over the throughput workload (GPU)"),
+    "arrivals": ("arrivals", "Poisson arrivals straight into the engine: steps and token gaps"),
     "prefill-step": ("prefill", "host against GPU time of one prefill step, TTFT by length"),
     "metrics-cost": ("metrics_cost", "what recording a request and a /metrics scrape cost"),
     "sampling-step-cost": ("sampling_step_cost", "host cost of a step's sampling inputs"),

@@ -149,6 +149,10 @@ case $mode in
     step serving_poisson80 240 $serving --num-prompts 608 --request-rate 38 --skip-offline \
       --warmup light --target ${LOAD_TARGET:-frontend}
     ;;
+  arrivals)  # issue 29: Poisson arrivals straight into the engine, no services (ARRIVALS_ARGS: more
+    # flags, e.g. "--max-prefill-tokens-while-decoding 0 512"): its steps and every stream's gaps
+    step arrivals 280 $py -m nanoserve.benchmarks.arrivals ${ARRIVALS_ARGS:-}
+    ;;
   mixcap)  # issue 14: a cap on the prompt tokens of mixed steps, under the same 38 req/s as `load`,
     # and its cost on the throughput workload (MIXCAP tokens, default 2048)
     cap="--max-prefill-tokens-while-decoding ${MIXCAP:-2048}"

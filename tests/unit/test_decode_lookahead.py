@@ -249,3 +249,51 @@ def test_foreseen_logits_refused_after_another_forward(model):
     runner.execute(runner.prepare_decode([seq]))  # an intervening forward
     with pytest.raises(RuntimeError, match="forward"):
         llm.step()
+
+
+def test_an_arrival_takes_the_step_forwarded_ahead_first(model):
+    """A request that arrives while a decode step is forwarded ahead joins the step after it: the
+    forward is taken (not dropped for a mixed step that would recompute it), the running stream's
+    tokens and the newcomer's equal the engine's without lookahead, and the newcomer waits one
+    step, not more."""
+    path, _ = model
+    first, late = prompts_of([9, 14], seed=6)
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = []
+    for lookahead in (False, True):
+        llm = make_llm(path, lookahead)
+        a = llm.add_request(first, sp)
+        llm.step()  # a's prefill
+        llm.step()  # a decodes, and (lookahead) its next decode is forwarded ahead
+        b = llm.add_request(late, sp)
+        before = llm.num_prompt_tokens_done
+        llm.step()
+        admitted_at_once = llm.num_prompt_tokens_done > before
+        llm.step()
+        assert b.num_computed_tokens >= len(late)  # b is prefilled by the second step at most
+        assert admitted_at_once is not lookahead
+        if lookahead:
+            assert llm.model_runner.num_foreseen_steps == 1 and not llm.deferred_admission
+        while not llm.is_finished():
+            llm.step()
+        outs.append((a.completion_token_ids, b.completion_token_ids))
+        assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
+    assert outs[0] == outs[1]
+
+
+def test_admission_is_deferred_once_in_a_row(model):
+    """decode_follows may judge that the head of the queue does not fit (it counts no prefix
+    hits) while it does: a step forwarded ahead then defers admission once, never twice."""
+    path, _ = model
+    llm = make_llm(path, True)
+    sp = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    llm.add_request(prompts_of([9], seed=7)[0], sp)
+    llm.step()
+    llm.step()  # forwarded ahead
+    late = llm.add_request([3, 4, 5], sp)
+    llm.scheduler.decode_follows = lambda seqs: True  # the misjudgment: always forward ahead
+    llm.step()  # takes the forward, defers the newcomer
+    assert llm.deferred_admission and late.num_computed_tokens == 0
+    assert llm.model_runner.holds_foreseen
+    llm.step()  # a forward is held again, but the newcomer is not deferred twice
+    assert not llm.deferred_admission and late.num_computed_tokens == 3

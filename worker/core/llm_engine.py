@@ -71,6 +71,7 @@ class LLMEngine:
         self._grammars: Grammars | None = None  # made by the first structured-output request
         self.num_prompt_tokens_done = 0
         self.num_generated_tokens = 0
+        self.deferred_admission = False  # the last step admitted no prompt: it took a lookahead
 
     def _resolve_max_model_len(self, model_len: int) -> int:
         """The runner's length (--max-model-len, else max_position_embeddings) lowered to the KV
@@ -204,7 +205,13 @@ class LLMEngine:
 
     def step(self) -> list[StepOutput]:
         refused = self._admit_compiled()
-        seqs, is_prefill = self.scheduler.schedule()
+        # a decode step forwarded ahead is taken as it is, prompts join the step after: a prompt
+        # admitted now would drop that forward (the GPU time of a whole decode step) and make the
+        # running streams wait for both it and the mixed step. Once in a row: decode_follows
+        # misjudges a head whose prefix hits would let it fit, and it must not wait on that.
+        defer = self.model_runner.holds_foreseen and not self.deferred_admission
+        self.deferred_admission = defer
+        seqs, is_prefill = self.scheduler.schedule(admit=not defer)
         copies = self.block_manager.take_copies()
         if not seqs:
             if not refused and self._grammars is not None and self._grammars.waiting:

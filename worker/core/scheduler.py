@@ -68,8 +68,11 @@ class Scheduler:
         else:
             waiting.insert(i, seq)
 
-    def schedule(self) -> tuple[list[Sequence], bool]:
-        """(the step's sequences, decodes first; whether any prompt tokens are in it)."""
+    def schedule(self, admit: bool = True) -> tuple[list[Sequence], bool]:
+        """(the step's sequences, decodes first; whether any prompt tokens are in it).
+        admit=False: the running sequences' decodes only (their step was forwarded ahead)."""
+        if not admit:
+            return self._schedule_decodes()[0], False
         if self.mixed_priorities:
             if self.is_finished():
                 self.mixed_priorities = False

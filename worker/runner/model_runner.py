@@ -361,6 +361,12 @@ class ModelRunner:
         and broadcasts its sampled ids to the other ranks)."""
         return self.lookahead
 
+    @property
+    def holds_foreseen(self) -> bool:
+        """A decode step forwarded ahead waits to be taken by the next run (LLMEngine then
+        schedules that decode step alone: admitting a prompt into it would drop the forward)."""
+        return self.foreseen is not None
+
     def _take_foreseen(self, seqs: list[Sequence], x: StepInputs) -> torch.Tensor | None:
         """The logits of x from the step forwarded ahead, when it foresaw x."""
         f, self.foreseen = self.foreseen, None
