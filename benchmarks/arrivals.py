@@ -113,11 +113,20 @@ def main(argv: list[str] | None = None) -> None:
         help="one variant per value, each run in turn (0: --max-num-batched-tokens)",
     )
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    p.add_argument(
+        "--decode-lookahead",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="forward decode step N+1 before N's ids reach the host (auto: on CUDA)",
+    )
     args = p.parse_args(argv)
     from nanoserve.worker import LLM
 
     kw = dict(
-        max_model_len=4096, max_num_seqs=512, max_num_batched_tokens=args.max_num_batched_tokens
+        max_model_len=4096,
+        max_num_seqs=512,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        decode_lookahead={"auto": None, "on": True, "off": False}[args.decode_lookahead],
     )
     if args.model:
         llm = LLM(args.model, **kw)

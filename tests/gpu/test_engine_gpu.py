@@ -183,8 +183,13 @@ def test_greedy_tokens_stable(hf_model, reference_tokens, kw, exact, capsys):
         for i, a in zip(rerun, again)
         if a != out[i]
     ]
+    graph_mib = llm.model_runner.graph_memory_bytes / 2**20
     free(llm)
     name = "-".join(f"{k}={v}" for k, v in kw.items()) or "graphs"
+    if not kw:  # the graphs fit the room kv_cache.blocks_that_fit keeps for them (2 GiB)
+        with capsys.disabled():
+            print(f"\n[gpu] CUDA graphs (64 decode rows, prefill buckets): {graph_mib:.0f} MiB")
+        assert 0 < graph_mib < 2048
     with capsys.disabled():
         print(
             f"\n[gpu] greedy {name}: {len(differ)} of {len(ref)} sequences diverge from eager, "

@@ -273,7 +273,7 @@ def test_an_arrival_takes_the_step_forwarded_ahead_first(model):
         assert b.num_computed_tokens >= len(late)  # b is prefilled by the second step at most
         assert admitted_at_once is not lookahead
         if lookahead:
-            assert llm.model_runner.num_foreseen_steps == 1 and not llm.deferred_admission
+            assert llm.model_runner.num_foreseen_steps == 1
         while not llm.is_finished():
             llm.step()
         outs.append((a.completion_token_ids, b.completion_token_ids))
@@ -281,19 +281,24 @@ def test_an_arrival_takes_the_step_forwarded_ahead_first(model):
     assert outs[0] == outs[1]
 
 
-def test_admission_is_deferred_once_in_a_row(model):
+def test_a_prompt_that_waited_when_the_forward_was_decided_is_not_deferred(model):
     """decode_follows may judge that the head of the queue does not fit (it counts no prefix
-    hits) while it does: a step forwarded ahead then defers admission once, never twice."""
+    hits) while it does: the step forwarded ahead over that queue does not defer it, and the
+    engine admits it at once, as without lookahead."""
     path, _ = model
     llm = make_llm(path, True)
     sp = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     llm.add_request(prompts_of([9], seed=7)[0], sp)
     llm.step()
-    llm.step()  # forwarded ahead
-    late = llm.add_request([3, 4, 5], sp)
-    llm.scheduler.decode_follows = lambda seqs: True  # the misjudgment: always forward ahead
-    llm.step()  # takes the forward, defers the newcomer
-    assert llm.deferred_admission and late.num_computed_tokens == 0
-    assert llm.model_runner.holds_foreseen
-    llm.step()  # a forward is held again, but the newcomer is not deferred twice
-    assert not llm.deferred_admission and late.num_computed_tokens == 3
+    waited = llm.add_request([3, 4, 5], sp)
+    llm.scheduler.decode_follows = lambda seqs: True  # the misjudgment: forward ahead anyway
+    llm.step()  # waited is admitted (a mixed step: no forward ahead)
+    assert waited.num_computed_tokens == 3
+    llm.step()  # a decode step, forwarded ahead while nothing waits
+    assert llm.model_runner.holds_foreseen and not llm.ahead_over_waiting
+    late = llm.add_request([6, 7, 8], sp)
+    llm.step()  # late arrived after that decision: deferred, the forward is taken
+    assert late.num_computed_tokens == 0 and llm.model_runner.num_foreseen_steps == 1
+    assert llm.model_runner.holds_foreseen and llm.ahead_over_waiting  # (the misjudgment again)
+    llm.step()  # late waited when this forward was decided: admitted, the forward dropped
+    assert late.num_computed_tokens == 3 and llm.model_runner.num_foreseen_steps == 1

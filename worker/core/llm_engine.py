@@ -71,7 +71,8 @@ class LLMEngine:
         self._grammars: Grammars | None = None  # made by the first structured-output request
         self.num_prompt_tokens_done = 0
         self.num_generated_tokens = 0
-        self.deferred_admission = False  # the last step admitted no prompt: it took a lookahead
+        # the step forwarded ahead (if one is) was decided while prompts waited
+        self.ahead_over_waiting = False
 
     def _resolve_max_model_len(self, model_len: int) -> int:
         """The runner's length (--max-model-len, else max_position_embeddings) lowered to the KV
@@ -205,12 +206,12 @@ class LLMEngine:
 
     def step(self) -> list[StepOutput]:
         refused = self._admit_compiled()
-        # a decode step forwarded ahead is taken as it is, prompts join the step after: a prompt
-        # admitted now would drop that forward (the GPU time of a whole decode step) and make the
-        # running streams wait for both it and the mixed step. Once in a row: decode_follows
-        # misjudges a head whose prefix hits would let it fit, and it must not wait on that.
-        defer = self.model_runner.holds_foreseen and not self.deferred_admission
-        self.deferred_admission = defer
+        # a decode step forwarded ahead is taken as it is, and prompts that arrived since it was
+        # decided join the step after: admitted now, they would drop that forward (the GPU time of
+        # a whole decode step) and the running streams would wait for both it and the mixed step.
+        # Prompts that waited already were judged not to fit (decode_follows, which counts no
+        # prefix hits): they are tried now, as ever.
+        defer = self.model_runner.holds_foreseen and not self.ahead_over_waiting
         seqs, is_prefill = self.scheduler.schedule(admit=not defer)
         copies = self.block_manager.take_copies()
         if not seqs:
@@ -225,6 +226,7 @@ class LLMEngine:
             and self.scheduler.decode_follows(seqs)
         )
         if lookahead:
+            self.ahead_over_waiting = bool(self.scheduler.waiting)
             for seq in seqs:
                 if seq.num_tokens + 1 < self.max_model_len:
                     self.block_manager.reserve_next(seq)

@@ -9,6 +9,16 @@ import torch
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def device_memory_used(device: torch.device) -> int:
+    """Bytes in use on a CUDA device by every allocator (graph pools too), after its queued work;
+    0 elsewhere."""
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    return total - free
+
+
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

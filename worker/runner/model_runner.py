@@ -23,6 +23,7 @@ from nanoserve.worker.model.loader import load_model
 from nanoserve.worker.model.qwen3 import Qwen3ForCausalLM
 from nanoserve.worker.runner.cuda_graph import CudaGraphRunner
 from nanoserve.worker.runner.device import (
+    device_memory_used,
     init_dummy_weights,
     resolve_attention_backend,
     resolve_device,
@@ -110,6 +111,7 @@ class ModelRunner:
         self.prefill_buckets = prefill_buckets(max_graph_tokens) if use_buckets else []
         self.graphs: CudaGraphRunner | None = None
         self.prefill_graphs: PrefillGraphRunner | None = None
+        self.graph_memory_bytes = 0  # what capturing the CUDA graphs took (capture_and_compile)
         self.sample_generator = torch.Generator(self.device).manual_seed(config.seed)
         self.sampling = SamplingInputs(
             self.device, model_config.vocab_size, model_config.eos_token_ids
@@ -141,6 +143,7 @@ class ModelRunner:
         (or loaded from the Triton cache) so that no request waits for a compile."""
         started = time.perf_counter()
         if not self.config.enforce_eager:
+            used_before = device_memory_used(self.device)
             self.graphs = CudaGraphRunner(
                 self.model,
                 self.config.max_num_seqs,
@@ -158,6 +161,8 @@ class ModelRunner:
                     self.max_num_blocks_per_seq,
                     self.device,
                 )
+            # the graphs' private pools and fixed buffers (their share of the device's memory)
+            self.graph_memory_bytes = device_memory_used(self.device) - used_before
         if backend == "triton":  # each tile size of the prefill attention (its one length-bound
             attn = self.attention_layers[0]  # constexpr), from a one-sequence step of slots -1
             for x in attention_warmup_steps(
@@ -166,8 +171,9 @@ class ModelRunner:
                 self.execute(pad_to_bucket(x, self.prefill_buckets))
             torch.cuda.synchronize(self.device)
         logger.info(
-            "kernels compiled (or loaded from %s) and graphs captured in %.1f s",
+            "kernels compiled (or loaded from %s) and graphs captured (%.0f MiB) in %.1f s",
             os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache"),
+            self.graph_memory_bytes / 2**20,
             time.perf_counter() - started,
         )
 
