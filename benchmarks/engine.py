@@ -243,6 +243,7 @@ BENCHMARKS = {
     "sampling-step-cost": ("sampling_step_cost", "host cost of a step's sampling inputs"),
     "step-mailbox": ("step_mailbox", "host cost of the tensor-parallel step mailbox"),
     "frontend-cost": ("frontend_cost", "the frontend's CPU per token, against a stand-in worker"),
+    "worker-cost": ("worker_cost", "the worker's CPU per token, its model runner a stand-in"),
     "soak": ("soak", "mixed traffic for a while: memory, files, threads, KV blocks, p99 drift"),
     "gemm-split-k": ("gemm_split_k", "decode-row GEMMs: cuBLAS against the split-K kernel (GPU)"),
     "variants": ("variants", "throughput under each decode-kernel rule, one process each (GPU)"),

@@ -199,6 +199,26 @@ def test_frontend_cost_spreads_streams_over_client_channels_and_frontend_process
     assert res["ceiling_tok_s"] == 16 / 0.005 and 0 < res["fraction_of_ceiling"]
 
 
+@pytest.mark.parametrize("target", ["frontend", "worker"])
+def test_worker_cost_runs_the_real_worker_on_a_stand_in_runner(target: str) -> None:
+    """`nanoserve bench worker-cost`: the real worker's gRPC process and engine core (scheduler,
+    block manager, the pipe) with a stand-in model runner; every id of every request arrives
+    through the frontend's Session and straight through GenerateTokens, and the two processes'
+    CPU per token is reported apart (figures, not bounds)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "nanoserve.cli", "bench", "worker-cost", "--json",
+         "--num-prompts", "12", "--max-tokens", "15", "--prompt-len", "5", "--step-ms", "2",
+         "--client-procs", "1", "--target", target],
+        capture_output=True, text=True, timeout=180, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (res["target"], res["output_tokens"], res["errors"]) == (target, 180, 0)
+    assert res["worker_grpc_us_per_token"] >= 0 and res["engine_core_us_per_token"] >= 0
+    assert ("frontend_us_per_token" in res) is (target == "frontend")
+    assert res["ceiling_tok_s"] == 12 / 0.002 and res["tok_s"] > 0
+
+
 class _PeerRecorder(frontend_grpc.FrontendServiceServicer):
     """A frontend that answers every Generate with all its tokens at once and notes the peer (the
     client's address and port: one per TCP connection)."""
