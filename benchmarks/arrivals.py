@@ -95,16 +95,18 @@ def _steps(steps: list[tuple[float, int, int]]) -> dict:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nanoserve bench arrivals", description=__doc__)
     p.add_argument("--model", default="", help="model directory (default: random weights)")
-    p.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES))
+    p.add_argument(
+        "--shape", default="qwen3-0.6b", choices=sorted(SHAPES), help="random weights' shape"
+    )
     p.add_argument("--rate", type=float, default=38.0, help="requests per second (Poisson)")
-    p.add_argument("--num-prompts", type=int, default=608)
+    p.add_argument("--num-prompts", type=int, default=608, help="requests of each run")
     p.add_argument("--runs", type=int, default=3, help="fresh prompt ids and arrivals each")
-    p.add_argument("--min-len", type=int, default=100)
-    p.add_argument("--max-len", type=int, default=1024)
-    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--min-len", type=int, default=100, help="shortest prompt and output, tokens")
+    p.add_argument("--max-len", type=int, default=1024, help="longest prompt and output, tokens")
+    p.add_argument("--temperature", type=float, default=0.6, help="sampling temperature")
     p.add_argument(
         "--max-prefill-tokens-while-decoding",
         type=int,
@@ -112,14 +114,25 @@ def main(argv: list[str] | None = None) -> None:
         default=[0],
         help="one variant per value, each run in turn (0: --max-num-batched-tokens)",
     )
-    p.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    p.add_argument(
+        "--max-num-batched-tokens", type=int, default=16384, help="max tokens in one step"
+    )
     p.add_argument(
         "--decode-lookahead",
         default="auto",
         choices=["auto", "on", "off"],
         help="forward decode step N+1 before N's ids reach the host (auto: on CUDA)",
     )
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = build_parser()
     args = p.parse_args(argv)
+    if not 1 <= args.min_len <= args.max_len:
+        p.error("--min-len and --max-len: must be in [1, --max-len] and [--min-len, ...]")
+    if args.rate <= 0 or args.num_prompts < 1 or args.runs < 1:
+        p.error("--rate must be > 0, --num-prompts and --runs at least 1")
     from nanoserve.worker import LLM
 
     kw = dict(
