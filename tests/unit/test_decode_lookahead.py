@@ -302,3 +302,33 @@ def test_a_prompt_that_waited_when_the_forward_was_decided_is_not_deferred(model
     assert llm.model_runner.holds_foreseen and llm.ahead_over_waiting  # (the misjudgment again)
     llm.step()  # late waited when this forward was decided: admitted, the forward dropped
     assert late.num_computed_tokens == 3 and llm.model_runner.num_foreseen_steps == 1
+
+
+@pytest.mark.parametrize("how", ["stop_token", "abort"])
+def test_an_arrival_after_the_forwards_sequences_ended_is_served(model, how):
+    """The only running sequence ends (a stop id the lookahead could not foresee, or an abort)
+    while its next decode is forwarded ahead, then a request arrives: nothing can take the
+    forward, so the newcomer is admitted at once, not deferred forever."""
+    path, _ = model
+    llm = make_llm(path, True)
+    greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    prompt = prompts_of([11], seed=8)[0]
+    probe = llm.generate([prompt], greedy, use_tqdm=False)[0].token_ids
+    stop_at = probe[3]  # the 4th token: a stop id for the run below
+    sp = SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[stop_at])
+    a = llm.add_request(prompt, sp if how == "stop_token" else greedy)
+    for _ in range(3):
+        llm.step()  # prefill, then decodes forwarded ahead
+    if how == "abort":
+        llm.abort(a.request_id)
+    else:
+        while not a.is_finished:
+            llm.step()
+    assert a.is_finished and llm.model_runner.holds_foreseen and not llm.scheduler.running
+    b = llm.add_request([3, 4, 5], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    for _ in range(6):
+        if llm.is_finished():
+            break
+        llm.step()
+    assert b.is_finished and len(b.completion_token_ids) == 4
+    assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks

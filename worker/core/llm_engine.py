@@ -210,8 +210,13 @@ class LLMEngine:
         # decided join the step after: admitted now, they would drop that forward (the GPU time of
         # a whole decode step) and the running streams would wait for both it and the mixed step.
         # Prompts that waited already were judged not to fit (decode_follows, which counts no
-        # prefix hits): they are tried now, as ever.
-        defer = self.model_runner.holds_foreseen and not self.ahead_over_waiting
+        # prefix hits): they are tried now, as ever. Nothing running (the forward's sequences all
+        # ended, by a stop token or an abort): nothing would take it, so no deferral.
+        defer = (
+            self.model_runner.holds_foreseen
+            and not self.ahead_over_waiting
+            and bool(self.scheduler.running)
+        )
         seqs, is_prefill = self.scheduler.schedule(admit=not defer)
         copies = self.block_manager.take_copies()
         if not seqs:
