@@ -3,6 +3,7 @@ when the load changed (never more often than the minimum interval) and on the ke
 the frontend's WorkerLink applies them and polls GetLoad only while no fresh report arrives."""
 
 import asyncio
+import copy
 import itertools
 import time
 from collections.abc import Callable
@@ -35,6 +36,37 @@ def test_reporter_sends_on_change_no_faster_than_the_minimum_and_on_keepalive() 
     assert not reporter.due(busy, 1.0)
     assert reporter.due(busy, 1.05)  # the keep-alive
     assert reporter.due(load_key(load(running=2, free=8), True), 1.1)  # draining is a change
+
+
+def test_reporter_never_waits_zero_while_no_report_is_due() -> None:
+    """A busy engine whose load key stays the same between min_interval_s and keepalive_s made
+    wait_s 0 while due() said no: the session looped on zero-delay timers (0.84 cores of the
+    worker's gRPC process for one stream, `bench worker-cost`). A zero wait now means due."""
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    keys = st.sampled_from([load_key(load(running=r), False) for r in (0, 1, 2)])
+
+    @given(st.lists(st.tuples(keys, st.floats(0, 0.3), st.booleans()), max_size=40))
+    def check(events) -> None:
+        reporter, now = LoadReporter(min_interval_s=0.05, keepalive_s=1.0), 0.0
+        for key, dt, busy in events:
+            now += dt
+            if reporter.due(key, now):
+                continue
+            wait = reporter.wait_s(key, now, busy)
+            assert wait > 0
+            assert wait <= (0.05 if busy else 1.0) + 1e-9
+            if key != reporter.sent_key and wait < reporter.keepalive_s:  # due once it elapsed
+                assert copy.copy(reporter).due(key, now + wait + 1e-9)
+
+    check()
+    reporter = LoadReporter(min_interval_s=0.05, keepalive_s=1.0)
+    key = load_key(load(running=1), False)
+    assert reporter.due(key, 0.0)
+    assert reporter.wait_s(key, 0.3, busy=True) == pytest.approx(0.05)  # before: 0
+    assert reporter.wait_s(key, 0.98, busy=True) == pytest.approx(0.02)  # the keep-alive's
+    assert reporter.wait_s(key, 0.3, busy=False) == pytest.approx(0.7)
 
 
 class FakeEngine:

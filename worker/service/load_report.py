@@ -52,12 +52,14 @@ class LoadReporter:
         self.sent_at = -math.inf
 
     def wait_s(self, key: LoadKey, now: float, busy: bool) -> float:
-        """How long the session may sleep before a report can be due. A `busy` engine (others'
-        requests running) is looked at every min_interval_s: this session's own outputs, that
-        wake it every step, may be none."""
-        if key != self.sent_key or busy:
-            return max(0.0, self.sent_at + self.min_interval_s - now)
-        return max(0.0, self.sent_at + self.keepalive_s - now)
+        """How long the session may sleep before a report can be due: 0 only when one is (the
+        session loops on it). A `busy` engine (others' requests running) is looked at every
+        min_interval_s: this session's own outputs, that wake it every step, may be none."""
+        keepalive = max(0.0, self.sent_at + self.keepalive_s - now)
+        if key != self.sent_key:
+            return min(keepalive, max(0.0, self.sent_at + self.min_interval_s - now))
+        # unchanged: only the keep-alive makes it due; busy, the key may change meanwhile
+        return min(keepalive, self.min_interval_s) if busy else keepalive
 
     def due(self, key: LoadKey, now: float) -> bool:
         """True (and recorded as sent) when `key` changed and min_interval_s passed since the last
