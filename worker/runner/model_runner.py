@@ -8,7 +8,6 @@ others through worker.tp.runner (every rank forwards the same batch; only rank 0
 import logging
 import math
 import os
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -23,7 +22,6 @@ from nanoserve.worker.model.loader import load_model
 from nanoserve.worker.model.qwen3 import Qwen3ForCausalLM
 from nanoserve.worker.runner.cuda_graph import CudaGraphRunner
 from nanoserve.worker.runner.device import (
-    device_memory_used,
     init_dummy_weights,
     resolve_attention_backend,
     resolve_device,
@@ -38,12 +36,7 @@ from nanoserve.worker.runner.logprobs import (
     StepLogprobs,
 )
 from nanoserve.worker.runner.lookahead import Foreseen, foreseen_logits, next_decode_inputs
-from nanoserve.worker.runner.prefill_graph import (
-    PrefillGraphRunner,
-    attention_warmup_steps,
-    pad_to_bucket,
-    prefill_buckets,
-)
+from nanoserve.worker.runner.prefill_graph import PrefillGraphRunner, prefill_buckets
 from nanoserve.worker.runner.prepare import prepare_decode, prepare_prefill
 from nanoserve.worker.runner.sampler import SamplingTensors, sample
 from nanoserve.worker.runner.sampling_inputs import SamplingInputs
@@ -53,6 +46,7 @@ from nanoserve.worker.runner.step_inputs import (
     max_message_words,
     split_message,
 )
+from nanoserve.worker.runner.warmup import capture_and_compile
 from nanoserve.worker.sequence import Sequence
 
 logger = logging.getLogger(__name__)
@@ -111,7 +105,7 @@ class ModelRunner:
         self.prefill_buckets = prefill_buckets(max_graph_tokens) if use_buckets else []
         self.graphs: CudaGraphRunner | None = None
         self.prefill_graphs: PrefillGraphRunner | None = None
-        self.graph_memory_bytes = 0  # what capturing the CUDA graphs took (capture_and_compile)
+        self.graph_memory_bytes = 0  # what capturing the CUDA graphs took (runner.warmup)
         self.sample_generator = torch.Generator(self.device).manual_seed(config.seed)
         self.sampling = SamplingInputs(
             self.device, model_config.vocab_size, model_config.eos_token_ids
@@ -135,47 +129,7 @@ class ModelRunner:
                 config.max_num_batched_tokens, config.max_num_seqs, self.max_num_blocks_per_seq
             )
             self.pinned = PinnedRing(words, torch.long)
-            self.capture_and_compile(backend)
-
-    @torch.no_grad()  # no autograd graph may hold on to the captured tensors
-    def capture_and_compile(self, backend: str) -> None:
-        """CUDA graphs (decode, prefill) and every kernel a step can reach, compiled now
-        (or loaded from the Triton cache) so that no request waits for a compile."""
-        started = time.perf_counter()
-        if not self.config.enforce_eager:
-            used_before = device_memory_used(self.device)
-            self.graphs = CudaGraphRunner(
-                self.model,
-                self.config.max_num_seqs,
-                self.max_model_len,
-                self.max_num_blocks_per_seq,
-                self.model_config.vocab_size,
-                self.dtype,
-                self.device,
-            )
-            if self.prefill_buckets:
-                self.prefill_graphs = PrefillGraphRunner(
-                    self.model,
-                    self.prefill_buckets,
-                    self.config.max_num_seqs,
-                    self.max_num_blocks_per_seq,
-                    self.device,
-                )
-            # the graphs' private pools and fixed buffers (their share of the device's memory)
-            self.graph_memory_bytes = device_memory_used(self.device) - used_before
-        if backend == "triton":  # each tile size of the prefill attention (its one length-bound
-            attn = self.attention_layers[0]  # constexpr), from a one-sequence step of slots -1
-            for x in attention_warmup_steps(
-                attn.num_heads // attn.num_kv_heads, self.dtype == torch.float32, self.block_size
-            ):
-                self.execute(pad_to_bucket(x, self.prefill_buckets))
-            torch.cuda.synchronize(self.device)
-        logger.info(
-            "kernels compiled (or loaded from %s) and graphs captured (%.0f MiB) in %.1f s",
-            os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache"),
-            self.graph_memory_bytes / 2**20,
-            time.perf_counter() - started,
-        )
+            capture_and_compile(self, backend)
 
     # ---- KV cache -------------------------------------------------------------------------------
 
