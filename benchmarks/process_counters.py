@@ -32,7 +32,8 @@ def process_tree(pid: int) -> list[int]:
     return tree
 
 
-def _one(pid: int) -> dict[str, float]:
+def one_process(pid: int) -> dict[str, float]:
+    """FIELDS of one process (no descendants): CPU seconds, syscalls, context switches."""
     d = PROC / str(pid)
     stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
     out = {"cpu_s": (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")}
@@ -57,7 +58,7 @@ def tree_counters(pid: int) -> dict[str, float]:
         return total
     for p in process_tree(pid):
         try:
-            for k, v in _one(p).items():
+            for k, v in one_process(p).items():
                 total[k] += v
         except OSError:  # exited meanwhile
             continue

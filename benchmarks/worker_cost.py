@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def measure(args: argparse.Namespace) -> dict:
     from nanoserve.benchmarks.loadgen import run_processes
-    from nanoserve.benchmarks.process_counters import _one, tree_counters
+    from nanoserve.benchmarks.process_counters import one_process, tree_counters
     from nanoserve.benchmarks.services import Service, tree_cpu_s
     from nanoserve.benchmarks.workload import Request
 
@@ -133,7 +133,7 @@ def measure(args: argparse.Namespace) -> dict:
 
         run_processes(args.target, address, requests("warm", 32, 8), 0.0, 1)
         pid = worker.process.pid
-        own0, tree0 = _one(pid)["cpu_s"], tree_counters(pid)["cpu_s"]
+        own0, tree0 = one_process(pid)["cpu_s"], tree_counters(pid)["cpu_s"]
         front0 = tree_cpu_s(services[-1].process.pid) if args.target == "frontend" else 0.0
         res = run_processes(
             args.target,
@@ -142,7 +142,7 @@ def measure(args: argparse.Namespace) -> dict:
             0.0,
             args.client_procs,
         )
-        own = _one(pid)["cpu_s"] - own0
+        own = one_process(pid)["cpu_s"] - own0
         core = tree_counters(pid)["cpu_s"] - tree0 - own
         front = tree_cpu_s(services[-1].process.pid) - front0 if args.target == "frontend" else 0
     finally:
