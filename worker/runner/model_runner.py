@@ -8,6 +8,7 @@ others through worker.tp.runner (every rank forwards the same batch; only rank 0
 import logging
 import math
 import os
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -46,7 +47,7 @@ from nanoserve.worker.runner.step_inputs import (
     max_message_words,
     split_message,
 )
-from nanoserve.worker.runner.warmup import capture_and_compile
+from nanoserve.worker.runner.warmup import capture_graphs, compile_prefill_attention
 from nanoserve.worker.sequence import Sequence
 
 logger = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ class ModelRunner:
         self.prefill_buckets = prefill_buckets(max_graph_tokens) if use_buckets else []
         self.graphs: CudaGraphRunner | None = None
         self.prefill_graphs: PrefillGraphRunner | None = None
-        self.graph_memory_bytes = 0  # what capturing the CUDA graphs took (runner.warmup)
+        self.graph_memory_bytes = 0  # what capturing the CUDA graphs took (capture_and_compile)
         self.sample_generator = torch.Generator(self.device).manual_seed(config.seed)
         self.sampling = SamplingInputs(
             self.device, model_config.vocab_size, model_config.eos_token_ids
@@ -129,7 +130,38 @@ class ModelRunner:
                 config.max_num_batched_tokens, config.max_num_seqs, self.max_num_blocks_per_seq
             )
             self.pinned = PinnedRing(words, torch.long)
-            capture_and_compile(self, backend)
+            self.capture_and_compile(backend)
+
+    def capture_and_compile(self, backend: str) -> None:
+        """CUDA graphs (decode, prefill) and every kernel a step can reach, compiled now (or
+        loaded from the Triton cache) so that no request waits for a compile (runner.warmup)."""
+        started = time.perf_counter()
+        if not self.config.enforce_eager:
+            self.graphs, self.prefill_graphs, self.graph_memory_bytes = capture_graphs(
+                self.model,
+                self.config,
+                max_model_len=self.max_model_len,
+                max_blocks_per_seq=self.max_num_blocks_per_seq,
+                vocab_size=self.model_config.vocab_size,
+                dtype=self.dtype,
+                device=self.device,
+                buckets=self.prefill_buckets,
+            )
+        if backend == "triton":  # each tile size of the prefill attention
+            compile_prefill_attention(
+                self.execute,
+                self.attention_layers[0],
+                self.dtype == torch.float32,
+                self.block_size,
+                self.prefill_buckets,
+                self.device,
+            )
+        logger.info(
+            "kernels compiled (or loaded from %s) and graphs captured (%.0f MiB) in %.1f s",
+            os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache"),
+            self.graph_memory_bytes / 2**20,
+            time.perf_counter() - started,
+        )
 
     # ---- KV cache -------------------------------------------------------------------------------
 

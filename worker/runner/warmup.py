@@ -1,15 +1,15 @@
 """A CUDA runner's start-up, after its KV cache exists: the decode and prefill CUDA graphs captured
-(with the device memory they take) and every kernel a step can reach compiled, or loaded from the
-Triton cache, so that no request waits for a compile. ModelRunner.__init__ calls it once.
+(with the device memory they take), then every kernel a step can reach compiled, or loaded from the
+Triton cache, so that no request waits for a compile. ModelRunner.__init__ calls both once.
 """
 
-import logging
-import os
-import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 
+from nanoserve.worker.config import EngineConfig
+from nanoserve.worker.layers.attention import Attention
+from nanoserve.worker.model.qwen3 import Qwen3ForCausalLM
 from nanoserve.worker.runner.cuda_graph import CudaGraphRunner
 from nanoserve.worker.runner.device import device_memory_used
 from nanoserve.worker.runner.prefill_graph import (
@@ -17,49 +17,47 @@ from nanoserve.worker.runner.prefill_graph import (
     attention_warmup_steps,
     pad_to_bucket,
 )
-
-if TYPE_CHECKING:
-    from nanoserve.worker.runner.model_runner import ModelRunner
-
-logger = logging.getLogger(__name__)
+from nanoserve.worker.runner.step_inputs import StepInputs
 
 
 @torch.no_grad()  # no autograd graph may hold on to the captured tensors
-def capture_and_compile(runner: "ModelRunner", backend: str) -> None:
-    """Sets runner.graphs, runner.prefill_graphs and runner.graph_memory_bytes (unless
-    enforce_eager), then compiles each tile size of the prefill attention."""
-    started = time.perf_counter()
-    if not runner.config.enforce_eager:
-        used_before = device_memory_used(runner.device)
-        runner.graphs = CudaGraphRunner(
-            runner.model,
-            runner.config.max_num_seqs,
-            runner.max_model_len,
-            runner.max_num_blocks_per_seq,
-            runner.model_config.vocab_size,
-            runner.dtype,
-            runner.device,
-        )
-        if runner.prefill_buckets:
-            runner.prefill_graphs = PrefillGraphRunner(
-                runner.model,
-                runner.prefill_buckets,
-                runner.config.max_num_seqs,
-                runner.max_num_blocks_per_seq,
-                runner.device,
-            )
-        # the graphs' private pools and fixed buffers (their share of the device's memory)
-        runner.graph_memory_bytes = device_memory_used(runner.device) - used_before
-    if backend == "triton":  # each tile size of the prefill attention (its one length-bound
-        attn = runner.attention_layers[0]  # constexpr), from a one-sequence step of slots -1
-        for x in attention_warmup_steps(
-            attn.num_heads // attn.num_kv_heads, runner.dtype == torch.float32, runner.block_size
-        ):
-            runner.execute(pad_to_bucket(x, runner.prefill_buckets))
-        torch.cuda.synchronize(runner.device)
-    logger.info(
-        "kernels compiled (or loaded from %s) and graphs captured (%.0f MiB) in %.1f s",
-        os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache"),
-        runner.graph_memory_bytes / 2**20,
-        time.perf_counter() - started,
+def capture_graphs(
+    model: Qwen3ForCausalLM,
+    config: EngineConfig,
+    *,
+    max_model_len: int,
+    max_blocks_per_seq: int,
+    vocab_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    buckets: list[int],
+) -> tuple[CudaGraphRunner, PrefillGraphRunner | None, int]:
+    """(decode graphs, prefill graphs when there are buckets, the device bytes they take)."""
+    used_before = device_memory_used(device)
+    decode = CudaGraphRunner(
+        model, config.max_num_seqs, max_model_len, max_blocks_per_seq, vocab_size, dtype, device
     )
+    prefill = None
+    if buckets:
+        prefill = PrefillGraphRunner(
+            model, buckets, config.max_num_seqs, max_blocks_per_seq, device
+        )
+    # the graphs' private pools and fixed buffers (their share of the device's memory)
+    return decode, prefill, device_memory_used(device) - used_before
+
+
+@torch.no_grad()
+def compile_prefill_attention(
+    execute: Callable[[StepInputs], object],
+    attn: Attention,
+    fp32: bool,
+    block_size: int,
+    buckets: list[int],
+    device: torch.device,
+) -> None:
+    """Each tile size of the prefill attention (its one length-bound constexpr), from a
+    one-sequence step of slots -1 through `execute` (the graphs, once captured, where a bucket
+    holds it)."""
+    for x in attention_warmup_steps(attn.num_heads // attn.num_kv_heads, fp32, block_size):
+        execute(pad_to_bucket(x, buckets))
+    torch.cuda.synchronize(device)
