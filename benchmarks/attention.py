@@ -225,18 +225,19 @@ def sweep_decode_configs(seed: int = 7) -> list[dict]:
     return rows
 
 
-def sweep_prefill_configs(tokens: int = 16384, seed: int = 0) -> list[dict]:
+def sweep_prefill_configs(tokens: int = 16384, seed: int = 0, prompt_len: int = 0) -> list[dict]:
     """The prefill kernel over one step of the throughput workload (prompts of 100..1024 tokens
-    filling `tokens`, nothing cached, Qwen3-0.6B heads) under each config of a grid: µs and
-    TFLOP/s per config, the default first. Prints one JSON line per config."""
+    filling `tokens`), or over one prompt of `prompt_len` tokens when > 0; nothing cached,
+    Qwen3-0.6B heads; under each config of a grid: µs and TFLOP/s per config, the default first.
+    Prints one JSON line per config."""
     import json
     import random
 
     from nanoserve.worker.kernels.prefill_attention import PREFILL_CONFIG
 
     rng = random.Random(seed)
-    lens: list[int] = []
-    while sum(lens) < tokens:
+    lens: list[int] = [prompt_len] if prompt_len > 0 else []
+    while sum(lens) < tokens and not prompt_len:
         lens.append(min(rng.randint(100, 1024), tokens - sum(lens)))
     hq, hkv, d = 16, 8, 128
     k_cache, v_cache, tables, ctx = _paged_case(lens, hkv, d, 256, torch.bfloat16, 1)

@@ -9,6 +9,7 @@
 #   serve:   bench serving at 256 streams, at 16 req/s Poisson, and at tp=2 on two GPUs
 #   timeline: the GPU's idle gaps over the throughput workload
 #   retest:  tests/gpu -k "$GPU_TESTS_K" (all without it);  load: Poisson at ~80% of the maximum;  roofline: alone
+#   prefill: benchmarks/prefill.py alone (host and GPU ms of a prefill step, TTFT by prompt length)
 #   features: per-step costs of logprobs, seeded rows, logit_bias / allowed_token_ids, top-k / top-p
 #   tp:      (two GPUs) tensor-parallel tests, 8B tp=2 batch-1 latency, bench serving tp=2
 #   splitk:  split-K GEMM sweep against cuBLAS (blas: cuBLAS against cuBLASLt only);  mixed: decode attention over mixed lengths
@@ -145,9 +146,13 @@ case $mode in
       ${GPU_TESTS_K:+-k "$GPU_TESTS_K"}
     ;;
   load)  # Poisson arrivals at ~80% of the measured maximum: 32 req/s gave 14.9k tok/s (0.67 of
-    # 22.2k), so 38 req/s ~ 17.7k
+    # 22.2k), so 38 req/s ~ 17.7k. LOAD_ARGS: more flags, e.g. "--client-procs 4" (two load
+    # generators ran near a core each at 38 req/s, 2026-12-04: their own delays count in the gaps)
     step serving_poisson80 240 $serving --num-prompts 608 --request-rate 38 --skip-offline \
-      --warmup light --target ${LOAD_TARGET:-frontend}
+      --warmup light --target ${LOAD_TARGET:-frontend} ${LOAD_ARGS:-}
+    ;;
+  prefill)  # issue 34: a prefill step's host and GPU time and the TTFT of one prompt by length
+    step prefill 90 $py -m nanoserve.benchmarks.prefill
     ;;
   arrivals)  # issue 29: Poisson arrivals straight into the engine, no services (ARRIVALS_ARGS: more
     # flags, e.g. "--max-prefill-tokens-while-decoding 0 512"): its steps and every stream's gaps
@@ -167,9 +172,10 @@ case $mode in
   roofline)
     step roofline 150 $py -m nanoserve.benchmarks.roofline --json
     ;;
-  prefill_sweep)  # the prefill attention kernel's configs over one step of the workload
+  prefill_sweep)  # the prefill attention kernel's configs over one step of the workload, or over
+    # one prompt of PREFILL_SWEEP_LEN tokens (issue 34's 4,000-token TTFT)
     step prefill_sweep 150 $py -c \
-      "from nanoserve.benchmarks.attention import sweep_prefill_configs as f; f()"
+      "from nanoserve.benchmarks.attention import sweep_prefill_configs as f; f(prompt_len=${PREFILL_SWEEP_LEN:-0})"
     ;;
   decode_sweep)  # the decode attention kernel's tile and launch options over decode batches
     step decode_sweep 150 $py -c \
@@ -265,7 +271,7 @@ case $mode in
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|mixcap|timeline|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|gateway|grpc_runs|gateway_runs|ttft3|service|headroom|traces|wheels]" >&2
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|prefill|mixcap|timeline|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|gateway|grpc_runs|gateway_runs|ttft3|service|headroom|traces|wheels]" >&2
      exit 2 ;;
 esac
 done
