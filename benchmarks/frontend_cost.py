@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from nanoserve.benchmarks.loadgen import run_processes
 from nanoserve.benchmarks.services import Service, start_replicas, tree_cpu_s
+from nanoserve.benchmarks.stats import summarize
 from nanoserve.benchmarks.workload import Request, arrivals
 from nanoserve.grpc_options import server_options
 from nanoserve.model_files import resolve_model_dir, tokenizer_digest
@@ -254,6 +255,9 @@ def measure(args: argparse.Namespace) -> dict:
     tokens = sum(r["tokens"] for r in res["results"])
     errors = sum(1 for r in res["results"] if r.get("error"))
     ceiling = args.num_prompts / (args.step_ms / 1000)  # every request a token every step
+    # the stand-in's steps keep a fixed cadence: any spread of the gaps between a stream's messages
+    # beyond one step is the services' and the clients' own (their queues, their bursts)
+    itl = summarize((g for r in res["results"] for g in r.get("gaps", ())), 1e3)
     return dict(
         bench="frontend_cost",
         requests=args.num_prompts,
@@ -265,6 +269,8 @@ def measure(args: argparse.Namespace) -> dict:
         ceiling_tok_s=round(ceiling, 1),
         fraction_of_ceiling=round(tokens / wall / ceiling, 3),
         messages_per_token=round(sum(r["messages"] for r in res["results"]) / max(tokens, 1), 3),
+        itl_ms=itl,
+        itl_p99_over_p50=round(itl["p99"] / itl["p50"], 2) if itl["n"] else None,
         frontend_us_per_token=round(_sum(used, "frontend") / max(tokens, 1) * 1e6, 2),
         frontend_cores=round(_sum(used, "frontend") / wall, 2),
         frontend_cores_each=_each(used, "frontend", wall),

@@ -9,6 +9,7 @@
 #   serve:   bench serving at 256 streams, at 16 req/s Poisson, and at tp=2 on two GPUs
 #   timeline: the GPU's idle gaps over the throughput workload
 #   retest:  tests/gpu -k "$GPU_TESTS_K" (all without it);  load: Poisson at ~80% of the maximum;  roofline: alone
+#   jitter:  (issue 29) the services' own ITL spread under Poisson arrivals, stand-in worker (no GPU)
 #   prefill: benchmarks/prefill.py alone (host and GPU ms of a prefill step, TTFT by prompt length)
 #   features: per-step costs of logprobs, seeded rows, logit_bias / allowed_token_ids, top-k / top-p
 #   tp:      (two GPUs) tensor-parallel tests, 8B tp=2 batch-1 latency, bench serving tp=2
@@ -151,6 +152,15 @@ case $mode in
     step serving_poisson80 240 $serving --num-prompts 608 --request-rate 38 --skip-offline \
       --warmup light --target ${LOAD_TARGET:-frontend} ${LOAD_ARGS:-}
     ;;
+  jitter)  # issue 29: what the services alone add to ITL p99/p50 under `load`'s Poisson arrivals:
+    # the stand-in worker (no GPU) steps every 3.5 ms (the engine's decode step there), 608
+    # requests of 560 tokens at 38 req/s (~75 streams, ~21k tok/s), at 1, 2, 4 and 8 frontends
+    for procs in 1 2 4 8; do
+      step jitter_$procs 60 $py -m nanoserve.cli bench frontend-cost --json --step-ms 3.5 \
+        --num-prompts 608 --max-tokens 560 --request-rate 38 --client-procs 4 \
+        --frontend-processes $procs
+    done
+    ;;
   prefill)  # issue 34: a prefill step's host and GPU time and the TTFT of one prompt by length
     step prefill 90 $py -m nanoserve.benchmarks.prefill
     ;;
@@ -271,7 +281,7 @@ case $mode in
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|prefill|mixcap|timeline|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|gateway|grpc_runs|gateway_runs|ttft3|service|headroom|traces|wheels]" >&2
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|jitter|prefill|mixcap|timeline|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|gateway|grpc_runs|gateway_runs|ttft3|service|headroom|traces|wheels]" >&2
      exit 2 ;;
 esac
 done

@@ -197,6 +197,10 @@ def test_frontend_cost_spreads_streams_over_client_channels_and_frontend_process
     assert all(c >= 0 for c in res["frontend_cores_each"])
     assert res["client_connections"] == 4
     assert res["ceiling_tok_s"] == 16 / 0.005 and 0 < res["fraction_of_ceiling"]
+    # the gaps between a stream's messages (at most 19 a stream of 20), which one stand-in step
+    # (5 ms) bounds from below unless two messages of a step went apart
+    assert 0 < res["itl_ms"]["n"] <= 16 * 19 and res["itl_ms"]["p50"] > 0
+    assert res["itl_p99_over_p50"] >= 1
 
 
 @pytest.mark.parametrize("target", ["frontend", "worker"])
