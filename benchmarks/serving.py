@@ -96,6 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="load-generator processes for the throughput run (1: in this process)",
     )
     g.add_argument(
+        "--client-channels",
+        type=int,
+        default=1,
+        help="gRPC channels (TCP connections) of each load-generator process, requests dealt "
+        "round-robin over them. Frontends sharing a port get whole connections: with a few, one "
+        "or two of them carry every stream (a fleet's clients come over many)",
+    )
+    g.add_argument(
         "--warmup",
         default="workload",
         choices=["workload", "light", "none"],
@@ -299,6 +307,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"--{low.replace('_', '-')} must be in [1, --{high.replace('_', '-')}], got "
                 f"{getattr(args, low)} and {getattr(args, high)}"
             )
+    if args.client_procs < 1 or args.client_channels < 1:
+        parser.error("--client-procs and --client-channels must be at least 1")
     signal.signal(signal.SIGTERM, _terminate)  # e.g. gpu_run.sh's timeout
     res = run(args)
     text = "\n".join(serving_lines({"step": "bench serving", **res}))  # gpu_run.sh's table too

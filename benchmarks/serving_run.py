@@ -45,7 +45,14 @@ def throughput_run(
     switches per output token, and (--profile-dir) each service's top py-spy frames."""
     before = {name: tree_counters(pid) for name, pid in services.items()}
     profiler = Profiler(args.profile_dir, services, tag)
-    run = loadgen.run_processes(target, address, requests, args.temperature, args.client_procs)
+    run = loadgen.run_processes(
+        target,
+        address,
+        requests,
+        args.temperature,
+        args.client_procs,
+        channels=args.client_channels,
+    )
     frames = profiler.stop()
     res = run["results"]
     ok = [r for r in res if not r["error"]]

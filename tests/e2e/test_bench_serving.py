@@ -132,6 +132,8 @@ def test_bench_serving_against_running_services(services):
         "worker",
         "--client-procs",
         "2",
+        "--client-channels",  # the requests dealt over 2 x 3 connections
+        "3",
         "--request-rate",
         "50",
         "--warmup",
