@@ -10,11 +10,14 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def device_memory_used(device: torch.device) -> int:
-    """Bytes in use on a CUDA device by every allocator (graph pools too), after its queued work;
-    0 elsewhere."""
+    """Bytes held on a CUDA device by every allocator (graph pools too), after its queued work and
+    with the caching allocator's free blocks given back first: torch.cuda.graph gives them back
+    when a capture starts, so a delta across captures would count them as freed (-332 MiB in
+    `benchmarks.prefill`, 2026-12-04); 0 elsewhere."""
     if device.type != "cuda":
         return 0
     torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     return total - free
 
