@@ -7,6 +7,7 @@ lives in shared/client/async_client.py and is importable from here too).
 Failed calls raise the typed errors of shared.errors (InvalidArgument, ResourceExhausted, ...).
 TLS: `root_certificates=` (a PEM path or bytes; True for the system's roots), plus `client_cert=`
 and `client_key=` for mutual TLS; `token=` sends `authorization: Bearer <token>` on every call.
+`connections=N` deals calls over N connections (a server of several processes on one port).
 """
 
 import time
@@ -19,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nanoserve.client.async_client import AsyncClient  # noqa: F401 - users import it from here
 from nanoserve.client.calls import StreamedCalls
+from nanoserve.client.connections import RoundRobin, connection_options
 from nanoserve.client.messages import (  # noqa: F401 - also the names users import from here
     DEFAULT_ADDRESS,
     SERVICE_NAME,
@@ -65,19 +67,41 @@ class Client(StreamedCalls[Iterator[Chunk]]):
         client_cert: PemSource | None = None,
         client_key: PemSource | None = None,
         token: str | None = None,
+        connections: int = 1,
     ) -> None:
+        """`connections`: TCP connections to `address`, calls dealt round-robin over them (a
+        server of several processes on one port, SO_REUSEPORT, gets a share of each client)."""
         self.address = address
         self.timeout = timeout
         self._metadata = bearer_metadata(token)
-        options = channel_options(max_message_bytes)
+        options = connection_options(channel_options(max_message_bytes), connections)
         credentials = channel_credentials(root_certificates, client_cert, client_key)
-        self._channel = (
+        self._channels = [
             grpc.insecure_channel(address, options=options)
             if credentials is None
             else grpc.secure_channel(address, credentials, options=options)
-        )
-        self._stub = frontend_grpc.FrontendServiceStub(self._channel)
+            for _ in range(connections)
+        ]
+        self._channel = self._channels[0]
+        self._stubs = [frontend_grpc.FrontendServiceStub(c) for c in self._channels]
+        self._turns = RoundRobin(connections)
+        # a blocking channel has no get_state: each one's state as its subscription last told it
+        self._states = [grpc.ChannelConnectivity.IDLE] * connections
+        if connections > 1:
+            for k, channel in enumerate(self._channels):
+                channel.subscribe(self._state_setter(k))
         self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def _state_setter(self, k: int) -> Any:
+        def set_state(state: grpc.ChannelConnectivity) -> None:  # on a gRPC thread
+            self._states[k] = state
+
+        return set_state
+
+    @property
+    def _stub(self) -> frontend_grpc.FrontendServiceStub:
+        """The next connection's stub (round-robin), passing over connections that are failing."""
+        return self._stubs[self._turns.pick(self._states.__getitem__)]
 
     def __enter__(self) -> "Client":
         return self
@@ -86,7 +110,8 @@ class Client(StreamedCalls[Iterator[Chunk]]):
         self.close()
 
     def close(self) -> None:
-        self._channel.close()
+        for channel in self._channels:
+            channel.close()
 
     def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
         try:

@@ -5,7 +5,6 @@ shared.client's `Client` as coroutines and async iterators, and several connecti
 
 import asyncio
 import copy
-import itertools
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -14,6 +13,7 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nanoserve.client.calls import StreamedCalls
+from nanoserve.client.connections import RoundRobin, connection_options
 from nanoserve.client.messages import (
     DEFAULT_ADDRESS,
     SERVICE_NAME,
@@ -37,9 +37,6 @@ from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.security import PemSource, bearer_metadata, channel_credentials
 
-# connections whose calls fail at once (a frontend process that is restarting, or was not up yet)
-_FAILING = (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN)
-
 
 class AsyncClient(StreamedCalls[AsyncIterator[Chunk]]):
     """asyncio client (grpc.aio); same methods as Client, as coroutines and async iterators."""
@@ -61,34 +58,24 @@ class AsyncClient(StreamedCalls[AsyncIterator[Chunk]]):
         self.address = address
         self.timeout = timeout
         self._metadata = bearer_metadata(token)
-        options = list(channel_options(max_message_bytes))
-        if connections > 1:  # a channel of its own connection each (no shared subchannel)
-            options.append(("grpc.use_local_subchannel_pool", 1))
+        options = connection_options(channel_options(max_message_bytes), connections)
         credentials = channel_credentials(root_certificates, client_cert, client_key)
         self._channels = [
             grpc.aio.insecure_channel(address, options=options)
             if credentials is None
             else grpc.aio.secure_channel(address, credentials, options=options)
-            for _ in range(max(1, connections))
+            for _ in range(connections)
         ]
         self._channel = self._channels[0]
         self._stubs = [frontend_grpc.FrontendServiceStub(c) for c in self._channels]
-        self._next = itertools.count()
+        self._turns = RoundRobin(connections)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     @property
     def _stub(self) -> frontend_grpc.FrontendServiceStub:
         """The next connection's stub (round-robin), passing over connections that are failing
         (a frontend process restarting): a call there would fail at once while others serve."""
-        stubs = self._stubs
-        if len(stubs) == 1:
-            return stubs[0]
-        first = next(self._next)
-        for i in range(len(stubs)):
-            k = (first + i) % len(stubs)
-            if self._channels[k].get_state() not in _FAILING:
-                return stubs[k]
-        return stubs[first % len(stubs)]  # all failing: the call says why
+        return self._stubs[self._turns.pick(lambda k: self._channels[k].get_state())]
 
     def with_token(self, token: str | None) -> "AsyncClient":
         """This client on the same channel, sending `token` instead of its own (a gateway forwards

@@ -54,6 +54,22 @@ def test_greedy_generate_equals_offline_engine(services, reference, tokenizer) -
             assert joined.text == expected_text(tokenizer, want_ids)
 
 
+def test_client_with_several_connections_uses_each(services, reference) -> None:
+    """Client(connections=3): calls dealt round-robin over three connections, each of which
+    carried a call (READY), and every reply equals the offline engine's."""
+    import grpc
+
+    with Client(services.frontend.address, timeout=30, connections=3) as client:
+        prompt = client.tokenize(PROMPTS[0])
+        (want,) = reference([prompt], temperature=0, max_tokens=8)
+        for _ in range(3):
+            assert client.generate(prompt, temperature=0, max_tokens=8).token_ids == want
+        deadline = time.monotonic() + 5  # a subscription's callback runs on a gRPC thread
+        while client._states != [grpc.ChannelConnectivity.READY] * 3:
+            assert time.monotonic() < deadline, client._states
+            time.sleep(0.01)
+
+
 def test_seeded_sampling_streams_valid_multibyte_text(services, offline_llm, tokenizer) -> None:
     """Seeded sampling over the random model draws tokens from the whole vocabulary: CJK, emoji,
     byte fragments. The stream equals the offline engine's, and every prefix of the streamed text

@@ -308,3 +308,27 @@ def test_async_client_passes_over_failing_connections() -> None:
         assert {client._stubs.index(client._stub) for _ in range(6)} == {0, 1, 2}
 
     asyncio.run(main())
+
+
+def test_blocking_client_deals_calls_over_its_connections() -> None:
+    """Client(connections=3): three channels, each its own connection, calls dealt round-robin
+    past those whose subscription last said failing; connections < 1 is refused by name."""
+    import grpc
+    import pytest
+
+    from nanoserve.client import AsyncClient, Client
+
+    with Client("127.0.0.1:1", connections=3) as client:
+        assert len(client._channels) == 3 and len(set(map(id, client._stubs))) == 3
+        assert [client._stubs.index(client._stub) for _ in range(6)] == [0, 1, 2, 0, 1, 2]
+        ready, failing = grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE
+        client._states[:] = [ready, failing, ready]
+        picked = [client._stubs.index(client._stub) for _ in range(6)]
+        assert 1 not in picked and set(picked) == {0, 2}
+        client._states[:] = [failing] * 3
+        assert {client._stubs.index(client._stub) for _ in range(6)} == {0, 1, 2}
+    with Client("127.0.0.1:1") as one:
+        assert one._stub is one._stubs[0] and len(one._channels) == 1
+    for make in (Client, AsyncClient):
+        with pytest.raises(ValueError, match="connections"):
+            make("127.0.0.1:1", connections=0)
