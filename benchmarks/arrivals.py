@@ -30,9 +30,8 @@ def replay(llm, requests: list[workload.Request], temperature: float) -> dict:
     arrived: dict[str, float] = {}
     token_times: dict[str, list[float]] = {}
     ended_by: dict[float, str] = {}  # a step's end time -> its kind
-    steps: list[
-        tuple[str, float, int, int]
-    ] = []  # (kind, seconds, seqs with output, prompt tokens)
+    # (kind, seconds, seqs with output, prompt tokens)
+    steps: list[tuple[str, float, int, int]] = []
     i, t0 = 0, time.perf_counter()
     while i < len(pending) or not llm.is_finished():
         now = time.perf_counter() - t0

@@ -6,10 +6,12 @@ Decode is bound by K/V bytes, so it reports achieved GB/s (K/V bytes read / medi
 
 import argparse
 import itertools
+import random
 
 import torch
 import triton
 
+from nanoserve.benchmarks import workload
 from nanoserve.worker.kernels import (
     choose_num_splits,
     paged_decode_attention,
@@ -231,14 +233,10 @@ def sweep_prefill_configs(tokens: int = 16384, seed: int = 0, prompt_len: int = 
     Qwen3-0.6B heads; under each config of a grid: µs and TFLOP/s per config, the default first.
     Prints one JSON line per config."""
     import json
-    import random
 
     from nanoserve.worker.kernels.prefill_attention import PREFILL_CONFIG
 
-    rng = random.Random(seed)
-    lens: list[int] = [prompt_len] if prompt_len > 0 else []
-    while sum(lens) < tokens and not prompt_len:
-        lens.append(min(rng.randint(100, 1024), tokens - sum(lens)))
+    lens = [prompt_len] if prompt_len > 0 else workload.step_lengths(tokens, random.Random(seed))
     hq, hkv, d = 16, 8, 128
     k_cache, v_cache, tables, ctx = _paged_case(lens, hkv, d, 256, torch.bfloat16, 1)
     q = torch.randn(sum(lens), hq, d, device="cuda", dtype=torch.bfloat16)

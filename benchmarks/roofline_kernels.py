@@ -6,6 +6,7 @@ around them, and each class's and op's bytes and FLOPs at a batch and context.
 import random
 import time
 
+from nanoserve.benchmarks import workload
 from nanoserve.benchmarks.step_cost import BF16, Cost, Shape, step_cost
 
 KERNEL_CLASSES = (  # first match wins: (class, substrings of the lower-cased kernel name)
@@ -342,10 +343,8 @@ def profile_prefill(llm, shape: Shape, tokens: int = 16384, repeats: int = 3) ->
     runner._prepare_prefill = timed_prepare
     try:
         for r in range(repeats + 1):  # the first set warms up (its kernels compiled, not counted)
-            lens, total = [], 0
-            while total < tokens:
-                lens.append(min(rng.randint(100, 1024), tokens - total))
-                total += lens[-1]
+            lens = workload.step_lengths(tokens, rng)
+            total = sum(lens)
             for n in lens:
                 llm.add_request([rng.randrange(vocab) for _ in range(n)], sp)
             sync(llm)

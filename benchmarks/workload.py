@@ -23,6 +23,14 @@ def lengths(
     return [(rng.randint(lo, hi), rng.randint(out_lo, out_hi)) for _ in range(num)]
 
 
+def step_lengths(tokens: int, rng: random.Random) -> list[int]:
+    """Prompt lengths (uniform in [100, 1024]) filling one prefill step of `tokens` tokens."""
+    lens: list[int] = []
+    while sum(lens) < tokens:
+        lens.append(min(rng.randint(100, 1024), tokens - sum(lens)))
+    return lens
+
+
 def arrivals(num: int, rate: float, seed: int = 0) -> list[float]:
     """Send times of a Poisson process of `rate` requests/s starting at 0 (all 0 when rate is
     infinite: every request at once)."""

@@ -10,6 +10,7 @@ and `client_key=` for mutual TLS; `token=` sends `authorization: Bearer <token>`
 `connections=N` deals calls over N connections (a server of several processes on one port).
 """
 
+import functools
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -86,17 +87,12 @@ class Client(StreamedCalls[Iterator[Chunk]]):
         self._stubs = [frontend_grpc.FrontendServiceStub(c) for c in self._channels]
         self._turns = RoundRobin(connections)
         # a blocking channel has no get_state: each one's state as its subscription last told it
+        # (the callback runs on a gRPC thread)
         self._states = [grpc.ChannelConnectivity.IDLE] * connections
         if connections > 1:
             for k, channel in enumerate(self._channels):
-                channel.subscribe(self._state_setter(k))
+                channel.subscribe(functools.partial(self._states.__setitem__, k))
         self._health = health_pb2_grpc.HealthStub(self._channel)
-
-    def _state_setter(self, k: int) -> Any:
-        def set_state(state: grpc.ChannelConnectivity) -> None:  # on a gRPC thread
-            self._states[k] = state
-
-        return set_state
 
     @property
     def _stub(self) -> frontend_grpc.FrontendServiceStub:
