@@ -88,7 +88,9 @@ class FrontendServer:
 
             self.metrics = Metrics(Path(model_dir).name)
             self.metrics.track_in_flight(lambda: self.servicer.num_in_flight)
-            self.servicer.request_sinks.append(self.metrics.observe)
+            # first of the sinks: counters move before the log line, so a reader of the line
+            # who then scrapes sees the request counted
+            self.servicer.request_sinks.insert(0, self.metrics.observe)
         self.security = ServerSecurity.load(
             config.tls_cert_file,
             config.tls_key_file,
