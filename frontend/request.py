@@ -77,7 +77,7 @@ class RequestRunner:
         completions = [
             CompletionStream(
                 Detokenizer(
-                    self.tokenizer.decoder(skip_special_tokens=params.skip_special_tokens),
+                    self.tokenizer.text_stream(params.skip_special_tokens),
                     stop=list(params.stop),
                     include_stop_str_in_output=params.include_stop_str_in_output,
                     min_tokens=params.min_tokens,

@@ -1,17 +1,12 @@
-"""Incremental detokenization and stop strings for one request's output token ids.
-
-The frontend feeds each GenerateTokensResponse's ids to a Detokenizer and streams the text deltas
-it returns. Each id costs two decodes of a few-token window (the prefix/read offsets of TGI and
-vLLM), never a decode of the whole output, and text is only released at a character boundary.
+"""Stop strings over one request's streamed text: the frontend pushes each GenerateTokensResponse's
+ids through the request's TextStream (text.text_stream: whole characters only) and streams the
+deltas this releases, holding back what may still be the start of a stop string.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-REPLACEMENT_CHAR = "\ufffd"
-# A UTF-8 character is at most 4 bytes and a byte-level token carries at least one, so a decode
-# still ending in U+FFFD after this many tokens is a genuine U+FFFD, not a split character.
-MAX_HELD_TOKENS = 6
+from nanoserve.text.text_stream import TextStream
 
 
 @dataclass(slots=True)
@@ -26,21 +21,21 @@ class DetokenizerOutput:
 class Detokenizer:
     """Turns a stream of token ids into text deltas, holding back a possible partial stop string.
 
-    `decode` is the tokenizer's decode (with skip_special_tokens bound). Stop strings are searched
+    `text` turns ids into text (Tokenizer.text_stream, skip_special_tokens bound). Stop strings are searched
     in the whole output text, including across token boundaries; on a match the text is cut before
     the stop string (or after it with include_stop_str_in_output) and the rest is dropped.
     """
 
     def __init__(
         self,
-        decode: Callable[[list[int]], str],
+        text: TextStream,
         stop: Sequence[str] = (),
         include_stop_str_in_output: bool = False,
         min_tokens: int = 0,
     ) -> None:
         if any(not s for s in stop):
             raise ValueError("stop strings must not be empty")
-        self._decode = decode
+        self._text = text
         self._stop = tuple(stop)
         self._include_stop = include_stop_str_in_output
         self._min_tokens = min_tokens  # no stop string ends the output before this many ids (vLLM)
@@ -53,9 +48,7 @@ class Detokenizer:
             for k in range(len(stop_string) - 1, 0, -1):
                 ends.setdefault(stop_string[k - 1], []).append(k)
             self._prefix_ends.append((stop_string, ends))
-        self.token_ids: list[int] = []
-        self._prefix_offset = 0  # start of the window decoded for context
-        self._read_offset = 0  # ids before it have had their text released to the stop matcher
+        self.num_tokens = 0  # ids pushed into `text`
         # The output text's tail: only the last max_stop_len - 1 characters can start a stop match,
         # so older text is dropped and the cost per token stays bounded.
         self._tail = ""
@@ -70,10 +63,12 @@ class Detokenizer:
         if self.finished:
             raise RuntimeError("add() after the detokenizer finished")
         pieces: list[str] = []
+        push = self._text.push
         for i, token_id in enumerate(token_ids):
             if skip_last and i == len(token_ids) - 1:
                 break  # counted as consumed, never decoded
-            matched = self._push_text(self._next_text(token_id), pieces)
+            self.num_tokens += 1
+            matched = self._push_text(push(token_id), pieces)
             if matched is not None:
                 return DetokenizerOutput("".join(pieces), i + 1, matched)
         return DetokenizerOutput("".join(pieces), len(token_ids))
@@ -83,27 +78,13 @@ class Detokenizer:
         (eos, stop token, length). Text of ids still mid-character is released as it decodes."""
         pieces: list[str] = []
         matched = None
-        if not self.finished and self._read_offset < len(self.token_ids):
-            prefix_text = self._decode(self.token_ids[self._prefix_offset : self._read_offset])
-            new_text = self._decode(self.token_ids[self._prefix_offset :])
-            self._read_offset = len(self.token_ids)
-            matched = self._push_text(new_text[len(prefix_text) :], pieces)
+        if not self.finished:
+            matched = self._push_text(self._text.flush(), pieces)
         if not self.finished:
             pieces.append(self._tail[self._emitted - self._tail_start :])
             self._emitted = self._text_len
             self.finished = True
         return DetokenizerOutput("".join(pieces), 0, matched)
-
-    def _next_text(self, token_id: int) -> str:
-        self.token_ids.append(token_id)
-        prefix_text = self._decode(self.token_ids[self._prefix_offset : self._read_offset])
-        new_text = self._decode(self.token_ids[self._prefix_offset :])
-        held = len(self.token_ids) - self._read_offset
-        complete = len(new_text) > len(prefix_text) and not new_text.endswith(REPLACEMENT_CHAR)
-        if not (complete or held >= MAX_HELD_TOKENS):
-            return ""  # mid-character: wait for the bytes that complete it
-        self._prefix_offset, self._read_offset = self._read_offset, len(self.token_ids)
-        return new_text[len(prefix_text) :]
 
     def _push_text(self, delta: str, pieces: list[str]) -> str | None:
         """Appends decoded text, releases what can no longer be part of a stop string into
@@ -118,7 +99,7 @@ class Detokenizer:
             self._emitted = self._text_len
             self._tail, self._tail_start = "", self._text_len
             return None
-        match = self._find_stop(old_len) if len(self.token_ids) >= self._min_tokens else None
+        match = self._find_stop(old_len) if self.num_tokens >= self._min_tokens else None
         if match is not None:
             start, stop = match
             end = start + len(stop) if self._include_stop else start

@@ -7,7 +7,7 @@ import asyncio
 import functools
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -21,6 +21,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from nanoserve.errors import InvalidArgument
 from nanoserve.model_files import read_json
 from nanoserve.text.special_text import encode_escaped, holds_special_text
+from nanoserve.text.text_stream import ByteText, TextStream, WindowText, byte_tables
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,8 @@ class Tokenizer:
         )
         self._special_text_in_messages = special_text_in_messages
         self._text_only: HFTokenizer | None = None  # a copy that parses no special token
+        # (special tokens kept, skipped): each id's bytes, for a byte-level BPE tokenizer
+        self._byte_tables = byte_tables(self._tokenizer)
         self._encode_batch = getattr(  # encode_batch_fast: tokenizers >= 0.21
             self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch
         )
@@ -113,17 +116,24 @@ class Tokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
-    def decoder(self, skip_special_tokens: bool = True) -> Callable[[list[int]], str]:
-        """`decode` for lists, bound straight to the Rust tokenizer: the detokenizer calls it
-        twice per streamed token, so the Python wrapper's call and list copy are left out."""
-        return functools.partial(self._tokenizer.decode, skip_special_tokens=skip_special_tokens)
+    def text_stream(self, skip_special_tokens: bool = True) -> TextStream:
+        """A new stream that turns one output's ids into text as they come: by table for a
+        byte-level BPE tokenizer (~0.5 µs an id), else two windowed decodes an id (~4 µs)."""
+        if self._byte_tables is not None:
+            return ByteText(self._byte_tables[1 if skip_special_tokens else 0])
+        return WindowText(
+            functools.partial(self._tokenizer.decode, skip_special_tokens=skip_special_tokens)
+        )
 
     def token_to_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)
 
     def token_texts(self, token_ids: Sequence[int]) -> list[str]:
         """Each id's own text (special tokens included): logprob entries carry it."""
-        return self._tokenizer.decode_batch([[i] for i in token_ids], skip_special_tokens=False)
+        if self._byte_tables is None:
+            return self._tokenizer.decode_batch([[i] for i in token_ids], skip_special_tokens=False)
+        table = self._byte_tables[0]  # read as the tokenizer's decode does (checked at start-up)
+        return [table[i].decode("utf-8", "replace") if i < len(table) else "" for i in token_ids]
 
     def apply_chat_template(
         self,
