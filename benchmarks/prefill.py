@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> None:
                 prefill_graphs=getattr(runner, "prefill_graphs", None) is not None,
                 prefill_buckets=getattr(runner, "prefill_buckets", None),
                 engine_start_s=round(start_s, 1),
+                # the model runner's part of it, by phase (runner.start_clock)
+                start_phases_s=runner.start_clock.phases,
                 cuda_graph_mib=round(getattr(runner, "graph_memory_bytes", 0) / 2**20),
                 gpu=torch.cuda.get_device_name(),
                 steps=rows,

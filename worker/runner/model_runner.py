@@ -41,6 +41,7 @@ from nanoserve.worker.runner.prefill_graph import PrefillGraphRunner, prefill_bu
 from nanoserve.worker.runner.prepare import prepare_decode, prepare_prefill
 from nanoserve.worker.runner.sampler import SamplingTensors, sample
 from nanoserve.worker.runner.sampling_inputs import SamplingInputs
+from nanoserve.worker.runner.start_clock import StartClock
 from nanoserve.worker.runner.step_inputs import (
     CMD_STEP_AHEAD,
     StepInputs,
@@ -64,9 +65,11 @@ class ModelRunner:
         self.block_size = config.kvcache_block_size
         base = resolve_device(config.device)
         self.device = torch.device("cuda", rank) if base.type == "cuda" else base
-        self.dtype = resolve_dtype(config.dtype, self.device)
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+        self.start_clock = clock = StartClock(self.device)
+        with clock.phase("device"):  # CUDA's context is made here
+            self.dtype = resolve_dtype(config.dtype, self.device)
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
         backend = resolve_attention_backend(config.attention_backend, self.device, self.block_size)
         # fp8: e4m3 with per-tensor scales (Attention.k_scale / v_scale), half the bytes of bf16
         self.kv_dtype = FP8_KV_DTYPE if config.kv_cache_dtype == "fp8" else self.dtype
@@ -77,13 +80,15 @@ class ModelRunner:
 
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
-        with torch.device(self.device):
+        with clock.phase("model"), torch.device(self.device):
             self.model = Qwen3ForCausalLM(model_config)
         torch.set_default_dtype(default_dtype)
-        if config.load_format == "dummy":
-            init_dummy_weights(self.model, config.seed)
-        else:
-            load_model(self.model, config.model, config.load_progress_bar if rank == 0 else False)
+        with clock.phase("weights"):
+            if config.load_format == "dummy":
+                init_dummy_weights(self.model, config.seed)
+            else:
+                progress = config.load_progress_bar if rank == 0 else False
+                load_model(self.model, config.model, progress)
         self.model.eval()
         if self.device.type == "cuda" and world_size > 1 and config.custom_all_reduce:
             # the largest decode step's activations; prefill's bigger messages stay on NCCL
@@ -96,7 +101,8 @@ class ModelRunner:
 
         for layer in self.attention_layers:
             layer.backend = backend
-        self.num_kvcache_blocks = self.allocate_kv_cache()
+        with clock.phase("kv_cache"):
+            self.num_kvcache_blocks = self.allocate_kv_cache()
         # prompt-logprob rows per LM-head call (the cache sizing above left room for this many)
         self.prompt_chunk_rows = PROMPT_CHUNK_ROWS
         # prefill steps are padded to token-count buckets whether or not graphs run them, so eager
@@ -131,31 +137,35 @@ class ModelRunner:
             )
             self.pinned = PinnedRing(words, torch.long)
             self.capture_and_compile(backend)
+        if rank == 0:
+            logger.info("model runner started in %s", clock.summary())
 
     def capture_and_compile(self, backend: str) -> None:
         """CUDA graphs (decode, prefill) and every kernel a step can reach, compiled now (or
         loaded from the Triton cache) so that no request waits for a compile (runner.warmup)."""
-        started = time.perf_counter()
-        if not self.config.enforce_eager:
-            self.graphs, self.prefill_graphs, self.graph_memory_bytes = capture_graphs(
-                self.model,
-                self.config,
-                max_model_len=self.max_model_len,
-                max_blocks_per_seq=self.max_num_blocks_per_seq,
-                vocab_size=self.model_config.vocab_size,
-                dtype=self.dtype,
-                device=self.device,
-                buckets=self.prefill_buckets,
-            )
-        if backend == "triton":  # each tile size of the prefill attention
-            compile_prefill_attention(
-                self.execute,
-                self.attention_layers[0],
-                self.dtype == torch.float32,
-                self.block_size,
-                self.prefill_buckets,
-                self.device,
-            )
+        started, clock = time.perf_counter(), self.start_clock
+        with clock.phase("graphs"):  # with the kernels their warm-up compiles
+            if not self.config.enforce_eager:
+                self.graphs, self.prefill_graphs, self.graph_memory_bytes = capture_graphs(
+                    self.model,
+                    self.config,
+                    max_model_len=self.max_model_len,
+                    max_blocks_per_seq=self.max_num_blocks_per_seq,
+                    vocab_size=self.model_config.vocab_size,
+                    dtype=self.dtype,
+                    device=self.device,
+                    buckets=self.prefill_buckets,
+                )
+        with clock.phase("prefill_kernels"):
+            if backend == "triton":  # each tile size of the prefill attention
+                compile_prefill_attention(
+                    self.execute,
+                    self.attention_layers[0],
+                    self.dtype == torch.float32,
+                    self.block_size,
+                    self.prefill_buckets,
+                    self.device,
+                )
         logger.info(
             "kernels compiled (or loaded from %s) and graphs captured (%.0f MiB) in %.1f s",
             os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache"),
