@@ -93,12 +93,31 @@ class Pending:
     # TokenLogprobs of those ids (per completion) and of prompt positions, when asked for
     logprobs: list[list[common_pb2.TokenLogprobs]] = field(default_factory=list)
     prompt_logprobs: list[common_pb2.TokenLogprobs] = field(default_factory=list)
-    event: asyncio.Event = field(default_factory=asyncio.Event)
+    # made on the loop: take()'s wait is one bare future, without asyncio.Event's per-wait
+    # get_running_loop (a getpid syscall on 3.11) and waiter deque, once per message
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
+    woken: bool = False  # new output or an end since take() last returned
+    waiter: asyncio.Future | None = None  # take()'s, while it waits
 
     def __post_init__(self) -> None:
         self.ids = [[] for _ in range(self.n)]
         self.lasts = [None] * self.n
         self.logprobs = [[] for _ in range(self.n)]
+
+    def wake(self) -> None:
+        """New output or an end: take() returns now, or at once when next called."""
+        self.woken = True
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        if not self.woken:
+            self.waiter = self.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
 
     @property
     def ended(self) -> bool:
@@ -130,10 +149,10 @@ class Pending:
         completion with output. Raises when the session broke."""
         if self.n == 1:  # the common case, without the generator
             if not (self.ended or len(self.ids[0]) >= self.min_ids):
-                await self.event.wait()
+                await self._wait()
         elif not (self.ended or any(len(ids) >= self.min_ids for ids in self.ids)):
-            await self.event.wait()
-        self.event.clear()
+            await self._wait()
+        self.woken = False
         if self.error is not None:
             raise self.error
         if self.n == 1 and not self.prompt_logprobs:
@@ -273,9 +292,9 @@ class WorkerSession:
                     if out.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED or out.error_code:
                         if p.end(index, out):
                             del pending[out.request_id]
-                        p.event.set()
+                        p.wake()
                     elif len(ids) >= p.min_ids:
-                        p.event.set()
+                        p.wake()
         except grpc.aio.AioRpcError as e:
             reason = f"the session with the worker broke ({e.code().name}: {e.details()})"
         finally:
@@ -293,7 +312,7 @@ class WorkerSession:
             logger.warning("%s: %d requests end UNAVAILABLE", reason, len(self.pending))
         for p in self.pending.values():
             p.error = Unavailable(reason)
-            p.event.set()
+            p.wake()
         self.pending.clear()
         self.adds, self.aborts, self.completion_aborts = [], [], []
         call.cancel()

@@ -72,9 +72,13 @@ def test_pending_with_min_ids_two_wakes_every_second_id() -> None:
         p = Pending()
         p.min_ids = 2
         p.ids[0].append(7)
-        assert len(p.ids[0]) < p.min_ids  # the session reader would not set the event
+        assert len(p.ids[0]) < p.min_ids  # the session reader would not wake it
+        waiting = asyncio.ensure_future(p.take())
+        await asyncio.sleep(0)
+        assert not waiting.done()
         p.ids[0].append(8)
-        p.event.set()
-        assert await p.take() == [(0, [7, 8], None)]
+        p.wake()
+        assert await waiting == [(0, [7, 8], None)]
+        assert p.waiter is None and not p.woken
 
     asyncio.run(main())
