@@ -30,6 +30,7 @@ from nanoserve.security import (
     read_secret,
     set_cache_salt_key,
 )
+from nanoserve.startup_heap import freeze_startup_heap
 from nanoserve.text.tokenizer import Tokenizer
 from nanoserve.tracing import tracer_for
 
@@ -152,6 +153,7 @@ class FrontendServer:
             )
         self.pool.start()
         logger.info("frontend listening on %s:%d", host, self.port)
+        freeze_startup_heap("frontend")
         return self.port
 
     async def stop(self, grace: float = 0.0) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from nanoserve.config import parse_config
 from nanoserve.frontend.gateway.config import GatewayConfig
 from nanoserve.log import log_startup_error, setup_logging
+from nanoserve.startup_heap import freeze_startup_heap
 from nanoserve.tracing import tracer_for
 
 logger = logging.getLogger("nanoserve.gateway")
@@ -104,6 +105,7 @@ async def serve(config: GatewayConfig) -> None:
     server = Server(server_config)
     host, port = sock.getsockname()[:2]
     logger.info("gateway listening on %s:%d (frontend %s)", host, port, config.frontend_address)
+    freeze_startup_heap("gateway")
     try:
         await server.serve(sockets=[sock])
     finally:

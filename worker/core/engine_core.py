@@ -14,6 +14,7 @@ import time
 from multiprocessing.connection import Connection
 
 from nanoserve.sampling import SamplingParams
+from nanoserve.startup_heap import freeze_startup_heap
 from nanoserve.tracing import tracer_for
 from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.core.frame_io import FrameReader, FrameWriter
@@ -240,6 +241,7 @@ def run_engine_core(config: WorkerConfig, inbox: Connection, outbox: Connection)
         outbox.send_bytes(encode(Error(f"loading the engine failed: {exc}")))
         logging.shutdown()
         os._exit(1)
+    freeze_startup_heap("engine core")  # the model's and torch's objects: the stepping process
     core.send(Ready(core.info()))
     try:
         core.run()

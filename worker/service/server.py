@@ -26,6 +26,7 @@ from nanoserve.model_files import tokenizer_digest
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 from nanoserve.security import ServerSecurity, current_tenant
+from nanoserve.startup_heap import freeze_startup_heap
 from nanoserve.tracing import traceparent_from, traceparent_in
 from nanoserve.wire import MAX_REQUEST_ID_LENGTH
 from nanoserve.worker.config import WorkerConfig
@@ -318,6 +319,7 @@ async def serve(config: WorkerConfig) -> int:
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     logger.info("serving %s (%d KV blocks)", config.model, engine.info["num_kvcache_blocks"])
+    freeze_startup_heap("worker")
 
     watchdog = asyncio.create_task(
         watch_engine(

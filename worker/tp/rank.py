@@ -19,6 +19,7 @@ from concurrent.futures import Future
 import torch
 import torch.distributed as dist
 
+from nanoserve.startup_heap import freeze_startup_heap
 from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.layers.distributed import close_symmetric_all_reduce, fused_all_reduce_error
 from nanoserve.worker.model.config import ModelConfig
@@ -143,6 +144,7 @@ def rank_main(
         resolve_device(config.device), rank, world_size, rendezvous_store(world_size, port)
     )
     runner = ModelRunner(config, model_config, rank, world_size)
+    freeze_startup_heap(f"rank {rank}")  # a pass here would stall every rank's collective
     box = StepMailbox.attach(*mailbox)
     try:
         while True:
