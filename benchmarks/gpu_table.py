@@ -69,6 +69,10 @@ def serving_lines(r: dict) -> list[str]:
                     f" {s['ctxsw_per_token']} cs"
                     for n, s in run["services"].items()
                 )
+                if "worker_grpc_process" in run:  # the worker's tree holds its engine core
+                    grpc_own = run["worker_grpc_process"]
+                    spend += f" (worker gRPC process {grpc_own['cores']} cores"
+                    spend += f" {grpc_own['cpu_us_per_token']} us)"
                 lines.append(
                     f"    run {i}: {run['tok_s']:,.0f} tok/s ITL p50 {run['itl_p50_ms']} TTFT p50 "
                     f"{run['ttft_p50_ms']} msg/tok {run['messages_per_token']} loadgen "

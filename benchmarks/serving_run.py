@@ -8,7 +8,7 @@ from statistics import median
 import grpc
 
 from nanoserve.benchmarks import loadgen, workload
-from nanoserve.benchmarks.process_counters import Profiler, per_token, tree_counters
+from nanoserve.benchmarks.process_counters import Profiler, one_process, per_token, tree_counters
 from nanoserve.benchmarks.stats import summarize, summarize_by_bucket
 
 SATURATED = 0.8  # CPU cores a load-generator process may use before it may be the bottleneck
@@ -44,6 +44,8 @@ def throughput_run(
     """One throughput run: its figures, each service tree's cores, CPU, syscalls and context
     switches per output token, and (--profile-dir) each service's top py-spy frames."""
     before = {name: tree_counters(pid) for name, pid in services.items()}
+    worker_pid = services.get("worker")
+    worker_own = one_process(worker_pid)["cpu_s"] if worker_pid else 0.0
     profiler = Profiler(args.profile_dir, services, tag)
     run = loadgen.run_processes(
         target,
@@ -85,6 +87,14 @@ def throughput_run(
         },
     )
     out["service_cpu_cores"] = {name: s["cores"] for name, s in out["services"].items()}
+    if worker_pid:
+        # the worker's tree is its gRPC process and the engine core (with its TP ranks), which on
+        # a GPU spins in CUDA syncs: the gRPC process's own share, apart
+        own_s = one_process(worker_pid)["cpu_s"] - worker_own
+        out["worker_grpc_process"] = dict(
+            cores=round(own_s / run["wall_s"], 2),
+            cpu_us_per_token=round(own_s / max(tokens, 1) * 1e6, 1),
+        )
     if frames:
         out["profile_top_frames"] = frames
     # a client process near one core is the bottleneck itself: raise --client-procs
@@ -137,6 +147,11 @@ def measure(
             messages_per_token=x["messages_per_token"],
             loadgen_busiest_proc_cpu=x["loadgen"]["busiest_proc_cpu"],
             services=x["services"],
+            **(
+                {"worker_grpc_process": x["worker_grpc_process"]}
+                if "worker_grpc_process" in x
+                else {}
+            ),
             **(
                 {"profile_top_frames": x["profile_top_frames"]} if "profile_top_frames" in x else {}
             ),

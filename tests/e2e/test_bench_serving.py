@@ -104,6 +104,9 @@ def test_bench_serving_offline_and_both_paths(tiny_model_dir, tmp_path, capsys):
         assert res[path]["loadgen"]["procs"] == 2
         assert res[f"{path}_over_offline"] > 0
         assert set(res[path]["service_cpu_cores"]) == {"worker", "frontend"}
+        for run in res[path]["runs"]:  # the gRPC process alone: within its tree (+ the engine core)
+            grpc_own, tree = run["worker_grpc_process"], run["services"]["worker"]
+            assert 0 <= grpc_own["cpu_us_per_token"] <= tree["cpu_us_per_token"] + 1
     assert res["settings"]["kvcache_block_size"] == 16
     assert "ttft_frontend_minus_worker_ms" in res
     # scripts/gpu_run.sh's table reads the step logs
@@ -112,6 +115,7 @@ def test_bench_serving_offline_and_both_paths(tiny_model_dir, tmp_path, capsys):
     gpu_table.main([str(tmp_path)])
     table = capsys.readouterr().out
     assert "serving: exit 0 after 9 s" in table
+    assert "(worker gRPC process " in table
     assert f"frontend  {res['frontend']['tok_s']:>9,.0f} {res['frontend_over_offline']:>8}" in table
     assert json.loads((tmp_path / "results.json").read_text())[0]["bench"] == "serving"
     text = "\n".join(gpu_table.serving_lines({"step": "bench serving", **res}))  # without --json
