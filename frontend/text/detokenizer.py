@@ -21,9 +21,9 @@ class DetokenizerOutput:
 class Detokenizer:
     """Turns a stream of token ids into text deltas, holding back a possible partial stop string.
 
-    `text` turns ids into text (Tokenizer.text_stream, skip_special_tokens bound). Stop strings are searched
-    in the whole output text, including across token boundaries; on a match the text is cut before
-    the stop string (or after it with include_stop_str_in_output) and the rest is dropped.
+    `text` turns ids into text (Tokenizer.text_stream, skip_special_tokens bound). Stop strings are
+    searched in the whole output text, including across token boundaries; on a match the text is
+    cut before the stop string (or after it with include_stop_str_in_output) and the rest dropped.
     """
 
     def __init__(
