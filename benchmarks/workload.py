@@ -26,8 +26,10 @@ def lengths(
 def step_lengths(tokens: int, rng: random.Random) -> list[int]:
     """Prompt lengths (uniform in [100, 1024]) filling one prefill step of `tokens` tokens."""
     lens: list[int] = []
-    while sum(lens) < tokens:
-        lens.append(min(rng.randint(100, 1024), tokens - sum(lens)))
+    total = 0
+    while total < tokens:
+        lens.append(min(rng.randint(100, 1024), tokens - total))
+        total += lens[-1]
     return lens
 
 

@@ -8,7 +8,6 @@ others through worker.tp.runner (every rank forwards the same batch; only rank 0
 import logging
 import math
 import os
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -143,7 +142,7 @@ class ModelRunner:
     def capture_and_compile(self, backend: str) -> None:
         """CUDA graphs (decode, prefill) and every kernel a step can reach, compiled now (or
         loaded from the Triton cache) so that no request waits for a compile (runner.warmup)."""
-        started, clock = time.perf_counter(), self.start_clock
+        clock = self.start_clock
         with clock.phase("graphs"):  # with the kernels their warm-up compiles
             if not self.config.enforce_eager:
                 self.graphs, self.prefill_graphs, self.graph_memory_bytes = capture_graphs(
@@ -170,7 +169,7 @@ class ModelRunner:
             "kernels compiled (or loaded from %s) and graphs captured (%.0f MiB) in %.1f s",
             os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache"),
             self.graph_memory_bytes / 2**20,
-            time.perf_counter() - started,
+            clock.phases["graphs"] + clock.phases["prefill_kernels"],
         )
 
     # ---- KV cache -------------------------------------------------------------------------------
