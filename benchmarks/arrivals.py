@@ -3,8 +3,9 @@ kind, size and time, every stream's inter-token gaps, and the kinds of step the 
 What the engine's scheduling alone gives the serving benchmark's Poisson run (issue 29's ITL p99/p50).
 
 Step kinds: `ahead` a decode step whose logits a step forwarded ahead had computed (decode
-lookahead), `decode` one forwarded afresh, `mixed` decodes and prompt tokens, `mixed+wasted` a mixed
-step that dropped a decode forwarded ahead for it (an arrival came while it ran).
+lookahead), `decode` one forwarded afresh, `mixed` decodes and prompt tokens, `mixed+ahead` a mixed
+step forwarded ahead (--lookahead-prompts on), `+wasted` a step that dropped the one forwarded
+ahead for it (an arrival came while it ran).
 """
 
 import argparse
@@ -51,11 +52,9 @@ def replay(llm, requests: list[workload.Request], temperature: float) -> dict:
         end = time.perf_counter()
         prompt_tokens = llm.num_prompt_tokens_done - prompt_before
         if runner.num_foreseen_steps > foreseen_before:
-            kind = "ahead"
-        elif prompt_tokens:
-            kind = "mixed+wasted" if had_ahead else "mixed"
+            kind = "mixed+ahead" if prompt_tokens else "ahead"
         else:
-            kind = "decode"
+            kind = ("mixed" if prompt_tokens else "decode") + ("+wasted" if had_ahead else "")
         steps.append((kind, end - start, len(outputs), prompt_tokens))
         ended_by[end] = kind
         for o in outputs:
@@ -124,6 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", "on", "off"],
         help="forward decode step N+1 before N's ids reach the host (auto: on CUDA)",
     )
+    p.add_argument(
+        "--lookahead-prompts",
+        nargs="+",
+        default=["off"],
+        choices=["on", "off"],
+        help="one variant per value, each run in turn: forward mixed steps and the step after a "
+        "prefill ahead too (EngineConfig.lookahead_prompts)",
+    )
     return p
 
 
@@ -150,18 +157,20 @@ def main(argv: list[str] | None = None) -> None:
     vocab = llm.model_config.vocab_size
     warm = workload.build("warm", workload.lengths(16, args.min_len, args.max_len, 8, 8, 1), vocab)
     replay(llm, warm, args.temperature)
+    variants = [
+        (c, p) for c in args.max_prefill_tokens_while_decoding for p in args.lookahead_prompts
+    ]
     for run in range(args.runs):
-        for cap in args.max_prefill_tokens_while_decoding:
+        for cap, prompts in variants:
             llm.scheduler.max_prefill_tokens_while_decoding = cap or args.max_num_batched_tokens
+            llm.lookahead_prompts = prompts == "on"  # read by every step
             shape = workload.lengths(
                 args.num_prompts, args.min_len, args.max_len, args.min_len, args.max_len, seed=run
             )
-            reqs = workload.build(f"r{run}c{cap}", shape, vocab, args.rate, seed=run)
+            reqs = workload.build(f"r{run}c{cap}{prompts}", shape, vocab, args.rate, seed=run)
             res = replay(llm, reqs, args.temperature)
-            print(
-                json.dumps(dict(bench="arrivals", run=run, cap=cap, rate=args.rate, **res)),
-                flush=True,
-            )
+            line = dict(bench="arrivals", run=run, cap=cap, lookahead_prompts=prompts, **res)
+            print(json.dumps(dict(line, rate=args.rate)), flush=True)
     llm.shutdown()
 
 

@@ -32,6 +32,7 @@ def make_llm(args):
         attention_backend=args.attention_backend,
         custom_all_reduce=not args.no_custom_all_reduce,
         decode_lookahead={"auto": None, "on": True, "off": False}[args.decode_lookahead],
+        lookahead_prompts=args.lookahead_prompts,
         kv_cache_dtype=args.kv_cache_dtype,
         max_prefill_tokens_while_decoding=args.max_prefill_tokens_while_decoding,
     )
@@ -284,6 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         choices=["auto", "on", "off"],
         help="forward decode step N+1 before N's ids reach the host (auto: one rank)",
+    )
+    p.add_argument(
+        "--lookahead-prompts",
+        action="store_true",
+        help="forward mixed steps and the step after a prefill ahead too (EngineConfig)",
     )
     p.add_argument(
         "--no-custom-all-reduce",

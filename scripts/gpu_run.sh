@@ -11,6 +11,7 @@
 #   retest:  tests/gpu -k "$GPU_TESTS_K" (all without it);  load: Poisson at ~80% of the maximum;  roofline: alone
 #   jitter:  (issue 29) the services' own ITL spread under Poisson arrivals, stand-in worker (no GPU)
 #   prefill: benchmarks/prefill.py alone (host and GPU ms of a prefill step, TTFT by prompt length)
+#   plan:    prompt lookahead off and on: Poisson arrivals into the engine, throughput, batch-1
 #   features: per-step costs of logprobs, seeded rows, logit_bias / allowed_token_ids, top-k / top-p
 #   tp:      (two GPUs) tensor-parallel tests, 8B tp=2 batch-1 latency, bench serving tp=2
 #   splitk:  split-K GEMM sweep against cuBLAS (blas: cuBLAS against cuBLASLt only);  mixed: decode attention over mixed lengths
@@ -167,6 +168,14 @@ case $mode in
   arrivals)  # issue 29: Poisson arrivals straight into the engine, no services (ARRIVALS_ARGS: more
     # flags, e.g. "--max-prefill-tokens-while-decoding 0 512"): its steps and every stream's gaps
     step arrivals 280 $py -m nanoserve.benchmarks.arrivals ${ARRIVALS_ARGS:-}
+    ;;
+  plan)  # issues 29 and 34: prompt lookahead (--lookahead-prompts) off and on in one process under
+    # Poisson arrivals (interleaved runs), then the throughput workload and batch-1 without and with it
+    step arrivals_plan 250 $py -m nanoserve.benchmarks.arrivals --runs 3 --lookahead-prompts off on
+    i=0
+    for flag in "" --lookahead-prompts "" --lookahead-prompts; do
+      i=$((i + 1)); step "engine_plan_${i}${flag:+_on}" 70 $bench throughput latency --shape qwen3-0.6b $flag
+    done
     ;;
   mixcap)  # issue 14: a cap on the prompt tokens of mixed steps, under the same 38 req/s as `load`,
     # and its cost on the throughput workload (MIXCAP tokens, default 2048)

@@ -34,6 +34,14 @@ class EngineConfig:
             "cuda, off on cpu)"
         },
     )
+    lookahead_prompts: bool = field(
+        default=False,
+        metadata={
+            "help": "with decode lookahead: also forward ahead a step that admits prompts (a mixed "
+            "step) and the step after a prefill, scheduled one step early (off: not yet measured "
+            "on a GPU)"
+        },
+    )
     custom_all_reduce: bool = field(
         default=True,
         metadata={

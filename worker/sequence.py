@@ -1,9 +1,11 @@
 """One request inside the engine: its token ids, KV block table and progress through prefill/decode.
 
-Created by LLMEngine.add_request, moved between queues by the Scheduler, read by the ModelRunner.
+Created by LLMEngine.add_request, moved between queues by the Scheduler, read by the ModelRunner;
+a NextStep is the step after this one as the Scheduler plans it, for the runner to forward ahead.
 """
 
 import time
+from dataclasses import dataclass
 from enum import Enum, auto
 from itertools import count
 from typing import Any, Protocol
@@ -190,3 +192,17 @@ class Sequence:
         new = self.token_ids[self.num_prompt_tokens + self.num_emitted :]
         self.num_emitted += len(new)
         return new
+
+
+@dataclass(slots=True)
+class NextStep:
+    """The step after this one, scheduled before this one's ids are known (Scheduler.plan_next):
+    `decodes` sample this step and go on (one token each, its id this step's sample), then the
+    `prompts` (sequence, first token, tokens) chunks, their blocks allocated already."""
+
+    decodes: list[Sequence]
+    prompts: list[tuple[Sequence, int, int]]
+
+    @property
+    def seqs(self) -> list[Sequence]:
+        return self.decodes + [seq for seq, _, _ in self.prompts]

@@ -73,6 +73,7 @@ class LLMEngine:
         self.num_generated_tokens = 0
         # the step forwarded ahead (if one is) was decided while prompts waited
         self.ahead_over_waiting = False
+        self.lookahead_prompts = config.lookahead_prompts  # (bench arrivals sets it per variant)
 
     def _resolve_max_model_len(self, model_len: int) -> int:
         """The runner's length (--max-model-len, else max_position_embeddings) lowered to the KV
@@ -212,8 +213,12 @@ class LLMEngine:
         # Prompts that waited already were judged not to fit (decode_follows, which counts no
         # prefix hits): they are tried now, as ever. Nothing running (the forward's sequences all
         # ended, by a stop token or an abort): nothing would take it, so no deferral.
+        ahead = self.model_runner.holds_foreseen
+        if not ahead:
+            self.scheduler.planned = None  # nothing was forwarded ahead: no plan binds this step
         defer = (
-            self.model_runner.holds_foreseen
+            ahead
+            and self.scheduler.planned is None
             and not self.ahead_over_waiting
             and bool(self.scheduler.running)
         )
@@ -235,9 +240,13 @@ class LLMEngine:
             for seq in seqs:
                 if seq.num_tokens + 1 < self.max_model_len:
                     self.block_manager.reserve_next(seq)
+        plan = None
+        if not lookahead and self.lookahead_prompts and self.model_runner.uses_lookahead:
+            # a step with prompts next, or after this prefill: scheduled now, forwarded ahead too
+            plan = self.scheduler.plan_next(seqs)
         if copies:  # copy-on-write of blocks shared by n > 1 completions, before they are written
             self.model_runner.copy_blocks(copies)
-        token_ids = self.model_runner.run(seqs, is_prefill, lookahead=lookahead)
+        token_ids = self.model_runner.run(seqs, is_prefill, lookahead=lookahead, plan=plan)
         if is_prefill:  # a mixed step: the decodes (first, one token each) are no prompt tokens
             self.num_prompt_tokens_done += sum(
                 s.num_scheduled_tokens

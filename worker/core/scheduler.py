@@ -14,7 +14,7 @@ from collections import deque
 from itertools import chain
 
 from nanoserve.worker.core.block_manager import BlockManager, blocks_for
-from nanoserve.worker.sequence import FinishReason, Sequence, SequenceStatus
+from nanoserve.worker.sequence import FinishReason, NextStep, Sequence, SequenceStatus
 
 
 def _sched_key(seq: Sequence) -> tuple[int, int, int]:
@@ -47,6 +47,8 @@ class Scheduler:
         # a sequence with a priority other than 0 came: running ones may be preempted for waiting
         # ones (until the engine is idle again; checked so FCFS pays nothing)
         self.mixed_priorities = False
+        # the prompt chunks plan_next put in the next step: schedule() takes them, and only them
+        self.planned: list[tuple[Sequence, int]] | None = None
 
     def is_finished(self) -> bool:
         return not self.waiting and not self.running
@@ -70,9 +72,15 @@ class Scheduler:
 
     def schedule(self, admit: bool = True) -> tuple[list[Sequence], bool]:
         """(the step's sequences, decodes first; whether any prompt tokens are in it).
-        admit=False: the running sequences' decodes only (their step was forwarded ahead)."""
+        admit=False: the running sequences' decodes only (their step was forwarded ahead). The
+        prompts plan_next planned for this step (its forward ran ahead) are admitted, no others."""
+        planned, self.planned = self.planned, None
         if not admit:
             return self._schedule_decodes()[0], False
+        if planned is not None:
+            scheduled, preempted = self._schedule_decodes()
+            prompts = [] if preempted else self._schedule_planned(planned)
+            return scheduled + prompts, bool(prompts)
         if self.mixed_priorities:
             if self.is_finished():
                 self.mixed_priorities = False
@@ -162,6 +170,71 @@ class Scheduler:
             self.running.append(seq)
             num_seats += seq.num_seats
         return scheduled
+
+    def _schedule_planned(self, planned: list[tuple[Sequence, int]]) -> list[Sequence]:
+        """The planned chunks that are still at the head of `waiting`, in order (one aborted since
+        ends them: the rest are tried as ever next step)."""
+        scheduled: list[Sequence] = []
+        for seq, count in planned:
+            if not self.waiting or self.waiting[0] is not seq:
+                break
+            seq.num_scheduled_tokens = count
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
+            scheduled.append(seq)
+            if not seq.samples_this_step:
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+        return scheduled
+
+    def plan_next(self, seqs: list[Sequence]) -> NextStep | None:
+        """After scheduling step `seqs`, schedules the step after it now, so that the runner may
+        forward it ahead (EngineConfig.lookahead_prompts): the decodes of the sequences that sample
+        and do not surely end by length (their next slots reserved), then the prompt chunks that
+        the budget and batch admit (their blocks allocated, as _schedule_prompts would); the next
+        schedule() takes exactly those. None, planning nothing, when it is not foreseeable: a
+        parent forks after this step (n > 1), priorities may preempt, a chunk needs prompt rows
+        (prompt logprobs), a slot or a block is missing, or the step would sample nothing."""
+        if self.mixed_priorities:
+            return None
+        decodes: list[Sequence] = []
+        ending = 0
+        for seq in seqs:
+            if not seq.samples_this_step:
+                continue  # a mid-prompt chunk: it goes on below, as the head of `waiting`
+            if seq.group is not None and len(seq.group) < seq.sampling_params.n:
+                return None  # it forks in postprocess: the next step has sequences not yet made
+            if seq.reaches_length(1, self.max_model_len):
+                ending += 1
+            elif not self.block_manager.reserve_next(seq):
+                return None
+            else:
+                decodes.append(seq)
+        budget = self.max_num_batched_tokens - len(decodes)
+        if decodes:
+            budget = min(budget, self.max_prefill_tokens_while_decoding)
+        num_seats = len(self.running) - ending
+        prompts: list[tuple[Sequence, int, int]] = []
+        for seq in self.waiting:
+            if budget <= 0 or num_seats + seq.num_seats > self.max_num_seqs:
+                break
+            if seq.needs_prompt_logprobs:
+                return None
+            if not seq.block_table and not self.block_manager.allocate(seq):
+                break
+            start = seq.num_computed_tokens + seq.num_scheduled_tokens  # after this step's chunk
+            count = min(len(seq.token_ids) - start, budget)
+            prompts.append((seq, start, count))
+            budget -= count
+            if start + count < len(seq.token_ids):
+                break  # a partial chunk ends the step
+            num_seats += seq.num_seats
+        if not decodes and not any(s + c == len(seq.token_ids) for seq, s, c in prompts):
+            return None
+        self.planned = [(seq, count) for seq, _, count in prompts]
+        return NextStep(decodes, prompts)
 
     def decode_follows(self, seqs: list[Sequence]) -> bool:
         """After scheduling decode step `seqs`: whether the next step is predictably a decode of

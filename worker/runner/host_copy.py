@@ -1,15 +1,19 @@
 """Copies between host and device that never wait for the GPU: a step's small tensors (sampling
 knobs, row indices) to the device, its sampled ids back, and the pinned buffers a step's inputs
-pass through. A pageable `.to(cuda)` synchronizes the stream, so the host stalls until the forward
-in flight ends and the GPU then idles while the host launches the rest of the step. On CUDA the
-copies run on side streams, so a copy starts when the host asks rather than when the compute stream
-reaches it, and the compute stream waits on an event, not on a copy engine."""
+pass through (load_step: one copy, then the attention context). A pageable `.to(cuda)`
+synchronizes the stream, so the host stalls until the forward in flight ends and the GPU then
+idles while the host launches the rest of the step. On CUDA the copies run on side streams, so a
+copy starts when the host asks rather than when the compute stream reaches it, and the compute
+stream waits on an event, not on a copy engine."""
 
 import functools
 from collections.abc import Sequence
 
 import numpy as np
 import torch
+
+from nanoserve.worker.layers.context import set_context
+from nanoserve.worker.runner.step_inputs import StepInputs, split_message
 
 
 def to_device(
@@ -75,3 +79,38 @@ class PinnedRing:
         i, self.next = self.next, self.next ^ 1
         self.copied[i].synchronize()
         return i, self.buffers[i], self.copied[i]
+
+
+def load_step(
+    x: StepInputs,
+    msg: np.ndarray | None,
+    device: torch.device,
+    pinned: PinnedRing | None,
+    flash_attn: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Copy a step's inputs (`msg`: x encoded, when the caller has it) to the device (on CUDA: one
+    copy from a `pinned` buffer) and set the attention context; (ids, positions, logit rows)."""
+    msg = x.encode() if msg is None else msg
+    if pinned is not None:
+        _, buf, done = pinned.take()
+        buf[: len(msg)].numpy()[:] = msg
+        flat = buf[: len(msg)].to(device, non_blocking=True)
+        done.record()
+    else:
+        flat = torch.from_numpy(msg)
+    ids, pos, slots, cu, ctx_lens, tables, rows = split_message(flat, x.dims)
+    ctx_lens = ctx_lens.int()
+    cu_k = None  # only the flash-attn prefill reads it
+    if x.is_prefill and flash_attn:
+        cu_k = torch.nn.functional.pad(ctx_lens.cumsum(0, dtype=torch.int32), (1, 0))
+    set_context(
+        is_prefill=x.is_prefill,
+        cu_seqlens_q=cu.int(),
+        cu_seqlens_k=cu_k,
+        max_seqlen_q=x.max_seqlen_q,
+        max_seqlen_k=x.max_seqlen_k,
+        slot_mapping=slots.int(),
+        context_lens=ctx_lens,
+        block_tables=tables.int(),
+    )
+    return ids, pos, rows

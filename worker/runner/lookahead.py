@@ -7,6 +7,11 @@ overlap that forward, so the GPU does not idle between steps. run(N+1) takes the
 for the sequences it schedules (a subset, in order, when some stopped or were aborted or preempted),
 else forwards afresh. A foreseen forward writes only the KV its sequences would write anyway, into a
 slot of their own last block; a block freed meanwhile is rewritten by its next owner before it is read.
+
+With EngineConfig.lookahead_prompts the step after any step may be forwarded ahead as the scheduler
+planned it (Scheduler.plan_next: a NextStep): a mixed step (decodes, then prompt chunks whose blocks
+were allocated at planning), or the decodes after a prefill step. The same rule takes its logits:
+each sequence of the step taken must have been forwarded with the same tokens, slots and blocks.
 """
 
 from dataclasses import dataclass
@@ -15,8 +20,10 @@ import numpy as np
 import torch
 
 from nanoserve.worker.runner.host_copy import to_device
+from nanoserve.worker.runner.prefill_graph import pad_to_bucket
+from nanoserve.worker.runner.prepare import block_tables, extend_step
 from nanoserve.worker.runner.step_inputs import StepInputs
-from nanoserve.worker.sequence import Sequence
+from nanoserve.worker.sequence import NextStep, Sequence
 
 
 @dataclass(slots=True)
@@ -32,6 +39,49 @@ class Foreseen:
     x: StepInputs
     logits: torch.Tensor
     forward_index: int
+
+
+def planned_inputs(
+    plan: NextStep, sampled: list[Sequence], block_size: int, buckets: list[int]
+) -> tuple[np.ndarray, StepInputs] | None:
+    """(for each decode of the plan its row among this step's `sampled` sequences, the planned
+    step) with the decodes' ids left 0 (the device fills them); None when the step samples no
+    row, or a decode's next slot has no block."""
+    where = {seq.seq_id: i for i, seq in enumerate(sampled)}
+    src = np.fromiter((where[seq.seq_id] for seq in plan.decodes), np.int64, len(plan.decodes))
+    positions = np.fromiter((len(seq.token_ids) for seq in plan.decodes), np.int64, len(src))
+    if any(p // block_size >= len(s.block_table) for s, p in zip(plan.decodes, positions.tolist())):
+        return None  # Scheduler.plan_next reserved each one's slot: not reached
+    if not plan.prompts:
+        if not len(src):
+            return None
+        tables = block_tables(plan.decodes)
+        blocks = tables[np.arange(len(src)), positions // block_size]
+        lens = positions + 1
+        k = len(src)
+        return src, StepInputs(
+            False,
+            np.zeros(k, dtype=np.int64),
+            positions,
+            blocks * block_size + positions % block_size,
+            np.arange(k + 1),
+            lens,
+            tables,
+            np.arange(k),
+            1,
+            int(lens.max()),
+        )
+    ids = [0] * len(src)
+    sampled_rows = [True] * len(src)
+    for seq, start, count in plan.prompts:
+        ids += seq.token_ids[start : start + count]
+        sampled_rows.append(start + count == len(seq.token_ids))
+    if not any(sampled_rows):
+        return None
+    starts = np.concatenate([positions, [start for _, start, _ in plan.prompts]])
+    q_lens = np.asarray([1] * len(src) + [count for _, _, count in plan.prompts], np.int64)
+    x = extend_step(ids, starts, q_lens, block_tables(plan.seqs), sampled_rows, block_size)
+    return src, pad_to_bucket(x, buckets)
 
 
 def next_decode_inputs(
@@ -71,28 +121,64 @@ def next_decode_inputs(
 def foreseen_rows(
     f: Foreseen, seqs: list[Sequence], x: StepInputs, block_size: int
 ) -> np.ndarray | None:
-    """Rows of f's logits for the decode step x over seqs, or None when x is not (a subset in
-    order of) the foreseen step: another sequence, position, slot, or block under its context (a
-    block reserved since, past the context, changes nothing the step reads)."""
-    if x.is_prefill or len(seqs) > len(f.seq_ids):
+    """Rows of f's logits for step x over seqs, or None when x is not (a subset in order of) the
+    foreseen step: another sequence, token, position, slot, or block under its context (a block
+    reserved since, past the context, changes nothing the step reads)."""
+    if len(seqs) > len(f.seq_ids) or x.num_prompt_rows:
         return None
     where = {seq_id: i for i, seq_id in enumerate(f.seq_ids)}
     rows = np.fromiter((where.get(seq.seq_id, -1) for seq in seqs), dtype=np.int64, count=len(seqs))
     if (rows < 0).any() or (np.diff(rows) <= 0).any():
         return None
     fx = f.x
-    if not (
+    if x.is_prefill or fx.is_prefill:
+        logit_rows = _same_tokens(fx, rows, x)
+        if logit_rows is None:
+            return None
+    elif not (
         np.array_equal(fx.positions[rows], x.positions)
         and np.array_equal(fx.slot_mapping[rows], x.slot_mapping)
         and np.array_equal(fx.context_lens[rows], x.context_lens)
     ):
         return None
+    else:
+        logit_rows = rows
     w = min(x.block_tables.shape[1], fx.block_tables.shape[1])
     read = np.arange(w)[None, :] < -(-x.context_lens[:, None] // block_size)  # (B, w) blocks read
     if (-(-x.context_lens // block_size) > w).any():
         return None
     same = x.block_tables[:, :w] == fx.block_tables[rows, :w]
-    return rows if (same | ~read).all() else None
+    return logit_rows if (same | ~read).all() else None
+
+
+def _same_tokens(fx: StepInputs, rows: np.ndarray, x: StepInputs) -> np.ndarray | None:
+    """Either step in prefill form: whether sequence i of x is sequence rows[i] of fx with the same
+    tokens at the same positions and slots (fx's decode ids filled in once known); the rows of
+    fx's logits for x's sampled sequences, else None."""
+    q = np.diff(x.cu_seqlens_q)
+    fq = np.diff(fx.cu_seqlens_q)
+    if not (np.array_equal(fq[rows], q) and np.array_equal(fx.context_lens[rows], x.context_lens)):
+        return None
+    t = int(x.cu_seqlens_q[-1])  # x's tokens before any bucket padding
+    seq_of = np.repeat(np.arange(len(rows)), q)  # (t,)
+    at = fx.cu_seqlens_q[rows][seq_of] + np.arange(t) - x.cu_seqlens_q[:-1][seq_of]
+    if not (
+        np.array_equal(fx.input_ids[at], x.input_ids[:t])
+        and np.array_equal(fx.positions[at], x.positions[:t])
+        and np.array_equal(fx.slot_mapping[at], x.slot_mapping[:t])
+    ):
+        return None
+    # f's logit rows are its sampled sequences' last tokens, in order: the k-th is logits row k
+    sampled = np.full(len(fq), -1, dtype=np.int64)
+    last = fx.cu_seqlens_q[1:] - 1
+    sampled[np.isin(last, fx.logit_rows[: len(fx.logit_rows) - fx.num_prompt_rows])] = np.arange(
+        len(fx.logit_rows) - fx.num_prompt_rows
+    )
+    logit_rows = sampled[rows]
+    want = np.isin(x.cu_seqlens_q[1:] - 1, x.logit_rows)  # x's sampled sequences
+    if (logit_rows[want] < 0).any():
+        return None
+    return logit_rows[want]
 
 
 def foreseen_logits(
@@ -112,6 +198,6 @@ def foreseen_logits(
     rows = foreseen_rows(f, seqs, x, block_size)
     if rows is None:
         return None
-    if len(rows) == len(f.seq_ids):
+    if len(rows) == f.logits.shape[0]:  # rows increase: all of them, in order
         return f.logits
     return f.logits[to_device(rows, f.logits.device)]

@@ -15,7 +15,7 @@ import torch
 
 from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.layers.attention import FP8_KV_DTYPE, Attention
-from nanoserve.worker.layers.context import get_context, reset_context, set_context
+from nanoserve.worker.layers.context import get_context, reset_context
 from nanoserve.worker.layers.distributed import init_symmetric_all_reduce
 from nanoserve.worker.model.config import ModelConfig
 from nanoserve.worker.model.loader import load_model
@@ -27,7 +27,7 @@ from nanoserve.worker.runner.device import (
     resolve_device,
     resolve_dtype,
 )
-from nanoserve.worker.runner.host_copy import PinnedRing, to_device, to_host_async
+from nanoserve.worker.runner.host_copy import PinnedRing, load_step, to_device, to_host_async
 from nanoserve.worker.runner.kv_cache import allocate_kv_cache, num_kvcache_blocks
 from nanoserve.worker.runner.logprobs import (
     PROMPT_CHUNK_ROWS,
@@ -35,7 +35,12 @@ from nanoserve.worker.runner.logprobs import (
     PromptRows,
     StepLogprobs,
 )
-from nanoserve.worker.runner.lookahead import Foreseen, foreseen_logits, next_decode_inputs
+from nanoserve.worker.runner.lookahead import (
+    Foreseen,
+    foreseen_logits,
+    next_decode_inputs,
+    planned_inputs,
+)
 from nanoserve.worker.runner.prefill_graph import PrefillGraphRunner, prefill_buckets
 from nanoserve.worker.runner.prepare import prepare_decode, prepare_prefill
 from nanoserve.worker.runner.sampler import SamplingTensors, sample
@@ -45,10 +50,9 @@ from nanoserve.worker.runner.step_inputs import (
     CMD_STEP_AHEAD,
     StepInputs,
     max_message_words,
-    split_message,
 )
 from nanoserve.worker.runner.warmup import capture_graphs, compile_prefill_attention
-from nanoserve.worker.sequence import Sequence
+from nanoserve.worker.sequence import NextStep, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -212,32 +216,10 @@ class ModelRunner:
     def load_inputs(
         self, x: StepInputs, msg: np.ndarray | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Copy a step's inputs (`msg`: x encoded, when the caller has it) to the device (on CUDA:
-        one copy from pinned memory) and set the attention context."""
-        msg = x.encode() if msg is None else msg
-        if self.device.type == "cuda":
-            _, buf, done = self.pinned.take()
-            buf[: len(msg)].numpy()[:] = msg
-            flat = buf[: len(msg)].to(self.device, non_blocking=True)
-            done.record()
-        else:
-            flat = torch.from_numpy(msg)
-        ids, pos, slots, cu, ctx_lens, tables, rows = split_message(flat, x.dims)
-        ctx_lens = ctx_lens.int()
-        cu_k = None  # only the flash-attn prefill reads it
-        if x.is_prefill and self.attention_layers[0].backend == "flash_attn":
-            cu_k = torch.nn.functional.pad(ctx_lens.cumsum(0, dtype=torch.int32), (1, 0))
-        set_context(
-            is_prefill=x.is_prefill,
-            cu_seqlens_q=cu.int(),
-            cu_seqlens_k=cu_k,
-            max_seqlen_q=x.max_seqlen_q,
-            max_seqlen_k=x.max_seqlen_k,
-            slot_mapping=slots.int(),
-            context_lens=ctx_lens,
-            block_tables=tables.int(),
-        )
-        return ids, pos, rows
+        """A step's (ids, positions, logit rows) on the device, its attention context set."""
+        pinned = self.pinned if self.device.type == "cuda" else None
+        flash = self.attention_layers[0].backend == "flash_attn"
+        return load_step(x, msg, self.device, pinned, flash)
 
     @torch.inference_mode()
     def execute(
@@ -256,6 +238,7 @@ class ModelRunner:
         if not x.is_prefill and self.graphs is not None and self.graphs.can_run(len(x.input_ids)):
             return self.graphs.run(x, input_ids)  # decode: one copy in, one replay (+ LM head)
         ids, positions, rows = self.load_inputs(x, msg)
+        ids = ids if input_ids is None else input_ids
         if (
             x.is_prefill
             and self.prefill_graphs is not None
@@ -264,7 +247,7 @@ class ModelRunner:
             # the step's inputs copied into the bucket's buffers, one replay
             hidden = self.prefill_graphs.run(ids, positions, get_context())
         else:
-            hidden = self.model(ids if input_ids is None else input_ids, positions)
+            hidden = self.model(ids, positions)
         reset_context()
         num_sampled = len(x.logit_rows) - x.num_prompt_rows
         for start in range(0, x.num_prompt_rows, max(x.prompt_chunk_rows, 1)):
@@ -315,10 +298,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(
-        self, seqs: list[Sequence], is_prefill: bool, lookahead: bool = False
+        self,
+        seqs: list[Sequence],
+        is_prefill: bool,
+        lookahead: bool = False,
+        plan: NextStep | None = None,
     ) -> list[int | None]:
         """Forward one batch; returns the sampled id per sequence (None for a non-final chunk).
-        lookahead: the caller expects the next step to decode the same sequences (nothing waits)."""
+        lookahead: the caller expects the next step to decode the same sequences (nothing waits);
+        plan: the next step as the scheduler planned it (lookahead_prompts), forwarded ahead."""
         prompt = None
         if is_prefill:
             x, prompt_rows = self._prepare_prefill(seqs)
@@ -339,16 +327,21 @@ class ModelRunner:
                 lp.finish([])  # a blocking copy: no sampled ids to wait for
             return [None] * len(seqs)
         done = [i for i, seq in enumerate(seqs) if seq.samples_this_step]
-        t = self.prepare_sample([seqs[i] for i in done])
+        sampled = seqs if len(done) == len(seqs) else [seqs[i] for i in done]
+        nxt, ahead = None, sampled  # the inputs forwarded ahead, their sequences
+        if plan is not None and self.uses_lookahead:  # made while this step's forward runs
+            nxt = planned_inputs(plan, sampled, self.block_size, self.prefill_buckets)
+            ahead = plan.seqs
+        t = self.prepare_sample(sampled)
         ids = sample(logits, t, self.sample_generator)  # (R,) on the device
         # before the step forwarded ahead replays the graph whose output `logits` may view
-        lp = StepLogprobs.compute(logits, ids, [seqs[i] for i in done], t, prompt)
+        lp = StepLogprobs.compute(logits, ids, sampled, t, prompt)
         if lp is not None:
             lp.start_copy()
-        nxt = None
         if lookahead and self.uses_lookahead and not is_prefill:
             nxt = next_decode_inputs(x, seqs, self.block_size, self.max_model_len)
-        token_ids = ids.tolist() if nxt is None else self._forward_ahead(*nxt, seqs, ids)
+            ahead = [seqs[i] for i in nxt[0]] if nxt is not None else ahead
+        token_ids = ids.tolist() if nxt is None else self._forward_ahead(*nxt, ahead, ids)
         if lp is not None:
             lp.finish(token_ids)
         out: list[int | None] = [None] * len(seqs)
@@ -376,22 +369,26 @@ class ModelRunner:
         return logits
 
     def _forward_ahead(
-        self, rows: np.ndarray, nxt: StepInputs, seqs: list[Sequence], ids: torch.Tensor
+        self, rows: np.ndarray, nxt: StepInputs, ahead: list[Sequence], ids: torch.Tensor
     ) -> list[int]:
-        """Start copying step N's ids (R,) to the host, forward step N+1 on those of `rows`, then
-        wait for the copy: the GPU computes N+1 while the host processes N."""
+        """Start copying step N's ids (R,) to the host, forward step N+1 on those of `rows` (its
+        first tokens; a planned step's prompt ids follow), then wait for the copy: the GPU computes
+        N+1 while the host processes N. ahead: N+1's sequences."""
         if self.device.type == "cuda":
             host, copied = to_host_async(ids)
-        next_ids = ids if len(rows) == len(seqs) else ids[to_device(rows, ids.device)]
+        next_ids = ids if len(rows) == len(ids) else ids[to_device(rows, ids.device)]
+        if nxt.is_prefill:  # the decodes' ids over the first rows, the prompts' from the host
+            next_ids = torch.cat([next_ids, to_device(nxt.input_ids[len(rows) :], ids.device)])
         msg = None
         if self.publish is not None:  # the other ranks forward the same step on these ids
             msg = nxt.encode(CMD_STEP_AHEAD)
             self.publish(msg)
             torch.distributed.broadcast(next_ids, src=0)
         logits = self.execute(nxt, msg, input_ids=next_ids)
-        assert logits is not None  # next_decode_inputs gives each of its >= 1 rows a logit row
-        self.foreseen = Foreseen([seqs[i].seq_id for i in rows], nxt, logits, self.num_forwards)
+        assert logits is not None  # the inputs forwarded ahead give >= 1 row a logit row
+        self.foreseen = Foreseen([s.seq_id for s in ahead], nxt, logits, self.num_forwards)
         if self.device.type == "cuda":
             copied.synchronize()
-            return host.tolist()
-        return ids.tolist()
+        token_ids = (host if self.device.type == "cuda" else ids).tolist()
+        nxt.input_ids[: len(rows)] = np.asarray(token_ids, dtype=np.int64)[rows]  # for the take
+        return token_ids

@@ -30,27 +30,45 @@ def prepare_prefill(
 ) -> tuple[StepInputs, PromptRows | None]:
     """A step with prompt tokens; a mixed step's decodes come first, as 1-token extends.
     prompt_chunk_rows: the prompt-logprob rows one LM-head call takes (ModelRunner.execute)."""
-    bs, n = block_size, len(seqs)
+    n = len(seqs)
     # vectorized over the step's tokens: a mixed step has a row a decode (~250), and a loop of
     # numpy calls a sequence took ~2.5 ms of host time a step (the GPU idles through it)
     starts = np.fromiter((seq.num_computed_tokens for seq in seqs), dtype=np.int64, count=n)
     q_lens = np.fromiter((seq.num_scheduled_tokens for seq in seqs), dtype=np.int64, count=n)
-    k_lens = starts + q_lens
     input_ids: list[int] = []
-    for seq, start, end in zip(seqs, starts.tolist(), k_lens.tolist()):
+    for seq, start, end in zip(seqs, starts.tolist(), (starts + q_lens).tolist()):
         input_ids += seq.token_ids[start:end]
-    cu_q = np.concatenate([[0], np.cumsum(q_lens)])
-    row = np.repeat(np.arange(n), q_lens)  # (T,) each token's sequence
-    positions = np.arange(cu_q[-1]) - cu_q[:-1][row] + starts[row]
-    tables = block_tables(seqs)
-    slots = tables[row, positions // bs] * bs + positions % bs
     # logits only for sequences whose prompt is complete after this step (not for a mid chunk)
-    rows = [cu_q[i + 1] - 1 for i, seq in enumerate(seqs) if seq.samples_this_step]
-    prompt, num_prompt_rows = None, 0
+    sampled = [seq.samples_this_step for seq in seqs]
+    x = extend_step(input_ids, starts, q_lens, block_tables(seqs), sampled, block_size)
+    x.prompt_chunk_rows = prompt_chunk_rows
+    prompt = None
     if any(seq.needs_prompt_logprobs for seq in seqs):
-        prompt_rows, prompt = _prompt_rows(seqs, cu_q)
-        rows, num_prompt_rows = rows + prompt_rows, len(prompt_rows)
-    x = StepInputs(
+        prompt_rows, prompt = _prompt_rows(seqs, x.cu_seqlens_q)
+        x.logit_rows = np.concatenate([x.logit_rows, np.asarray(prompt_rows, dtype=np.int64)])
+        x.num_prompt_rows = len(prompt_rows)
+    return pad_to_bucket(x, buckets), prompt
+
+
+def extend_step(
+    input_ids: list[int],
+    starts: np.ndarray,
+    q_lens: np.ndarray,
+    tables: np.ndarray,
+    sampled: list[bool],
+    block_size: int,
+) -> StepInputs:
+    """A prefill-form step (not padded): sequence i extends its first starts[i] computed tokens by
+    q_lens[i] tokens (its ids in input_ids, sequence after sequence); a logit row for the last
+    token of each sampled one."""
+    bs = block_size
+    k_lens = starts + q_lens
+    cu_q = np.concatenate([[0], np.cumsum(q_lens)])
+    row = np.repeat(np.arange(len(starts)), q_lens)  # (T,) each token's sequence
+    positions = np.arange(cu_q[-1]) - cu_q[:-1][row] + starts[row]
+    slots = tables[row, positions // bs] * bs + positions % bs
+    rows = [cu_q[i + 1] - 1 for i, s in enumerate(sampled) if s]
+    return StepInputs(
         True,
         np.asarray(input_ids, dtype=np.int64),
         positions,
@@ -61,10 +79,7 @@ def prepare_prefill(
         np.asarray(rows, dtype=np.int64),
         int(q_lens.max()),
         int(k_lens.max()),
-        num_prompt_rows,
-        prompt_chunk_rows,
     )
-    return pad_to_bucket(x, buckets), prompt
 
 
 def _prompt_rows(seqs: list[Sequence], cu_q: np.ndarray) -> tuple[list[int], PromptRows | None]:

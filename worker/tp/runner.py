@@ -150,11 +150,11 @@ class TensorParallelRunner:
         error.__cause__ = exc
         return error
 
-    def run(self, seqs, is_prefill: bool, lookahead: bool = False) -> list[int | None]:
+    def run(self, seqs, is_prefill: bool, lookahead: bool = False, plan=None) -> list[int | None]:
         """ModelRunner.run on every rank; RankDied once a rank is gone."""
         self._alive()
         try:
-            return self.runner.run(seqs, is_prefill, lookahead=lookahead)
+            return self.runner.run(seqs, is_prefill, lookahead=lookahead, plan=plan)
         except Exception as e:
             error = self.explain(e)
             if error is e:
