@@ -151,7 +151,7 @@ def test_mixed_step_is_taken_from_the_forward_ahead(model):
     while the stream's previous step is still unknown to the host, then taken; so is the decode
     after it."""
     llm = make_llm(model, "prompts")
-    a = llm.add_request(prompts_of([9], seed=1)[0], greedy(12))
+    llm.add_request(prompts_of([9], seed=1)[0], greedy(12))
     llm.step()  # a's prefill (the decode after it forwarded ahead)
     llm.step()  # a decodes (its next decode forwarded ahead)
     runner = llm.model_runner
@@ -252,6 +252,7 @@ def test_planned_inputs_equal_the_step_prepared_later():
     s.postprocess(seqs, [7])
     fx.input_ids[:1] = [7]  # the runner fills the decodes' ids once it has them
     seqs, prefill = s.schedule()
+    assert prefill and seqs == [a, b]
     x, _ = prepare_prefill(seqs, 4, [])
     for field in ("input_ids", "positions", "slot_mapping", "cu_seqlens_q", "context_lens"):
         assert np.array_equal(getattr(fx, field), getattr(x, field)), field
