@@ -204,3 +204,42 @@ def test_greedy_tokens_stable(hf_model, reference_tokens, kw, exact, capsys):
         assert not differ
     assert len(differ) <= len(ref) // 10 and len(differ_again) <= 1
     assert all(g <= 2 for g in gaps)  # a tie within two bf16 ulps
+
+
+def test_prompt_lookahead_tokens_under_arrivals(hf_model, capsys):
+    """--lookahead-prompts on CUDA (decode graphs, prefill graphs, the mixed step forwarded ahead):
+    requests arriving between steps get the tokens of the engine without it, but where a batch
+    differs (an arrival joins a step later) and a near-tie flips; most steps come from a forward
+    ahead, and none is dropped for want of a match beyond the arrivals' own."""
+    from nanoserve.worker import SamplingParams
+
+    path, _ = hf_model
+    ps = prompts(24, 10, 600, seed=5)
+    sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    outs, counts = {}, {}
+    for on in (False, True):
+        llm = make_llm(path, lookahead_prompts=on)
+        seqs, step, steps = [], 0, 0
+        while len(seqs) < len(ps) or not llm.is_finished():
+            if step % 3 == 0 and len(seqs) < len(ps):  # one arrival every third step
+                seqs.append(llm.add_request(ps[len(seqs)], sp))
+            llm.step()
+            step += 1
+            steps += 1
+        outs[on] = [s.completion_token_ids for s in seqs]
+        counts[on] = (llm.model_runner.num_foreseen_steps, steps)
+        assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
+        if on:
+            differ = [i for i, (a, b) in enumerate(zip(outs[True], outs[False])) if a != b]
+            gaps = [
+                first_divergence_is_a_near_tie(llm, ps[i], outs[True][i], outs[False][i])
+                for i in differ
+            ]
+        free(llm)
+    with capsys.disabled():
+        print(
+            f"\n[gpu] prompt lookahead under arrivals: foreseen/steps off {counts[False]}, on "
+            f"{counts[True]}; {len(differ)} of {len(ps)} sequences differ, gaps {gaps}"
+        )
+    assert counts[True][0] > counts[False][0]
+    assert len(differ) <= len(ps) // 10 and all(g <= 2 for g in gaps)
