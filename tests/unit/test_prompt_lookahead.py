@@ -190,6 +190,29 @@ def test_a_planned_prompt_aborted_leaves_the_rest_of_the_step_to_take(model):
     assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
 
 
+def test_a_prefix_being_computed_is_waited_for_not_recomputed(model):
+    """B shares A's first 40 tokens and arrives while A's prompt is in the step being planned
+    from: planned then, B would miss A's blocks (registered after that step) and compute them
+    again. It is left for the step after, and hits them as without lookahead."""
+    shared = prompts_of([40], seed=9)[0]
+    a_prompt = shared + prompts_of([7], seed=10)[0]
+    b_prompt = shared + prompts_of([5], seed=11)[0]
+    hits = {}
+    for mode in ("off", "prompts"):
+        llm = make_llm(model, mode)
+        llm.add_request(prompts_of([9], seed=1)[0], greedy(12))
+        llm.step()
+        llm.step()  # something decodes
+        llm.add_request(a_prompt, greedy(4))
+        llm.step()  # (prompts: A planned into the next step)
+        b = llm.add_request(b_prompt, greedy(4))
+        while not llm.is_finished():
+            llm.step()
+        hits[mode] = b.num_cached_tokens
+        assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
+    assert hits["prompts"] == hits["off"] == 32  # two whole blocks of 16
+
+
 def test_plan_next_schedules_what_schedule_then_takes():
     bm = BlockManager(16, 4)
     s = Scheduler(4, 10, 1000, (0,), bm)

@@ -215,6 +215,28 @@ class BlockManager:
             else:
                 self.hash_to_block_id[h] = block.block_id
 
+    def computing_hashes(self, seqs: list[Sequence]) -> set[bytes]:
+        """Hashes of the blocks that the prompt chunks of step `seqs` complete: registered by
+        hash_blocks after the step, so a prompt allocated before then cannot hit them."""
+        bs, out = self.block_size, set()
+        for seq in seqs:
+            end = (seq.num_computed_tokens + seq.num_scheduled_tokens) // bs
+            prefix = seq.block_hashes[-1] if seq.block_hashes else salt_hash(seq.cache_salt)
+            for i in range(len(seq.block_hashes), end):  # none for a decode in a written block
+                prefix = chain_hash(seq.block_token_ids(i, bs), prefix)
+                out.add(prefix)
+        return out
+
+    def would_hit_later(self, seq: Sequence, computing: set[bytes]) -> bool:
+        """seq's prefix misses the cache at a block that is among `computing`: allocated a step
+        later, it would hit there (Scheduler.plan_next waits for it)."""
+        prefix = salt_hash(seq.cache_salt)
+        for i in range((seq.num_tokens - 1) // self.block_size):
+            prefix = chain_hash(seq.block_token_ids(i, self.block_size), prefix)
+            if prefix not in self.hash_to_block_id:
+                return prefix in computing
+        return False
+
     @property
     def prefix_cache_hit_rate(self) -> float:
         return self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0

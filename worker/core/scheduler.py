@@ -194,9 +194,11 @@ class Scheduler:
         forward it ahead (EngineConfig.lookahead_prompts): the decodes of the sequences that sample
         and do not surely end by length (their next slots reserved), then the prompt chunks that
         the budget and batch admit (their blocks allocated, as _schedule_prompts would); the next
-        schedule() takes exactly those. None, planning nothing, when it is not foreseeable: a
-        parent forks after this step (n > 1), priorities may preempt, a chunk needs prompt rows
-        (prompt logprobs), a slot or a block is missing, or the step would sample nothing."""
+        schedule() takes exactly those. A prompt whose prefix this step is computing is left for
+        the step after (allocated now it would miss those blocks). None, planning nothing, when
+        it is not foreseeable: a parent forks after this step (n > 1), priorities may preempt, a
+        chunk needs prompt rows (prompt logprobs), a slot or a block is missing, or the step
+        would sample nothing."""
         if self.mixed_priorities:
             return None
         decodes: list[Sequence] = []
@@ -217,13 +219,21 @@ class Scheduler:
             budget = min(budget, self.max_prefill_tokens_while_decoding)
         num_seats = len(self.running) - ending
         prompts: list[tuple[Sequence, int, int]] = []
+        computing: set[bytes] | None = None  # blocks this step completes (made when needed)
         for seq in self.waiting:
             if budget <= 0 or num_seats + seq.num_seats > self.max_num_seqs:
                 break
             if seq.needs_prompt_logprobs:
                 return None
-            if not seq.block_table and not self.block_manager.allocate(seq):
-                break
+            if not seq.block_table:
+                if computing is None:
+                    computing = self.block_manager.computing_hashes(seqs)
+                # its prefix is being computed now (the same system prompt a step apart): planned
+                # now it would compute it again; a step later it hits the cache
+                if self.block_manager.would_hit_later(seq, computing):
+                    break
+                if not self.block_manager.allocate(seq):
+                    break
             start = seq.num_computed_tokens + seq.num_scheduled_tokens  # after this step's chunk
             count = min(len(seq.token_ids) - start, budget)
             prompts.append((seq, start, count))
