@@ -46,31 +46,16 @@ def planned_inputs(
 ) -> tuple[np.ndarray, StepInputs] | None:
     """(for each decode of the plan its row among this step's `sampled` sequences, the planned
     step) with the decodes' ids left 0 (the device fills them); None when the step samples no
-    row, or a decode's next slot has no block."""
+    row, or a decode's next slot has no block (Scheduler.plan_next reserved them)."""
     where = {seq.seq_id: i for i, seq in enumerate(sampled)}
     src = np.fromiter((where[seq.seq_id] for seq in plan.decodes), np.int64, len(plan.decodes))
+    # (K,) the token sampled now sits at position len
     positions = np.fromiter((len(seq.token_ids) for seq in plan.decodes), np.int64, len(src))
-    if any(p // block_size >= len(s.block_table) for s, p in zip(plan.decodes, positions.tolist())):
-        return None  # Scheduler.plan_next reserved each one's slot: not reached
     if not plan.prompts:
-        if not len(src):
-            return None
-        tables = block_tables(plan.decodes)
-        blocks = tables[np.arange(len(src)), positions // block_size]
-        lens = positions + 1
-        k = len(src)
-        return src, StepInputs(
-            False,
-            np.zeros(k, dtype=np.int64),
-            positions,
-            blocks * block_size + positions % block_size,
-            np.arange(k + 1),
-            lens,
-            tables,
-            np.arange(k),
-            1,
-            int(lens.max()),
-        )
+        x = decode_step(positions, block_tables(plan.decodes), block_size) if len(src) else None
+        return None if x is None else (src, x)
+    if any(p // block_size >= len(s.block_table) for s, p in zip(plan.decodes, positions.tolist())):
+        return None
     ids = [0] * len(src)
     sampled_rows = [True] * len(src)
     for seq, start, count in plan.prompts:
@@ -94,17 +79,23 @@ def next_decode_inputs(
     if not keep:
         return None
     rows = np.asarray(keep, dtype=np.int64)
-    positions = x.context_lens[rows]  # (K,) the token sampled by x sits at position len
-    tables = x.block_tables[rows]
+    # (K,) the token sampled by x sits at position len
+    nxt = decode_step(x.context_lens[rows], x.block_tables[rows], block_size)
+    return None if nxt is None else (rows, nxt)
+
+
+def decode_step(positions: np.ndarray, tables: np.ndarray, block_size: int) -> StepInputs | None:
+    """A decode step of one token at positions[i] (K,) for the sequences of block tables (K, W),
+    its ids 0 (the device's); None when a token's block is not in its table."""
     block_index = positions // block_size
     if (block_index >= tables.shape[1]).any():
         return None
-    blocks = tables[np.arange(len(rows)), block_index]
+    k = len(positions)
+    blocks = tables[np.arange(k), block_index]
     if (blocks < 0).any():
         return None
     lens = positions + 1
-    k = len(rows)
-    return rows, StepInputs(
+    return StepInputs(
         False,
         np.zeros(k, dtype=np.int64),
         positions,
