@@ -35,7 +35,7 @@ class StandInRunner:
         self.deadline = time.monotonic()
         self.rng = random.Random(0)
 
-    def run(self, seqs, is_prefill: bool, lookahead: bool = False) -> list[int | None]:
+    def run(self, seqs, is_prefill: bool, lookahead: bool = False, plan=None) -> list[int | None]:
         self.deadline = max(self.deadline + self.step_s, time.monotonic() - self.step_s)
         time.sleep(max(0.0, self.deadline - time.monotonic()))
         return [self.rng.randrange(1000, 30000) if s.samples_this_step else None for s in seqs]
