@@ -64,8 +64,11 @@ class LoadReporter:
     def due(self, key: LoadKey, now: float) -> bool:
         """True (and recorded as sent) when `key` changed and min_interval_s passed since the last
         report, or keepalive_s passed."""
-        elapsed = now - self.sent_at
-        if elapsed < self.min_interval_s or (key == self.sent_key and elapsed < self.keepalive_s):
+        # the same sums as wait_s (sent_at + interval against now): a difference (now - sent_at)
+        # rounds apart, and a zero wait that is not due spins the session's loop
+        if now < self.sent_at + self.min_interval_s or (
+            key == self.sent_key and now < self.sent_at + self.keepalive_s
+        ):
             return False
         self.sent_key, self.sent_at = key, now
         return True
