@@ -127,6 +127,21 @@ def roofline_lines(r: dict) -> list[str]:
     ]
 
 
+def arrivals_line(r: dict) -> str:
+    """One `bench arrivals` run: its variant, pace, ITL ratio, TTFT, and its steps by kind."""
+    steps = ", ".join(
+        f"{kind} {k['ms'].get('n', 0)} x {k['ms'].get('p50', '-')} ms"
+        for kind, k in r.get("steps", {}).items()
+    )
+    return (
+        f"arrivals run {r.get('run')} cap {r.get('cap')} prompts-lookahead "
+        f"{r.get('lookahead_prompts', 'off')}: {r.get('output_tok_s')} tok/s, ITL "
+        f"{fmt(r.get('itl_ms'))} ms (p99/p50 {r.get('itl_p99_over_p50')}), TTFT "
+        f"{fmt(r.get('ttft_ms'))} ms; steps: {steps}; slowest 1% end in "
+        f"{r.get('slowest_1pct_of_gaps_end_in')}"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     out = Path((argv or sys.argv[1:])[0])
     rows, notes = read(out)
@@ -136,6 +151,8 @@ def main(argv: list[str] | None = None) -> None:
             print("\n".join(serving_lines(r)))
         elif str(r.get("bench")).startswith("roofline"):
             print("\n".join(roofline_lines(r)))
+        elif r.get("bench") == "arrivals":
+            print(arrivals_line(r))
         else:
             figs = {
                 k: v

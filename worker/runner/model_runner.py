@@ -328,19 +328,20 @@ class ModelRunner:
             return [None] * len(seqs)
         done = [i for i, seq in enumerate(seqs) if seq.samples_this_step]
         sampled = seqs if len(done) == len(seqs) else [seqs[i] for i in done]
-        nxt, ahead = None, sampled  # the inputs forwarded ahead, their sequences
-        if plan is not None and self.uses_lookahead:  # made while this step's forward runs
-            nxt = planned_inputs(plan, sampled, self.block_size, self.prefill_buckets)
-            ahead = plan.seqs
         t = self.prepare_sample(sampled)
         ids = sample(logits, t, self.sample_generator)  # (R,) on the device
         # before the step forwarded ahead replays the graph whose output `logits` may view
         lp = StepLogprobs.compute(logits, ids, sampled, t, prompt)
         if lp is not None:
             lp.start_copy()
+        # the next step's inputs are made while the GPU samples this one (nothing above waits)
+        nxt, ahead = None, sampled  # the inputs forwarded ahead, their sequences
         if lookahead and self.uses_lookahead and not is_prefill:
             nxt = next_decode_inputs(x, seqs, self.block_size, self.max_model_len)
             ahead = [seqs[i] for i in nxt[0]] if nxt is not None else ahead
+        elif plan is not None and self.uses_lookahead:
+            nxt = planned_inputs(plan, sampled, self.block_size, self.prefill_buckets)
+            ahead = plan.seqs
         token_ids = ids.tolist() if nxt is None else self._forward_ahead(*nxt, ahead, ids)
         if lp is not None:
             lp.finish(token_ids)
