@@ -6,6 +6,7 @@ Without --model the engine runs random weights (load_format=dummy) of a named Qw
 """
 
 import argparse
+import dataclasses
 import importlib
 import json
 import random
@@ -17,29 +18,21 @@ from pathlib import Path
 from typing import Any
 
 from nanoserve.benchmarks.shapes import H200_SPEED_OF_LIGHT, SHAPES, write_shape_dir
+from nanoserve.config import add_config_args, config_from_args
+from nanoserve.worker.config import EngineConfig
 
 
 def make_llm(args):
+    """The LLM of the engine flags (EngineConfig's own); without --model, random weights of
+    --shape (load_format dummy)."""
     from nanoserve.worker import LLM
 
-    kw = dict(
-        tensor_parallel_size=args.tensor_parallel_size,
-        enforce_eager=args.enforce_eager,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        device=args.device,
-        attention_backend=args.attention_backend,
-        custom_all_reduce=not args.no_custom_all_reduce,
-        decode_lookahead={"auto": None, "on": True, "off": False}[args.decode_lookahead],
-        lookahead_prompts=args.lookahead_prompts,
-        kv_cache_dtype=args.kv_cache_dtype,
-        max_prefill_tokens_while_decoding=args.max_prefill_tokens_while_decoding,
-    )
-    if args.model:
-        return LLM(args.model, **kw)
-    model = write_shape_dir(args.shape, Path(tempfile.mkdtemp(prefix="nanoserve-bench-")))
-    return LLM(model, load_format="dummy", **kw)
+    ns = argparse.Namespace(**vars(args))
+    if not ns.model:
+        out = write_shape_dir(args.shape, Path(tempfile.mkdtemp(prefix="nanoserve-bench-")))
+        ns.model, ns.load_format = str(out), "dummy"
+    settings = dataclasses.asdict(config_from_args(EngineConfig, ns))
+    return LLM(settings.pop("model"), **settings)
 
 
 def sync(llm) -> None:
@@ -266,62 +259,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["throughput", "latency", "prefill", "scheduler", "profile"],
         help="benchmarks to run, in order (default: throughput latency prefill)",
     )
-    p.add_argument(
-        "--model", default="", help="model directory (default: random weights of --shape)"
-    )
+    add_config_args(p, EngineConfig, title="engine settings (EngineConfig)")
+    # the nano-vllm workload's batch (512 sequences) and lengths (prompt and output <= 1,024)
+    p.set_defaults(max_num_seqs=512, max_model_len=4096)
     p.add_argument(
         "--shape",
         default="qwen3-0.6b",
         choices=sorted(SHAPES),
         help="Qwen3 shape of the random weights (load_format=dummy) without --model",
-    )
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
-    p.add_argument(
-        "--tensor-parallel-size", type=int, default=1, help="ranks the model is split over"
-    )
-    p.add_argument("--enforce-eager", action="store_true", help="never use CUDA graphs")
-    p.add_argument(
-        "--decode-lookahead",
-        default="auto",
-        choices=["auto", "on", "off"],
-        help="forward decode step N+1 before N's ids reach the host (auto: one rank)",
-    )
-    p.add_argument(
-        "--lookahead-prompts",
-        action="store_true",
-        help="forward mixed steps and the step after a prefill ahead too (EngineConfig)",
-    )
-    p.add_argument(
-        "--no-custom-all-reduce",
-        action="store_true",
-        help="tensor parallel: NCCL for every all-reduce",
-    )
-    p.add_argument(
-        "--attention-backend",
-        default="auto",
-        help="auto (triton on cuda, torch on cpu), torch, triton or flash_attn",
-    )
-    p.add_argument(
-        "--max-model-len",
-        type=int,
-        default=4096,
-        help="max prompt + completion tokens of a sequence",
-    )
-    p.add_argument("--max-num-seqs", type=int, default=512, help="max sequences in one batch")
-    p.add_argument(
-        "--max-prefill-tokens-while-decoding",
-        type=int,
-        default=0,
-        help="prompt tokens a mixed step may carry (0: --max-num-batched-tokens)",
-    )
-    p.add_argument(
-        "--kv-cache-dtype",
-        default="auto",
-        choices=["auto", "fp8"],
-        help="KV cache element type: auto (the model's dtype) or fp8 (e4m3, per-tensor scale)",
-    )
-    p.add_argument(
-        "--max-num-batched-tokens", type=int, default=16384, help="max tokens in one prefill step"
     )
     p.add_argument(
         "--num-seqs",
