@@ -391,5 +391,6 @@ class ModelRunner:
         if self.device.type == "cuda":
             copied.synchronize()
         token_ids = (host if self.device.type == "cuda" else ids).tolist()
-        nxt.input_ids[: len(rows)] = np.asarray(token_ids, dtype=np.int64)[rows]  # for the take
+        if nxt.is_prefill:  # the take compares a planned step's tokens: its decodes' ids too
+            nxt.input_ids[: len(rows)] = np.asarray(token_ids, dtype=np.int64)[rows]
         return token_ids
