@@ -46,10 +46,10 @@ def run_arrivals(llm: LLM, arrivals: list[tuple[int, list[int], SamplingParams]]
     and the ended Sequences' count of foreseen steps."""
     seqs: list[Sequence | None] = [None] * len(arrivals)
     step = 0
-    while step <= max(at for at, _, _ in arrivals) or not llm.is_finished():
-        for i, (at, prompt, sp) in enumerate(arrivals):
+    while step <= max(a[0] for a in arrivals) or not llm.is_finished():
+        for i, (at, prompt, sp, *priority) in enumerate(arrivals):
             if at == step:
-                seqs[i] = llm.add_request(prompt, sp)
+                seqs[i] = llm.add_request(prompt, sp, priority=priority[0] if priority else 0)
         for j, k in aborts:
             if k == step and seqs[j] is not None:
                 llm.abort(seqs[j].request_id)
@@ -107,6 +107,16 @@ CASES = {
         arrivals=[(i // 2, 5 + i, greedy(10 + i % 4)) for i in range(9)],
         kw=dict(max_num_seqs=3),
     ),
+    # a priority other than 0: no plan while priorities may preempt, plans again once idle
+    "priorities": dict(
+        arrivals=[(0, 9, greedy(14)), (2, 20, greedy(8), 1), (3, 12, greedy(8), -1),
+                  (30, 7, greedy(6)), (31, 15, greedy(6))],
+        kw=dict(max_num_seqs=2),
+    ),
+    "logprobs": dict(
+        arrivals=[(0, 9, greedy(12, logprobs=3)), (2, 14, greedy(6, logprobs=1)),
+                  (3, 6, SamplingParams(temperature=0.8, seed=1, max_tokens=8, logprobs=2))],
+    ),
 }  # fmt: skip
 
 
@@ -116,11 +126,11 @@ def test_same_tokens_as_without_lookahead(model, case):
     rng = random.Random(len(case))
     shared = [rng.randrange(2, 512) for _ in range(32)]
     arrivals = []
-    for k, (at, n, sp) in enumerate(spec["arrivals"]):
+    for k, (at, n, sp, *priority) in enumerate(spec["arrivals"]):
         prompt = prompts_of([n], seed=100 + k)[0]
         if spec.get("same_prefix"):
             prompt = shared + prompt[: n - 32]
-        arrivals.append((at, prompt, sp))
+        arrivals.append((at, prompt, sp, *priority))
     outs, foreseen = {}, {}
     for mode in ("off", "decode", "prompts"):
         llm = make_llm(model, mode, **spec.get("kw", {}))

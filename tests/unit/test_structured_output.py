@@ -105,6 +105,40 @@ def test_json_schemas_with_decode_lookahead(tiny_model_dir, decode):
         engine.shutdown()
 
 
+def test_json_schemas_arriving_with_prompt_lookahead(tiny_model_dir, decode):
+    """Prompt lookahead forwards a step that admits a constrained prompt before the step ahead of
+    it is known; its first token's mask is filled when it is sampled. Requests arriving between
+    steps: every output validates, and each equals the one without any lookahead."""
+    rng = random.Random(5)
+    schemas = [random_schema(rng) for _ in range(12)]
+    sp = [
+        SamplingParams(
+            temperature=0.0, max_tokens=256, structured_output=("json_schema", json.dumps(s))
+        )
+        for s in schemas
+    ]
+    outs = {}
+    for mode in ("off", "prompts"):
+        on = mode == "prompts"
+        engine = LLM(str(tiny_model_dir), device="cpu", decode_lookahead=on, lookahead_prompts=on)
+        try:
+            seqs = []
+            for step, (prompt, params) in enumerate(zip(prompts(len(sp), 6), sp)):
+                seqs.append(engine.add_request(prompt, params))
+                for _ in range(step % 3):  # 0, 1 or 2 steps between arrivals
+                    engine.step()
+            while not engine.is_finished():
+                engine.step()
+            outs[mode] = [s.completion_token_ids for s in seqs]
+            if on:
+                assert engine.model_runner.num_foreseen_steps > 0
+        finally:
+            engine.shutdown()
+    assert outs["prompts"] == outs["off"]
+    for schema, ids in zip(schemas, outs["prompts"]):
+        jsonschema.validate(json.loads(decode(ids)), schema)
+
+
 REGEXES = [
     r"[a-z]{3,8}@(foo|bar)\.com",
     r"\d{3}-\d{4}",
