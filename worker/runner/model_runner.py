@@ -335,13 +335,14 @@ class ModelRunner:
         if lp is not None:
             lp.start_copy()
         # the next step's inputs are made while the GPU samples this one (nothing above waits)
-        nxt, ahead = None, sampled  # the inputs forwarded ahead, their sequences
+        nxt: tuple[np.ndarray, StepInputs] | None = None  # the inputs forwarded ahead
+        ahead: list[int] = []  # their sequences' ids
         if lookahead and self.uses_lookahead and not is_prefill:
             nxt = next_decode_inputs(x, seqs, self.block_size, self.max_model_len)
-            ahead = [seqs[i] for i in nxt[0]] if nxt is not None else ahead
+            ahead = [seqs[i].seq_id for i in nxt[0]] if nxt is not None else ahead
         elif plan is not None and self.uses_lookahead:
             nxt = planned_inputs(plan, sampled, self.block_size, self.prefill_buckets)
-            ahead = plan.seqs
+            ahead = [s.seq_id for s in plan.seqs]
         token_ids = ids.tolist() if nxt is None else self._forward_ahead(*nxt, ahead, ids)
         if lp is not None:
             lp.finish(token_ids)
@@ -370,11 +371,11 @@ class ModelRunner:
         return logits
 
     def _forward_ahead(
-        self, rows: np.ndarray, nxt: StepInputs, ahead: list[Sequence], ids: torch.Tensor
+        self, rows: np.ndarray, nxt: StepInputs, ahead: list[int], ids: torch.Tensor
     ) -> list[int]:
         """Start copying step N's ids (R,) to the host, forward step N+1 on those of `rows` (its
         first tokens; a planned step's prompt ids follow), then wait for the copy: the GPU computes
-        N+1 while the host processes N. ahead: N+1's sequences."""
+        N+1 while the host processes N. ahead: N+1's sequence ids."""
         if self.device.type == "cuda":
             host, copied = to_host_async(ids)
         next_ids = ids if len(rows) == len(ids) else ids[to_device(rows, ids.device)]
@@ -387,7 +388,7 @@ class ModelRunner:
             torch.distributed.broadcast(next_ids, src=0)
         logits = self.execute(nxt, msg, input_ids=next_ids)
         assert logits is not None  # the inputs forwarded ahead give >= 1 row a logit row
-        self.foreseen = Foreseen([s.seq_id for s in ahead], nxt, logits, self.num_forwards)
+        self.foreseen = Foreseen(ahead, nxt, logits, self.num_forwards)
         if self.device.type == "cuda":
             copied.synchronize()
         token_ids = (host if self.device.type == "cuda" else ids).tolist()
