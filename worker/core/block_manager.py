@@ -10,6 +10,7 @@ A sequence's cache salt (its tenant) seeds the chain: blocks are shared only und
 import hashlib
 from array import array
 from collections import OrderedDict
+from collections.abc import Collection, Iterator
 
 from nanoserve.worker.sequence import Sequence
 
@@ -67,25 +68,30 @@ class BlockManager:
     def num_free_blocks(self) -> int:
         return len(self.free_block_ids)
 
-    def _match_prefix(self, seq: Sequence) -> list[int]:
-        """Ids of cached blocks holding a prefix of seq. The block of the last token never counts:
-        its logits must be computed, and recomputing into a shared block would race other readers."""
-        matched, prefix = [], salt_hash(seq.cache_salt)
+    def _match_prefix(self, seq: Sequence) -> tuple[list[int], bytes | None]:
+        """Ids of cached blocks holding a prefix of seq, and the hash of the block after them
+        (None past its last whole block). The block of the last token never counts: its logits
+        must be computed, and recomputing into a shared block would race other readers."""
+        matched: list[int] = []
+        prefix = salt_hash(seq.cache_salt)
         for i in range((seq.num_tokens - 1) // self.block_size):
             tokens = seq.block_token_ids(i, self.block_size)
             prefix = chain_hash(tokens, prefix)
             block_id = self.hash_to_block_id.get(prefix)
             if block_id is None or self.blocks[block_id].token_ids != tuple(tokens):
-                break
+                return matched, prefix
             matched.append(block_id)
-        return matched
+        return matched, None
 
-    def allocate(self, seq: Sequence) -> bool:
+    def allocate(self, seq: Sequence, wait_for: Collection[bytes] = ()) -> bool:
         """Give seq blocks for all its tokens, reusing cached prefix blocks; False, changing
-        nothing, when the free blocks do not suffice."""
+        nothing, when the free blocks do not suffice, or when the first block past its cached
+        prefix is in `wait_for` (being computed: a step later it is a hit; Scheduler.plan_next)."""
         assert not seq.block_table
         # prompt logprobs need the logits of every prompt position: computed, not cached (vLLM)
-        matched = [] if seq.needs_prompt_logprobs else self._match_prefix(seq)
+        matched, missed = ([], None) if seq.needs_prompt_logprobs else self._match_prefix(seq)
+        if missed is not None and missed in wait_for:
+            return False
         in_use = sum(1 for b in matched if self.blocks[b].ref_count > 0)
         if blocks_for(seq.num_tokens, self.block_size) - in_use > self.num_free_blocks:
             return False
@@ -198,17 +204,22 @@ class BlockManager:
             seq.block_table.append(self._take_free_block())
         return True
 
+    def _new_hashes(self, seq: Sequence, end: int) -> Iterator[tuple[list[int], bytes]]:
+        """(tokens, chained hash) of seq's blocks after its hashed ones, up to block `end`."""
+        prefix = seq.block_hashes[-1] if seq.block_hashes else salt_hash(seq.cache_salt)
+        for i in range(len(seq.block_hashes), end):
+            tokens = seq.block_token_ids(i, self.block_size)
+            prefix = chain_hash(tokens, prefix)
+            yield tokens, prefix
+
     def hash_blocks(self, seq: Sequence) -> None:
         """Register the blocks whose KV became complete in the last step."""
         num_full = seq.num_computed_tokens // self.block_size
         if num_full <= len(seq.block_hashes):
             return
-        for i in range(len(seq.block_hashes), num_full):
-            tokens = seq.block_token_ids(i, self.block_size)
-            prefix = seq.block_hashes[-1] if seq.block_hashes else salt_hash(seq.cache_salt)
-            h = chain_hash(tokens, prefix)
+        for tokens, h in self._new_hashes(seq, num_full):
+            block = self.blocks[seq.block_table[len(seq.block_hashes)]]
             seq.block_hashes.append(h)
-            block = self.blocks[seq.block_table[i]]
             block.hash, block.token_ids = h, tuple(tokens)
             if h in self.hash_to_block_id:  # an identical block is cached already
                 self.duplicate_block_ids.setdefault(h, set()).add(block.block_id)
@@ -216,26 +227,16 @@ class BlockManager:
                 self.hash_to_block_id[h] = block.block_id
 
     def computing_hashes(self, seqs: list[Sequence]) -> set[bytes]:
-        """Hashes of the blocks that the prompt chunks of step `seqs` complete: registered by
-        hash_blocks after the step, so a prompt allocated before then cannot hit them."""
-        bs, out = self.block_size, set()
-        for seq in seqs:
-            end = (seq.num_computed_tokens + seq.num_scheduled_tokens) // bs
-            prefix = seq.block_hashes[-1] if seq.block_hashes else salt_hash(seq.cache_salt)
-            for i in range(len(seq.block_hashes), end):  # none for a decode in a written block
-                prefix = chain_hash(seq.block_token_ids(i, bs), prefix)
-                out.add(prefix)
-        return out
-
-    def would_hit_later(self, seq: Sequence, computing: set[bytes]) -> bool:
-        """seq's prefix misses the cache at a block that is among `computing`: allocated a step
-        later, it would hit there (Scheduler.plan_next waits for it)."""
-        prefix = salt_hash(seq.cache_salt)
-        for i in range((seq.num_tokens - 1) // self.block_size):
-            prefix = chain_hash(seq.block_token_ids(i, self.block_size), prefix)
-            if prefix not in self.hash_to_block_id:
-                return prefix in computing
-        return False
+        """Hashes of the blocks that step `seqs` completes: registered by hash_blocks after the
+        step, so a prompt allocated before then cannot hit them."""
+        bs = self.block_size
+        return {
+            h
+            for seq in seqs
+            for _, h in self._new_hashes(
+                seq, (seq.num_computed_tokens + seq.num_scheduled_tokens) // bs
+            )
+        }
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -4,7 +4,9 @@ Used directly by the offline LLM API and, from one engine thread, by the gRPC wo
 Token ids only: the worker never sees text.
 """
 
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -13,7 +15,7 @@ from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.core.block_manager import BlockManager
 from nanoserve.worker.core.scheduler import Scheduler
 from nanoserve.worker.model.config import ModelConfig
-from nanoserve.worker.sequence import FinishReason, Sequence, SequenceStatus
+from nanoserve.worker.sequence import FinishReason, NextStep, Sequence, SequenceStatus
 
 if TYPE_CHECKING:  # imported where chosen: a single-GPU engine needs no tensor-parallel machinery
     from nanoserve.worker.core.grammars import Grammars
@@ -240,10 +242,11 @@ class LLMEngine:
             for seq in seqs:
                 if seq.num_tokens + 1 < self.max_model_len:
                     self.block_manager.reserve_next(seq)
-        plan = None
+        plan: Callable[[], NextStep | None] | None = None
         if not lookahead and self.lookahead_prompts and self.model_runner.uses_lookahead:
-            # a step with prompts next, or after this prefill: scheduled now, forwarded ahead too
-            plan = self.scheduler.plan_next(seqs)
+            # a step with prompts next, or after this prefill: scheduled by the runner once this
+            # step's forward is launched (the GPU computes meanwhile), and forwarded ahead too
+            plan = functools.partial(self.scheduler.plan_next, seqs)
         if copies:  # copy-on-write of blocks shared by n > 1 completions, before they are written
             self.model_runner.copy_blocks(copies)
         token_ids = self.model_runner.run(seqs, is_prefill, lookahead=lookahead, plan=plan)

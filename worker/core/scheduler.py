@@ -228,11 +228,9 @@ class Scheduler:
             if not seq.block_table:
                 if computing is None:
                     computing = self.block_manager.computing_hashes(seqs)
-                # its prefix is being computed now (the same system prompt a step apart): planned
-                # now it would compute it again; a step later it hits the cache
-                if self.block_manager.would_hit_later(seq, computing):
-                    break
-                if not self.block_manager.allocate(seq):
+                # refused too when its prefix is being computed now (the same system prompt a step
+                # apart): planned now it would compute it again; a step later it hits the cache
+                if not self.block_manager.allocate(seq, wait_for=computing):
                     break
             start = seq.num_computed_tokens + seq.num_scheduled_tokens  # after this step's chunk
             count = min(len(seq.token_ids) - start, budget)

@@ -302,11 +302,12 @@ class ModelRunner:
         seqs: list[Sequence],
         is_prefill: bool,
         lookahead: bool = False,
-        plan: NextStep | None = None,
+        plan: Callable[[], NextStep | None] | None = None,
     ) -> list[int | None]:
         """Forward one batch; returns the sampled id per sequence (None for a non-final chunk).
         lookahead: the caller expects the next step to decode the same sequences (nothing waits);
-        plan: the next step as the scheduler planned it (lookahead_prompts), forwarded ahead."""
+        plan: schedules the next step (lookahead_prompts), called once this step's forward is
+        launched; the step it gives is forwarded ahead."""
         prompt = None
         if is_prefill:
             x, prompt_rows = self._prepare_prefill(seqs)
@@ -326,6 +327,7 @@ class ModelRunner:
             if lp is not None:
                 lp.finish([])  # a blocking copy: no sampled ids to wait for
             return [None] * len(seqs)
+        planned = plan() if plan is not None and self.uses_lookahead else None
         done = [i for i, seq in enumerate(seqs) if seq.samples_this_step]
         sampled = seqs if len(done) == len(seqs) else [seqs[i] for i in done]
         t = self.prepare_sample(sampled)
@@ -340,9 +342,9 @@ class ModelRunner:
         if lookahead and self.uses_lookahead and not is_prefill:
             nxt = next_decode_inputs(x, seqs, self.block_size, self.max_model_len)
             ahead = [seqs[i].seq_id for i in nxt[0]] if nxt is not None else ahead
-        elif plan is not None and self.uses_lookahead:
-            nxt = planned_inputs(plan, sampled, self.block_size, self.prefill_buckets)
-            ahead = [s.seq_id for s in plan.seqs]
+        elif planned is not None:
+            nxt = planned_inputs(planned, sampled, self.block_size, self.prefill_buckets)
+            ahead = [s.seq_id for s in planned.seqs]
         token_ids = ids.tolist() if nxt is None else self._forward_ahead(*nxt, ahead, ids)
         if lp is not None:
             lp.finish(token_ids)
@@ -391,7 +393,9 @@ class ModelRunner:
         self.foreseen = Foreseen(ahead, nxt, logits, self.num_forwards)
         if self.device.type == "cuda":
             copied.synchronize()
-        token_ids = (host if self.device.type == "cuda" else ids).tolist()
+            token_ids = host.tolist()
+        else:
+            token_ids = ids.tolist()
         if nxt.is_prefill:  # the take compares a planned step's tokens: its decodes' ids too
             nxt.input_ids[: len(rows)] = np.asarray(token_ids, dtype=np.int64)[rows]
         return token_ids
