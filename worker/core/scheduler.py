@@ -158,18 +158,26 @@ class Scheduler:
                 break  # a request with n > 1 needs a slot for each completion
             if not seq.block_table and not self.block_manager.allocate(seq):
                 break
-            seq.num_scheduled_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = time.monotonic()
-            budget -= seq.num_scheduled_tokens
+            count = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            budget -= count
             scheduled.append(seq)
-            if not seq.samples_this_step:
+            if not self._take_chunk(seq, count):
                 break  # a partial chunk ends the batch; the prompt stays at the head of `waiting`
-            self.waiting.popleft()
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
             num_seats += seq.num_seats
         return scheduled
+
+    def _take_chunk(self, seq: Sequence, count: int) -> bool:
+        """Schedules `count` tokens of seq, the head of `waiting`; True when they end its prompt,
+        and it joins `running`."""
+        seq.num_scheduled_tokens = count
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = time.monotonic()
+        if not seq.samples_this_step:
+            return False
+        self.waiting.popleft()
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        return True
 
     def _schedule_planned(self, planned: list[tuple[Sequence, int]]) -> list[Sequence]:
         """The planned chunks that are still at the head of `waiting`, in order (one aborted since
@@ -178,15 +186,9 @@ class Scheduler:
         for seq, count in planned:
             if not self.waiting or self.waiting[0] is not seq:
                 break
-            seq.num_scheduled_tokens = count
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = time.monotonic()
             scheduled.append(seq)
-            if not seq.samples_this_step:
+            if not self._take_chunk(seq, count):
                 break
-            self.waiting.popleft()
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
         return scheduled
 
     def plan_next(self, seqs: list[Sequence]) -> NextStep | None:
