@@ -1,5 +1,6 @@
 """Tiny random Qwen3 checkpoints made by transformers, and its greedy tokens as the reference."""
 
+import random
 from pathlib import Path
 
 import torch
@@ -52,3 +53,9 @@ def hf_greedy(
             )
             out.append(ids[0, len(p) :].tolist())
     return out
+
+
+def prompts_of(lengths: list[int], seed: int = 0) -> list[list[int]]:
+    """Random prompts of these lengths over the tiny checkpoints' vocabulary (ids 2..511)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(2, 512) for _ in range(n)] for n in lengths]

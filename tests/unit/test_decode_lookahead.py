@@ -2,8 +2,6 @@
 changes no token. Checked on CPU (the eager path) against transformers and against the engine without
 lookahead, under batches that shrink, stop tokens, seeded sampling, preemption, aborts and prefix hits."""
 
-import random
-
 import numpy as np
 import pytest
 
@@ -11,12 +9,7 @@ from nanoserve.worker import LLM, SamplingParams
 from nanoserve.worker.runner.lookahead import Foreseen, foreseen_rows, next_decode_inputs
 from nanoserve.worker.runner.step_inputs import StepInputs
 from nanoserve.worker.sequence import Sequence
-from tests.unit.hf_reference import hf_greedy, make_hf_model
-
-
-def prompts_of(lengths: list[int], seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(2, 512) for _ in range(n)] for n in lengths]
+from tests.unit.hf_reference import hf_greedy, make_hf_model, prompts_of
 
 
 @pytest.fixture(scope="module")

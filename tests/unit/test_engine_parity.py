@@ -1,13 +1,11 @@
 """Greedy decoding of the offline engine equals transformers token for token (float32, CPU), also under
 prefix-cache hits, preemption, chunked prefill and aborts; every run returns all KV blocks."""
 
-import random
-
 import pytest
 import torch
 
 from nanoserve.worker import LLM, SamplingParams
-from tests.unit.hf_reference import EOS, hf_greedy, make_hf_model
+from tests.unit.hf_reference import EOS, hf_greedy, make_hf_model, prompts_of
 
 MAX_NEW = 32
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
@@ -24,11 +22,6 @@ CONFIGS = {
         tie_word_embeddings=True,
     ),
 }
-
-
-def prompts_of(lengths: list[int], seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(2, 512) for _ in range(n)] for n in lengths]
 
 
 def assert_clean(llm: LLM) -> None:

@@ -3,8 +3,6 @@ and top-k equal log_softmax of transformers' logits within 1e-4, prompt logprobs
 prefill, no prefix-cache hits, preemption, decode lookahead); the processed distribution equals a
 hand computation; out-of-range k is refused naming the field; requests that do not ask get none."""
 
-import random
-
 import pytest
 import torch
 
@@ -17,7 +15,7 @@ from nanoserve.worker import LLM, SamplingParams
 from nanoserve.worker.runner.logprobs import StepLogprobs
 from nanoserve.worker.runner.sampler import SamplingTensors
 from nanoserve.worker.sequence import Sequence
-from tests.unit.hf_reference import make_hf_model
+from tests.unit.hf_reference import make_hf_model, prompts_of
 
 ATOL = 1e-4
 
@@ -26,11 +24,6 @@ ATOL = 1e-4
 def model(tmp_path_factory):
     path = tmp_path_factory.mktemp("logprobs")
     return path, make_hf_model(path)
-
-
-def prompts_of(lengths: list[int], seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(2, 512) for _ in range(n)] for n in lengths]
 
 
 def hf_logprobs(hf, prompt: list[int], completion: list[int]) -> torch.Tensor:

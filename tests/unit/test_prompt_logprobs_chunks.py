@@ -3,14 +3,12 @@ entries of one LM-head call over every prompt row (ids, ranks and top ids exactl
 last float32 bits, which a GEMM's row blocking may change), and no LM-head call takes more rows
 than a chunk (plus the sampled rows' own call); tensor-parallel ranks chunk alike."""
 
-import random
-
 import pytest
 import torch
 
 from nanoserve.worker import LLM, SamplingParams
 from nanoserve.worker.runner.logprobs import PROMPT_CHUNK_ROWS, prompt_chunk_bytes
-from tests.unit.hf_reference import make_hf_model
+from tests.unit.hf_reference import make_hf_model, prompts_of
 
 CHUNK = 3
 ULP = 2e-6  # a few float32 ulps at |logprob| ~ 6
@@ -32,11 +30,6 @@ def model_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("prompt_chunks")
     make_hf_model(path)
     return path
-
-
-def prompts_of(lengths: list[int], seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(2, 512) for _ in range(n)] for n in lengths]
 
 
 PROMPTS = prompts_of([41, 2, 17, 9], seed=11)

@@ -14,12 +14,7 @@ from nanoserve.worker.core.scheduler import Scheduler
 from nanoserve.worker.runner.lookahead import Foreseen, foreseen_rows, planned_inputs
 from nanoserve.worker.runner.prepare import prepare_decode, prepare_prefill
 from nanoserve.worker.sequence import Sequence
-from tests.unit.hf_reference import make_hf_model
-
-
-def prompts_of(lengths: list[int], seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(2, 512) for _ in range(n)] for n in lengths]
+from tests.unit.hf_reference import make_hf_model, prompts_of
 
 
 @pytest.fixture(scope="module")
