@@ -28,8 +28,9 @@ from nanoserve.worker.sequence import NextStep, Sequence
 
 @dataclass(slots=True)
 class Foreseen:
-    """A decode step forwarded ahead of the scheduler: its inputs (input_ids are the device ids
-    of the step before, unknown on the host) and its (B, vocab) logits.
+    """A step forwarded ahead of the scheduler (a decode, or a planned step): its sequences, its
+    inputs (the decodes' input_ids are the device ids of the step before, unknown on the host
+    then) and its (S, vocab) logits, a row per sampled sequence.
 
     The logits may be a view of a CUDA graph's output buffer, valid until the next replay: they
     must be consumed before any other forward. `forward_index` is the runner's forward count right
@@ -159,17 +160,11 @@ def _same_tokens(fx: StepInputs, rows: np.ndarray, x: StepInputs) -> np.ndarray 
         and np.array_equal(fx.slot_mapping[at], x.slot_mapping[:t])
     ):
         return None
-    # f's logit rows are its sampled sequences' last tokens, in order: the k-th is logits row k
-    sampled = np.full(len(fq), -1, dtype=np.int64)
-    last = fx.cu_seqlens_q[1:] - 1
-    sampled[np.isin(last, fx.logit_rows[: len(fx.logit_rows) - fx.num_prompt_rows])] = np.arange(
-        len(fx.logit_rows) - fx.num_prompt_rows
-    )
-    logit_rows = sampled[rows]
-    want = np.isin(x.cu_seqlens_q[1:] - 1, x.logit_rows)  # x's sampled sequences
-    if (logit_rows[want] < 0).any():
-        return None
-    return logit_rows[want]
+    # logit rows are the sampled sequences' last tokens, in order (neither step has prompt rows)
+    f_sampled = np.isin(fx.cu_seqlens_q[1:] - 1, fx.logit_rows)
+    logit_rows = np.where(f_sampled, np.cumsum(f_sampled) - 1, -1)[rows]
+    want = np.isin(x.cu_seqlens_q[1:] - 1, x.logit_rows)
+    return None if (logit_rows[want] < 0).any() else logit_rows[want]
 
 
 def foreseen_logits(
