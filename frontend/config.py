@@ -14,6 +14,13 @@ from nanoserve.model_files import REVISION_HELP, check_model_name
 from nanoserve.sampling import DEFAULT_MAX_STOP_TOKEN_IDS
 from nanoserve.service_config import PORT_HELP, ServiceConfig, at_least, one_of, positive
 
+# Processes sharing a port each take whole connections (the kernel hashes them), so a client with
+# one channel loads one process. Asked to reconnect this often, its calls spread over the
+# processes: a stream of ~2 s then overlaps ~5 connections, at a reconnect (~1 ms of CPU, one
+# handshake's wait for the call that opens it) per half second. Only where the kernel moves the
+# connections queued on a stopping process's socket to another (frontend.server.connection_age_s).
+REUSE_PORT_MAX_AGE_S = 0.5
+
 
 def parse_worker_address(worker_address: str) -> list[tuple[str, int]]:
     """'a:1,b:2,[::1]:3' -> [(host, port)]; raises ValueError naming the bad entry."""
@@ -82,6 +89,19 @@ class FrontendConfig(ServiceConfig):
         metadata={
             "help": "a client connection with no call for this many seconds is closed (a GOAWAY: "
             "a client reconnects at its next call); 0 = never"
+        },
+    )
+    max_connection_age_s: float | None = field(
+        default=None,
+        metadata={
+            "help": "a client connection this many seconds old is asked (a GOAWAY) to make its "
+            "next calls on a new connection; its calls in flight finish on the old one. With "
+            "--reuse-port the kernel hands each new connection to one of the processes, so one "
+            "client channel's calls spread over them instead of loading one; 0 = never "
+            f"(default: {REUSE_PORT_MAX_AGE_S} s with --reuse-port where the kernel hands the "
+            "connections queued on a stopping process to the others (sysctl "
+            "net.ipv4.tcp_migrate_req = 1), else never: without it, a reconnect that lands on a "
+            "process in a rolling restart may be reset)"
         },
     )
     handshake_timeout_s: float = field(
@@ -230,6 +250,8 @@ class FrontendConfig(ServiceConfig):
         at_least(self, 1, "max_concurrent_requests", "max_stop_string_length", "max_prompt_bytes")
         at_least(self, 1, "tokenizer_threads", "stream_interval", "coalesce_max_ids")
         at_least(self, 1, "max_logprobs_per_message")
+        if self.max_connection_age_s is not None:
+            at_least(self, 0, "max_connection_age_s")
         if (self.worker_tls_client_cert_file is None) != (self.worker_tls_client_key_file is None):
             raise ValueError(
                 "worker_tls_client_cert_file and worker_tls_client_key_file go together"

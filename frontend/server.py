@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from nanoserve.frontend.config import FrontendConfig
+from nanoserve.frontend.config import REUSE_PORT_MAX_AGE_S, FrontendConfig
 from nanoserve.frontend.request_log import RequestLog
 from nanoserve.frontend.servicer import FrontendServicer
 from nanoserve.frontend.workers.pool import WorkerPool
@@ -43,6 +43,24 @@ SERVICE_NAME = frontend_pb2.DESCRIPTOR.services_by_name["FrontendService"].full_
 # A valid request is its prompt (<= max_prompt_bytes) plus at most this much: ids within
 # max_model_len, bounded stop lists, parameters. Larger ones are refused before they are parsed.
 REQUEST_OVERHEAD_BYTES = 1024 * 1024
+# 1: a listening socket that closes hands the connections queued on it (accepted by the kernel, not
+# yet by gRPC) to another socket of its SO_REUSEPORT group; 0 (Linux's default): they are reset
+TCP_MIGRATE_REQ = Path("/proc/sys/net/ipv4/tcp_migrate_req")
+
+
+def connection_age_s(config: FrontendConfig, migrate_req: Path = TCP_MIGRATE_REQ) -> float:
+    """config.max_connection_age_s, its default resolved: seconds, 0 = never. Aged connections
+    reconnect all the time, so without migration a rolling restart would reset the few that land
+    on the stopping process just as it closes its socket (a failed call each, UNAVAILABLE)."""
+    if config.max_connection_age_s is not None:
+        return config.max_connection_age_s
+    if not config.reuse_port:
+        return 0.0
+    try:
+        migrates = migrate_req.read_text().strip() == "1"
+    except OSError:  # not Linux, or a kernel before 5.14
+        migrates = False
+    return REUSE_PORT_MAX_AGE_S if migrates else 0.0
 
 
 class FrontendServer:
@@ -99,8 +117,20 @@ class FrontendServer:
             config.api_keys_file,
             config.api_keys,
         )
+        age_s = connection_age_s(config)
+        if config.reuse_port:
+            logger.info(
+                f"client connections reconnect every {age_s:.1f} s, spreading over the processes "
+                "that share the port"
+                if age_s
+                else "client connections are not aged: each stays on the process it reached "
+                "(--max-connection-age-s; its default needs net.ipv4.tcp_migrate_req = 1)"
+            )
         options = server_options(
-            config.max_message_bytes, config.connection_idle_timeout_s, config.handshake_timeout_s
+            config.max_message_bytes,
+            config.connection_idle_timeout_s,
+            config.handshake_timeout_s,
+            age_s,
         )
         if config.reuse_port:  # several frontend processes on one port
             options = [o for o in options if o[0] != "grpc.so_reuseport"] + [

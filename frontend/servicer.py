@@ -60,9 +60,11 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         self.request_sinks: list[RequestSink] = []  # called with each ended Generate/Chat call
         self.tracer: Tracer | None = None  # tracing on: request_log.recorded starts the spans
 
-    def _limits(self) -> tuple[Limits, worker_pb2.WorkerServiceGetModelInfoResponse]:
+    async def _limits(self) -> tuple[Limits, worker_pb2.WorkerServiceGetModelInfoResponse]:
         if self.draining:
             raise Unavailable("frontend is shutting down")
+        if not self.pool.serving:  # a fresh process: its worker may be a moment from answering
+            await self.pool.wait_serving(self.config.worker_connect_timeout_s)
         info = self.pool.model_info()
         return Limits(
             max_model_len=info.max_model_len,
@@ -104,7 +106,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         self, request: frontend_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[frontend_pb2.GenerateResponse]:
         """Streams the completion of a raw prompt (text or token ids)."""
-        limits, _ = self._limits()
+        limits, _ = await self._limits()
         validate_request_id(request.request_id)
         if request.prompt and request.prompt_token_ids:
             raise InvalidArgument("set exactly one of prompt and prompt_token_ids", field="prompt")
@@ -143,7 +145,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         self, request: frontend_pb2.ChatRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[frontend_pb2.ChatResponse]:
         """Applies the chat template to the messages and streams the reply."""
-        limits, _ = self._limits()
+        limits, _ = await self._limits()
         validate_request_id(request.request_id)
         inputs = chat_inputs(request, limits)  # messages counted before any is read
         params = validate_sampling_params(request.sampling_params, limits)
@@ -213,7 +215,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
     ) -> frontend_pb2.DetokenizeResponse:
         """Returns the text of token ids, whole and per id: at most a full context of ids
         (max_model_len), each below the model's vocab_size."""
-        limits, _ = self._limits()
+        limits, _ = await self._limits()
         token_ids = request.token_ids
         if not token_ids:
             raise InvalidArgument("must not be empty", field="token_ids")
@@ -244,7 +246,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         self, request: frontend_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> frontend_pb2.GetModelInfoResponse:
         """Returns the model's name and limits as the worker reported them."""
-        _, info = self._limits()
+        _, info = await self._limits()
         return frontend_pb2.GetModelInfoResponse(
             model_name=info.model_name,
             max_model_len=info.max_model_len,

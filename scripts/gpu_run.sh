@@ -9,6 +9,7 @@
 #   serve:   bench serving at 256 streams, at 16 req/s Poisson, and at tp=2 on two GPUs
 #   timeline: the GPU's idle gaps over the throughput workload
 #   retest:  tests/gpu -k "$GPU_TESTS_K" (all without it);  load: Poisson at ~80% of the maximum;  roofline: alone
+#   age:     (issue 29) Poisson through the frontends over 2 connections, connection age off and on
 #   jitter:  (issue 29) the services' own ITL spread under Poisson arrivals, stand-in worker (no GPU)
 #   prefill: benchmarks/prefill.py alone (host and GPU ms of a prefill step, TTFT by prompt length)
 #   plan:    prompt lookahead off and on: Poisson arrivals into the engine, throughput, batch-1
@@ -153,6 +154,15 @@ case $mode in
     step serving_poisson80 240 $serving --num-prompts 608 --request-rate 38 --skip-offline \
       --warmup light --target ${LOAD_TARGET:-frontend} ${LOAD_ARGS:-}
     ;;
+  age)  # issue 29: Poisson 38 req/s over 2 client connections, the frontends' connection age off
+    # (each connection's streams stay on the process it landed on) and at 0.5 s (the default where
+    # net.ipv4.tcp_migrate_req = 1: a connection's later streams spread over the processes)
+    for age in 0 0.5; do
+      step serving_poisson_age_$age 200 $serving --num-prompts 608 --request-rate 38 --runs 4 \
+        --skip-offline --warmup light --target frontend --client-procs 2 --client-channels 1 \
+        --frontend-args=--max-connection-age-s=$age
+    done
+    ;;
   jitter)  # issue 29: what the services alone add to ITL p99/p50 under `load`'s Poisson arrivals:
     # the stand-in worker (no GPU) steps every 3.5 ms (the engine's decode step there), 608
     # requests of 560 tokens at 38 req/s (~75 streams, ~21k tok/s), at 1, 2, 4 and 8 frontends
@@ -290,7 +300,7 @@ case $mode in
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|jitter|prefill|mixcap|timeline|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|gateway|grpc_runs|gateway_runs|ttft3|service|headroom|traces|wheels]" >&2
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|age|jitter|prefill|mixcap|timeline|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|gateway|grpc_runs|gateway_runs|ttft3|service|headroom|traces|wheels]" >&2
      exit 2 ;;
 esac
 done

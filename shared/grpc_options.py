@@ -16,13 +16,18 @@ def server_options(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     idle_timeout_s: float = 0.0,
     handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
+    max_age_s: float = 0.0,
 ) -> list[tuple[str, int]]:
     """Options for grpc.aio.server(options=...). `idle_timeout_s`: a connection without a call for
     this long gets a GOAWAY and is closed (0 = never); `handshake_timeout_s`: a connection that
-    has not completed its HTTP/2 (and TLS) handshake by then is closed."""
+    has not completed its HTTP/2 (and TLS) handshake by then is closed; `max_age_s`: a connection
+    this old gets a GOAWAY (its client reconnects for its next calls, those in flight finish)."""
     idle = [("grpc.max_connection_idle_ms", int(idle_timeout_s * 1000))] if idle_timeout_s else []
+    # gRPC core's grace after the age's GOAWAY is unbounded by default: calls in flight finish
+    age = [("grpc.max_connection_age_ms", int(max_age_s * 1000))] if max_age_s else []
     return [
         *idle,
+        *age,
         ("grpc.server_handshake_timeout_ms", int(handshake_timeout_s * 1000)),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),

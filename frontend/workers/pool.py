@@ -17,7 +17,7 @@ import grpc
 
 from nanoserve.errors import FailedPrecondition, Unavailable
 from nanoserve.frontend.config import parse_worker_address
-from nanoserve.frontend.workers.link import LinkState, ModelInfo, WorkerLink
+from nanoserve.frontend.workers.link import LinkState, ModelInfo, WorkerLink, within
 from nanoserve.frontend.workers.routing import BalanceRule, choose, prefix_key
 from nanoserve.security import bearer_metadata
 
@@ -97,6 +97,8 @@ class WorkerPool:
         self._unresolvable: set[tuple[str, int]] = set()  # targets whose last lookup failed
         self.reference: ModelInfo | None = None  # what every worker must match (the first's)
         self.serving = False
+        self._discovered = False  # the first lookup's links exist
+        self._changed: asyncio.Future[None] | None = None  # wait_serving's, woken at each change
         self._health_tasks: set[asyncio.Task[None]] = set()
         self._discoverer: asyncio.Task | None = None
 
@@ -124,6 +126,33 @@ class WorkerPool:
             raise FailedPrecondition(refused[0].reason)
         states = ", ".join(f"{a} {link.state.value}" for a, link in sorted(self.links.items()))
         raise Unavailable(f"no worker takes requests ({states or 'none resolved'})")
+
+    async def wait_serving(self, timeout_s: float) -> None:
+        """Waits up to timeout_s while no worker takes requests but one has not answered yet (this
+        frontend just started, or a worker was just found): a call that reaches a fresh process
+        first (a client's new connection, in a rolling restart) is served, not refused. Returns
+        at once once a worker serves, or when every worker has answered (model_info says why)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not self.serving and self._connecting():
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            if self._changed is None:
+                self._changed = loop.create_future()
+            # shielded: a waiter's timeout must not cancel the future the others wait on
+            await within(asyncio.shield(self._changed), left)
+
+    def _connecting(self) -> bool:
+        return not self._discovered or any(
+            link.state is LinkState.CONNECTING for link in self.links.values()
+        )
+
+    def _wake(self) -> None:
+        if self._changed is not None:
+            if not self._changed.done():
+                self._changed.set_result(None)
+            self._changed = None
 
     def choose(self, prompt_ids: Sequence[int], exclude: Sequence[WorkerLink] = ()) -> WorkerLink:
         """The worker for a prompt (frontend.workers.routing.choose over the usable workers)."""
@@ -159,6 +188,7 @@ class WorkerPool:
         return None
 
     def _on_link_change(self, link: WorkerLink) -> None:
+        self._wake()
         serving = any(link.usable for link in self.links.values())
         if serving != self.serving:
             self.serving = serving
@@ -192,6 +222,9 @@ class WorkerPool:
             link = self._new_link(address, server_name=self._host_of.get(address))
             self.links[address] = link
             link.start()
+        if not self._discovered:
+            self._discovered = True
+            self._wake()
         for address in sorted(self.links.keys() - addresses):
             link = self.links.pop(address)
             logger.info("worker at %s left the resolved set: it gets no new requests", address)

@@ -188,3 +188,66 @@ def test_an_unresolvable_name_is_logged_once_and_added_when_it_resolves(
         assert caplog.text.count("cannot resolve worker host workers") == 1
 
     run(main)
+
+
+class SlowFirstAnswer(FakeWorker):
+    """A worker whose first GetModelInfo answers after `delay_s` (one that is still coming up)."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+
+    async def GetModelInfo(self, request, context):
+        await asyncio.sleep(self.delay_s)
+        self.delay_s = 0.0
+        return self.info
+
+
+def test_a_call_to_a_fresh_pool_waits_for_its_connecting_worker_not_longer() -> None:
+    """wait_serving: a pool whose worker has not answered yet waits for it (a call that reached a
+    frontend process just started is served); one whose worker answered no (unreachable) returns
+    at once, and the wait never outlasts its timeout."""
+
+    async def main() -> None:
+        async def on_serving(serving: bool) -> None:
+            pass
+
+        server, address = await serve(SlowFirstAnswer(0.3))
+        pool = WorkerPool(address, DIGEST, on_serving, poll_interval_s=0.05)
+        try:
+            pool.start()
+            assert not pool.serving
+            started = time.monotonic()
+            await pool.wait_serving(5.0)
+            assert pool.serving and pool.model_info().model_name == "m"
+            assert 0.2 < time.monotonic() - started < 3.0  # woken by the answer, not the timeout
+        finally:
+            await pool.close()
+            await server.stop(0)
+
+        slow, slow_address = await serve(SlowFirstAnswer(10.0))
+        pool = WorkerPool(slow_address, DIGEST, on_serving, poll_interval_s=0.05)
+        try:
+            pool.start()
+            started = time.monotonic()
+            await pool.wait_serving(0.3)  # still connecting when the timeout ends it
+            assert 0.25 < time.monotonic() - started < 2.0 and not pool.serving
+            with pytest.raises(Exception, match="connecting"):
+                pool.model_info()
+        finally:
+            await pool.close()
+            await slow.stop(0)
+
+        dead_server, dead = await serve(FakeWorker())
+        await dead_server.stop(0)  # nothing listens there any more
+        pool = WorkerPool(dead, DIGEST, on_serving, poll_interval_s=0.05)
+        try:
+            pool.start()
+            await until(lambda: pool.links and pool.links[dead].state is LinkState.UNREACHABLE)
+            started = time.monotonic()
+            await pool.wait_serving(5.0)
+            assert time.monotonic() - started < 0.1  # every worker answered: nothing to wait for
+        finally:
+            await pool.close()
+
+    run(main)
