@@ -157,6 +157,8 @@ case $mode in
   age)  # issue 29: Poisson 38 req/s over 2 client connections, the frontends' connection age off
     # (each connection's streams stay on the process it landed on) and at 0.5 s (the default where
     # net.ipv4.tcp_migrate_req = 1: a connection's later streams spread over the processes)
+    echo "net.ipv4.tcp_migrate_req = $(cat /proc/sys/net/ipv4/tcp_migrate_req 2>/dev/null)" \
+      | tee "$out/tcp_migrate_req.txt"
     for age in 0 0.5; do
       step serving_poisson_age_$age 200 $serving --num-prompts 608 --request-rate 38 --runs 4 \
         --skip-offline --warmup light --target frontend --client-procs 2 --client-channels 1 \
