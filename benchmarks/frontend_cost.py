@@ -165,6 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the frontends (and gateways) export OpenTelemetry traces of every request to an "
         "OTLP receiver in this process: the tracing cost per token (spans_received says so)",
     )
+    p.add_argument(
+        "--no-detokenize",
+        action="store_true",
+        help="ask for token ids only (SamplingParams.detokenize false; gRPC targets): the "
+        "frontend's cost without its per-token decoding",
+    )
     p.add_argument("--json", action="store_true", help="one JSON line")
     p.add_argument(
         "--stand-in-worker",
@@ -230,6 +236,7 @@ def measure(args: argparse.Namespace) -> dict:
             0.0,
             1,
             channels=args.client_channels,
+            detokenize=not args.no_detokenize,
         )
         cpu = {s.name: tree_cpu_s(s.process.pid) for s in services}
         t = time.perf_counter()
@@ -240,6 +247,7 @@ def measure(args: argparse.Namespace) -> dict:
             0.0,
             args.client_procs,
             channels=args.client_channels,
+            detokenize=not args.no_detokenize,
         )
         # the clients' own clock, from when all are connected: not their processes' spawn, imports
         # and results' return (a second or more, against a run of a few seconds). The services'
@@ -275,6 +283,7 @@ def measure(args: argparse.Namespace) -> dict:
         frontend_cores=round(_sum(used, "frontend") / wall, 2),
         frontend_cores_each=_each(used, "frontend", wall),
         frontend_processes=args.frontend_processes,
+        detokenize=not args.no_detokenize,
         **(
             {"client_connections": args.client_procs * args.client_channels}
             if args.target != "gateway"

@@ -32,8 +32,9 @@ TARGETS = ("frontend", "worker", "gateway")
 CLIENT_KEYS = ("cpu_s", "wall_s", "max_rss_mib")  # what each client process reports of itself
 
 
-def _call(target: str, channel: grpc.aio.Channel, temperature: float):
-    """A function Request -> streaming call on the target's public generate RPC."""
+def _call(target: str, channel: grpc.aio.Channel, temperature: float, detokenize: bool = True):
+    """A function Request -> streaming call on the target's public generate RPC; `detokenize`
+    false asks the frontend for ids only (SamplingParams.detokenize)."""
     if target == "frontend":
         generate = frontend_grpc.FrontendServiceStub(channel).Generate
 
@@ -43,7 +44,10 @@ def _call(target: str, channel: grpc.aio.Channel, temperature: float):
                     prompt_token_ids=r.prompt_token_ids,
                     request_id=r.request_id,
                     sampling_params=common_pb2.SamplingParams(
-                        temperature=temperature, max_tokens=r.max_tokens, ignore_eos=True
+                        temperature=temperature,
+                        max_tokens=r.max_tokens,
+                        ignore_eos=True,
+                        detokenize=detokenize,
                     ),
                 )
             )
@@ -117,6 +121,7 @@ async def run(
     sequential: bool = False,
     barrier=None,
     channels: int = 1,
+    detokenize: bool = True,
 ) -> dict:
     """Run `requests` dealt round-robin over `channels` gRPC channels (each its own connection):
     all concurrently at their arrival times, or one after another (each sent when the previous
@@ -124,6 +129,8 @@ async def run(
     connected. The gateway target ignores `channels` (HTTP: a connection per request)."""
     async with contextlib.AsyncExitStack() as stack:
         if target == "gateway":
+            if not detokenize:
+                raise ValueError("the OpenAI gateway streams text: detokenize must stay on")
             starts = [await starter(address, temperature)]
         else:
             starts = []
@@ -132,7 +139,7 @@ async def run(
                     grpc.aio.insecure_channel(address, options=_channel_options(channels))
                 )
                 await asyncio.wait_for(channel.channel_ready(), 60)
-                starts.append(_call(target, channel, temperature))
+                starts.append(_call(target, channel, temperature, detokenize))
         if barrier is not None:
             await asyncio.get_running_loop().run_in_executor(None, barrier.wait)
         cpu0, t0 = time.process_time(), time.perf_counter()
@@ -167,6 +174,7 @@ def _client_main(spec: str, barrier, out) -> None:
                 s["temperature"],
                 barrier=barrier,
                 channels=s["channels"],
+                detokenize=s["detokenize"],
             )
         )
     except Exception as e:  # noqa: BLE001 - reported, not raised: the parent must not wait forever
@@ -201,12 +209,15 @@ def run_processes(
     procs: int,
     timeout_s: float = 1800.0,
     channels: int = 1,
+    detokenize: bool = True,
 ) -> dict:
     """`requests` dealt round-robin over `procs` spawned client processes that start together,
     each with `channels` gRPC channels; their results merged (per-process CPU and wall listed).
     procs=1 runs in this process."""
     if procs <= 1:
-        res = asyncio.run(run(target, address, requests, temperature, channels=channels))
+        res = asyncio.run(
+            run(target, address, requests, temperature, channels=channels, detokenize=detokenize)
+        )
         return dict(
             results=res["results"], wall_s=res["wall_s"], clients=[{k: res[k] for k in CLIENT_KEYS}]
         )
@@ -220,6 +231,7 @@ def run_processes(
                 address=address,
                 temperature=temperature,
                 channels=channels,
+                detokenize=detokenize,
                 requests=[asdict(r) for r in requests[k::procs]],
             )
         )

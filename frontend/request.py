@@ -73,7 +73,7 @@ class RequestRunner:
             priority=priority,
         )
         n = params.n
-        # one detokenizer (and stop-string matcher) per completion
+        # one detokenizer (and stop-string matcher) per completion; none for ids only
         completions = [
             CompletionStream(
                 Detokenizer(
@@ -82,9 +82,12 @@ class RequestRunner:
                     include_stop_str_in_output=params.include_stop_str_in_output,
                     min_tokens=params.min_tokens,
                 )
+                if params.detokenize
+                else None
             )
             for _ in range(n)
         ]
+        token_texts = self.tokenizer.token_texts if params.detokenize else None
         # Forward the client's remaining deadline so the worker drops the request when it expires.
         timeout = context.time_remaining()
         if timeout is None and self.config.request_timeout_s > 0:
@@ -147,7 +150,7 @@ class RequestRunner:
                                     piece.logprobs,
                                     piece.prompt_logprobs,
                                     len(fields["token_ids"]),
-                                    self.tokenizer.token_texts,
+                                    token_texts,
                                 )
                             )
                         if n > 1:

@@ -149,6 +149,12 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
         validate_request_id(request.request_id)
         inputs = chat_inputs(request, limits)  # messages counted before any is read
         params = validate_sampling_params(request.sampling_params, limits)
+        if not params.detokenize:
+            raise InvalidArgument(
+                "a Chat reply is text (its reasoning and tool calls are parsed from it); "
+                "Generate streams ids only",
+                field="sampling_params.detokenize",
+            )
         interval = stream_interval_of(request, self.config.stream_interval)
         if not self.tokenizer.has_chat_template:
             raise FailedPrecondition("the model's tokenizer_config.json has no chat template")

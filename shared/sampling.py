@@ -134,6 +134,9 @@ class SamplingParams:
     skip_special_tokens: bool = _spec(
         "leave special tokens out of the text", default=True, frontend=True
     )
+    detokenize: bool = _spec(
+        "false: token ids only, no text (stop strings need text)", default=True, frontend=True
+    )
     # the fallback fields that were not given (they hold vLLM's value until with_defaults)
     unset: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
     # logit_bias or allowed_token_ids is set: a plain field, read for every row of every step
@@ -148,6 +151,8 @@ class SamplingParams:
             value = getattr(self, f.name)
             if rule is not None and value is not None and not _holds(rule[0], value):
                 raise SamplingError(f.name, f"must be {rule[1]}, got {value!r}")
+        if self.stop and not self.detokenize:
+            raise SamplingError("stop", "stop strings match the output text: they need detokenize")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise SamplingError("min_tokens", f"must be <= max_tokens ({self.max_tokens})")
         if self.structured_output is not None:

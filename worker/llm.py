@@ -148,10 +148,11 @@ class LLM(LLMEngine):
     def _completion(self, seq, text: bool, logprobs: dict[int, list]) -> CompletionOutput:
         assert seq.finish_reason is not None  # is_finished(): every sequence ended
         decoded = None
-        if text:
+        sp = seq.sampling_params
+        if text and sp.detokenize:
             assert self._tokenizer is not None  # a text prompt loaded it
-            decoded = self._tokenizer.decode(seq.completion_token_ids)
-        asked = seq.sampling_params.logprobs is not None
+            decoded = self._tokenizer.decode(seq.completion_token_ids, sp.skip_special_tokens)
+        asked = sp.logprobs is not None
         return CompletionOutput(
             seq.index,
             seq.completion_token_ids,

@@ -1,5 +1,6 @@
 """Logprob entries of a Generate/Chat response: the worker's TokenLogprobs (ids and numbers) with
-each token's text added, trimmed to the token ids the response carries (a stop string ends them).
+each token's text added (unless the request asked for ids only), trimmed to the token ids the
+response carries (a stop string ends them).
 """
 
 from collections.abc import Callable, Sequence
@@ -9,10 +10,12 @@ from nanoserve.proto.v1 import common_pb2
 
 def with_text(
     entries: Sequence[common_pb2.TokenLogprobs],
-    token_texts: Callable[[list[int]], list[str]],
+    token_texts: Callable[[list[int]], list[str]] | None,
 ) -> list[common_pb2.TokenLogprobs]:
     """Copies of `entries` with `text` set on each token and each alternative (one batch
-    decode for all of them)."""
+    decode for all of them); `token_texts` None: the entries as they are (ids only)."""
+    if token_texts is None:
+        return list(entries)
     ids = [i for e in entries for i in (e.token_id, *(t.token_id for t in e.top_logprobs))]
     texts = iter(token_texts(ids))
     out = []
@@ -30,7 +33,7 @@ def response_logprobs(
     logprobs: list[common_pb2.TokenLogprobs],
     prompt_logprobs: list[common_pb2.TokenLogprobs],
     num_tokens: int,
-    token_texts: Callable[[list[int]], list[str]],
+    token_texts: Callable[[list[int]], list[str]] | None,
 ) -> dict[str, list[common_pb2.TokenLogprobs]]:
     """The logprob fields of a response message carrying `num_tokens` token ids (none when the
     request did not ask)."""

@@ -52,6 +52,12 @@ def test_greedy_generate_equals_offline_engine(services, reference, tokenizer) -
             joined = client.generate(prompt_ids, temperature=0, max_tokens=MAX_TOKENS)
             assert joined.token_ids == want_ids
             assert joined.text == expected_text(tokenizer, want_ids)
+            # ids in, ids out: the same ids, no text
+            ids_only = client.generate(
+                prompt_ids, temperature=0, max_tokens=MAX_TOKENS, detokenize=False
+            )
+            assert ids_only.token_ids == want_ids and ids_only.text == ""
+            assert ids_only.finish_reason == "length"
 
 
 def test_client_with_several_connections_uses_each(services, reference) -> None:

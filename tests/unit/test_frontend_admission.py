@@ -35,6 +35,7 @@ BAD_PARAMS = [
     ({"stop": ["x" * 9]}, "sampling_params.stop[0]"),
     ({"stop": ["ok", ""]}, "sampling_params.stop[1]"),
     ({"stop_token_ids": [1, VOCAB_SIZE]}, "sampling_params.stop_token_ids[1]"),
+    ({"stop": ["a"], "detokenize": False}, "sampling_params.stop"),  # stop strings match text
     ({"max_tokens": MAX_MODEL_LEN}, "sampling_params.max_tokens"),  # prompt + max_tokens too long
 ]
 BAD_REQUESTS = [
@@ -79,6 +80,13 @@ def test_validation_names_the_field(tokenizer: Tokenizer, tiny_model_dir: Path) 
                     stream_interval=1000,
                 ),
                 "stream_interval",
+            ),
+            (
+                frontend_pb2.ChatRequest(
+                    messages=[frontend_pb2.ChatMessage(role="user", content="x")],
+                    sampling_params=common_pb2.SamplingParams(detokenize=False),
+                ),
+                "sampling_params.detokenize",  # a Chat reply is text
             ),
         ]
         for request, field in bad_chats:

@@ -80,6 +80,36 @@ def test_stop_token_text_excluded_unless_asked(tokenizer: Tokenizer, tiny_model_
     run(test, tokenizer, tiny_model_dir)
 
 
+def test_detokenize_false_streams_ids_only(tokenizer: Tokenizer, tiny_model_dir: Path) -> None:
+    """SamplingParams.detokenize false: the same ids, finish reason and usage as with text, every
+    text field empty (the logprob entries' too); the worker is asked the same."""
+
+    async def test(h: Harness) -> None:
+        h.fake.stop_token_id = tokenizer.encode("!", add_special_tokens=False)[0]
+        h.fake.logprobs = True
+        params = {"logprobs": 1, "max_tokens": 30}
+        ids_only = await _collect(
+            h.stub.Generate(_generate(prompt="x", sampling_params={**params, "detokenize": False}))
+        )
+        with_text = await _collect(h.stub.Generate(_generate(prompt="x", sampling_params=params)))
+        assert "".join(r.text for r in with_text) == OUTPUT
+        assert all(r.text == "" for r in ids_only)
+        ids = [i for r in ids_only for i in r.token_ids]
+        assert ids == [i for r in with_text for i in r.token_ids]
+        assert ids == [*h.fake.output_ids, h.fake.stop_token_id]
+        entries = [e for r in ids_only for e in r.logprobs]
+        assert [e.token_id for e in entries] == ids
+        assert all(e.text == "" and all(t.text == "" for t in e.top_logprobs) for e in entries)
+        assert all(e.text for r in with_text for e in r.logprobs)
+        for name in ("finish_reason", "matched_stop_token_id", "usage"):
+            assert getattr(ids_only[-1], name) == getattr(with_text[-1], name), name
+        sent = [r.sampling_params for r in h.fake.requests]
+        assert sent[0] == sent[1]  # nothing of it reaches the worker
+        assert h.frontend.servicer.num_in_flight == 0
+
+    run(test, tokenizer, tiny_model_dir)
+
+
 def test_stream_interval_coalesces_after_the_first_token(
     tokenizer: Tokenizer, tiny_model_dir: Path
 ) -> None:

@@ -36,3 +36,22 @@ def test_text_prompt_without_tokenizer_is_a_clear_error(tiny_model_dir, tmp_path
     with pytest.raises(ValueError, match="text prompts need a tokenizer.json.*token ids"):
         llm.generate(["Hello"], GREEDY, use_tqdm=False)
     assert llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)[0].token_ids  # ids still work
+
+
+def test_text_follows_detokenize_and_skip_special_tokens(tiny_model_dir):
+    llm = _llm(tiny_model_dir)
+    tok = Tokenizer(tiny_model_dir)
+    end = tok.token_to_id("<|im_end|>")  # a special token: only its ids are allowed
+    forced = dict(temperature=0.0, max_tokens=2, ignore_eos=True, allowed_token_ids=[end])
+    default, kept, ids_only = llm.generate(
+        ["Hello"] * 3,
+        [
+            SamplingParams(**forced),
+            SamplingParams(**forced, skip_special_tokens=False),
+            SamplingParams(**forced, detokenize=False),
+        ],
+        use_tqdm=False,
+    )
+    assert default.token_ids == kept.token_ids == ids_only.token_ids == [end, end]
+    assert default.text == "" and kept.text == "<|im_end|><|im_end|>"
+    assert ids_only.text is None  # asked for ids only

@@ -50,6 +50,7 @@ VALUES = {
     "stop": ([""], ["\n\n"]),
     "include_stop_str_in_output": (None, True),
     "skip_special_tokens": (None, False),
+    "detokenize": (None, False),
 }
 REFUSED = [name for name, (bad, _) in VALUES.items() if bad is not None]
 OPENAI_NAMES = {field: name for name, field in SAMPLING.items() if name != "max_completion_tokens"}
