@@ -127,6 +127,7 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                 validate_prompt_token_ids(prompt_ids, limits, "prompt")
             mark_tokenized()
             prompt_field = "prompt_token_ids" if request.prompt_token_ids else "prompt"
+            send_prompt_ids = request.return_prompt_token_ids
             async for fields in self.requests.stream(
                 request_id,
                 prompt_ids,
@@ -137,6 +138,8 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                 request.priority,
                 interval,
             ):
+                if send_prompt_ids:  # on the call's first message
+                    fields["prompt_token_ids"], send_prompt_ids = prompt_ids, False
                 yield frontend_pb2.GenerateResponse(**fields)
 
     @recorded
@@ -191,9 +194,13 @@ class FrontendServicer(frontend_grpc.FrontendServiceServicer):
                 request.priority,
                 interval,
             )
+            send_prompt_ids = request.return_prompt_token_ids
             try:
                 async for fields in stream:
-                    yield frontend_pb2.ChatResponse(**output(fields.get("index", 0)).update(fields))
+                    message = output(fields.get("index", 0)).update(fields)
+                    if send_prompt_ids:  # on the call's first message
+                        message["prompt_token_ids"], send_prompt_ids = prompt_ids, False
+                    yield frontend_pb2.ChatResponse(**message)
             except InvalidArgument as e:
                 # the worker could not compile the forced calls' tag: the tools' schemas did it
                 if inputs.forced is None or FORCED_TAG_FIELD not in e.message:

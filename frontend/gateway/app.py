@@ -139,7 +139,7 @@ class Gateway:
         prompt, mapped = map_completion(body)
         client = _parsed(request, client)
         name = await _until_disconnect(request, self.check_model(client, body.model))
-        reply = Reply(name, False, logprobs=mapped.logprobs)
+        reply = Reply(name, False, logprobs=mapped.logprobs, token_ids=mapped.token_ids)
         echo, best_of = mapped.echo, mapped.best_of
         request_id = access_of(request.scope).request_id
 
@@ -163,7 +163,7 @@ class Gateway:
         messages, mapped = map_chat(body)
         client = _parsed(request, client)
         name = await _until_disconnect(request, self.check_model(client, body.model))
-        reply = Reply(name, True, logprobs=mapped.logprobs)
+        reply = Reply(name, True, logprobs=mapped.logprobs, token_ids=mapped.token_ids)
         request_id = access_of(request.scope).request_id
         return await self._answer(
             request,

@@ -51,6 +51,7 @@ class Mapped:
     include_usage: bool = False
     n: int = 1
     logprobs: bool = False  # the reply carries choices[].logprobs
+    token_ids: bool = False  # return_token_ids: the reply carries token_ids, prompt_token_ids
     echo: Echo | None = None  # completions' echo: true (echo.py applies it)
     best_of: BestOf | None = None  # completions' best_of > n (best_of.py applies it)
 
@@ -89,6 +90,8 @@ def _map_common(request: OpenAIRequest) -> Mapped:
     if request.priority is not None:
         mapped.call["priority"] = request.priority
         mapped.param_names["priority"] = "priority"
+    if request.return_token_ids:
+        mapped.token_ids = mapped.call["return_prompt_token_ids"] = True
     return mapped
 
 

@@ -127,6 +127,7 @@ class OpenAIRequest(_Strict):
     guided_regex: Text | None = None
     guided_grammar: Text | None = None
     priority: Int32 | None = None  # vLLM's: lower is served first
+    return_token_ids: bool | None = None  # vLLM's: the reply's and the prompt's token ids too
     # accepted, no effect on the reply
     user: Name | None = None
     metadata: (

@@ -55,13 +55,16 @@ def tool_calls_body(calls: Sequence[ToolCall], first: int | None = None) -> list
 class Reply:
     """What every body of one request shares: its id, creation time and model; `chat` picks the
     chat.completion shapes over the text_completion ones; `logprobs`: the request asked for them
-    (a choice without tokens then gets empty logprobs, not null)."""
+    (a choice without tokens then gets empty logprobs, not null); `token_ids`: it asked for
+    return_token_ids (vLLM's: each choice's token_ids, and the prompt's, per choice on
+    /v1/completions and in the body on chat)."""
 
     model: str
     chat: bool
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     logprobs: bool = False
+    token_ids: bool = False
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -75,11 +78,15 @@ class Reply:
         entries = completion.logprobs
         if entries is None and self.logprobs:
             entries = []
+        if self.token_ids:
+            choice["token_ids"] = completion.token_ids
         if not self.chat:
             choice["text"] = completion.text
             choice["logprobs"] = completion_logprobs(entries)
             if prompt is not None:
                 choice["prompt_logprobs"] = prompt_logprobs(prompt, True)
+            if self.token_ids:
+                choice["prompt_token_ids"] = completion.prompt_token_ids
             return choice
         message: dict = {"role": "assistant", "content": completion.text}
         if completion.reasoning_content:
@@ -106,6 +113,8 @@ class Reply:
         }
         if self.chat and completion.prompt_logprobs is not None:
             body["prompt_logprobs"] = prompt_logprobs(completion.prompt_logprobs, True)
+        if self.chat and self.token_ids:
+            body["prompt_token_ids"] = completion.prompt_token_ids
         return body
 
     def event(self, choice: dict, include_usage: bool = False, **extra: Any) -> bytes:

@@ -1,6 +1,8 @@
 """A gRPC call's chunks as OpenAI stream events: per chunk one event for its choice (`index`, n)
 with the text (chat: a delta of content, reasoning_content and tool_calls), logprobs and finish
-reason; then, with include_usage, the usage; then [DONE]. app.py serves them as server-sent events.
+reason (with return_token_ids its token ids, and the prompt's on the first event: each choice's
+on /v1/completions, the stream's on chat); then, with include_usage, the usage; then [DONE].
+app.py serves them as server-sent events.
 """
 
 from collections.abc import AsyncIterator
@@ -25,6 +27,7 @@ class ChoiceState:
 
     offset: int = 0
     tool_calls: int = 0
+    prompt_ids_sent: bool = False
 
 
 @dataclass
@@ -39,26 +42,34 @@ class StreamShaper:
     # prompt entries of messages that carried nothing else (the frontend bounds each message's
     # entries): held back so the first token's event has them all, as vLLM streams them
     held_prompt_logprobs: list = field(default_factory=list)
+    prompt_token_ids: list[int] | None = None  # return_token_ids: the call's first chunk's
+    prompt_ids_sent: bool = False  # chat: on the stream's first event
 
-    def opening(self) -> list[bytes]:
-        """Chat: each choice's role delta first, as OpenAI sends it."""
+    def opening(self, first: Chunk) -> list[bytes]:
+        """Chat: each choice's role delta first, as OpenAI sends it (with return_token_ids the
+        first one carries the prompt's ids; `first` is the call's first chunk)."""
+        self.prompt_token_ids = first.prompt_token_ids
         if not self.reply.chat:
             return []
-        return [
-            self.reply.event(
-                {
-                    "index": i,
-                    "delta": {"role": "assistant", "content": ""},
-                    "logprobs": None,
-                    "finish_reason": None,
-                },
-                self.include_usage,
-            )
-            for i in range(self.n)
-        ]
+        events = []
+        for i in range(self.n):
+            extra = {}
+            if self.reply.token_ids and not self.prompt_ids_sent:
+                extra["prompt_token_ids"], self.prompt_ids_sent = self.prompt_token_ids, True
+            choice = {
+                "index": i,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            events.append(self.reply.event(choice, self.include_usage, **extra))
+        return events
 
     def event(self, chunk: Chunk) -> bytes | None:
         """The chunk's event, or None when it carries nothing to say."""
+        token_ids = self.reply.token_ids
+        if chunk.prompt_token_ids is not None:
+            self.prompt_token_ids = chunk.prompt_token_ids
         if chunk.prompt_logprobs and not (
             chunk.text
             or chunk.reasoning_content
@@ -79,11 +90,18 @@ class StreamShaper:
             or chunk.logprobs
             or chunk.prompt_logprobs
             or chunk.finish_reason is not None
+            or (token_ids and chunk.token_ids)  # ids whose text is held back (a partial character)
         ):
             return None
         state = self.choices.setdefault(chunk.index, ChoiceState())
         choice: dict = {"index": chunk.index}
         extra: dict = {}
+        if token_ids:
+            choice["token_ids"] = list(chunk.token_ids)
+            if self.reply.chat and not self.prompt_ids_sent:
+                extra["prompt_token_ids"], self.prompt_ids_sent = self.prompt_token_ids, True
+            elif not self.reply.chat and not state.prompt_ids_sent:
+                choice["prompt_token_ids"], state.prompt_ids_sent = self.prompt_token_ids, True
         prompt = prompt_logprobs(chunk.prompt_logprobs, not self.prompt_logprobs_sent)
         self.prompt_logprobs_sent |= prompt is not None
         if self.reply.chat:
@@ -126,7 +144,7 @@ async def events(
     finish_reason: str | None = None
     error: OpenAIError | None = None
     try:
-        for opening in shaper.opening():
+        for opening in shaper.opening(first):
             yield opening
         chunk: Chunk | None = first
         while chunk is not None:

@@ -31,7 +31,9 @@ class StreamedCalls(Generic[StreamT]):
         SamplingParams fields (temperature, max_tokens, stop, n, ...); with n > 1 each chunk's
         `index` says which completion it continues. priority: lower is served first.
         stream_interval=N: after the first chunk, one per N tokens (1..256; fewer, bigger chunks
-        cost less per token; chat_stream takes it too)."""
+        cost less per token; chat_stream takes it too). return_prompt_token_ids=True: the first
+        chunk's `prompt_token_ids` is the prompt as the frontend tokenized it (chat_stream: as
+        the chat template rendered it)."""
         request = generate_request(prompt, request_id, add_special_tokens, priority, **sampling)
         return self._stream(self._stub.Generate, request, timeout)
 

@@ -83,6 +83,8 @@ class Chunk:
     index: int = 0  # which of the request's n completions (sampling parameter n)
     logprobs: list[TokenLogprobs] | None = None  # one per token id, when asked (logprobs=k)
     prompt_logprobs: list[TokenLogprobs] | None = None  # prompt tokens 1..n-1 (prompt_logprobs=k)
+    # the prompt's ids, on the call's first chunk (return_prompt_token_ids=True)
+    prompt_token_ids: list[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +105,7 @@ class Completion:
     choices: tuple["Completion", ...] = ()
     logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs: list[TokenLogprobs] | None = None
+    prompt_token_ids: list[int] | None = None  # on every choice (return_prompt_token_ids=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +144,7 @@ def to_chunk(response: frontend_pb2.GenerateResponse | frontend_pb2.ChatResponse
         index=response.index,
         logprobs=_logprobs(response.logprobs),
         prompt_logprobs=_logprobs(response.prompt_logprobs),
+        prompt_token_ids=list(response.prompt_token_ids) or None,  # never empty when asked
         **_chat_fields(response),
     )
 
@@ -181,6 +185,7 @@ def join_chunks(chunks: Iterable[Chunk]) -> Completion:
     parse_error: set[int] = set()
     logprobs: dict[int, list[TokenLogprobs]] = {}
     prompt_logprobs: list[TokenLogprobs] | None = None
+    prompt_token_ids: list[int] | None = None
     lasts: dict[int, Chunk] = {}
     usage = None
     for chunk in chunks:
@@ -194,6 +199,8 @@ def join_chunks(chunks: Iterable[Chunk]) -> Completion:
             if prompt_logprobs is None:
                 prompt_logprobs = []
             prompt_logprobs.extend(chunk.prompt_logprobs)
+        if chunk.prompt_token_ids is not None:
+            prompt_token_ids = chunk.prompt_token_ids
         if chunk.tool_call_parse_error:
             parse_error.add(chunk.index)
         if chunk.finish_reason is not None:
@@ -219,6 +226,7 @@ def join_chunks(chunks: Iterable[Chunk]) -> Completion:
                 (),
                 logprobs.get(index),
                 prompt_logprobs if index == 0 else None,
+                prompt_token_ids,
             )
         )
     if len(choices) == 1:
@@ -237,6 +245,7 @@ def join_chunks(chunks: Iterable[Chunk]) -> Completion:
         tuple(choices),
         first.logprobs,
         first.prompt_logprobs,
+        first.prompt_token_ids,
     )
 
 

@@ -33,14 +33,17 @@ def generate_request(
     priority: int | None = None,
     *,
     stream_interval: int | None = None,
+    return_prompt_token_ids: bool | None = None,
     **sampling: Any,
 ) -> frontend_pb2.GenerateRequest:
-    """stream_interval: after the first token, one message per this many tokens (1..256)."""
+    """stream_interval: after the first token, one message per this many tokens (1..256);
+    return_prompt_token_ids: the first chunk carries the prompt's ids."""
     request = frontend_pb2.GenerateRequest(
         request_id=request_id,
         sampling_params=sampling_params(**sampling),
         priority=priority,
         stream_interval=stream_interval,
+        return_prompt_token_ids=return_prompt_token_ids,
     )
     if isinstance(prompt, str):
         request.prompt = prompt
@@ -103,6 +106,7 @@ def chat_request(
     parallel_tool_calls: bool | None = None,
     separate_reasoning: bool | None = None,
     stream_interval: int | None = None,
+    return_prompt_token_ids: bool | None = None,
     **sampling: Any,
 ) -> frontend_pb2.ChatRequest:
     request = frontend_pb2.ChatRequest(
@@ -110,6 +114,7 @@ def chat_request(
         sampling_params=sampling_params(**sampling),
         priority=priority,
         stream_interval=stream_interval,
+        return_prompt_token_ids=return_prompt_token_ids,
         messages=[_chat_message(m) for m in messages],
         tools=[_tool(t) for t in tools or ()],
         tool_choice=tool_choice,

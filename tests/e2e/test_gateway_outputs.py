@@ -260,3 +260,47 @@ def test_prompt_logprobs_split_by_the_frontend_stream_in_the_first_event(
         for t in e.choices[0].logprobs.tokens
     ]
     assert tokens == whole.choices[0].logprobs.tokens
+
+
+def test_return_token_ids_gives_the_grpc_clients_ids(
+    sdk: openai.OpenAI, model: str, services: Pair
+) -> None:
+    """vLLM's return_token_ids: token_ids and prompt_token_ids equal the gRPC client's, whole and
+    streamed (deltas joined), on /v1/completions and /v1/chat/completions."""
+    ids = {"return_token_ids": True}
+    with Client(services.frontend.address) as client:
+        expected = client.generate("The sea is", max_tokens=6, temperature=0)
+        prompt_ids = client.tokenize("The sea is")
+        expected_chat = client.chat(
+            MESSAGES, max_tokens=6, temperature=0, enable_thinking=False,
+            return_prompt_token_ids=True,
+        )  # fmt: skip
+    reply = sdk.completions.create(
+        model=model, prompt="The sea is", max_tokens=6, temperature=0, extra_body=ids
+    )
+    choice = reply.choices[0]
+    assert choice.token_ids == expected.token_ids and choice.prompt_token_ids == prompt_ids
+    events = list(
+        sdk.completions.create(
+            model=model, prompt="The sea is", max_tokens=6, temperature=0, stream=True,
+            extra_body=ids,
+        )
+    )  # fmt: skip
+    assert [i for e in events for i in e.choices[0].token_ids] == expected.token_ids
+    assert events[0].choices[0].prompt_token_ids == prompt_ids
+    assert expected_chat.prompt_token_ids
+    chat = sdk.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=6, temperature=0,
+        extra_body={**ids, **NO_THINKING},
+    )  # fmt: skip
+    assert chat.prompt_token_ids == expected_chat.prompt_token_ids  # type: ignore[attr-defined]
+    assert chat.choices[0].token_ids == expected_chat.token_ids  # type: ignore[attr-defined]
+    chunks = list(
+        sdk.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=6, temperature=0, stream=True,
+            extra_body={**ids, **NO_THINKING},
+        )
+    )  # fmt: skip
+    assert chunks[0].prompt_token_ids == expected_chat.prompt_token_ids  # type: ignore[attr-defined]
+    streamed = [i for c in chunks for d in c.choices for i in (getattr(d, "token_ids", None) or [])]
+    assert streamed == expected_chat.token_ids

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from nanoserve.proto.v1 import common_pb2
+from nanoserve.proto.v1 import frontend_service_pb2 as frontend_pb2
 from nanoserve.text.tokenizer import Tokenizer
 from tests.unit.frontend_fakes import MAX_MODEL_LEN, OUTPUT, Harness, _collect, _generate, run
 
@@ -106,6 +107,35 @@ def test_detokenize_false_streams_ids_only(tokenizer: Tokenizer, tiny_model_dir:
         sent = [r.sampling_params for r in h.fake.requests]
         assert sent[0] == sent[1]  # nothing of it reaches the worker
         assert h.frontend.servicer.num_in_flight == 0
+
+    run(test, tokenizer, tiny_model_dir)
+
+
+def test_the_prompts_ids_come_on_the_first_message_when_asked(
+    tokenizer: Tokenizer, tiny_model_dir: Path
+) -> None:
+    async def test(h: Harness) -> None:
+        asked = await _collect(
+            h.stub.Generate(_generate(prompt="Say hi", return_prompt_token_ids=True))
+        )
+        assert list(asked[0].prompt_token_ids) == tokenizer.encode("Say hi")
+        assert all(not r.prompt_token_ids for r in asked[1:])
+        plain = await _collect(h.stub.Generate(_generate(prompt="Say hi")))
+        assert all(not r.prompt_token_ids for r in plain)
+        messages = [frontend_pb2.ChatMessage(role="user", content="Hi")]
+        chat = await _collect(
+            h.stub.Chat(
+                frontend_pb2.ChatRequest(
+                    messages=messages, enable_thinking=False, return_prompt_token_ids=True
+                )
+            )
+        )
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Hi"}], enable_thinking=False
+        )
+        assert list(chat[0].prompt_token_ids) == list(h.fake.requests[-1].prompt_token_ids)
+        assert list(chat[0].prompt_token_ids) == tokenizer.encode(rendered, False)
+        assert all(not r.prompt_token_ids for r in chat[1:])
 
     run(test, tokenizer, tiny_model_dir)
 

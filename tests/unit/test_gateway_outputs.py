@@ -311,3 +311,47 @@ def test_a_tool_call_parse_error_is_an_extra_field_of_the_choice() -> None:
     bodies = asyncio.run(_stream(Reply("m", chat=True), responses))
     flagged = [b["choices"][0].get("tool_call_parse_error") for b in bodies[1:-2]]
     assert flagged == [True, None]
+
+
+def test_return_token_ids_puts_vllms_token_fields_in_bodies_and_events() -> None:
+    """vLLM's return_token_ids: the call asks the frontend for the prompt's ids; completions put
+    them on each choice (streamed: its first event), chat in the body (streamed: the first event,
+    the role delta). Every choice's token_ids, streamed as deltas, even of a chunk with no text
+    (a partial character)."""
+    for request, mapper in ((completion(return_token_ids=True), map_completion),
+                            (chat(return_token_ids=True), map_chat)):  # fmt: skip
+        _, mapped = mapper(request)  # type: ignore[operator]
+        assert mapped.token_ids and mapped.call["return_prompt_token_ids"] is True
+    _, plain = map_completion(completion())
+    assert not plain.token_ids and "return_prompt_token_ids" not in plain.call
+    usage = common_pb2.Usage(prompt_tokens=3, completion_tokens=4)
+    responses = [
+        pb.GenerateResponse(text="a", token_ids=[11], index=1, prompt_token_ids=[7, 8, 9]),
+        pb.GenerateResponse(token_ids=[12], index=0),  # held-back text: ids only
+        pb.GenerateResponse(text="bc", token_ids=[13], index=0, finish_reason=STOP),
+        pb.GenerateResponse(text="d", token_ids=[14], index=1, finish_reason=STOP, usage=usage),
+    ]
+    whole = join_chunks(to_chunk(r) for r in responses)
+    body = Reply("m", chat=False, token_ids=True).whole(whole)
+    assert [c["token_ids"] for c in body["choices"]] == [[12, 13], [11, 14]]
+    assert [c["prompt_token_ids"] for c in body["choices"]] == [[7, 8, 9]] * 2
+    assert "prompt_token_ids" not in Reply("m", chat=False).whole(whole)["choices"][0]
+    streamed = asyncio.run(_stream(Reply("m", chat=False, token_ids=True), responses, n=2))
+    choices = [b["choices"][0] for b in streamed[:-2]]
+    assert [(c["index"], c["token_ids"]) for c in choices] == [(1, [11]), (0, [12]), (0, [13]),
+                                                                (1, [14])]  # fmt: skip
+    firsts = [c.get("prompt_token_ids") for c in choices]
+    assert firsts == [[7, 8, 9], [7, 8, 9], None, None]
+    chat_responses = [
+        pb.ChatResponse(text="hi", token_ids=[21], prompt_token_ids=[5, 6]),
+        pb.ChatResponse(text="!", token_ids=[22], finish_reason=STOP, usage=usage),
+    ]
+    chat_whole = join_chunks(to_chunk(r) for r in chat_responses)
+    body = Reply("m", chat=True, token_ids=True).whole(chat_whole)
+    assert body["prompt_token_ids"] == [5, 6] and body["choices"][0]["token_ids"] == [21, 22]
+    streamed = asyncio.run(_stream(Reply("m", chat=True, token_ids=True), chat_responses))
+    role, *deltas = streamed[:-2]
+    assert role["choices"][0]["delta"]["role"] == "assistant"
+    assert role["prompt_token_ids"] == [5, 6]
+    assert [d["choices"][0]["token_ids"] for d in deltas] == [[21], [22]]
+    assert all("prompt_token_ids" not in d for d in deltas)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as nanoserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#nanoserve/v1/frontend_service.proto\x12\x0cnanoserve.v1\x1a\x19nanoserve/v1/common.proto\"\x94\x02\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x35\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1c.nanoserve.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x05 \x01(\x08H\x00\x88\x01\x01\x12\x15\n\x08priority\x18\x06 \x01(\x05H\x01\x88\x01\x01\x12\x1c\n\x0fstream_interval\x18\x07 \x01(\rH\x02\x88\x01\x01\x42\x15\n\x13_add_special_tokensB\x0b\n\t_priorityB\x12\n\x10_stream_interval\"\xd2\x02\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.nanoserve.v1.FinishReason\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.nanoserve.v1.Usage\x12\x14\n\x0cmatched_stop\x18\x05 \x01(\t\x12\"\n\x15matched_stop_token_id\x18\x06 \x01(\rH\x00\x88\x01\x01\x12-\n\x08logprobs\x18\x07 \x03(\x0b\x32\x1b.nanoserve.v1.TokenLogprobs\x12\x34\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1b.nanoserve.v1.TokenLogprobs\x12\r\n\x05index\x18\t \x01(\rB\x18\n\x16_matched_stop_token_id\"\x97\x01\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12*\n\ntool_calls\x18\x03 \x03(\x0b\x32\x16.nanoserve.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\x12\x19\n\x11reasoning_content\x18\x06 \x01(\t\"B\n\x04Tool\x12\x0c\n\x04type\x18\x01 \x01(\t\x12,\n\x08\x66unction\x18\x02 \x01(\x0b\x32\x1a.nanoserve.v1.ToolFunction\"E\n\x0cToolFunction\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\"V\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x30\n\x08\x66unction\x18\x03 \x01(\x0b\x32\x1e.nanoserve.v1.ToolCallFunction\"3\n\x10ToolCallFunction\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\targuments\x18\x02 \x01(\t\"\xd5\x03\n\x0b\x43hatRequest\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.nanoserve.v1.ChatMessage\x12\x35\n\x0fsampling_params\x18\x02 \x01(\x0b\x32\x1c.nanoserve.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x1c\n\x0f\x65nable_thinking\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x15\n\x08priority\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12!\n\x05tools\x18\x06 \x03(\x0b\x32\x12.nanoserve.v1.Tool\x12\x13\n\x0btool_choice\x18\x07 \x01(\t\x12\x1c\n\x14tool_choice_function\x18\t \x01(\t\x12\x1f\n\x12separate_reasoning\x18\x08 \x01(\x08H\x02\x88\x01\x01\x12 \n\x13parallel_tool_calls\x18\n \x01(\x08H\x03\x88\x01\x01\x12\x1c\n\x0fstream_interval\x18\x0b \x01(\rH\x04\x88\x01\x01\x42\x12\n\x10_enable_thinkingB\x0b\n\t_priorityB\x15\n\x13_separate_reasoningB\x16\n\x14_parallel_tool_callsB\x12\n\x10_stream_interval\"\xb4\x03\n\x0c\x43hatResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.nanoserve.v1.FinishReason\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.nanoserve.v1.Usage\x12\x14\n\x0cmatched_stop\x18\x05 \x01(\t\x12\"\n\x15matched_stop_token_id\x18\x06 \x01(\rH\x00\x88\x01\x01\x12-\n\x08logprobs\x18\x07 \x03(\x0b\x32\x1b.nanoserve.v1.TokenLogprobs\x12\x34\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1b.nanoserve.v1.TokenLogprobs\x12\r\n\x05index\x18\t \x01(\r\x12\x19\n\x11reasoning_content\x18\n \x01(\t\x12*\n\ntool_calls\x18\x0b \x03(\x0b\x32\x16.nanoserve.v1.ToolCall\x12\x1d\n\x15tool_call_parse_error\x18\x0c \x01(\x08\x42\x18\n\x16_matched_stop_token_id\"W\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x15\n\x13_add_special_tokens\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"`\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12 \n\x13skip_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_skip_special_tokens\"7\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x13\n\x0btoken_texts\x18\x02 \x03(\t\"\x15\n\x13GetModelInfoRequest\"\xa5\x01\n\x14GetModelInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\r\x12\x1c\n\x14tensor_parallel_size\x18\x05 \x01(\r\x12\x19\n\x11has_chat_template\x18\x06 \x01(\x08\x32\x92\x03\n\x0f\x46rontendService\x12K\n\x08Generate\x12\x1d.nanoserve.v1.GenerateRequest\x1a\x1e.nanoserve.v1.GenerateResponse0\x01\x12?\n\x04\x43hat\x12\x19.nanoserve.v1.ChatRequest\x1a\x1a.nanoserve.v1.ChatResponse0\x01\x12I\n\x08Tokenize\x12\x1d.nanoserve.v1.TokenizeRequest\x1a\x1e.nanoserve.v1.TokenizeResponse\x12O\n\nDetokenize\x12\x1f.nanoserve.v1.DetokenizeRequest\x1a .nanoserve.v1.DetokenizeResponse\x12U\n\x0cGetModelInfo\x12!.nanoserve.v1.GetModelInfoRequest\x1a\".nanoserve.v1.GetModelInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#nanoserve/v1/frontend_service.proto\x12\x0cnanoserve.v1\x1a\x19nanoserve/v1/common.proto\"\xd6\x02\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x35\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1c.nanoserve.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x05 \x01(\x08H\x00\x88\x01\x01\x12\x15\n\x08priority\x18\x06 \x01(\x05H\x01\x88\x01\x01\x12\x1c\n\x0fstream_interval\x18\x07 \x01(\rH\x02\x88\x01\x01\x12$\n\x17return_prompt_token_ids\x18\x08 \x01(\x08H\x03\x88\x01\x01\x42\x15\n\x13_add_special_tokensB\x0b\n\t_priorityB\x12\n\x10_stream_intervalB\x1a\n\x18_return_prompt_token_ids\"\xec\x02\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.nanoserve.v1.FinishReason\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.nanoserve.v1.Usage\x12\x14\n\x0cmatched_stop\x18\x05 \x01(\t\x12\"\n\x15matched_stop_token_id\x18\x06 \x01(\rH\x00\x88\x01\x01\x12-\n\x08logprobs\x18\x07 \x03(\x0b\x32\x1b.nanoserve.v1.TokenLogprobs\x12\x34\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1b.nanoserve.v1.TokenLogprobs\x12\r\n\x05index\x18\t \x01(\r\x12\x18\n\x10prompt_token_ids\x18\n \x03(\rB\x18\n\x16_matched_stop_token_id\"\x97\x01\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12*\n\ntool_calls\x18\x03 \x03(\x0b\x32\x16.nanoserve.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\x12\x19\n\x11reasoning_content\x18\x06 \x01(\t\"B\n\x04Tool\x12\x0c\n\x04type\x18\x01 \x01(\t\x12,\n\x08\x66unction\x18\x02 \x01(\x0b\x32\x1a.nanoserve.v1.ToolFunction\"E\n\x0cToolFunction\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\"V\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x30\n\x08\x66unction\x18\x03 \x01(\x0b\x32\x1e.nanoserve.v1.ToolCallFunction\"3\n\x10ToolCallFunction\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\targuments\x18\x02 \x01(\t\"\x97\x04\n\x0b\x43hatRequest\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.nanoserve.v1.ChatMessage\x12\x35\n\x0fsampling_params\x18\x02 \x01(\x0b\x32\x1c.nanoserve.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x1c\n\x0f\x65nable_thinking\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x15\n\x08priority\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12!\n\x05tools\x18\x06 \x03(\x0b\x32\x12.nanoserve.v1.Tool\x12\x13\n\x0btool_choice\x18\x07 \x01(\t\x12\x1c\n\x14tool_choice_function\x18\t \x01(\t\x12\x1f\n\x12separate_reasoning\x18\x08 \x01(\x08H\x02\x88\x01\x01\x12 \n\x13parallel_tool_calls\x18\n \x01(\x08H\x03\x88\x01\x01\x12\x1c\n\x0fstream_interval\x18\x0b \x01(\rH\x04\x88\x01\x01\x12$\n\x17return_prompt_token_ids\x18\x0c \x01(\x08H\x05\x88\x01\x01\x42\x12\n\x10_enable_thinkingB\x0b\n\t_priorityB\x15\n\x13_separate_reasoningB\x16\n\x14_parallel_tool_callsB\x12\n\x10_stream_intervalB\x1a\n\x18_return_prompt_token_ids\"\xce\x03\n\x0c\x43hatResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.nanoserve.v1.FinishReason\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.nanoserve.v1.Usage\x12\x14\n\x0cmatched_stop\x18\x05 \x01(\t\x12\"\n\x15matched_stop_token_id\x18\x06 \x01(\rH\x00\x88\x01\x01\x12-\n\x08logprobs\x18\x07 \x03(\x0b\x32\x1b.nanoserve.v1.TokenLogprobs\x12\x34\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1b.nanoserve.v1.TokenLogprobs\x12\r\n\x05index\x18\t \x01(\r\x12\x19\n\x11reasoning_content\x18\n \x01(\t\x12*\n\ntool_calls\x18\x0b \x03(\x0b\x32\x16.nanoserve.v1.ToolCall\x12\x1d\n\x15tool_call_parse_error\x18\x0c \x01(\x08\x12\x18\n\x10prompt_token_ids\x18\r \x03(\rB\x18\n\x16_matched_stop_token_id\"W\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x15\n\x13_add_special_tokens\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"`\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12 \n\x13skip_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_skip_special_tokens\"7\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x13\n\x0btoken_texts\x18\x02 \x03(\t\"\x15\n\x13GetModelInfoRequest\"\xa5\x01\n\x14GetModelInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\r\x12\x1c\n\x14tensor_parallel_size\x18\x05 \x01(\r\x12\x19\n\x11has_chat_template\x18\x06 \x01(\x08\x32\x92\x03\n\x0f\x46rontendService\x12K\n\x08Generate\x12\x1d.nanoserve.v1.GenerateRequest\x1a\x1e.nanoserve.v1.GenerateResponse0\x01\x12?\n\x04\x43hat\x12\x19.nanoserve.v1.ChatRequest\x1a\x1a.nanoserve.v1.ChatResponse0\x01\x12I\n\x08Tokenize\x12\x1d.nanoserve.v1.TokenizeRequest\x1a\x1e.nanoserve.v1.TokenizeResponse\x12O\n\nDetokenize\x12\x1f.nanoserve.v1.DetokenizeRequest\x1a .nanoserve.v1.DetokenizeResponse\x12U\n\x0cGetModelInfo\x12!.nanoserve.v1.GetModelInfoRequest\x1a\".nanoserve.v1.GetModelInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,35 +33,35 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'nanoserve.v1.frontend_servi
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST']._serialized_start=81
-  _globals['_GENERATEREQUEST']._serialized_end=357
-  _globals['_GENERATERESPONSE']._serialized_start=360
-  _globals['_GENERATERESPONSE']._serialized_end=698
-  _globals['_CHATMESSAGE']._serialized_start=701
-  _globals['_CHATMESSAGE']._serialized_end=852
-  _globals['_TOOL']._serialized_start=854
-  _globals['_TOOL']._serialized_end=920
-  _globals['_TOOLFUNCTION']._serialized_start=922
-  _globals['_TOOLFUNCTION']._serialized_end=991
-  _globals['_TOOLCALL']._serialized_start=993
-  _globals['_TOOLCALL']._serialized_end=1079
-  _globals['_TOOLCALLFUNCTION']._serialized_start=1081
-  _globals['_TOOLCALLFUNCTION']._serialized_end=1132
-  _globals['_CHATREQUEST']._serialized_start=1135
-  _globals['_CHATREQUEST']._serialized_end=1604
-  _globals['_CHATRESPONSE']._serialized_start=1607
-  _globals['_CHATRESPONSE']._serialized_end=2043
-  _globals['_TOKENIZEREQUEST']._serialized_start=2045
-  _globals['_TOKENIZEREQUEST']._serialized_end=2132
-  _globals['_TOKENIZERESPONSE']._serialized_start=2134
-  _globals['_TOKENIZERESPONSE']._serialized_end=2171
-  _globals['_DETOKENIZEREQUEST']._serialized_start=2173
-  _globals['_DETOKENIZEREQUEST']._serialized_end=2269
-  _globals['_DETOKENIZERESPONSE']._serialized_start=2271
-  _globals['_DETOKENIZERESPONSE']._serialized_end=2326
-  _globals['_GETMODELINFOREQUEST']._serialized_start=2328
-  _globals['_GETMODELINFOREQUEST']._serialized_end=2349
-  _globals['_GETMODELINFORESPONSE']._serialized_start=2352
-  _globals['_GETMODELINFORESPONSE']._serialized_end=2517
-  _globals['_FRONTENDSERVICE']._serialized_start=2520
-  _globals['_FRONTENDSERVICE']._serialized_end=2922
+  _globals['_GENERATEREQUEST']._serialized_end=423
+  _globals['_GENERATERESPONSE']._serialized_start=426
+  _globals['_GENERATERESPONSE']._serialized_end=790
+  _globals['_CHATMESSAGE']._serialized_start=793
+  _globals['_CHATMESSAGE']._serialized_end=944
+  _globals['_TOOL']._serialized_start=946
+  _globals['_TOOL']._serialized_end=1012
+  _globals['_TOOLFUNCTION']._serialized_start=1014
+  _globals['_TOOLFUNCTION']._serialized_end=1083
+  _globals['_TOOLCALL']._serialized_start=1085
+  _globals['_TOOLCALL']._serialized_end=1171
+  _globals['_TOOLCALLFUNCTION']._serialized_start=1173
+  _globals['_TOOLCALLFUNCTION']._serialized_end=1224
+  _globals['_CHATREQUEST']._serialized_start=1227
+  _globals['_CHATREQUEST']._serialized_end=1762
+  _globals['_CHATRESPONSE']._serialized_start=1765
+  _globals['_CHATRESPONSE']._serialized_end=2227
+  _globals['_TOKENIZEREQUEST']._serialized_start=2229
+  _globals['_TOKENIZEREQUEST']._serialized_end=2316
+  _globals['_TOKENIZERESPONSE']._serialized_start=2318
+  _globals['_TOKENIZERESPONSE']._serialized_end=2355
+  _globals['_DETOKENIZEREQUEST']._serialized_start=2357
+  _globals['_DETOKENIZEREQUEST']._serialized_end=2453
+  _globals['_DETOKENIZERESPONSE']._serialized_start=2455
+  _globals['_DETOKENIZERESPONSE']._serialized_end=2510
+  _globals['_GETMODELINFOREQUEST']._serialized_start=2512
+  _globals['_GETMODELINFOREQUEST']._serialized_end=2533
+  _globals['_GETMODELINFORESPONSE']._serialized_start=2536
+  _globals['_GETMODELINFORESPONSE']._serialized_end=2701
+  _globals['_FRONTENDSERVICE']._serialized_start=2704
+  _globals['_FRONTENDSERVICE']._serialized_end=3106
 # @@protoc_insertion_point(module_scope)
