@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from nanoserve.client import AsyncClient
-from nanoserve.client.messages import Chunk, Completion, join_chunks
+from nanoserve.client.messages import Chunk, Completion, ModelInfo, join_chunks
 from nanoserve.errors import ServiceError
 from nanoserve.frontend.gateway.access import access_of
 from nanoserve.frontend.gateway.best_of import keep_best
@@ -77,6 +77,7 @@ class Gateway:
         self.client = client
         self.auth = CallerAuth(client)  # every route but /health: the key before the body
         self._model_name = served_model_name
+        self._info: ModelInfo | None = None  # the frontend's answer, asked once
         self.bodies = bodies
         self._stream_interval = stream_interval
         self._connected = False  # every frontend connection was ready once (health)
@@ -87,14 +88,23 @@ class Gateway:
         gRPC message costs the gateway more CPU than its tokens do)."""
         return self._stream_interval if mapped.stream else MAX_STREAM_INTERVAL
 
-    async def model_name(self, client: AsyncClient) -> str:
-        """The served model's name: the configured one, else the frontend's (asked once)."""
-        if self._model_name is None:
+    async def model_info(self, client: AsyncClient) -> ModelInfo:
+        """The frontend's ModelInfo, asked once."""
+        if self._info is None:
             try:
-                self._model_name = (await client.model_info()).model_name
+                self._info = await client.model_info()
             except ServiceError as e:
                 raise from_service_error(e) from None
-        return self._model_name
+        return self._info
+
+    async def model_name(self, client: AsyncClient) -> str:
+        """The served model's name: the configured one, else the frontend's."""
+        return self._model_name or (await self.model_info(client)).model_name
+
+    async def reply(self, client: AsyncClient, name: str, chat: bool, mapped: Mapped) -> Reply:
+        """The reply's shape; its stop_reason leaves the model's eos ids out (vLLM's rule)."""
+        eos = frozenset((await self.model_info(client)).eos_token_ids)
+        return Reply(name, chat, logprobs=mapped.logprobs, token_ids=mapped.token_ids, eos=eos)
 
     async def check_model(self, client: AsyncClient, model: str) -> str:
         name = await self.model_name(client)
@@ -139,7 +149,7 @@ class Gateway:
         prompt, mapped = map_completion(body)
         client = _parsed(request, client)
         name = await _until_disconnect(request, self.check_model(client, body.model))
-        reply = Reply(name, False, logprobs=mapped.logprobs, token_ids=mapped.token_ids)
+        reply = await _until_disconnect(request, self.reply(client, name, False, mapped))
         echo, best_of = mapped.echo, mapped.best_of
         request_id = access_of(request.scope).request_id
 
@@ -163,7 +173,7 @@ class Gateway:
         messages, mapped = map_chat(body)
         client = _parsed(request, client)
         name = await _until_disconnect(request, self.check_model(client, body.model))
-        reply = Reply(name, True, logprobs=mapped.logprobs, token_ids=mapped.token_ids)
+        reply = await _until_disconnect(request, self.reply(client, name, True, mapped))
         request_id = access_of(request.scope).request_id
         return await self._answer(
             request,

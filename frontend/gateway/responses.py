@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nanoserve.client.messages import Completion, ToolCall, Usage
+from nanoserve.client.messages import Chunk, Completion, ToolCall, Usage
 from nanoserve.frontend.gateway.logprobs_body import (
     chat_logprobs,
     completion_logprobs,
@@ -65,16 +65,29 @@ class Reply:
     created: int = field(default_factory=lambda: int(time.time()))
     logprobs: bool = False
     token_ids: bool = False
+    eos: frozenset[int] = frozenset()  # the model's eos ids: no stop_reason (vLLM's)
 
     def __post_init__(self) -> None:
         if not self.id:
             self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
 
+    def stop_reason(self, ended: Chunk | Completion) -> str | int | None:
+        """vLLM's stop_reason of a finished choice: the stop string or the stop token id that
+        ended it; None for an eos id or the length."""
+        if ended.matched_stop is not None:
+            return ended.matched_stop
+        token = ended.matched_stop_token_id
+        return None if token is None or token in self.eos else token
+
     def _head(self, object_type: str) -> dict:
         return {"id": self.id, "object": object_type, "created": self.created, "model": self.model}
 
     def _choice(self, index: int, completion: Completion, prompt: list | None = None) -> dict:
-        choice: dict = {"index": index, "finish_reason": completion.finish_reason}
+        choice: dict = {
+            "index": index,
+            "finish_reason": completion.finish_reason,
+            "stop_reason": self.stop_reason(completion),
+        }
         entries = completion.logprobs
         if entries is None and self.logprobs:
             entries = []

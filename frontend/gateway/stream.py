@@ -126,6 +126,8 @@ class StreamShaper:
             if prompt is not None:
                 choice["prompt_logprobs"] = prompt
         choice["finish_reason"] = chunk.finish_reason
+        if chunk.finish_reason is not None:
+            choice["stop_reason"] = self.reply.stop_reason(chunk)
         return self.reply.event(choice, self.include_usage, **extra)
 
 

@@ -304,3 +304,31 @@ def test_return_token_ids_gives_the_grpc_clients_ids(
     assert chunks[0].prompt_token_ids == expected_chat.prompt_token_ids  # type: ignore[attr-defined]
     streamed = [i for c in chunks for d in c.choices for i in (getattr(d, "token_ids", None) or [])]
     assert streamed == expected_chat.token_ids
+
+
+def test_stop_reason_names_the_stop_token_and_is_null_at_the_length(
+    sdk: openai.OpenAI, model: str, services: Pair
+) -> None:
+    with Client(services.frontend.address) as client:
+        ids = client.generate("The sea is", max_tokens=4, temperature=0, ignore_eos=True).token_ids
+        eos = client.model_info().eos_token_ids
+    stop_id = next(i for i in ids[1:] if i not in eos)  # an eos would have no stop_reason
+    cut = sdk.completions.create(
+        model=model, prompt="The sea is", max_tokens=4, temperature=0,
+        extra_body={"stop_token_ids": [stop_id], "ignore_eos": True},
+    )  # fmt: skip
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].stop_reason == stop_id  # type: ignore[attr-defined]
+    events = list(
+        sdk.completions.create(
+            model=model, prompt="The sea is", max_tokens=4, temperature=0, stream=True,
+            extra_body={"stop_token_ids": [stop_id], "ignore_eos": True},
+        )
+    )  # fmt: skip
+    assert events[-1].choices[0].stop_reason == stop_id  # type: ignore[attr-defined]
+    full = sdk.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=3, temperature=0,
+        extra_body={"ignore_eos": True, **NO_THINKING},
+    )  # fmt: skip
+    assert full.choices[0].finish_reason == "length"
+    assert full.choices[0].stop_reason is None  # type: ignore[attr-defined]

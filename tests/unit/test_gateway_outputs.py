@@ -355,3 +355,26 @@ def test_return_token_ids_puts_vllms_token_fields_in_bodies_and_events() -> None
     assert role["prompt_token_ids"] == [5, 6]
     assert [d["choices"][0]["token_ids"] for d in deltas] == [[21], [22]]
     assert all("prompt_token_ids" not in d for d in deltas)
+
+
+def test_stop_reason_is_vllms_the_stop_string_or_stop_token_never_an_eos() -> None:
+    usage = common_pb2.Usage(prompt_tokens=1, completion_tokens=1)
+    ends = [
+        (pb.GenerateResponse(matched_stop="\n\n"), "\n\n"),
+        (pb.GenerateResponse(matched_stop_token_id=42), 42),
+        (pb.GenerateResponse(matched_stop_token_id=2), None),  # the model's eos
+        (pb.GenerateResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH), None),
+    ]
+    for end, expected in ends:
+        if not end.finish_reason:
+            end.finish_reason = STOP
+        responses = [pb.GenerateResponse(text="a", token_ids=[1]), end]
+        responses[-1].usage.CopyFrom(usage)
+        for chat in (False, True):
+            reply = Reply("m", chat=chat, eos=frozenset({2}))
+            body = reply.whole(join_chunks(to_chunk(r) for r in responses))
+            assert body["choices"][0]["stop_reason"] == expected, (end, chat)
+            streamed = asyncio.run(_stream(reply, responses))
+            choices = [b["choices"][0] for b in streamed[:-2] if b["choices"]]
+            assert choices[-1]["stop_reason"] == expected
+            assert all("stop_reason" not in c for c in choices[:-1])  # only on the last event
