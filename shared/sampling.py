@@ -135,7 +135,10 @@ class SamplingParams:
         "leave special tokens out of the text", default=True, frontend=True
     )
     detokenize: bool = _spec(
-        "false: token ids only, no text (stop strings need text)", default=True, frontend=True
+        "false: token ids only, no text (stop strings need text)",
+        default=True,
+        flag="switch",
+        frontend=True,
     )
     # the fallback fields that were not given (they hold vLLM's value until with_defaults)
     unset: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)

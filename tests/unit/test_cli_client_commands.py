@@ -60,6 +60,7 @@ def test_flags_become_call_keywords(tmp_path: Path) -> None:
     }
     assert parse(["hi", "--json-object"]).call == {"structured_output": {"json_object": True}}
     assert parse(["hi", "--regex", "a+"]).call == {"structured_output": {"regex": "a+"}}
+    assert parse(["hi", "--no-detokenize", "--json"]).call == {"detokenize": False}  # ids only
 
 
 def test_chat_flags(tmp_path: Path) -> None:
