@@ -1,9 +1,10 @@
-"""How many KV-cache blocks a ModelRunner allocates: on CUDA, the memory left after the weights
-and the peak of the largest step (measured by running it once without a cache, with one chunk of
-prompt-logprob rows).
+"""The KV cache a ModelRunner allocates (make_kv_cache): how many blocks, on CUDA the memory left
+after the weights and the peak of the largest step (measured by running it once without a cache,
+with one chunk of prompt-logprob rows), and the paged tensor the attention layers view.
 """
 
 import logging
+import math
 
 import numpy as np
 import torch
@@ -119,6 +120,25 @@ def num_kvcache_blocks(
             "max_num_batched_tokens or raise gpu_memory_utilization"
         )
     return num_blocks
+
+
+def make_kv_cache(
+    config: EngineConfig,
+    model: Qwen3ForCausalLM,
+    attention_layers: list,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_model_len: int,
+    world_size: int,
+) -> torch.Tensor:
+    """The paged cache of num_kvcache_blocks blocks, (2, layers, blocks, block_size, num_kv_heads,
+    head_dim), each attention layer's k_cache / v_cache set to its slices."""
+    head_shape = (attention_layers[0].num_kv_heads, attention_layers[0].head_dim)
+    block_size = config.kvcache_block_size
+    # K and V of block_size tokens in every layer
+    block_bytes = 2 * len(attention_layers) * block_size * math.prod(head_shape) * dtype.itemsize
+    num_blocks = num_kvcache_blocks(config, device, block_bytes, model, max_model_len, world_size)
+    return allocate_kv_cache(attention_layers, num_blocks, block_size, head_shape, dtype, device)
 
 
 def allocate_kv_cache(

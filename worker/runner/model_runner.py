@@ -28,7 +28,7 @@ from nanoserve.worker.runner.device import (
     resolve_dtype,
 )
 from nanoserve.worker.runner.host_copy import PinnedRing, load_step, to_device, to_host_async
-from nanoserve.worker.runner.kv_cache import allocate_kv_cache, num_kvcache_blocks
+from nanoserve.worker.runner.kv_cache import make_kv_cache
 from nanoserve.worker.runner.logprobs import (
     PROMPT_CHUNK_ROWS,
     PromptLogprobs,
@@ -99,13 +99,19 @@ class ModelRunner:
             max_bytes = max_rows * model_config.hidden_size * self.dtype.itemsize
             init_symmetric_all_reduce(self.device, max_bytes, self.dtype, max_rows)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        self.num_kv_heads = self.attention_layers[0].num_kv_heads
-        self.head_dim = model_config.head_dim
-
         for layer in self.attention_layers:
             layer.backend = backend
         with clock.phase("kv_cache"):
-            self.num_kvcache_blocks = self.allocate_kv_cache()
+            self.kv_cache = make_kv_cache(
+                config,
+                self.model,
+                self.attention_layers,
+                self.kv_dtype,
+                self.device,
+                self.max_model_len,
+                world_size,
+            )
+        self.num_kvcache_blocks = self.kv_cache.shape[2]
         # prompt-logprob rows per LM-head call (the cache sizing above left room for this many)
         self.prompt_chunk_rows = PROMPT_CHUNK_ROWS
         # prefill steps are padded to token-count buckets whether or not graphs run them, so eager
@@ -176,31 +182,10 @@ class ModelRunner:
             clock.phases["graphs"] + clock.phases["prefill_kernels"],
         )
 
-    # ---- KV cache -------------------------------------------------------------------------------
-
     @property
     def block_bytes(self) -> int:
-        per_token = 2 * self.num_kv_heads * self.head_dim * self.kv_dtype.itemsize
-        return len(self.attention_layers) * self.block_size * per_token
-
-    def allocate_kv_cache(self) -> int:
-        num_blocks = num_kvcache_blocks(
-            self.config,
-            self.device,
-            self.block_bytes,
-            self.model,
-            self.max_model_len,
-            self.world_size,
-        )
-        self.kv_cache = allocate_kv_cache(
-            self.attention_layers,
-            num_blocks,
-            self.block_size,
-            (self.num_kv_heads, self.head_dim),
-            self.kv_dtype,
-            self.device,
-        )
-        return num_blocks
+        """Bytes of one KV-cache block over every layer (K and V)."""
+        return self.kv_cache.nbytes // self.num_kvcache_blocks
 
     # ---- inputs ---------------------------------------------------------------------------------
 
