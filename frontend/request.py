@@ -17,7 +17,7 @@ from nanoserve.frontend.config import FrontendConfig
 from nanoserve.frontend.pacing import Pacer
 from nanoserve.frontend.request_log import current_record, mark_sent_to_worker
 from nanoserve.frontend.text.completion import DETOKENIZE_INLINE_MAX_IDS, CompletionStream
-from nanoserve.frontend.text.detokenizer import Detokenizer
+from nanoserve.frontend.text.detokenizer import Detokenizer, IdsOnly
 from nanoserve.frontend.text.logprobs import response_logprobs
 from nanoserve.frontend.workers.link import WorkerLink
 from nanoserve.frontend.workers.pool import WorkerPool
@@ -73,7 +73,7 @@ class RequestRunner:
             priority=priority,
         )
         n = params.n
-        # one detokenizer (and stop-string matcher) per completion; none for ids only
+        # one detokenizer (and stop-string matcher) per completion
         completions = [
             CompletionStream(
                 Detokenizer(
@@ -83,7 +83,7 @@ class RequestRunner:
                     min_tokens=params.min_tokens,
                 )
                 if params.detokenize
-                else None
+                else IdsOnly()
             )
             for _ in range(n)
         ]

@@ -1,13 +1,13 @@
 """One completion of a Generate/Chat call as the frontend streams it: the worker's new ids ->
 incremental detokenization and stop strings -> the fields of the next response message. A call
 with SamplingParams.n > 1 has one per completion (FrontendServicer._stream); one with
-`detokenize` false has no detokenizer and streams ids only.
+`detokenize` false streams ids only (detokenizer.IdsOnly).
 """
 
 from dataclasses import dataclass
 from typing import Any
 
-from nanoserve.frontend.text.detokenizer import Detokenizer, DetokenizerOutput
+from nanoserve.frontend.text.detokenizer import Detokenizer, DetokenizerOutput, IdsOnly
 from nanoserve.proto.v1 import common_pb2
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.text.tokenizer import Tokenizer
@@ -19,7 +19,7 @@ DETOKENIZE_INLINE_MAX_IDS = 64
 
 @dataclass(slots=True)
 class CompletionStream:
-    detokenizer: Detokenizer | None  # None: ids only (SamplingParams.detokenize false)
+    detokenizer: Detokenizer | IdsOnly
     completion_tokens: int = 0  # tokens streamed so far
     cached_tokens: int = 0  # the worker's figure, for a usage built here (a stop string ended it)
     done: bool = False  # ended (by the worker, or by a stop string matched here)
@@ -35,8 +35,6 @@ class CompletionStream:
         """New ids (and the worker's last output once it ended) -> the fields of the next message;
         with finish_reason and usage when the completion ended (at the worker, or by a stop
         string matched here). Long batches are detokenized in the tokenizer's thread pool."""
-        if self.detokenizer is None:
-            return self._fields(DetokenizerOutput("", len(ids)), ids, last, prompt_len)
         skip_last = self._skip_last(ids, last, include_stop)
         out = await tokenizer.run(self.detokenizer.add, ids, skip_last)
         return self._fields(out, ids, last, prompt_len)
@@ -50,11 +48,7 @@ class CompletionStream:
     ) -> dict[str, Any]:
         """`fields` on the event loop, for at most DETOKENIZE_INLINE_MAX_IDS ids: the common case
         (one step's id) without a coroutine or a thread hop."""
-        out = (
-            DetokenizerOutput("", len(ids))
-            if self.detokenizer is None
-            else self.detokenizer.add(ids, self._skip_last(ids, last, include_stop))
-        )
+        out = self.detokenizer.add(ids, self._skip_last(ids, last, include_stop))
         return self._fields(out, ids, last, prompt_len)
 
     @staticmethod
@@ -80,11 +74,10 @@ class CompletionStream:
         self.completion_tokens += out.num_tokens
         fields: dict[str, Any] = {"text": out.text, "token_ids": ids[: out.num_tokens]}
         if out.matched_stop is None and last is not None:
-            if self.detokenizer is not None:
-                tail = self.detokenizer.flush()
-                fields["text"] += tail.text
-                out.matched_stop = tail.matched_stop
-            if out.matched_stop is None:
+            tail = self.detokenizer.flush()
+            fields["text"] += tail.text
+            out.matched_stop = tail.matched_stop
+            if tail.matched_stop is None:
                 fields.update(finish_reason=last.finish_reason, usage=last.usage)
                 if last.HasField("stop_token_id"):
                     fields["matched_stop_token_id"] = last.stop_token_id

@@ -140,3 +140,14 @@ class Detokenizer:
                     longest = k
                     break
         return longest
+
+
+class IdsOnly:
+    """A Detokenizer for a request with SamplingParams.detokenize false: every id is consumed,
+    no text is made, no stop string is matched."""
+
+    def add(self, token_ids: Sequence[int], skip_last: bool = False) -> DetokenizerOutput:
+        return DetokenizerOutput("", len(token_ids))
+
+    def flush(self) -> DetokenizerOutput:
+        return DetokenizerOutput("", 0)
