@@ -160,7 +160,7 @@ case $mode in
     echo "net.ipv4.tcp_migrate_req = $(cat /proc/sys/net/ipv4/tcp_migrate_req 2>/dev/null)" \
       | tee "$out/tcp_migrate_req.txt"
     for age in 0 0.5; do
-      step serving_poisson_age_$age 200 $serving --num-prompts 608 --request-rate 38 --runs 4 \
+      step serving_poisson_age_$age 200 $serving --num-prompts 608 --request-rate 38 --runs ${AGE_RUNS:-4} \
         --skip-offline --warmup light --target frontend --client-procs 2 --client-channels 1 \
         --frontend-args=--max-connection-age-s=$age
     done
@@ -183,10 +183,12 @@ case $mode in
     ;;
   plan)  # issues 29 and 34: prompt lookahead (--lookahead-prompts) off and on in one process under
     # Poisson arrivals (interleaved runs), then the throughput workload and batch-1 without and with it
-    step arrivals_plan 250 $py -m nanoserve.benchmarks.arrivals --runs 3 --lookahead-prompts off on
-    i=0
-    for flag in "" --lookahead-prompts "" --lookahead-prompts; do
-      i=$((i + 1)); step "engine_plan_${i}${flag:+_on}" 70 $bench throughput latency --shape qwen3-0.6b $flag
+    # (PLAN_RUNS: arrival runs per setting, default 3; PLAN_PAIRS: engine pairs, default 2)
+    step arrivals_plan 250 $py -m nanoserve.benchmarks.arrivals --runs ${PLAN_RUNS:-3} \
+      --lookahead-prompts off on
+    for i in $(seq $((2 * ${PLAN_PAIRS:-2}))); do  # off, on, off, on, ...
+      flag=; [ $((i % 2)) = 0 ] && flag=--lookahead-prompts
+      step "engine_plan_${i}${flag:+_on}" 70 $bench throughput latency --shape qwen3-0.6b $flag
     done
     ;;
   mixcap)  # issue 14: a cap on the prompt tokens of mixed steps, under the same 38 req/s as `load`,
