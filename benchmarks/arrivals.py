@@ -18,6 +18,7 @@ from pathlib import Path
 
 from nanoserve.benchmarks import workload
 from nanoserve.benchmarks.shapes import SHAPES, write_shape_dir
+from nanoserve.benchmarks.stalls import StallWatch
 from nanoserve.benchmarks.stats import percentile, summarize
 
 
@@ -82,6 +83,11 @@ def _account(requests, arrived, token_times, ended_by, steps, wall: float) -> di
         ttft_ms=summarize((token_times[rid][0] - t for rid, t in arrived.items()), 1e3),
         slowest_1pct_of_gaps_end_in={k: round(v / sum(slow.values()), 3) for k, v in slow.items()},
         steps={k: _steps(v) for k, v in sorted(by_kind.items())},
+        # the 3 slowest steps: a one-off (a compile, a GC pause) shows as one far above the rest
+        slowest_steps=[
+            dict(index=i, kind=k, ms=round(s * 1e3, 2), seqs=b, prompt_tokens=t)
+            for i, (k, s, b, t) in sorted(enumerate(steps), key=lambda x: -x[1][1])[:3]
+        ],
     )
 
 
@@ -168,8 +174,10 @@ def main(argv: list[str] | None = None) -> None:
                 args.num_prompts, args.min_len, args.max_len, args.min_len, args.max_len, seed=run
             )
             reqs = workload.build(f"r{run}c{cap}{prompts}", shape, vocab, args.rate, seed=run)
-            res = replay(llm, reqs, args.temperature)
+            with StallWatch() as stalls:  # what, besides the steps' work, could stall a step
+                res = replay(llm, reqs, args.temperature)
             line = dict(bench="arrivals", run=run, cap=cap, lookahead_prompts=prompts, **res)
+            line["stalls"] = stalls.summary()
             print(json.dumps(dict(line, rate=args.rate)), flush=True)
     llm.shutdown()
 

@@ -138,7 +138,9 @@ def arrivals_line(r: dict) -> str:
         f"{r.get('lookahead_prompts', 'off')}: {r.get('output_tok_s')} tok/s, ITL "
         f"{fmt(r.get('itl_ms'))} ms (p99/p50 {r.get('itl_p99_over_p50')}), TTFT "
         f"{fmt(r.get('ttft_ms'))} ms; steps: {steps}; slowest 1% end in "
-        f"{r.get('slowest_1pct_of_gaps_end_in')}"
+        f"{r.get('slowest_1pct_of_gaps_end_in')}; slowest steps "
+        f"{[(x['index'], x['kind'], x['ms']) for x in r.get('slowest_steps', [])]}; "
+        f"stalls {r.get('stalls')}"
     )
 
 

@@ -2,7 +2,10 @@
 and step kinds, and a replay on the tiny model with decode lookahead on CPU: every request gets all
 its tokens, and no mixed step drops a decode forwarded ahead."""
 
+import pytest
+
 from nanoserve.benchmarks import arrivals, workload
+from nanoserve.benchmarks.stalls import StallWatch
 from nanoserve.worker import LLM
 
 
@@ -20,6 +23,32 @@ def test_account_of_gaps_and_steps():
     assert res["slowest_1pct_of_gaps_end_in"] == {"mixed+wasted": 1.0}
     assert res["steps"]["mixed"] == dict(res["steps"]["mixed"], seqs=1.0, prompt_tokens=100)
     assert res["steps"]["mixed+wasted"]["ms"]["p50"] == 1000.0
+    assert [(x["index"], x["kind"], x["ms"]) for x in res["slowest_steps"]] == [
+        (2, "mixed+wasted", 1000.0),
+        (0, "mixed", 500.0),
+        (1, "ahead", 250.0),
+    ]
+
+
+def test_stall_watch_sees_gc_and_triton_specialisations_and_restores_the_hooks():
+    import gc
+
+    triton = pytest.importorskip("triton")
+    seen: list[str] = []
+    triton.knobs.runtime.jit_cache_hook = lambda *a, **kw: seen.append(kw["repr"])
+    try:
+        with StallWatch(slow_gc_ms=0.0) as watch:
+            gc.collect()
+            triton.knobs.runtime.jit_cache_hook(repr="kernel_a")  # as Triton calls it
+        assert triton.knobs.runtime.jit_cache_hook is not watch._on_compile  # restored
+        assert seen == ["kernel_a"]  # the hook before it still ran
+    finally:
+        triton.knobs.runtime.jit_cache_hook = None
+    s = watch.summary()
+    assert s["triton_specialised"] == 1 and s["triton_kernels"] == ["kernel_a"]
+    assert s["gc_pauses"] >= 1 and s["gc_slow"] == s["gc_pauses"]
+    assert s["cuda_mallocs"] == 0
+    assert watch._on_gc not in gc.callbacks
 
 
 def test_replay_takes_every_forward_ahead(tiny_model_dir):

@@ -1,0 +1,75 @@
+"""What can stall an engine step besides its own work, counted over a block of steps: Triton kernels
+specialised (compiled, or loaded from the disk cache), Python GC pauses and the CUDA caching
+allocator's cudaMalloc calls. `bench arrivals` reports them for each run."""
+
+import gc
+import time
+from types import TracebackType
+from typing import Any
+
+
+class StallWatch:
+    """A context manager: `summary()` after the block says what happened inside it."""
+
+    def __init__(self, slow_gc_ms: float = 5.0) -> None:
+        self.slow_gc_ms = slow_gc_ms
+        self.compiled: list[str] = []
+        self.gc_ms: list[float] = []
+        self._gc_start = 0.0
+        self._prev_hook: Any = None
+        self._segments = 0
+
+    def _on_compile(self, *args: Any, **kwargs: Any) -> Any:
+        self.compiled.append(str(kwargs.get("repr", "?"))[:120])
+        return self._prev_hook(*args, **kwargs) if self._prev_hook else None
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.gc_ms.append((time.perf_counter() - self._gc_start) * 1e3)
+
+    @staticmethod
+    def _cuda_segments() -> int:  # cudaMalloc calls of the caching allocator so far (0 off CUDA)
+        try:
+            import torch
+        except ImportError:
+            return 0
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return 0
+        return int(torch.cuda.memory_stats().get("segment.all.allocated", 0))
+
+    def __enter__(self) -> "StallWatch":
+        try:
+            import triton
+
+            self._prev_hook = triton.knobs.runtime.jit_cache_hook
+            triton.knobs.runtime.jit_cache_hook = self._on_compile
+        except (ImportError, AttributeError):  # no Triton (CPU builds): nothing compiles
+            pass
+        gc.callbacks.append(self._on_gc)
+        self._segments = self._cuda_segments()
+        return self
+
+    def __exit__(
+        self, kind: type | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._segments = self._cuda_segments() - self._segments
+        gc.callbacks.remove(self._on_gc)
+        try:
+            import triton
+
+            triton.knobs.runtime.jit_cache_hook = self._prev_hook
+        except (ImportError, AttributeError):
+            pass
+
+    def summary(self) -> dict:
+        slow = [ms for ms in self.gc_ms if ms >= self.slow_gc_ms]
+        return dict(
+            triton_specialised=len(self.compiled),
+            triton_kernels=sorted(set(self.compiled))[:5],
+            gc_pauses=len(self.gc_ms),
+            gc_max_ms=round(max(self.gc_ms, default=0.0), 2),
+            gc_slow=len(slow),
+            cuda_mallocs=self._segments,
+        )
