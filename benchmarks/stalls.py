@@ -52,7 +52,10 @@ class StallWatch:
         return self
 
     def __exit__(
-        self, kind: type | None, value: BaseException | None, tb: TracebackType | None
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self._segments = self._cuda_segments() - self._segments
         gc.callbacks.remove(self._on_gc)
