@@ -59,6 +59,8 @@ def serving_lines(r: dict) -> list[str]:
             f"{x['loadgen']['cpu_s']} s ({x['loadgen']['busiest_proc_cpu']})"
             + (f"  ERRORS {x['errors']}: {x['first_error'][:80]}" if x["errors"] else "")
         )
+        if "one_stream_gap_ms" in x:  # a slower pace (p50) or a few stalls (p99, max)?
+            lines.append(f"    one-stream gaps ms p50/p90/p99/max: {fmt(x['one_stream_gap_ms'])}")
         if "tok_s_runs" in x:  # every fresh run: its /offline, and the services' spend per token
             offline = r.get("offline", {}).get("tok_s")
             runs = [f"{v / offline:.3f}" if offline else f"{v:,.0f}" for v in x["tok_s_runs"]]

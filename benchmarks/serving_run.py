@@ -169,4 +169,6 @@ def measure(
     if timed:
         out["one_stream_ms_per_token"] = round(1000 * median(tpot(r) for r in timed), 3)
         out["one_stream_ttft_ms"] = round(1000 * median(r["ttft"] for r in timed), 2)
+        # every gap of the timed runs: a slower pace shows in p50, a few stalls in p99 and max
+        out["one_stream_gap_ms"] = summarize((g for r in timed for g in r["gaps"]), 1e3)
     return out
