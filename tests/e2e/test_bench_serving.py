@@ -52,6 +52,7 @@ PATH_KEYS = {
     "service_cpu_cores",
     "one_stream_ms_per_token",
     "one_stream_ttft_ms",
+    "one_stream_gap_ms",
 }
 PERCENTILE_KEYS = {"n", "p50", "p90", "p99", "max", "mean"}
 
@@ -62,6 +63,7 @@ def check_path(res: dict, requests: int, tokens: int) -> None:
     assert res["tok_s"] > 0 and res["one_stream_ms_per_token"] > 0 and res["one_stream_ttft_ms"] > 0
     assert set(res["ttft_ms"]) == PERCENTILE_KEYS and res["ttft_ms"]["n"] == requests
     assert set(res["itl_ms"]) == PERCENTILE_KEYS and res["itl_ms"]["n"] > 0
+    assert set(res["one_stream_gap_ms"]) == PERCENTILE_KEYS and res["one_stream_gap_ms"]["n"] > 0
     assert set(res["tpot_ms"]) == PERCENTILE_KEYS and 0 < res["tpot_ms"]["n"] <= requests
     assert sum(b["n"] for b in res["ttft_ms_by_prompt_len"].values()) == requests
     assert res["ttft_ms"]["p50"] <= res["ttft_ms"]["p99"] <= res["ttft_ms"]["max"]
