@@ -187,8 +187,8 @@ case $mode in
     step arrivals_plan 250 $py -m nanoserve.benchmarks.arrivals --runs ${PLAN_RUNS:-3} \
       --lookahead-prompts off on
     for i in $(seq $((2 * ${PLAN_PAIRS:-2}))); do  # off, on, off, on, ...
-      flag=; [ $((i % 2)) = 0 ] && flag=--lookahead-prompts
-      step "engine_plan_${i}${flag:+_on}" 70 $bench throughput latency --shape qwen3-0.6b $flag
+      flag=--no-lookahead-prompts; [ $((i % 2)) = 0 ] && flag=--lookahead-prompts
+      step "engine_plan_${i}_${flag#--}" 70 $bench throughput latency --shape qwen3-0.6b $flag
     done
     ;;
   mixcap)  # issue 14: a cap on the prompt tokens of mixed steps, under the same 38 req/s as `load`,

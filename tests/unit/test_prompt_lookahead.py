@@ -347,3 +347,20 @@ def test_random_schedules_same_tokens(model, seed):
             else:  # ended by the abort in one run at least: the shorter is a prefix
                 short, long = sorted((ids, ref), key=len)
                 assert long[: len(short)] == short, i
+
+
+@pytest.mark.parametrize(
+    "kw, on",
+    [
+        ({}, True),  # decode lookahead's default (on CUDA) at one rank
+        ({"tensor_parallel_size": 2}, False),  # not yet run on GPUs with ranks
+        ({"decode_lookahead": True}, False),  # set by hand: prompts only when asked too
+        ({"decode_lookahead": False}, False),
+        ({"lookahead_prompts": True, "tensor_parallel_size": 2}, True),
+        ({"lookahead_prompts": False}, False),
+    ],
+)
+def test_the_default_plans_prompts_ahead_only_beside_decode_lookaheads_default(kw, on):
+    from nanoserve.worker.config import EngineConfig
+
+    assert EngineConfig(**kw).plans_prompts_ahead() is on

@@ -75,7 +75,7 @@ class LLMEngine:
         self.num_generated_tokens = 0
         # the step forwarded ahead (if one is) was decided while prompts waited
         self.ahead_over_waiting = False
-        self.lookahead_prompts = config.lookahead_prompts  # (bench arrivals sets it per variant)
+        self.lookahead_prompts = config.plans_prompts_ahead()  # (bench arrivals sets it per run)
 
     def _resolve_max_model_len(self, model_len: int) -> int:
         """The runner's length (--max-model-len, else max_position_embeddings) lowered to the KV
