@@ -1,7 +1,7 @@
-"""The serving benchmark's HTTP path: one OpenAI /v1/completions request streamed from the gateway
-over a plain asyncio connection (the GPU machine has no HTTP client library), its server-sent events
-turned into messages shaped like the gRPC responses loadgen times (`token_ids`: one per text event;
-the usage event adds the tokens that came without text of their own).
+"""The serving benchmark's HTTP paths: one OpenAI /v1/completions or /v1/chat/completions request
+streamed from the gateway over a plain asyncio connection (the GPU machine has no HTTP client
+library), its server-sent events turned into messages shaped like the gRPC responses loadgen times
+(`token_ids`: one per event with output; the usage event adds the tokens that came without).
 """
 
 import asyncio
@@ -65,8 +65,43 @@ async def get_json(address: str, path: str) -> dict:
     return json.loads(text)
 
 
-async def stream_completion(address: str, payload: dict) -> AsyncIterator[Message]:
-    status, body, writer = await _request(address, "POST", "/v1/completions", payload)
+# Chat takes text, not ids: a prompt's ids become words that Qwen's BPE keeps one token each (a
+# leading space and a common English word), so a chat prompt has as many tokens as its ids (with
+# Qwen's tokenizer) plus the template's. Random choices of them share no prefix beyond the template's.
+_COMMON_WORDS = (
+    " the of and to in is that for it as with was on be at by this had not are but from or have an"
+    " they which one you were her all she there would their we him been has when who will more no"
+    " if out so said what up its about into than them can only other new some could time these"
+    " two may then do first any my now such like our over man me even most made after also did"
+    " many before must through back years where much your way well down should because each just"
+    " those people how too little state good very make world still own see men work long get here"
+    " between both life being under never day same another know while last might us great old"
+    " year off come since against go came right used take three"
+)
+WORDS = _COMMON_WORDS.split()
+
+
+def chat_text(ids: list[int]) -> str:
+    return "".join(" " + WORDS[i % len(WORDS)] for i in ids).lstrip()
+
+
+def _has_output(chunk: dict, chat: bool) -> bool:
+    """Whether a streamed chunk carries a token's output: completion text, or a chat delta's
+    content, reasoning or tool call."""
+    if not chunk["choices"]:
+        return False
+    choice = chunk["choices"][0]
+    if not chat:
+        return bool(choice["text"])
+    delta = choice.get("delta") or {}
+    return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"))
+
+
+async def stream_completion(
+    address: str, payload: dict, chat: bool = False
+) -> AsyncIterator[Message]:
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    status, body, writer = await _request(address, "POST", path, payload)
     try:
         if status != 200:
             text = b"".join([part async for part in body])
@@ -88,27 +123,33 @@ async def stream_completion(address: str, payload: dict) -> AsyncIterator[Messag
                     if rest > 0:
                         seen += rest
                         yield Message([0] * rest)
-                elif chunk["choices"] and chunk["choices"][0]["text"]:
+                elif _has_output(chunk, chat):
                     seen += 1
                     yield Message([0])
     finally:
         writer.close()
 
 
-async def starter(address: str, temperature: float) -> Callable[[Request], AsyncIterator[Message]]:
-    """loadgen's `start` for the gateway: Request -> streamed completion of its prompt ids."""
+async def starter(
+    address: str, temperature: float, chat: bool = False
+) -> Callable[[Request], AsyncIterator[Message]]:
+    """loadgen's `start` for the gateway: Request -> streamed completion of its prompt ids, or
+    (chat) of one user message of as many words."""
     model = (await get_json(address, "/v1/models"))["data"][0]["id"]
 
     def start(r: Request) -> AsyncIterator[Message]:
-        payload = {
+        payload: dict = {
             "model": model,
-            "prompt": r.prompt_token_ids,
             "max_tokens": r.max_tokens,
             "temperature": temperature,
             "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        return stream_completion(address, payload)
+        if chat:
+            payload["messages"] = [{"role": "user", "content": chat_text(r.prompt_token_ids)}]
+        else:
+            payload["prompt"] = r.prompt_token_ids
+        return stream_completion(address, payload, chat)
 
     return start

@@ -48,7 +48,7 @@ def serving_lines(r: dict) -> list[str]:
             f"  {'offline':<9} {o['tok_s']:>9,.0f} {'1':>8} "
             f"{o['one_stream_ms_per_token']:>15} {o['one_stream_ttft_ms']:>8}"
         )
-    for t in ("frontend", "worker", "gateway"):
+    for t in ("frontend", "worker", "gateway", "chat"):
         if t not in r:
             continue
         x = r[t]

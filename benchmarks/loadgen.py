@@ -1,7 +1,6 @@
 """The serving benchmark's load generator: streams requests to FrontendService.Generate or
-WorkerService.GenerateTokens over plain grpc.aio, or to the OpenAI gateway's /v1/completions
-(gateway_stream.py), and times every response message. Several client
-processes (spawned, results back as JSON) when one event loop would be the bottleneck; each reports
+WorkerService.GenerateTokens over plain grpc.aio, or to the OpenAI gateway's /v1/completions or
+/v1/chat/completions (gateway_stream.py), and times every response message. Several client processes (spawned, results back as JSON) when one event loop would be the bottleneck; each reports
 its own CPU time so that the figures say whether it was. Each process may open several gRPC
 channels (separate TCP connections): the kernel hands each connection whole to one of the
 frontend processes sharing a port (SO_REUSEPORT), so a few connections load them unevenly.
@@ -28,7 +27,7 @@ from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 
-TARGETS = ("frontend", "worker", "gateway")
+TARGETS = ("frontend", "worker", "gateway", "chat")  # chat: the gateway's /v1/chat/completions
 CLIENT_KEYS = ("cpu_s", "wall_s", "max_rss_mib")  # what each client process reports of itself
 
 
@@ -128,10 +127,10 @@ async def run(
     ends). `barrier` (multiprocessing) starts every client process's clock together, once all are
     connected. The gateway target ignores `channels` (HTTP: a connection per request)."""
     async with contextlib.AsyncExitStack() as stack:
-        if target == "gateway":
+        if target in ("gateway", "chat"):
             if not detokenize:
                 raise ValueError("the OpenAI gateway streams text: detokenize must stay on")
-            starts = [await starter(address, temperature)]
+            starts = [await starter(address, temperature, chat=target == "chat")]
         else:
             starts = []
             for _ in range(channels):

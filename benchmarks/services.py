@@ -133,7 +133,7 @@ def start_services(
     services = {"worker": worker}
     try:
         worker_address = worker.wait_serving(args.start_timeout)
-        if target in ("frontend", "both", "gateway", "all"):
+        if target in ("frontend", "both", "gateway", "chat", "openai", "all"):
             frontend_address = start_replicas(
                 services,
                 "frontend",
@@ -142,7 +142,7 @@ def start_services(
                 args.frontend_processes,
                 120,
             )  # fmt: skip
-            if target in ("gateway", "all"):
+            if target in ("gateway", "chat", "openai", "all"):
                 start_replicas(
                     services,
                     "gateway",

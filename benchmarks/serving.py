@@ -46,11 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--target",
         default="",
-        choices=["", "frontend", "worker", "both", "gateway", "all"],
+        choices=["", "frontend", "worker", "both", "gateway", "chat", "openai", "all"],
         help="which service to load: with --address what runs there (default "
         "frontend); without, default both (through the frontend, and straight to the "
-        "worker); gateway = the OpenAI HTTP gateway in front of the frontend (needs the "
-        "gateway extra); all = the three paths",
+        "worker); gateway = the OpenAI HTTP gateway's /v1/completions in front of the frontend "
+        "(needs the gateway extra), chat = its /v1/chat/completions (one user message of about "
+        "the prompt's length in words), openai = both of those; all = frontend, worker, gateway",
     )
     g.add_argument("--num-prompts", type=int, default=256, help="requests in a throughput run")
     g.add_argument(
@@ -216,9 +217,11 @@ def run_offline(settings: dict, shape: list, warmup: list, args) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     target = args.target or ("frontend" if args.address else "both")
-    targets = {"both": ["frontend", "worker"], "all": ["frontend", "worker", "gateway"]}.get(
-        target, [target]
-    )
+    targets = {
+        "both": ["frontend", "worker"],
+        "openai": ["gateway", "chat"],
+        "all": ["frontend", "worker", "gateway"],
+    }.get(target, [target])
     shape = workload.lengths(
         args.num_prompts, args.min_len, args.max_len, args.min_out, args.max_out
     )
@@ -263,7 +266,7 @@ def run(args: argparse.Namespace) -> dict:
     try:
         pids = {name: s.process.pid for name, s in services.items()}
         for t in targets:
-            address = services[t].address
+            address = services["gateway" if t == "chat" else t].address
             assert address is not None  # start_services waited until it served
             frontend = services.get("frontend")
             frontend_address = frontend.address if frontend is not None else None

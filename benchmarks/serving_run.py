@@ -117,7 +117,7 @@ def measure(
     # the gateway's model is the frontend's (the HTTP API has no vocab_size)
     vocab = (
         model_info("frontend", frontend_address)
-        if target == "gateway"
+        if target in ("gateway", "chat")
         else model_info(target, address)
     ).vocab_size
     if args.warmup != "none":

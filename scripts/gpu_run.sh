@@ -274,9 +274,10 @@ case $mode in
       step "gpu_ttft_$i" 100 $py -m pytest -q tests/gpu/test_ttft_gpu.py -p no:cacheprovider -rA
     done
     ;;
-  gateway_runs)  # issue 29's OpenAI path alone: offline, then a fresh stack, no warm-up, 5 runs
-    step serving_gateway_runs 300 $serving --num-prompts 256 --runs 5 --warmup none \
-      --target gateway ${SERVING_ARGS:-}
+  gateway_runs)  # issue 29's OpenAI paths alone: offline, then a fresh stack, no warm-up, 5 runs
+    # of /v1/completions, then 5 of /v1/chat/completions (GATEWAY_TARGET=gateway: completions only)
+    step serving_gateway_runs 420 $serving --num-prompts 256 --runs 5 --warmup none \
+      --target ${GATEWAY_TARGET:-openai} ${SERVING_ARGS:-}
     ;;
   gateway)  # GATEWAY_ARGS: more gateway flags, e.g. "--stream-interval 2" (per-token events by default)
     step serving_gateway 480 $serving --num-prompts 256 --target all \

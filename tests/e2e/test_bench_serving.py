@@ -173,6 +173,24 @@ def test_bench_serving_through_the_gateway_next_to_grpc(tiny_model_dir):
     assert f"gateway (HTTP) / frontend (gRPC) tok/s: {res['gateway_over_frontend']}" in table
 
 
+def test_bench_serving_both_openai_endpoints(tiny_model_dir):
+    """--target openai: /v1/completions and /v1/chat/completions, every token of every request
+    counted through each (chat's prompt is one user message of as many words as prompt ids)."""
+    pytest.importorskip("fastapi", reason="the gateway extra: pip install '.[gateway]'")
+    argv = [
+        *("--model", str(tiny_model_dir), "--device", "cpu"),
+        *("--kvcache-block-size", "16", "--num-kvcache-blocks", "256"),
+        *("--target", "openai", "--skip-offline", "--client-procs", "1", *SMALL),
+    ]
+    res = serving.run(serving.build_parser().parse_args(argv))
+    tokens = sum(o for _, o in serving.workload.lengths(6, 8, 40, 3, 12))
+    for path in ("gateway", "chat"):
+        check_path(res[path], 6, tokens)
+        assert set(res[path]["service_cpu_cores"]) == {"worker", "frontend", "gateway"}
+    assert "frontend" not in res and "worker" not in res
+    assert "  chat " in "\n".join(gpu_table.serving_lines({**res, "step": "serving_openai"}))
+
+
 def test_frontend_cost_streams_every_token_through_a_stand_in_worker() -> None:
     """`nanoserve bench frontend-cost`: a real frontend against the stand-in worker; every id of
     every request arrives, and the frontend's CPU per token is reported (a figure, not a bound)."""
