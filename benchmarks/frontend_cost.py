@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="gRPC channels (TCP connections) of each load generator process, requests dealt "
         "round-robin over them (default: 4). Frontends sharing a port get whole connections, as "
         "the kernel hashes them, and a real fleet's streams come over many: a few connections "
-        "would load them unevenly. No effect with --target gateway (a connection per request)",
+        "would load them unevenly. No effect with --target gateway or chat (a connection per request)",
     )
     p.add_argument(
         "--request-rate",
@@ -139,10 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--target",
-        choices=["frontend", "gateway"],
+        choices=["frontend", "gateway", "chat"],
         default="frontend",
-        help="where the load goes: the frontend, or the OpenAI gateway in front of it (its CPU "
-        "per token is then reported too)",
+        help="where the load goes: the frontend, or the OpenAI gateway in front of it, its "
+        "/v1/completions (gateway) or /v1/chat/completions (chat); the gateway's CPU per token "
+        "is then reported too",
     )
     p.add_argument(
         "--frontend-processes",
@@ -206,7 +207,7 @@ def measure(args: argparse.Namespace) -> dict:
             args.frontend_processes,
             120,
         )  # fmt: skip
-        if args.target == "gateway":
+        if args.target in ("gateway", "chat"):
             address = start_replicas(
                 byname,
                 "gateway",
@@ -286,7 +287,7 @@ def measure(args: argparse.Namespace) -> dict:
         detokenize=not args.no_detokenize,
         **(
             {"client_connections": args.client_procs * args.client_channels}
-            if args.target != "gateway"
+            if args.target == "frontend"
             else {}
         ),
         stand_in_us_per_token=round(used["worker"] / max(tokens, 1) * 1e6, 2),

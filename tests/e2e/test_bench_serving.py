@@ -229,6 +229,24 @@ def test_frontend_cost_spreads_streams_over_client_channels_and_frontend_process
     assert res["itl_p99_over_p50"] >= 1
 
 
+@pytest.mark.parametrize("target", ["gateway", "chat"])
+def test_frontend_cost_through_either_openai_endpoint(target: str) -> None:
+    """--target gateway / chat: every token of every request arrives as an SSE event of
+    /v1/completions or /v1/chat/completions, and the gateway's CPU per token is reported."""
+    pytest.importorskip("fastapi", reason="the gateway extra: pip install '.[gateway]'")
+    out = subprocess.run(
+        [sys.executable, "-m", "nanoserve.cli", "bench", "frontend-cost", "--json",
+         "--num-prompts", "6", "--max-tokens", "9", "--prompt-len", "5", "--step-ms", "2",
+         "--client-procs", "1", "--target", target],
+        capture_output=True, text=True, timeout=180, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (res["requests"], res["output_tokens"], res["errors"]) == (6, 54, 0)
+    assert res["gateway_us_per_token"] >= 0 and len(res["gateway_cores_each"]) == 1
+    assert "client_connections" not in res
+
+
 @pytest.mark.parametrize("target", ["frontend", "worker"])
 def test_worker_cost_runs_the_real_worker_on_a_stand_in_runner(target: str) -> None:
     """`nanoserve bench worker-cost`: the real worker's gRPC process and engine core (scheduler,
