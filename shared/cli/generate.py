@@ -48,6 +48,8 @@ def generate(argv: Sequence[str]) -> int:
                     print(f"[{index}] reasoning: {choice.reasoning_content}", file=sys.stderr)
             _print_tool_calls(index if labelled else None, choice)
             _print_logprobs(index if labelled else None, choice)
+    if not args.as_json and done.prompt_token_ids is not None:
+        print(f"prompt_token_ids={' '.join(map(str, done.prompt_token_ids))}", file=sys.stderr)
     if args.usage:
         reasons = ",".join(c.finish_reason for c in choices)
         print(
@@ -108,6 +110,8 @@ def completion_json(index: int, c: Completion) -> dict[str, Any]:
         "finish_reason": c.finish_reason,
         "token_ids": c.token_ids,
     }
+    if c.prompt_token_ids is not None:
+        line["prompt_token_ids"] = c.prompt_token_ids
     if c.matched_stop is not None:
         line["matched_stop"] = c.matched_stop
     if c.reasoning_content:

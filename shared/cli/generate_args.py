@@ -167,6 +167,12 @@ def _parser() -> argparse.ArgumentParser:
         default=False,
         help="print token usage to stderr (default: off)",
     )
+    parser.add_argument(
+        "--prompt-token-ids",
+        action="store_true",
+        help="ask for the prompt's token ids as the frontend tokenized it (with --chat: the "
+        "rendered template's), printed to stderr (--json: prompt_token_ids in each line)",
+    )
     add_client_args(parser)
     _add_sampling_flags(parser.add_argument_group("sampling (unset: the server's default)"))
     structured = parser.add_argument_group(
@@ -237,6 +243,8 @@ def parse(argv: Sequence[str]) -> GenerateArgs:
     for name in ("priority", "stream_interval"):  # the request's own fields, not sampling's
         if getattr(args, name) is not None:
             call[name] = getattr(args, name)
+    if args.prompt_token_ids:
+        call["return_prompt_token_ids"] = True
     if args.chat:
         call["enable_thinking"] = args.thinking
         for name in CHAT_ONLY:

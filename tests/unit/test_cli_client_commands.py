@@ -61,6 +61,7 @@ def test_flags_become_call_keywords(tmp_path: Path) -> None:
     assert parse(["hi", "--json-object"]).call == {"structured_output": {"json_object": True}}
     assert parse(["hi", "--regex", "a+"]).call == {"structured_output": {"regex": "a+"}}
     assert parse(["hi", "--no-detokenize", "--json"]).call == {"detokenize": False}  # ids only
+    assert parse(["hi", "--prompt-token-ids"]).call == {"return_prompt_token_ids": True}
 
 
 def test_chat_flags(tmp_path: Path) -> None:
@@ -165,6 +166,8 @@ class ScriptedFrontend(frontend_grpc.FrontendServiceServicer):
         n = params.n or 1
         for index in range(n):
             first = response_type(text=f"c{index}", token_ids=[7], index=index)
+            if index == 0 and request.return_prompt_token_ids:  # on the call's first message
+                first.prompt_token_ids.extend([1, 2, 3])
             if chat:
                 first.reasoning_content = "hmm"
             if params.HasField("logprobs"):
@@ -262,6 +265,22 @@ def test_json_lines(frontend, capsys) -> None:
             "top_logprobs": [{"token_id": 7, "logprob": -0.5, "text": " a"}],
         }
     ]
+
+
+def test_prompt_token_ids_to_stderr_or_in_each_json_line(frontend, capsys) -> None:
+    address, fake = frontend
+    assert cli.generate(["p", "--address", address, "--prompt-token-ids"]) == 0
+    out, err = capsys.readouterr()
+    assert (out, err) == ("c0!\n", "prompt_token_ids=1 2 3\n")
+    assert fake.requests[-1].return_prompt_token_ids
+    assert (
+        cli.generate(["p", "--address", address, "--json", "--n", "2", "--prompt-token-ids"]) == 0
+    )
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [x["prompt_token_ids"] for x in lines] == [[1, 2, 3], [1, 2, 3]]
+    assert cli.generate(["p", "--address", address, "--json"]) == 0  # not asked: not there
+    assert "prompt_token_ids" not in json.loads(capsys.readouterr().out)
+    assert not fake.requests[-1].return_prompt_token_ids
 
 
 def test_chat_prints_reasoning_to_stderr_and_tool_calls_as_json(frontend, capsys) -> None:
