@@ -61,6 +61,12 @@ def serving_lines(r: dict) -> list[str]:
         )
         if "one_stream_gap_ms" in x:  # a slower pace (p50) or a few stalls (p99, max)?
             lines.append(f"    one-stream gaps ms p50/p90/p99/max: {fmt(x['one_stream_gap_ms'])}")
+        b = x.get("one_stream_before_runs")
+        if b:  # the same before the throughput runs: does the load leave the stack slower?
+            lines.append(
+                f"    one-stream before the runs: {b['one_stream_ms_per_token']} ms/token, TTFT "
+                f"{b['one_stream_ttft_ms']} ms, gaps {fmt(b['one_stream_gap_ms'])}"
+            )
         if "tok_s_runs" in x:  # every fresh run: its /offline, and the services' spend per token
             offline = r.get("offline", {}).get("tok_s")
             runs = [f"{v / offline:.3f}" if offline else f"{v:,.0f}" for v in x["tok_s_runs"]]

@@ -111,19 +111,22 @@ def measure(
     services: dict[str, int],
     frontend_address: str = "",
 ) -> dict:
-    """Warm-up (unless --warmup none), --runs throughput runs of fresh prompt ids (the worst run's
-    figures, every run's throughput and per-service spend, min and median), then the one-stream
-    runs, on one target."""
+    """Warm-up (unless --warmup none) and one-stream runs after it, --runs throughput runs of fresh
+    prompt ids (the worst run's figures, every run's throughput and per-service spend, min and
+    median), then the one-stream runs again, on one target."""
     # the gateway's model is the frontend's (the HTTP API has no vocab_size)
     vocab = (
         model_info("frontend", frontend_address)
         if target in ("gateway", "chat")
         else model_info(target, address)
     ).vocab_size
+    before: dict = {}
     if args.warmup != "none":
         loadgen.run_processes(
             target, address, workload.build(f"{target}-warmup", warmup, vocab), args.temperature, 1
         )
+        # the one-stream pace before the throughput runs too: does a loaded stack stay slower?
+        before = one_stream(target, address, vocab, args, "one-before")
     runs = [
         throughput_run(
             target,
@@ -158,17 +161,27 @@ def measure(
         )
         for x in runs
     ]
-    # one stream: a warm-up of the same prompt length, then the timed runs one after another
+    out.update(one_stream(target, address, vocab, args, "one"))
+    if before:
+        out["one_stream_before_runs"] = before
+    return out
+
+
+def one_stream(target: str, address: str, vocab: int, args, tag: str) -> dict:
+    """One stream at a time: a warm-up of the same prompt length, then the timed runs one after
+    another; their median ms/token and TTFT, and every gap (a slower pace shows in p50, a few
+    stalls in p99 and max)."""
     one = [(args.one_stream_prompt_len, args.one_stream_tokens)] * (args.one_stream_runs + 1)
     seq = asyncio.run(
         loadgen.run(
-            target, address, workload.build(f"{target}-one", one, vocab), 0.0, sequential=True
+            target, address, workload.build(f"{target}-{tag}", one, vocab), 0.0, sequential=True
         )
     )
     timed = [r for r in seq["results"][1:] if not r["error"] and r["tokens"] > r["first_tokens"]]
-    if timed:
-        out["one_stream_ms_per_token"] = round(1000 * median(tpot(r) for r in timed), 3)
-        out["one_stream_ttft_ms"] = round(1000 * median(r["ttft"] for r in timed), 2)
-        # every gap of the timed runs: a slower pace shows in p50, a few stalls in p99 and max
-        out["one_stream_gap_ms"] = summarize((g for r in timed for g in r["gaps"]), 1e3)
-    return out
+    if not timed:
+        return {}
+    return dict(
+        one_stream_ms_per_token=round(1000 * median(tpot(r) for r in timed), 3),
+        one_stream_ttft_ms=round(1000 * median(r["ttft"] for r in timed), 2),
+        one_stream_gap_ms=summarize((g for r in timed for g in r["gaps"]), 1e3),
+    )

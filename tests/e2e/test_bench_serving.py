@@ -111,13 +111,16 @@ def test_bench_serving_offline_and_both_paths(tiny_model_dir, tmp_path, capsys):
             assert 0 <= grpc_own["cpu_us_per_token"] <= tree["cpu_us_per_token"] + 1
     assert res["settings"]["kvcache_block_size"] == 16
     assert "ttft_frontend_minus_worker_ms" in res
+    for path in ("frontend", "worker"):  # the warm-up was on: one-stream runs before the runs too
+        before = res[path]["one_stream_before_runs"]
+        assert before["one_stream_ms_per_token"] > 0 and before["one_stream_gap_ms"]["n"] > 0
     # scripts/gpu_run.sh's table reads the step logs
     log = proc.stderr + proc.stdout + "=== serving: exit 0 after 9 s\n"
     (tmp_path / "serving.log").write_text(log)
     gpu_table.main([str(tmp_path)])
     table = capsys.readouterr().out
     assert "serving: exit 0 after 9 s" in table
-    assert "(worker gRPC process " in table
+    assert "(worker gRPC process " in table and "one-stream before the runs: " in table
     assert f"frontend  {res['frontend']['tok_s']:>9,.0f} {res['frontend_over_offline']:>8}" in table
     assert json.loads((tmp_path / "results.json").read_text())[0]["bench"] == "serving"
     text = "\n".join(gpu_table.serving_lines({"step": "bench serving", **res}))  # without --json
