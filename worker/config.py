@@ -39,8 +39,8 @@ class EngineConfig:
         metadata={
             "help": "with decode lookahead: also forward ahead a step that admits prompts (a mixed "
             "step) and the step after a prefill, scheduled one step early (default: on where "
-            "decode lookahead is on by default, cuda, at tensor_parallel_size 1; tp > 1 has not "
-            "run it on GPUs yet)"
+            "--decode-lookahead is left unset, so on cuda, at tensor_parallel_size 1; tp > 1 has "
+            "not run it on GPUs yet)"
         },
     )
     custom_all_reduce: bool = field(
