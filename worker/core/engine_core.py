@@ -34,6 +34,7 @@ from nanoserve.worker.core.frames import (
     read_inbox,
 )
 from nanoserve.worker.core.sequence_trace import trace_sequence
+from nanoserve.worker.core.serving_stalls import log_serving_stalls
 from nanoserve.worker.core.stats_log import Load, StatsLogger
 
 logger = logging.getLogger(__name__)
@@ -242,6 +243,7 @@ def run_engine_core(config: WorkerConfig, inbox: Connection, outbox: Connection)
         logging.shutdown()
         os._exit(1)
     freeze_startup_heap("engine core")  # the model's and torch's objects: the stepping process
+    log_serving_stalls()  # from here a compile or a long GC pass holds every stream: say so
     core.send(Ready(core.info()))
     try:
         core.run()

@@ -1,0 +1,66 @@
+"""What stalls the engine core's steps once it serves, logged as it happens: a Triton kernel
+specialised (compiled, or loaded from the disk cache: the runner's start-up should have done them
+all) and a garbage-collector pass that held the process. run_engine_core installs it once the
+engine is ready (the start-up compiles on purpose before that)."""
+
+import gc
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+SLOW_GC_MS = 20.0  # a pass this long holds every running stream's next token as long
+
+
+def log_serving_stalls(slow_gc_ms: float = SLOW_GC_MS) -> Callable[[], None]:
+    """Installs the two watches; returns what removes them (tests)."""
+    gc_start = 0.0
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        nonlocal gc_start
+        if phase == "start":
+            gc_start = time.perf_counter()
+            return
+        ms = (time.perf_counter() - gc_start) * 1e3
+        if ms >= slow_gc_ms:
+            logger.warning(
+                "a garbage-collector pass (generation %d, %d collected) held the engine core "
+                "%.1f ms",
+                info.get("generation", -1),
+                info.get("collected", 0),
+                ms,
+            )
+
+    gc.callbacks.append(on_gc)
+    knobs = _triton_runtime_knobs()
+    previous = knobs.jit_cache_hook if knobs is not None else None
+
+    def on_specialise(*args: Any, **kwargs: Any) -> Any:
+        logger.warning(
+            "a Triton kernel was specialised while serving (compiled, or loaded from the disk "
+            "cache; the step waited for it): %s",
+            str(kwargs.get("repr", "?"))[:200],
+        )
+        return previous(*args, **kwargs) if previous is not None else None
+
+    if knobs is not None:
+        knobs.jit_cache_hook = on_specialise
+
+    def uninstall() -> None:
+        gc.callbacks.remove(on_gc)
+        if knobs is not None and knobs.jit_cache_hook is on_specialise:
+            knobs.jit_cache_hook = previous
+
+    return uninstall
+
+
+def _triton_runtime_knobs() -> Any:
+    """triton.knobs.runtime, or None where Triton (or that knob) is missing."""
+    try:
+        import triton
+    except ImportError:
+        return None
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    return runtime if hasattr(runtime, "jit_cache_hook") else None
