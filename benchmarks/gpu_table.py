@@ -13,10 +13,18 @@ STEP_END = re.compile(r"^=== (\S+): (exit \d+ after \d+ s|skipped.*)$")
 PYTEST = re.compile(r"^=+ .*\b(passed|failed|error)\b.* in [\d.]+s")
 
 
+# the served engine core's own warnings (worker/core/serving_stalls.py): what stalled its steps
+STALLS = ("specialised while serving", "garbage-collector pass")
+
+
 def read(out: Path) -> tuple[list[dict], list[str]]:
     rows, notes = [], []
     for log in sorted(out.glob("*.log")):
-        for line in log.read_text(errors="replace").splitlines():
+        text = log.read_text(errors="replace")
+        counts = [f"{text.count(s)} x '{s}'" for s in STALLS if s in text]
+        if counts:
+            notes.append(f"{log.stem:<16} engine core stalls while serving: {', '.join(counts)}")
+        for line in text.splitlines():
             if line.startswith("{"):
                 try:
                     rows.append(dict(json.loads(line), step=log.stem))

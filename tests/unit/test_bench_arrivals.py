@@ -64,3 +64,22 @@ def test_replay_takes_every_forward_ahead(tiny_model_dir):
     assert res["steps"]["ahead"]["ms"]["n"] > 0
     assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
     llm.shutdown()
+
+
+def test_gpu_table_counts_the_engine_cores_stall_warnings(tmp_path, capsys):
+    from nanoserve.benchmarks import gpu_table
+
+    (tmp_path / "serving.log").write_text(
+        "[worker] WARNING a Triton kernel was specialised while serving (...): decode_attention\n"
+        "[worker] WARNING a Triton kernel was specialised while serving (...): sample_rows\n"
+        "[worker] WARNING a garbage-collector pass (generation 2, 0 collected) held it 31.0 ms\n"
+        "=== serving: exit 0 after 3 s\n"
+    )
+    (tmp_path / "quiet.log").write_text("=== quiet: exit 0 after 1 s\n")
+    gpu_table.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert (
+        "engine core stalls while serving: 2 x 'specialised while serving', "
+        "1 x 'garbage-collector pass'"
+    ) in out
+    assert out.count("engine core stalls") == 1
