@@ -25,6 +25,8 @@
 #   traces:  bench frontend-cost with and without OpenTelemetry traces (carry tracing_wheels.txt)
 #   headroom: (issue 29) the stand-in worker's headroom alone: bench frontend-cost at 512 streams
 #            over gRPC and through the gateway, at 1, 4 and 8 frontend (and gateway) processes
+#   owed29:  (issue 29) planned steps' stalls, one-stream probes, both OpenAI endpoints, Poisson
+#            over 2 connections, in one call (carry the gateway wheels)
 #   gateway: bench serving offline, through the frontend, straight to the worker and through the
 #            OpenAI HTTP gateway (--target all); carry the gateway extra's wheels first:
 #            bash scripts/gpu_run.sh wheels $(cat scripts/gateway_wheels.txt)
@@ -269,6 +271,16 @@ case $mode in
     step serving_grpc_runs 300 $serving --num-prompts 256 --runs 5 --warmup none --client-procs 1 \
       --target frontend ${SERVING_ARGS:-}
     ;;
+  owed29)  # issue 29's last figures in one call (~8 min): the stalls of planned steps, the
+    # one-stream probes (before and after the runs, their gaps), both OpenAI endpoints fresh, and
+    # Poisson over 2 connections with today's defaults (prompt lookahead on); carry the gateway
+    # wheels: bash scripts/gpu_run.sh wheels $(cat scripts/gateway_wheels.txt)
+    step arrivals_stalls 110 $py -m nanoserve.benchmarks.arrivals --runs 2 --lookahead-prompts on off
+    step serving_one_stream 120 $serving --num-prompts 256 --runs 2 --warmup light --target both
+    step serving_openai_runs 200 $serving --num-prompts 256 --runs 4 --warmup none --target openai
+    step serving_poisson_2conn 100 $serving --num-prompts 608 --request-rate 38 --runs 3 \
+      --skip-offline --warmup light --target frontend --client-procs 2 --client-channels 1
+    ;;
   ttft3)  # issue 29: the first-of-a-length TTFT check, three times in fresh processes (flaky?)
     for i in 1 2 3; do
       step "gpu_ttft_$i" 100 $py -m pytest -q tests/gpu/test_ttft_gpu.py -p no:cacheprovider -rA
@@ -305,7 +317,7 @@ case $mode in
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|age|jitter|prefill|mixcap|timeline|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|gateway|grpc_runs|gateway_runs|ttft3|service|headroom|traces|wheels]" >&2
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|age|jitter|prefill|mixcap|timeline|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|gateway|grpc_runs|gateway_runs|owed29|ttft3|service|headroom|traces|wheels]" >&2
      exit 2 ;;
 esac
 done
