@@ -1,11 +1,12 @@
 """What can stall an engine step besides its own work, counted over a block of steps: Triton kernels
-specialised (compiled, or loaded from the disk cache), Python GC pauses and the CUDA caching
-allocator's cudaMalloc calls. `bench arrivals` reports them for each run."""
+specialised (compiled, or loaded from the disk cache), Python GC pauses (both through the served
+engine core's watch, worker.core.serving_stalls) and the CUDA caching allocator's cudaMalloc
+calls. `bench arrivals` reports them for each run."""
 
-import gc
-import time
 from types import TracebackType
 from typing import Any
+
+from nanoserve.worker.core.serving_stalls import watch_stalls
 
 
 class StallWatch:
@@ -15,19 +16,8 @@ class StallWatch:
         self.slow_gc_ms = slow_gc_ms
         self.compiled: list[str] = []
         self.gc_ms: list[float] = []
-        self._gc_start = 0.0
-        self._prev_hook: Any = None
+        self._uninstall = lambda: None
         self._segments = 0
-
-    def _on_compile(self, *args: Any, **kwargs: Any) -> Any:
-        self.compiled.append(str(kwargs.get("repr", "?"))[:120])
-        return self._prev_hook(*args, **kwargs) if self._prev_hook else None
-
-    def _on_gc(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._gc_start = time.perf_counter()
-        else:
-            self.gc_ms.append((time.perf_counter() - self._gc_start) * 1e3)
 
     @staticmethod
     def _cuda_segments() -> int:  # cudaMalloc calls of the caching allocator so far (0 off CUDA)
@@ -40,14 +30,10 @@ class StallWatch:
         return int(torch.cuda.memory_stats().get("segment.all.allocated", 0))
 
     def __enter__(self) -> "StallWatch":
-        try:
-            import triton
+        def on_gc(ms: float, info: dict[str, Any]) -> None:
+            self.gc_ms.append(ms)
 
-            self._prev_hook = triton.knobs.runtime.jit_cache_hook
-            triton.knobs.runtime.jit_cache_hook = self._on_compile
-        except (ImportError, AttributeError):  # no Triton (CPU builds): nothing compiles
-            pass
-        gc.callbacks.append(self._on_gc)
+        self._uninstall = watch_stalls(self.compiled.append, on_gc)
         self._segments = self._cuda_segments()
         return self
 
@@ -58,13 +44,7 @@ class StallWatch:
         tb: TracebackType | None,
     ) -> None:
         self._segments = self._cuda_segments() - self._segments
-        gc.callbacks.remove(self._on_gc)
-        try:
-            import triton
-
-            triton.knobs.runtime.jit_cache_hook = self._prev_hook
-        except (ImportError, AttributeError):
-            pass
+        self._uninstall()
 
     def summary(self) -> dict:
         slow = [ms for ms in self.gc_ms if ms >= self.slow_gc_ms]

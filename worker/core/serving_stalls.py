@@ -1,7 +1,8 @@
 """What stalls the engine core's steps once it serves, logged as it happens: a Triton kernel
 specialised (compiled, or loaded from the disk cache: the runner's start-up should have done them
 all) and a garbage-collector pass that held the process. run_engine_core installs it once the
-engine is ready (the start-up compiles on purpose before that)."""
+engine is ready (the start-up compiles on purpose before that); `bench arrivals` counts the same
+two through `watch_stalls`."""
 
 import gc
 import logging
@@ -14,16 +15,50 @@ logger = logging.getLogger(__name__)
 SLOW_GC_MS = 20.0  # a pass this long holds every running stream's next token as long
 
 
-def log_serving_stalls(slow_gc_ms: float = SLOW_GC_MS) -> Callable[[], None]:
-    """Installs the two watches; returns what removes them (tests)."""
+def watch_stalls(
+    on_specialise: Callable[[str], None], on_gc: Callable[[float, dict[str, Any]], None]
+) -> Callable[[], None]:
+    """Calls on_specialise(kernel) before each new Triton specialisation (the hook installed
+    before still runs) and on_gc(ms, info) after each GC pass; returns what removes both."""
     gc_start = 0.0
 
-    def on_gc(phase: str, info: dict[str, Any]) -> None:
+    def gc_callback(phase: str, info: dict[str, Any]) -> None:
         nonlocal gc_start
         if phase == "start":
             gc_start = time.perf_counter()
-            return
-        ms = (time.perf_counter() - gc_start) * 1e3
+        else:
+            on_gc((time.perf_counter() - gc_start) * 1e3, info)
+
+    gc.callbacks.append(gc_callback)
+    knobs = _triton_runtime_knobs()
+    previous = knobs.jit_cache_hook if knobs is not None else None
+
+    def hook(*args: Any, **kwargs: Any) -> Any:
+        on_specialise(str(kwargs.get("repr", "?"))[:200])
+        return previous(*args, **kwargs) if previous is not None else None
+
+    if knobs is not None:
+        knobs.jit_cache_hook = hook
+
+    def uninstall() -> None:
+        gc.callbacks.remove(gc_callback)
+        if knobs is not None and knobs.jit_cache_hook is hook:
+            knobs.jit_cache_hook = previous
+
+    return uninstall
+
+
+def log_serving_stalls(slow_gc_ms: float = SLOW_GC_MS) -> Callable[[], None]:
+    """Each specialisation, and each GC pass of at least slow_gc_ms, as a warning."""
+
+    def on_specialise(kernel: str) -> None:
+        logger.warning(
+            "a Triton kernel was specialised while serving (compiled, or loaded from the disk "
+            "cache; the step waited for it): %s",
+            kernel,
+        )
+
+    def on_gc(ms: float, info: dict[str, Any]) -> None:
         if ms >= slow_gc_ms:
             logger.warning(
                 "a garbage-collector pass (generation %d, %d collected) held the engine core "
@@ -33,27 +68,7 @@ def log_serving_stalls(slow_gc_ms: float = SLOW_GC_MS) -> Callable[[], None]:
                 ms,
             )
 
-    gc.callbacks.append(on_gc)
-    knobs = _triton_runtime_knobs()
-    previous = knobs.jit_cache_hook if knobs is not None else None
-
-    def on_specialise(*args: Any, **kwargs: Any) -> Any:
-        logger.warning(
-            "a Triton kernel was specialised while serving (compiled, or loaded from the disk "
-            "cache; the step waited for it): %s",
-            str(kwargs.get("repr", "?"))[:200],
-        )
-        return previous(*args, **kwargs) if previous is not None else None
-
-    if knobs is not None:
-        knobs.jit_cache_hook = on_specialise
-
-    def uninstall() -> None:
-        gc.callbacks.remove(on_gc)
-        if knobs is not None and knobs.jit_cache_hook is on_specialise:
-            knobs.jit_cache_hook = previous
-
-    return uninstall
+    return watch_stalls(on_specialise, on_gc)
 
 
 def _triton_runtime_knobs() -> Any:
