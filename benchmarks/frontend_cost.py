@@ -18,7 +18,7 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from nanoserve.benchmarks.loadgen import run_processes
+from nanoserve.benchmarks.loadgen import HTTP_TARGETS, run_processes
 from nanoserve.benchmarks.services import Service, start_replicas, tree_cpu_s
 from nanoserve.benchmarks.stats import summarize
 from nanoserve.benchmarks.workload import Request, arrivals
@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--target",
-        choices=["frontend", "gateway", "chat"],
+        choices=["frontend", *HTTP_TARGETS],
         default="frontend",
         help="where the load goes: the frontend, or the OpenAI gateway in front of it, its "
         "/v1/completions (gateway) or /v1/chat/completions (chat); the gateway's CPU per token "
@@ -207,7 +207,7 @@ def measure(args: argparse.Namespace) -> dict:
             args.frontend_processes,
             120,
         )  # fmt: skip
-        if args.target in ("gateway", "chat"):
+        if args.target in HTTP_TARGETS:
             address = start_replicas(
                 byname,
                 "gateway",

@@ -1,6 +1,7 @@
 """The serving benchmark's load generator: streams requests to FrontendService.Generate or
 WorkerService.GenerateTokens over plain grpc.aio, or to the OpenAI gateway's /v1/completions or
-/v1/chat/completions (gateway_stream.py), and times every response message. Several client processes (spawned, results back as JSON) when one event loop would be the bottleneck; each reports
+/v1/chat/completions (gateway_stream.py), and times every response message. Several client
+processes (spawned, results back as JSON) when one event loop would be the bottleneck; each reports
 its own CPU time so that the figures say whether it was. Each process may open several gRPC
 channels (separate TCP connections): the kernel hands each connection whole to one of the
 frontend processes sharing a port (SO_REUSEPORT), so a few connections load them unevenly.
@@ -27,7 +28,8 @@ from nanoserve.proto.v1 import frontend_service_pb2_grpc as frontend_grpc
 from nanoserve.proto.v1 import worker_service_pb2 as worker_pb2
 from nanoserve.proto.v1 import worker_service_pb2_grpc as worker_grpc
 
-TARGETS = ("frontend", "worker", "gateway", "chat")  # chat: the gateway's /v1/chat/completions
+HTTP_TARGETS = ("gateway", "chat")  # the OpenAI gateway's /v1/completions, /v1/chat/completions
+TARGETS = ("frontend", "worker", *HTTP_TARGETS)
 CLIENT_KEYS = ("cpu_s", "wall_s", "max_rss_mib")  # what each client process reports of itself
 
 
@@ -127,7 +129,7 @@ async def run(
     ends). `barrier` (multiprocessing) starts every client process's clock together, once all are
     connected. The gateway target ignores `channels` (HTTP: a connection per request)."""
     async with contextlib.AsyncExitStack() as stack:
-        if target in ("gateway", "chat"):
+        if target in HTTP_TARGETS:
             if not detokenize:
                 raise ValueError("the OpenAI gateway streams text: detokenize must stay on")
             starts = [await starter(address, temperature, chat=target == "chat")]

@@ -117,7 +117,7 @@ def measure(
     # the gateway's model is the frontend's (the HTTP API has no vocab_size)
     vocab = (
         model_info("frontend", frontend_address)
-        if target in ("gateway", "chat")
+        if target in loadgen.HTTP_TARGETS
         else model_info(target, address)
     ).vocab_size
     before: dict = {}
