@@ -194,17 +194,23 @@ def test_bench_serving_both_openai_endpoints(tiny_model_dir):
     assert "  chat " in "\n".join(gpu_table.serving_lines({**res, "step": "serving_openai"}))
 
 
-def test_frontend_cost_streams_every_token_through_a_stand_in_worker() -> None:
-    """`nanoserve bench frontend-cost`: a real frontend against the stand-in worker; every id of
-    every request arrives, and the frontend's CPU per token is reported (a figure, not a bound)."""
+def frontend_cost(*argv: str) -> dict:
+    """`nanoserve bench frontend-cost --json ARGV` in its own process: its JSON line."""
     out = subprocess.run(
-        [sys.executable, "-m", "nanoserve.cli", "bench", "frontend-cost", "--json",
-         "--num-prompts", "6", "--max-tokens", "9", "--prompt-len", "5", "--step-ms", "1",
-         "--client-procs", "1"],
+        [sys.executable, "-m", "nanoserve.cli", "bench", "frontend-cost", "--json", *argv],
         capture_output=True, text=True, timeout=180, cwd=REPO_ROOT,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
-    res = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_frontend_cost_streams_every_token_through_a_stand_in_worker() -> None:
+    """`nanoserve bench frontend-cost`: a real frontend against the stand-in worker; every id of
+    every request arrives, and the frontend's CPU per token is reported (a figure, not a bound)."""
+    res = frontend_cost(
+        "--num-prompts", "6", "--max-tokens", "9", "--prompt-len", "5", "--step-ms", "1",
+        "--client-procs", "1",
+    )  # fmt: skip
     assert (res["requests"], res["output_tokens"], res["errors"]) == (6, 54, 0)
     # a figure, not a bound: 54 tokens may take less than one clock tick of CPU (then 0)
     assert res["frontend_us_per_token"] >= 0 and res["tok_s"] > 0
@@ -213,14 +219,10 @@ def test_frontend_cost_streams_every_token_through_a_stand_in_worker() -> None:
 def test_frontend_cost_spreads_streams_over_client_channels_and_frontend_processes() -> None:
     """Several frontend processes on one port, each client process with several channels: every
     token arrives, and the report lists each frontend process's cores and the stand-in's ceiling."""
-    out = subprocess.run(
-        [sys.executable, "-m", "nanoserve.cli", "bench", "frontend-cost", "--json",
-         "--num-prompts", "16", "--max-tokens", "20", "--prompt-len", "5", "--step-ms", "5",
-         "--client-procs", "2", "--client-channels", "2", "--frontend-processes", "2"],
-        capture_output=True, text=True, timeout=180, cwd=REPO_ROOT,
+    res = frontend_cost(
+        "--num-prompts", "16", "--max-tokens", "20", "--prompt-len", "5", "--step-ms", "5",
+        "--client-procs", "2", "--client-channels", "2", "--frontend-processes", "2",
     )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-2000:]
-    res = json.loads(out.stdout.strip().splitlines()[-1])
     assert (res["requests"], res["output_tokens"], res["errors"]) == (16, 320, 0)
     assert res["frontend_processes"] == 2 and len(res["frontend_cores_each"]) == 2
     assert all(c >= 0 for c in res["frontend_cores_each"])
@@ -237,14 +239,10 @@ def test_frontend_cost_through_either_openai_endpoint(target: str) -> None:
     """--target gateway / chat: every token of every request arrives as an SSE event of
     /v1/completions or /v1/chat/completions, and the gateway's CPU per token is reported."""
     pytest.importorskip("fastapi", reason="the gateway extra: pip install '.[gateway]'")
-    out = subprocess.run(
-        [sys.executable, "-m", "nanoserve.cli", "bench", "frontend-cost", "--json",
-         "--num-prompts", "6", "--max-tokens", "9", "--prompt-len", "5", "--step-ms", "2",
-         "--client-procs", "1", "--target", target],
-        capture_output=True, text=True, timeout=180, cwd=REPO_ROOT,
+    res = frontend_cost(
+        "--num-prompts", "6", "--max-tokens", "9", "--prompt-len", "5", "--step-ms", "2",
+        "--client-procs", "1", "--target", target,
     )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-2000:]
-    res = json.loads(out.stdout.strip().splitlines()[-1])
     assert (res["requests"], res["output_tokens"], res["errors"]) == (6, 54, 0)
     assert res["gateway_us_per_token"] >= 0 and len(res["gateway_cores_each"]) == 1
     assert "client_connections" not in res
