@@ -169,6 +169,17 @@ def main(argv: list[str] | None = None) -> None:
                 engine_start_s=round(start_s, 1),
                 # the model runner's part of it, by phase (runner.start_clock)
                 start_phases_s=runner.start_clock.phases,
+                start_kernels=runner.start_clock.kernels,  # Triton specialisations by phase
+                start_gc_s=runner.start_clock.gc_s,
+                # each graph runner's warm-up forwards against its captures (runner.graph_capture)
+                capture_times={
+                    kind: vars(graphs.capture_times)
+                    for kind, graphs in (
+                        ("decode", getattr(runner, "graphs", None)),
+                        ("prefill", getattr(runner, "prefill_graphs", None)),
+                    )
+                    if graphs is not None
+                },
                 cuda_graph_mib=round(getattr(runner, "graph_memory_bytes", 0) / 2**20),
                 gpu=torch.cuda.get_device_name(),
                 steps=rows,

@@ -8,12 +8,14 @@ and context length 0, so they never touch live blocks.
 """
 
 import logging
+from functools import partial
 
 import torch
 
 from nanoserve.worker.kernels.graph_inputs import graph_inputs
 from nanoserve.worker.layers.context import reset_context, set_context
 from nanoserve.worker.model.qwen3 import Qwen3ForCausalLM
+from nanoserve.worker.runner.graph_capture import CaptureTimes, capture_graph
 from nanoserve.worker.runner.host_copy import PinnedRing, side_stream
 from nanoserve.worker.runner.step_inputs import StepInputs
 
@@ -54,11 +56,11 @@ class CudaGraphRunner:
         self.logits = torch.zeros(max_bs, vocab_size, dtype=dtype, device=dev)
         self.batch_sizes = graph_batch_sizes(max_bs)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.capture_times = CaptureTimes()
         pool = None
         for bs in reversed(self.batch_sizes):  # largest first so smaller graphs reuse its pool
             ids, pos, slots, lens, tables = self._views(self.inputs, bs)
             slots.fill_(-1)
-            graph = torch.cuda.CUDAGraph()
             set_context(
                 is_prefill=False,
                 cu_seqlens_q=self.cu_seqlens_q[: bs + 1],
@@ -68,14 +70,15 @@ class CudaGraphRunner:
                 context_lens=lens,
                 block_tables=tables,
             )
-            self._forward(bs, ids, pos)  # warm-up: compiles kernels, sizes their scratch
-            with torch.cuda.graph(graph, pool):
-                self._forward(bs, ids, pos)
+            graph = capture_graph(partial(self._forward, bs, ids, pos), pool, self.capture_times)
             pool = pool or graph.pool()
             self.graphs[bs] = graph
-            torch.cuda.synchronize()
             reset_context()
-        logger.info("captured CUDA graphs for decode batch sizes %s", self.batch_sizes)
+        logger.info(
+            "captured CUDA graphs for decode batch sizes %s: %s",
+            self.batch_sizes,
+            self.capture_times.summary(),
+        )
 
     def _views(self, flat, bs: int) -> list:
         """(ids, positions, slots, context_lens, block_tables (bs, width)) views of a flat buffer."""

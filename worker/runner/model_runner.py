@@ -153,18 +153,18 @@ class ModelRunner:
         """CUDA graphs (decode, prefill) and every kernel a step can reach, compiled now (or
         loaded from the Triton cache) so that no request waits for a compile (runner.warmup)."""
         clock = self.start_clock
-        with clock.phase("graphs"):  # with the kernels their warm-up compiles
-            if not self.config.enforce_eager:
-                self.graphs, self.prefill_graphs, self.graph_memory_bytes = capture_graphs(
-                    self.model,
-                    self.config,
-                    max_model_len=self.max_model_len,
-                    max_blocks_per_seq=self.max_num_blocks_per_seq,
-                    vocab_size=self.model_config.vocab_size,
-                    dtype=self.dtype,
-                    device=self.device,
-                    buckets=self.prefill_buckets,
-                )
+        if not self.config.enforce_eager:  # phases decode_graphs, prefill_graphs
+            self.graphs, self.prefill_graphs, self.graph_memory_bytes = capture_graphs(
+                self.model,
+                self.config,
+                max_model_len=self.max_model_len,
+                max_blocks_per_seq=self.max_num_blocks_per_seq,
+                vocab_size=self.model_config.vocab_size,
+                dtype=self.dtype,
+                device=self.device,
+                buckets=self.prefill_buckets,
+                clock=clock,
+            )
         with clock.phase("prefill_kernels"):
             if backend == "triton":  # each tile size of the prefill attention
                 compile_prefill_attention(
@@ -179,7 +179,8 @@ class ModelRunner:
             "kernels compiled (or loaded from %s) and graphs captured (%.0f MiB) in %.1f s",
             os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache"),
             self.graph_memory_bytes / 2**20,
-            clock.phases["graphs"] + clock.phases["prefill_kernels"],
+            sum(clock.phases.get(p, 0.0) for p in ("decode_graphs", "prefill_graphs"))
+            + clock.phases["prefill_kernels"],
         )
 
     @property

@@ -11,6 +11,7 @@ a few copies and one launch of host time, against ~15 launches a layer eagerly.
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from typing import cast
 
@@ -20,6 +21,7 @@ import torch
 from nanoserve.worker.kernels.prefill_attention import prefill_block_q_lengths
 from nanoserve.worker.layers.context import Context, reset_context, set_context
 from nanoserve.worker.model.qwen3 import Qwen3DecoderLayer, Qwen3ForCausalLM
+from nanoserve.worker.runner.graph_capture import CaptureTimes, capture_graph
 from nanoserve.worker.runner.step_inputs import StepInputs
 
 logger = logging.getLogger(__name__)
@@ -125,15 +127,22 @@ class PrefillGraphRunner:
         if not capture:
             self.steps = {n: self._forward(n) for n in buckets}
             return
+        self.capture_times = CaptureTimes()
         pool = None
         for n in reversed(buckets):  # largest first: the smaller ones reuse its pool
             pool = self._capture(n, pool)
         # a graph's first replay uploads it to the GPU: here, not in a request's first token (the
         # static slots are still -1 and cu_seqlens_q zeros: nothing is stored or attended)
+        t = time.perf_counter()
         for step in self.steps.values():
             step()
         torch.cuda.synchronize()
-        logger.info("captured prefill CUDA graphs for token counts %s", buckets)
+        logger.info(
+            "captured prefill CUDA graphs for token counts %s: %s, first replays %.2f s",
+            buckets,
+            self.capture_times.summary(),
+            time.perf_counter() - t,
+        )
 
     def _forward(self, n: int) -> Callable[[], None]:
         """The forward of n tokens over the static buffers, its output kept in self.hidden[n]."""
@@ -154,13 +163,8 @@ class PrefillGraphRunner:
         return forward
 
     def _capture(self, n: int, pool):
-        forward = self._forward(n)
-        forward()  # eager once: compiles kernels, sizes cuBLAS workspaces
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool):
-            forward()
+        graph = capture_graph(self._forward(n), pool, self.capture_times)
         self.steps[n] = graph.replay  # (a bound replay keeps its graph)
-        torch.cuda.synchronize()
         return pool or graph.pool()
 
     def can_run(self, num_tokens: int) -> bool:

@@ -17,6 +17,7 @@ from nanoserve.worker.runner.prefill_graph import (
     attention_warmup_steps,
     pad_to_bucket,
 )
+from nanoserve.worker.runner.start_clock import StartClock
 from nanoserve.worker.runner.step_inputs import StepInputs
 
 
@@ -31,17 +32,21 @@ def capture_graphs(
     dtype: torch.dtype,
     device: torch.device,
     buckets: list[int],
+    clock: StartClock,
 ) -> tuple[CudaGraphRunner, PrefillGraphRunner | None, int]:
-    """(decode graphs, prefill graphs when there are buckets, the device bytes they take)."""
+    """(decode graphs, prefill graphs when there are buckets, the device bytes they take), each
+    kind a phase of the start-up clock."""
     used_before = device_memory_used(device)
-    decode = CudaGraphRunner(
-        model, config.max_num_seqs, max_model_len, max_blocks_per_seq, vocab_size, dtype, device
-    )
+    with clock.phase("decode_graphs"):  # with the kernels their warm-ups compile
+        decode = CudaGraphRunner(
+            model, config.max_num_seqs, max_model_len, max_blocks_per_seq, vocab_size, dtype, device
+        )
     prefill = None
     if buckets:
-        prefill = PrefillGraphRunner(
-            model, buckets, config.max_num_seqs, max_blocks_per_seq, device
-        )
+        with clock.phase("prefill_graphs"):
+            prefill = PrefillGraphRunner(
+                model, buckets, config.max_num_seqs, max_blocks_per_seq, device
+            )
     # the graphs' private pools and fixed buffers (their share of the device's memory)
     return decode, prefill, device_memory_used(device) - used_before
 

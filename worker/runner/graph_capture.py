@@ -1,0 +1,43 @@
+"""One CUDA graph of a step's forward, as the decode (runner.cuda_graph) and prefill
+(runner.prefill_graph) graph runners capture them at start-up: an eager warm-up (compiles or loads
+the kernels, sizes cuBLAS workspaces), then the capture, each timed for the start-up log."""
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.cuda import _POOL_HANDLE  # what CUDAGraph.pool() returns
+
+
+@dataclass
+class CaptureTimes:
+    """Seconds the graphs of one runner took to warm up and to capture (each up to the GPU's end)."""
+
+    graphs: int = 0
+    warmup_s: float = 0.0
+    capture_s: float = 0.0
+
+    def summary(self) -> str:
+        return (
+            f"{self.graphs} graphs (warm-up {self.warmup_s:.2f} s, capture {self.capture_s:.2f} s)"
+        )
+
+
+def capture_graph(
+    forward: Callable[[], None], pool: _POOL_HANDLE | None, times: CaptureTimes
+) -> torch.cuda.CUDAGraph:
+    """forward run eagerly once, then captured into a graph over the memory pool `pool` (None:
+    a new one, the graph's own)."""
+    t0 = time.perf_counter()
+    forward()
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool):
+        forward()
+    torch.cuda.synchronize()
+    times.graphs += 1
+    times.warmup_s += t1 - t0
+    times.capture_s += time.perf_counter() - t1
+    return graph
