@@ -270,3 +270,18 @@ def test_fused_norms_and_silu_real_shapes(hidden):
     gate_up = torch.randn(300, 2 * 3072, generator=gen, device="cuda").to(torch.bfloat16)
     gate, up = gate_up.float().chunk(2, -1)
     assert rel_err(silu_and_mul(gate_up), torch.nn.functional.silu(gate) * up) < 1e-2
+
+
+@pytest.mark.parametrize("inter, hidden", [(3072, 1024), (12288, 4096)])
+def test_gated_skinny_gemm_is_gate_up_then_silu(inter, hidden):
+    # one decode row: the MLP's gate_up GEMV with its SiLU fused (worker.layers.linear.gated_linear)
+    from nanoserve.worker.kernels.skinny_gemm import skinny_gemm
+
+    gen = torch.Generator(device="cuda").manual_seed(inter)
+    x = torch.randn(1, hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    w = (0.02 * torch.randn(2 * inter, hidden, generator=gen, device="cuda")).to(torch.bfloat16)
+    fused = skinny_gemm(x, w, gated=True)
+    assert fused.shape == (1, inter)
+    gate, up = (x.float() @ w.float().t()).chunk(2, -1)
+    assert rel_err(fused, torch.nn.functional.silu(gate) * up) < 1e-2
+    assert rel_err(fused, silu_and_mul(skinny_gemm(x, w))) < 1e-2

@@ -5,7 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from nanoserve.worker.kernels.norm import silu_and_mul
 from nanoserve.worker.kernels.skinny_gemm import MAX_M, skinny_gemm, skinny_gemm_config
+from nanoserve.worker.layers.linear import gated_linear
 
 
 def _cfg(bm: int, bn: int, bk: int, stages: int = 1) -> dict:
@@ -43,6 +45,39 @@ def test_bf16_and_strided_rows():
         y = skinny_gemm(x, w, cfg)
         assert y.dtype == torch.bfloat16 and y.shape == (2, 48)
         torch.testing.assert_close(y.float(), F.linear(x.float(), w.float()), atol=0.1, rtol=2e-2)
+
+
+@pytest.mark.parametrize(
+    "m, inter, k, cfg",
+    [
+        (1, 48, 96, None),  # the M = 1 rule's tiles, halved: 2 gate and 2 up rows a program
+        (1, 33, 520, _cfg(1, 4, 64, stages=2)),  # I % BLOCK_N != 0, K not a multiple
+        (3, 10, 40, None),
+    ],
+)
+def test_gated_is_silu_of_gate_times_up(m, inter, k, cfg):
+    torch.manual_seed(inter + k)
+    x, w = torch.randn(m, k), torch.randn(2 * inter, k)
+    gate, up = F.linear(x, w).chunk(2, dim=-1)
+    y = skinny_gemm(x, w, cfg, gated=True)
+    assert y.shape == (m, inter)
+    torch.testing.assert_close(y, F.silu(gate) * up, atol=1e-4, rtol=1e-4)
+
+
+def test_gated_bf16_rounds_gate_and_up_as_the_unfused_pair():
+    # gate and up are rounded to bf16 before the SiLU, as SiluAndMul reads the bf16 gate_up output
+    torch.manual_seed(1)
+    x, w = torch.randn(1, 256).bfloat16(), torch.randn(64, 256).bfloat16()
+    y = skinny_gemm(x, w, gated=True)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y, silu_and_mul(skinny_gemm(x, w)), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="even N"):
+        skinny_gemm(x, w[:63], gated=True)
+
+
+def test_gated_linear_takes_only_a_decode_row_on_cuda():
+    # elsewhere the MLP runs gate_up, then SiluAndMul (None tells it so)
+    assert gated_linear(torch.randn(1, 16), torch.randn(8, 16)) is None
 
 
 def test_config_rule():

@@ -32,6 +32,7 @@ def _skinny_gemm_kernel(
     BLOCK_K: tl.constexpr,
     K_CHUNK: tl.constexpr,  # K rounded up to whole BLOCK_K steps: a constant trip count
     LOOP_STAGES: tl.constexpr,
+    GATED: tl.constexpr,  # y = silu(x W[:N]^T) * x W[N:2N]^T: the MLP's gate_up and its SiLU
     PDL: tl.constexpr,  # worker.kernels.pdl: wait for the previous kernel first
 ):
     pdl_wait(PDL)
@@ -44,16 +45,23 @@ def _skinny_gemm_kernel(
     x_rows = tl.minimum(ms, M - 1)
     w_ptrs = w_ptr + w_rows[:, None] * stride_wn + ks[None, :]  # (BN, BK)
     x_ptrs = x_ptr + x_rows[:, None] * stride_xm + ks[None, :]  # (BM, BK)
+    u_ptrs = w_ptrs + N * stride_wn  # GATED: the up rows, N past their gate rows
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     # tl.range's num_stages (unlike the launch option) also pipelines loads that feed no tl.dot
     for k in tl.range(0, K_CHUNK, BLOCK_K, num_stages=LOOP_STAGES):
         k_mask = (k + ks) < K
         w = tl.load(w_ptrs + k, mask=k_mask[None, :], other=0.0)
-        x = tl.load(x_ptrs + k, mask=k_mask[None, :], other=0.0)
+        x = tl.load(x_ptrs + k, mask=k_mask[None, :], other=0.0).to(tl.float32)
         # (BM, 1, BK) * (1, BN, BK) summed over K: CUDA-core FMAs, W is read once
-        acc += tl.sum(
-            tl.expand_dims(x.to(tl.float32), 1) * tl.expand_dims(w.to(tl.float32), 0), axis=2
-        )
+        acc += tl.sum(tl.expand_dims(x, 1) * tl.expand_dims(w.to(tl.float32), 0), axis=2)
+        if GATED:
+            u = tl.load(u_ptrs + k, mask=k_mask[None, :], other=0.0)
+            acc_up += tl.sum(tl.expand_dims(x, 1) * tl.expand_dims(u.to(tl.float32), 0), axis=2)
+    if GATED:  # rounded to the output dtype first, as the unfused gate_up's output would be
+        gate = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
+        up = acc_up.to(y_ptr.dtype.element_ty).to(tl.float32)
+        acc = gate * tl.sigmoid(gate) * up
     out_mask = (ms < M)[:, None] & (rows < N)[None, :]
     tl.store(
         y_ptr + ms[:, None] * stride_ym + rows[None, :],
@@ -84,8 +92,12 @@ def skinny_gemm_config(m: int, n: int, k: int) -> dict:
     )
 
 
-def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, config: dict | None = None) -> torch.Tensor:
-    """x: (M, K) with M <= MAX_M; weight: (N, K) row-major -> (M, N) in x's dtype."""
+def skinny_gemm(
+    x: torch.Tensor, weight: torch.Tensor, config: dict | None = None, gated: bool = False
+) -> torch.Tensor:
+    """x: (M, K) with M <= MAX_M; weight: (N, K) row-major -> (M, N) in x's dtype. gated: weight
+    is the MLP's (2 I, K) [gate | up] -> silu(x gate^T) * (x up^T), (M, I), in one kernel (the
+    same bytes per program as the (M, 2 I) GEMM: half as many rows of each)."""
     if x.dim() != 2 or weight.dim() != 2:
         raise ValueError(
             f"skinny_gemm: x {tuple(x.shape)} and weight {tuple(weight.shape)} must be 2-D"
@@ -99,14 +111,30 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, config: dict | None = Non
         raise ValueError("skinny_gemm: x and weight need contiguous rows (stride(1) == 1)")
     if x.dtype != weight.dtype:
         raise ValueError(f"skinny_gemm: x dtype {x.dtype} differs from weight dtype {weight.dtype}")
+    if gated and n % 2:
+        raise ValueError(f"skinny_gemm: a gated weight needs an even N (gate, up), got N={n}")
     cfg = {"LOOP_STAGES": 1, "num_stages": 1, **(config or skinny_gemm_config(m, n, k))}
     if cfg["BLOCK_M"] < m:
         raise ValueError(f"skinny_gemm: config {cfg} needs BLOCK_M >= M={m}")
+    if gated:  # each program reads BLOCK_N gate rows and as many up rows
+        n //= 2
+        cfg["BLOCK_N"] = max(1, cfg["BLOCK_N"] // 2) if config is None else cfg["BLOCK_N"]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0 or k == 0:
         return y.zero_()
     cfg["K_CHUNK"] = triton.cdiv(k, cfg["BLOCK_K"]) * cfg["BLOCK_K"]
     _skinny_gemm_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
-        x, weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0), **cfg, **pdl_launch(x)
+        x,
+        weight,
+        y,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        y.stride(0),
+        GATED=gated,
+        **cfg,
+        **pdl_launch(x),
     )
     return y

@@ -76,6 +76,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     return F.linear(x, weight, bias)
 
 
+def gated_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """silu(x W_gate^T) * (x W_up^T) of the MLP's [gate | up] weight in one kernel, where linear()
+    would send x to the skinny kernel (one decode row on CUDA): a kernel boundary fewer a layer
+    at batch 1. None elsewhere: the caller runs linear(), then its activation."""
+    if not (x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1):
+        return None
+    if weight.shape[0] > SKINNY_MAX_N:
+        return None
+    from nanoserve.worker.kernels.skinny_gemm import skinny_gemm
+
+    return skinny_gemm(x, weight, gated=True)
+
+
 class LinearBase(nn.Module):
     def __init__(self, input_size: int, output_size: int, bias: bool = False):
         super().__init__()
