@@ -11,6 +11,7 @@ machine (the same code moves ~8% between machines). `gpu_run.sh ab` runs AB_VARI
   cublaslt   the code as it is, torch's cuBLASLt back end for the GEMMs cuBLAS runs
   fp8        the code as it is with the fp8 KV cache (--kv-cache-dtype fp8)
   notrigger  the code as it is without the early launch signal of PDL kernels (pdl.TRIGGER)
+  unfused    the code as it is with batch 1's MLP as gate_up, then SiLU (no gated skinny GEMV)
   now        the code as it is
 """
 
@@ -22,6 +23,7 @@ import triton
 
 from nanoserve.benchmarks import engine
 from nanoserve.worker.kernels import decode_attention, pdl, split_k_gemm
+from nanoserve.worker.model import qwen3
 from nanoserve.worker.runner import sampler
 
 VARIANTS = (
@@ -33,6 +35,7 @@ VARIANTS = (
     "cublaslt",
     "fp8",
     "notrigger",
+    "unfused",
     "now",
 )
 
@@ -61,6 +64,8 @@ def apply(variant: str) -> None:
         pdl.TRIGGER = triton.language.constexpr(False)
         # compiled apart: a cached kernel of the other setting must not be loaded
         os.environ["TRITON_CACHE_DIR"] = os.path.expanduser("~/.triton/cache-notrigger")
+    if variant == "unfused":
+        qwen3.gated_linear = lambda x, weight: None
     if variant == "cublaslt":
         torch.backends.cuda.preferred_blas_library("cublaslt")
 
