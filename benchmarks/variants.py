@@ -11,7 +11,8 @@ machine (the same code moves ~8% between machines). `gpu_run.sh ab` runs AB_VARI
   cublaslt   the code as it is, torch's cuBLASLt back end for the GEMMs cuBLAS runs
   fp8        the code as it is with the fp8 KV cache (--kv-cache-dtype fp8)
   notrigger  the code as it is without the early launch signal of PDL kernels (pdl.TRIGGER)
-  unfused    the code as it is with batch 1's MLP as gate_up, then SiLU (no gated skinny GEMV)
+  unfused    the code as it is with batch 1's norms, GEMVs and SiLU as separate kernels (no norm
+             inside the GEMV after it, no gated gate_up)
   now        the code as it is
 """
 
@@ -23,6 +24,7 @@ import triton
 
 from nanoserve.benchmarks import engine
 from nanoserve.worker.kernels import decode_attention, pdl, split_k_gemm
+from nanoserve.worker.layers import layernorm
 from nanoserve.worker.model import qwen3
 from nanoserve.worker.runner import sampler
 
@@ -66,6 +68,7 @@ def apply(variant: str) -> None:
         os.environ["TRITON_CACHE_DIR"] = os.path.expanduser("~/.triton/cache-notrigger")
     if variant == "unfused":
         qwen3.gated_linear = lambda x, weight: None
+        layernorm.RMSNorm.fused_linear = lambda *args, **kwargs: None  # type: ignore[method-assign]
     if variant == "cublaslt":
         torch.backends.cuda.preferred_blas_library("cublaslt")
 

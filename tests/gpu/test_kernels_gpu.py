@@ -285,3 +285,28 @@ def test_gated_skinny_gemm_is_gate_up_then_silu(inter, hidden):
     gate, up = (x.float() @ w.float().t()).chunk(2, -1)
     assert rel_err(fused, torch.nn.functional.silu(gate) * up) < 1e-2
     assert rel_err(fused, silu_and_mul(skinny_gemm(x, w))) < 1e-2
+
+
+@pytest.mark.parametrize("with_residual", [True, False])
+@pytest.mark.parametrize(
+    "n, hidden, gated", [(4096, 1024, False), (6144, 1024, True), (6144, 4096, False)]
+)
+def test_norm_fused_skinny_gemm_real_shapes(with_residual, n, hidden, gated):
+    # one decode row: the RMSNorm (and its residual add) inside the GEMV after it (0.6B's qkv and
+    # gate_up, 8B's qkv; RMSNorm.fused_linear)
+    from nanoserve.worker.kernels.skinny_gemm import norm_skinny_gemm, skinny_gemm
+
+    gen = torch.Generator(device="cuda").manual_seed(n + hidden)
+    x = torch.randn(1, hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    residual = torch.randn_like(x) if with_residual else None
+    norm_w = (1 + 0.1 * torch.randn(hidden, generator=gen, device="cuda")).to(torch.bfloat16)
+    w = (0.02 * torch.randn(n, hidden, generator=gen, device="cuda")).to(torch.bfloat16)
+    y, new_residual = norm_skinny_gemm(x, residual, norm_w, 1e-6, w, gated=gated)
+    if residual is None:
+        h, expected = rms_norm(x, norm_w, 1e-6), x
+    else:
+        h, expected = fused_add_rms_norm(x, residual, norm_w, 1e-6)
+    assert torch.equal(new_residual, expected)
+    ref = skinny_gemm(h, w, gated=gated)
+    assert y.shape == ref.shape
+    assert rel_err(y, ref) < 1e-2

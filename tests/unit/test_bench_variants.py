@@ -8,6 +8,7 @@ import torch
 
 from nanoserve.benchmarks import variants
 from nanoserve.worker.kernels import decode_attention, split_k_gemm
+from nanoserve.worker.layers import layernorm
 from nanoserve.worker.model import qwen3
 from nanoserve.worker.runner import sampler
 
@@ -20,6 +21,7 @@ def restored(monkeypatch):
         (decode_attention, "choose_split_len"),
         (sampler, "is_plain"),
         (qwen3, "gated_linear"),
+        (layernorm.RMSNorm, "fused_linear"),
     ]:
         monkeypatch.setattr(module, name, getattr(module, name))
     monkeypatch.setattr(split_k_gemm, "CONFIGS", dict(split_k_gemm.CONFIGS))
@@ -34,7 +36,7 @@ def restored(monkeypatch):
 @pytest.mark.parametrize("variant", variants.VARIANTS)
 def test_each_variant_swaps_its_rules(restored, variant):
     rule, table, plain = decode_attention.choose_num_splits, split_k_gemm.CONFIGS, sampler.is_plain
-    gated = qwen3.gated_linear
+    gated, fused = qwen3.gated_linear, layernorm.RMSNorm.fused_linear
     assert table  # the shipped split-K table
     variants.apply(variant)
     assert (decode_attention.choose_num_splits is not rule) == (variant == "before")
@@ -44,6 +46,7 @@ def test_each_variant_swaps_its_rules(restored, variant):
     assert (os.environ.get("NANOSERVE_PDL") == "0") == pdl_off  # worker.kernels.pdl
     assert (not decode_attention.TILE_RULES) == (pdl_off or variant == "onetile")
     assert (qwen3.gated_linear is not gated) == (variant == "unfused")
+    assert (layernorm.RMSNorm.fused_linear is not fused) == (variant == "unfused")
     assert restored == (["cublaslt"] if variant == "cublaslt" else [])
 
 

@@ -5,8 +5,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nanoserve.worker.kernels.norm import silu_and_mul
-from nanoserve.worker.kernels.skinny_gemm import MAX_M, skinny_gemm, skinny_gemm_config
+from nanoserve.worker.kernels import skinny_gemm as skinny_gemm_module
+from nanoserve.worker.kernels.norm import fused_add_rms_norm, rms_norm, silu_and_mul
+from nanoserve.worker.kernels.skinny_gemm import (
+    MAX_M,
+    norm_skinny_gemm,
+    skinny_gemm,
+    skinny_gemm_config,
+)
 from nanoserve.worker.layers.linear import gated_linear
 
 
@@ -118,3 +124,36 @@ def test_rejects_what_it_cannot_run():
         skinny_gemm(torch.randn(2, 16), torch.randn(4, 16), _cfg(1, 2, 16))
     assert skinny_gemm(torch.randn(0, 16), torch.randn(4, 16)).shape == (0, 4)
     assert not skinny_gemm(torch.randn(2, 0), torch.randn(4, 0)).any()
+
+
+@pytest.mark.parametrize("with_residual", [True, False])
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("m, n, k, block_k", [(1, 48, 96, None), (2, 40, 200, 64)])
+def test_norm_fused_is_the_norm_then_the_gemm(monkeypatch, with_residual, gated, m, n, k, block_k):
+    torch.manual_seed(n + k + m)
+    x = torch.randn(m, k).bfloat16()
+    residual = torch.randn(m, k).bfloat16() if with_residual else None
+    norm_weight = (1 + 0.1 * torch.randn(k)).bfloat16()
+    w = (0.1 * torch.randn(n, k)).bfloat16()
+    if block_k:  # several K steps: the statistics and the residual store span them
+        cfg = dict(skinny_gemm_config(m, n, k), BLOCK_K=block_k)
+        monkeypatch.setattr(skinny_gemm_module, "skinny_gemm_config", lambda *a: cfg)
+    y, new_residual = norm_skinny_gemm(x, residual, norm_weight, 1e-6, w, gated=gated)
+    monkeypatch.undo()
+    if residual is None:
+        h, expected_residual = rms_norm(x, norm_weight, 1e-6), x
+    else:
+        h, expected_residual = fused_add_rms_norm(x, residual, norm_weight, 1e-6)
+    assert torch.equal(new_residual, expected_residual)
+    assert new_residual is not x or residual is None
+    ref = skinny_gemm(h, w, gated=gated)
+    assert y.shape == ref.shape and y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), ref.float(), atol=2e-2, rtol=1e-2)
+
+
+def test_norm_fused_rejects_mismatched_inputs():
+    x, w = torch.randn(1, 16), torch.randn(8, 16)
+    with pytest.raises(ValueError, match="residual"):
+        norm_skinny_gemm(x, torch.randn(1, 8), torch.ones(16), 1e-6, w)
+    with pytest.raises(ValueError, match="norm weight"):
+        norm_skinny_gemm(x, None, torch.ones(8), 1e-6, w)

@@ -4,8 +4,12 @@ under tensor parallelism, with the all-reduce of the row-parallel layer before t
 import torch
 from torch import nn
 
-from nanoserve.worker.layers.distributed import all_reduce, all_reduce_add_rms_norm
-from nanoserve.worker.layers.linear import load_whole, set_weight_loader
+from nanoserve.worker.layers.distributed import (
+    all_reduce,
+    all_reduce_add_rms_norm,
+    get_tp_world_size,
+)
+from nanoserve.worker.layers.linear import load_whole, set_weight_loader, takes_skinny
 
 
 class RMSNorm(nn.Module):
@@ -43,3 +47,20 @@ class RMSNorm(nn.Module):
         x_f = x_f * torch.rsqrt(x_f.pow(2).mean(-1, keepdim=True) + self.eps)
         out = self.weight * x_f.to(x.dtype)
         return out if residual is None else (out, residual)
+
+    def fused_linear(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        weight: torch.Tensor,
+        gated: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """This norm (after its residual add) and the bias-free linear layer of `weight` after it
+        in one kernel, where that layer takes the skinny kernel (a decode row on CUDA) and on one
+        rank (no all-reduce to fuse): (y, the next residual); gated: y is the MLP's
+        silu(gate) * up. None elsewhere: the caller runs the norm, then the layer."""
+        if get_tp_world_size() > 1 or not takes_skinny(x, weight):
+            return None
+        from nanoserve.worker.kernels.skinny_gemm import norm_skinny_gemm
+
+        return norm_skinny_gemm(x, residual, self.weight, self.eps, weight, gated)

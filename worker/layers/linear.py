@@ -57,6 +57,17 @@ def load_whole(param: nn.Parameter, loaded, shard_id=None) -> None:
     param.data.copy_(narrow(loaded, 0, 0, param.shape[0]))
 
 
+def takes_skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """One decode row on CUDA times a weight of at most SKINNY_MAX_N rows: the skinny kernel's."""
+    return (
+        x.is_cuda
+        and x.dim() == 2
+        and x.shape[0] == 1
+        and x.stride(1) == 1
+        and weight.shape[0] <= SKINNY_MAX_N
+    )
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear, except on CUDA for a decode batch's few rows: one row times a weight of at most
     SKINNY_MAX_N rows goes to worker.kernels.skinny_gemm (streams W faster than cuBLAS's tiles), and
@@ -64,7 +75,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     if not (x.is_cuda and bias is None and x.dim() == 2 and x.stride(1) == 1):
         return F.linear(x, weight, bias)
     m, n = x.shape[0], weight.shape[0]
-    if m == 1 and n <= SKINNY_MAX_N:
+    if takes_skinny(x, weight):
         from nanoserve.worker.kernels.skinny_gemm import skinny_gemm
 
         return skinny_gemm(x, weight)
@@ -80,9 +91,7 @@ def gated_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     """silu(x W_gate^T) * (x W_up^T) of the MLP's [gate | up] weight in one kernel, where linear()
     would send x to the skinny kernel (one decode row on CUDA): a kernel boundary fewer a layer
     at batch 1. None elsewhere: the caller runs linear(), then its activation."""
-    if not (x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1):
-        return None
-    if weight.shape[0] > SKINNY_MAX_N:
+    if not takes_skinny(x, weight):
         return None
     from nanoserve.worker.kernels.skinny_gemm import skinny_gemm
 

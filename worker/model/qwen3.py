@@ -48,12 +48,12 @@ class Qwen3Attention(nn.Module):
         self.attn = Attention(self.num_heads, head_dim, head_dim**-0.5, self.num_kv_heads)
 
     def project(
-        self, positions: torch.Tensor, hidden_states: torch.Tensor
+        self, positions: torch.Tensor, qkv: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
-        """Everything before the attention proper: (q, k, v, kv_stored); q (N, Hq, D) and k
-        (N, Hkv, D) normed and rotated, v (N, Hkv * D); kv_stored: k/v are already in the cache."""
-        # hidden_states: (N, hidden) -> qkv: (N, (Hq + 2 * Hkv) * D), heads of this rank
-        qkv = self.qkv_proj(hidden_states)
+        """Everything between the qkv projection and the attention proper: (q, k, v, kv_stored);
+        q (N, Hq, D) and k (N, Hkv, D) normed and rotated, v (N, Hkv * D); kv_stored: k/v are
+        already in the cache."""
+        # qkv: (N, (Hq + 2 * Hkv) * D), heads of this rank
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)  # (N, Hq, D), a strided view of qkv
         k = k.view(-1, self.num_kv_heads, self.head_dim)  # (N, Hkv, D)
@@ -96,7 +96,12 @@ class Qwen3Attention(nn.Module):
         return q, k, v, kv_stored
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        q, k, v, kv_stored = self.project(positions, hidden_states)
+        # hidden_states: (N, hidden) -> (N, hidden), this rank's partial sum
+        return self.attend(positions, self.qkv_proj(hidden_states))
+
+    def attend(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        """The layer from its qkv projection on (the decoder layer's fused norm made it)."""
+        q, k, v, kv_stored = self.project(positions, qkv)
         o = self.attn(q.flatten(1), k.flatten(1), v, kv_stored=kv_stored)  # (N, Hq * D)
         return self.o_proj(o)  # (N, hidden), this rank's partial sum
 
@@ -110,12 +115,13 @@ class Qwen3MLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, reduce_results=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # (N, hidden) -> (N, 2 * I / tp) -> (N, I / tp) -> (N, hidden), a partial sum over ranks;
-        # one decode row on CUDA: gate_up and SiLU in one kernel
+        # (N, hidden) -> (N, 2 * I / tp) -> (N, I / tp) -> (N, hidden), a partial sum over ranks
+        return self.down_proj(self.activate(x))
+
+    def activate(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up: (N, hidden) -> (N, I / tp); one kernel for a decode row on CUDA."""
         h = gated_linear(x, self.gate_up_proj.weight)
-        if h is None:
-            h = self.act_fn(self.gate_up_proj(x))
-        return self.down_proj(h)
+        return self.act_fn(self.gate_up_proj(x)) if h is None else h
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -140,14 +146,28 @@ class Qwen3DecoderLayer(nn.Module):
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # the residual add of each sub-block is fused into the norm that follows it
-        if residual is None:
-            hidden_states, residual = self.input_layernorm(hidden_states), hidden_states
+        # the residual add of each sub-block is fused into the norm that follows it, and for a
+        # decode row on one rank that norm into the GEMV after it (RMSNorm.fused_linear)
+        attn, mlp = self.self_attn, self.mlp
+        fused = self.input_layernorm.fused_linear(hidden_states, residual, attn.qkv_proj.weight)
+        if fused is not None:
+            qkv, residual = fused
         else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+            if residual is None:
+                hidden_states, residual = self.input_layernorm(hidden_states), hidden_states
+            else:
+                hidden_states, residual = self.input_layernorm(hidden_states, residual)
+            qkv = attn.qkv_proj(hidden_states)
+        hidden_states = attn.attend(positions, qkv)
+        fused = self.post_attention_layernorm.fused_linear(
+            hidden_states, residual, mlp.gate_up_proj.weight, gated=True
+        )
+        if fused is not None:
+            h, residual = fused
+        else:
+            hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+            h = mlp.activate(hidden_states)
+        return mlp.down_proj(h), residual
 
 
 class Qwen3Model(nn.Module):

@@ -1,0 +1,56 @@
+"""A decode row's fused kernels (each norm inside the GEMV after it, gate_up with its SiLU: CUDA
+only, worker.layers.layernorm.RMSNorm.fused_linear and linear.gated_linear) run here by Triton's
+interpreter in place of the CUDA-only dispatch: the engine still decodes as transformers does."""
+
+import pytest
+import torch
+
+from nanoserve.worker import LLM, SamplingParams
+from nanoserve.worker.kernels import skinny_gemm as skinny_gemm_module
+from nanoserve.worker.layers import layernorm, linear
+from tests.unit.hf_reference import hf_greedy, make_hf_model, prompts_of
+
+
+def test_fused_decode_rows_decode_as_transformers(tmp_path, monkeypatch):
+    # narrow layers: the interpreter runs each program of a kernel in Python
+    hf = make_hf_model(
+        tmp_path,
+        tie_word_embeddings=True,
+        intermediate_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+    )
+    prompts = prompts_of([3, 20])
+    ref = hf_greedy(hf, prompts, 5)
+
+    def any_row(x: torch.Tensor, weight: torch.Tensor) -> bool:  # a CPU row too
+        return x.dim() == 2 and x.shape[0] == 1 and weight.shape[0] <= linear.SKINNY_MAX_N
+
+    calls = {"norm": 0, "gated": 0}
+    fused = skinny_gemm_module.norm_skinny_gemm
+
+    def counted(x, residual, norm_weight, eps, weight, gated=False):
+        calls["gated" if gated else "norm"] += 1
+        return fused(x, residual, norm_weight, eps, weight, gated)
+
+    monkeypatch.setattr(linear, "takes_skinny", any_row)
+    monkeypatch.setattr(layernorm, "takes_skinny", any_row)
+    monkeypatch.setattr(skinny_gemm_module, "norm_skinny_gemm", counted)
+    # one sequence at a time: every decode step is one row
+    llm = LLM(tmp_path, device="cpu", kvcache_block_size=16, num_kvcache_blocks=32, max_num_seqs=1)
+    sp = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    out = llm.generate(prompts, sp, use_tqdm=False)
+    assert [o.token_ids for o in out] == ref
+    # 2 layers x 4 decode steps x 2 prompts, each layer's two norms fused
+    assert calls["norm"] >= 2 * 4 * 2 and calls["gated"] == calls["norm"]
+    assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
+
+
+@pytest.mark.parametrize("world", [2])
+def test_no_fused_norm_across_ranks(monkeypatch, world):
+    # under tensor parallelism the norm all-reduces first: the fused kernel never takes it
+    monkeypatch.setattr(layernorm, "get_tp_world_size", lambda: world)
+    monkeypatch.setattr(layernorm, "takes_skinny", lambda x, w: True)
+    norm = layernorm.RMSNorm(8)
+    assert norm.fused_linear(torch.randn(1, 8), None, torch.randn(4, 8)) is None
