@@ -13,7 +13,7 @@ STEP_END = re.compile(r"^=== (\S+): (exit \d+ after \d+ s|skipped.*)$")
 PYTEST = re.compile(r"^=+ .*\b(passed|failed|error)\b.* in [\d.]+s")
 
 
-# the served engine core's own warnings (worker/core/serving_stalls.py): what stalled its steps
+# the served engine core's own warnings (worker/runner/serving_stalls.py): what stalled its steps
 STALLS = ("specialised while serving", "garbage-collector pass")
 
 

@@ -1,12 +1,12 @@
 """What can stall an engine step besides its own work, counted over a block of steps: Triton kernels
 specialised (compiled, or loaded from the disk cache), Python GC pauses (both through the served
-engine core's watch, worker.core.serving_stalls) and the CUDA caching allocator's cudaMalloc
+engine core's watch, worker.runner.serving_stalls) and the CUDA caching allocator's cudaMalloc
 calls. `bench arrivals` reports them for each run."""
 
 from types import TracebackType
 from typing import Any
 
-from nanoserve.worker.core.serving_stalls import watch_stalls
+from nanoserve.worker.runner.serving_stalls import watch_stalls
 
 
 class StallWatch:

@@ -1,4 +1,4 @@
-"""worker/core/serving_stalls.py: once the engine core serves, a Triton specialisation and a long
+"""worker/runner/serving_stalls.py: once the engine core serves, a Triton specialisation and a long
 garbage-collector pass are each logged as a warning; uninstalling puts the hooks back."""
 
 import gc
@@ -6,11 +6,11 @@ import logging
 
 import pytest
 
-from nanoserve.worker.core.serving_stalls import log_serving_stalls
+from nanoserve.worker.runner.serving_stalls import log_serving_stalls
 
 
 def test_a_long_gc_pass_is_a_warning_and_a_short_one_is_not(caplog):
-    caplog.set_level(logging.WARNING, "nanoserve.worker.core.serving_stalls")
+    caplog.set_level(logging.WARNING, "nanoserve.worker.runner.serving_stalls")
     callbacks = list(gc.callbacks)
     uninstall = log_serving_stalls(slow_gc_ms=0.0)  # every pass counts as long
     try:
@@ -30,7 +30,7 @@ def test_a_long_gc_pass_is_a_warning_and_a_short_one_is_not(caplog):
 
 def test_a_triton_specialisation_is_a_warning_and_the_hook_before_still_runs(caplog):
     triton = pytest.importorskip("triton")
-    caplog.set_level(logging.WARNING, "nanoserve.worker.core.serving_stalls")
+    caplog.set_level(logging.WARNING, "nanoserve.worker.runner.serving_stalls")
     seen: list[str] = []
 
     def before(*args, **kwargs):

@@ -34,8 +34,8 @@ from nanoserve.worker.core.frames import (
     read_inbox,
 )
 from nanoserve.worker.core.sequence_trace import trace_sequence
-from nanoserve.worker.core.serving_stalls import log_serving_stalls
 from nanoserve.worker.core.stats_log import Load, StatsLogger
+from nanoserve.worker.runner.serving_stalls import log_serving_stalls
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import torch
 
-from nanoserve.worker.core.serving_stalls import watch_stalls
+from nanoserve.worker.runner.serving_stalls import watch_stalls
 
 
 class StartClock:

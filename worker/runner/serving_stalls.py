@@ -1,8 +1,8 @@
 """What stalls the engine core's steps once it serves, logged as it happens: a Triton kernel
 specialised (compiled, or loaded from the disk cache: the runner's start-up should have done them
 all) and a garbage-collector pass that held the process. run_engine_core installs it once the
-engine is ready (the start-up compiles on purpose before that); `bench arrivals` counts the same
-two through `watch_stalls`."""
+engine is ready (the start-up compiles on purpose before that); `bench arrivals` and the runner's
+StartClock count the same two through `watch_stalls`."""
 
 import gc
 import logging
