@@ -76,7 +76,8 @@ def _skinny_gemm_kernel(
         k_mask = (k + ks) < K
         w = tl.load(w_ptrs + k, mask=k_mask[None, :], other=0.0)
         x = tl.load(x_ptrs + k, mask=k_mask[None, :], other=0.0).to(tl.float32)
-        if NORM:  # as worker.kernels.norm: the fp32 sum normed, rounded, times the weight
+        if NORM:  # as worker.kernels.norm: the fp32 sum normed, rounded, times the weight (the
+            # sum taken again, from L1/L2: cheaper than holding all of K in registers)
             if HAS_RESIDUAL:
                 x += tl.load(r_ptrs + k, mask=k_mask[None, :], other=0.0).to(tl.float32)
             nw = tl.load(nw_ptr + k + ks, mask=k_mask, other=0.0).to(tl.float32)

@@ -124,10 +124,10 @@ class PrefillGraphRunner:
         self.hidden: dict[int, torch.Tensor] = {}  # bucket -> (T, hidden) output of its graph
         # bucket -> one replay, or (capture=False: tests on CPU) the same forward run eagerly
         self.steps: dict[int, Callable[[], None]] = {}
+        self.capture_times = CaptureTimes()  # stays empty without a capture
         if not capture:
             self.steps = {n: self._forward(n) for n in buckets}
             return
-        self.capture_times = CaptureTimes()
         pool = None
         for n in reversed(buckets):  # largest first: the smaller ones reuse its pool
             pool = self._capture(n, pool)
