@@ -239,6 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", "fp8"],
         help="the engine's KV cache (the bounds stay the bf16 cache's)",
     )
+    p.add_argument(
+        "--phases",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the whole workload for the per-phase account (--no-phases: only the profiles)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON line per part")
     return p
 
@@ -275,14 +281,15 @@ def main(argv: list[str] | None = None) -> None:
             kv_cache_dtype=args.kv_cache_dtype,
         )
         try:
-            out.append(
-                dict(
-                    bench="roofline_phases",
-                    model=args.shape,
-                    kv_cache_dtype=args.kv_cache_dtype,
-                    **measure_phases(llm, shape, work),
+            if args.phases:
+                out.append(
+                    dict(
+                        bench="roofline_phases",
+                        model=args.shape,
+                        kv_cache_dtype=args.kv_cache_dtype,
+                        **measure_phases(llm, shape, work),
+                    )
                 )
-            )
             for b in (x for x in args.batches.split(",") if x):
                 batch, mixed = int(b.rstrip("m")), b.endswith("m")
                 profile = roofline_kernels.profile_decode(

@@ -311,13 +311,19 @@ case $mode in
       i=$((i + 1)); step "ab_${i}_$v" 100 $py -m nanoserve.benchmarks.variants "$v" ${AB_ARGS:-}
     done
     ;;
+  batch1)  # issue 34: a batch-1 decode step's kernels with the fusions and without (unfused)
+    b1="--batches 1 --prefill-tokens 0 --no-phases --json"
+    step roofline_b1_now 100 $py -m nanoserve.benchmarks.roofline $b1
+    step roofline_b1_unfused 100 $py -c "import sys; from nanoserve.benchmarks import roofline, \
+variants; variants.apply('unfused'); roofline.main(sys.argv[1:])" $b1
+    ;;
   kernels)
     step roofline 150 $py -m nanoserve.benchmarks.roofline --json
     step kernel_bench 90 $py -m nanoserve.benchmarks.attention
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|age|jitter|prefill|mixcap|timeline|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|gateway|grpc_runs|gateway_runs|owed29|ttft3|service|headroom|traces|wheels]" >&2
+  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|age|jitter|prefill|mixcap|timeline|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|batch1|gateway|grpc_runs|gateway_runs|owed29|ttft3|service|headroom|traces|wheels]" >&2
      exit 2 ;;
 esac
 done
