@@ -12,7 +12,9 @@ machine (the same code moves ~8% between machines). `gpu_run.sh ab` runs AB_VARI
   fp8        the code as it is with the fp8 KV cache (--kv-cache-dtype fp8)
   notrigger  the code as it is without the early launch signal of PDL kernels (pdl.TRIGGER)
   unfused    the code as it is with batch 1's norms, GEMVs and SiLU as separate kernels (no norm
-             inside the GEMV after it, no gated gate_up)
+             inside the GEMV after it, no gated gate_up), and sepqk's
+  sepqk      the code as it is with a decode step's q/k norms, rotary and KV store in their own
+             kernel (qk_norm_rope) before the attention, not inside it (Attention.decode_raw)
   now        the code as it is
 """
 
@@ -24,7 +26,7 @@ import triton
 
 from nanoserve.benchmarks import engine
 from nanoserve.worker.kernels import decode_attention, pdl, split_k_gemm
-from nanoserve.worker.layers import layernorm
+from nanoserve.worker.layers import attention, layernorm
 from nanoserve.worker.model import qwen3
 from nanoserve.worker.runner import sampler
 
@@ -38,6 +40,7 @@ VARIANTS = (
     "fp8",
     "notrigger",
     "unfused",
+    "sepqk",
     "now",
 )
 
@@ -69,6 +72,8 @@ def apply(variant: str) -> None:
     if variant == "unfused":
         qwen3.gated_linear = lambda x, weight: None
         layernorm.RMSNorm.fused_linear = lambda *args, **kwargs: None  # type: ignore[method-assign]
+    if variant in ("unfused", "sepqk"):
+        attention.Attention.fuses_norm_rope = property(lambda self: False)  # type: ignore[assignment]
     if variant == "cublaslt":
         torch.backends.cuda.preferred_blas_library("cublaslt")
 

@@ -168,6 +168,64 @@ def test_decode_in_kernel_merge_is_deterministic(num_splits, batch):
     assert not _COUNTERS[q.device][-1].any()  # every counter reset for the next launch
 
 
+@pytest.mark.parametrize(
+    "model, cache_dtype",
+    [("qwen3-0.6b", torch.bfloat16), ("qwen3-8b", torch.bfloat16), ("qwen3-0.6b", "fp8")],
+)
+@pytest.mark.parametrize("batch", [1, 7, 64, 256])
+def test_raw_decode_equals_norm_rope_then_attention(model, cache_dtype, batch):
+    """The decode attention given the raw q, k, v (NewTokens: its prologue normalises, rotates and
+    stores) against qk_norm_rope's store and then the attention: the same cache and output bits."""
+    from nanoserve.worker.kernels.decode_attention import NewTokens
+
+    hq, hkv, d = SHAPES[model]
+    fp8 = cache_dtype == "fp8"
+    gen = torch.Generator(device="cuda").manual_seed(batch + hq)
+    lens_list = torch.randint(1, 4096, (batch,), generator=gen, device="cuda").tolist()
+    lens_list[:4] = [1, 255, 256, 257][:batch]
+    k_cache, v_cache, tables, lens = make_case(lens_list, hkv, d, torch.bfloat16, gen)
+    scales = (0.5, 2.0) if fp8 else (1.0, 1.0)
+    if fp8:
+        k_cache, v_cache = k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn)
+    qkv = (3 * torch.randn(batch, (hq + 2 * hkv) * d, generator=gen, device="cuda")).bfloat16()
+    q_w = (1 + 0.1 * torch.randn(d, generator=gen, device="cuda")).bfloat16()
+    k_w = (1 + 0.1 * torch.randn(d, generator=gen, device="cuda")).bfloat16()
+    cos_sin = RotaryEmbedding(d, 40960, 1e6).cache_on(torch.device("cuda"))
+    positions = lens.long() - 1
+    slots = torch.tensor(
+        [int(tables[i, (n - 1) // BLOCK_SIZE]) * BLOCK_SIZE + (n - 1) % BLOCK_SIZE
+         for i, n in enumerate(lens_list)],
+        dtype=torch.int32,
+        device="cuda",
+    )  # fmt: skip
+
+    def views(x):
+        q, k, v = x.split([hq * d, hkv * d, hkv * d], dim=-1)
+        return q.view(batch, hq, d), k.view(batch, hkv, d), v.view(batch, hkv, d)
+
+    ref_qkv, ref_k_cache, ref_v_cache = qkv.clone(), k_cache.clone(), v_cache.clone()
+    q, k, v = views(ref_qkv)
+    qk_norm_rope(
+        q, k, q_w, k_w, cos_sin, positions, 1e-6,
+        v=v, k_cache=ref_k_cache, v_cache=ref_v_cache, slot_mapping=slots,
+        k_scale=scales[0], v_scale=scales[1],
+    )  # fmt: skip
+    ref = paged_decode_attention(
+        q, ref_k_cache, ref_v_cache, tables, lens, d**-0.5, k_scale=scales[0], v_scale=scales[1]
+    )
+    raw_q, raw_k, raw_v = views(qkv)
+    new = NewTokens(raw_k, raw_v, q_w, k_w, cos_sin, positions, slots, 1e-6)
+    out = paged_decode_attention(
+        raw_q, k_cache, v_cache, tables, lens, d**-0.5, k_scale=scales[0], v_scale=scales[1],
+        new=new,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    # (fp8 bytes compared as bytes: NaN slots compare unequal as floats)
+    assert torch.equal(k_cache.view(torch.uint8), ref_k_cache.view(torch.uint8))
+    assert torch.equal(v_cache.view(torch.uint8), ref_v_cache.view(torch.uint8))
+    assert torch.equal(out, ref)
+
+
 @pytest.mark.parametrize("num_splits", [None, 1, 8])
 def test_decode_cuda_graph_replay(num_splits):
     """Capture the fused q/k-norm + rotary + KV store and the one-launch decode once, then replay

@@ -8,7 +8,7 @@ import torch
 
 from nanoserve.benchmarks import variants
 from nanoserve.worker.kernels import decode_attention, split_k_gemm
-from nanoserve.worker.layers import layernorm
+from nanoserve.worker.layers import attention, layernorm
 from nanoserve.worker.model import qwen3
 from nanoserve.worker.runner import sampler
 
@@ -22,6 +22,7 @@ def restored(monkeypatch):
         (sampler, "is_plain"),
         (qwen3, "gated_linear"),
         (layernorm.RMSNorm, "fused_linear"),
+        (attention.Attention, "fuses_norm_rope"),
     ]:
         monkeypatch.setattr(module, name, getattr(module, name))
     monkeypatch.setattr(split_k_gemm, "CONFIGS", dict(split_k_gemm.CONFIGS))
@@ -37,6 +38,7 @@ def restored(monkeypatch):
 def test_each_variant_swaps_its_rules(restored, variant):
     rule, table, plain = decode_attention.choose_num_splits, split_k_gemm.CONFIGS, sampler.is_plain
     gated, fused = qwen3.gated_linear, layernorm.RMSNorm.fused_linear
+    raw = attention.Attention.fuses_norm_rope
     assert table  # the shipped split-K table
     variants.apply(variant)
     assert (decode_attention.choose_num_splits is not rule) == (variant == "before")
@@ -47,6 +49,7 @@ def test_each_variant_swaps_its_rules(restored, variant):
     assert (not decode_attention.TILE_RULES) == (pdl_off or variant == "onetile")
     assert (qwen3.gated_linear is not gated) == (variant == "unfused")
     assert (layernorm.RMSNorm.fused_linear is not fused) == (variant == "unfused")
+    assert (attention.Attention.fuses_norm_rope is not raw) == (variant in ("unfused", "sepqk"))
     assert restored == (["cublaslt"] if variant == "cublaslt" else [])
 
 

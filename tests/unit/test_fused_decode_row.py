@@ -1,6 +1,8 @@
 """A decode row's fused kernels (each norm inside the GEMV after it, gate_up with its SiLU: CUDA
-only, worker.layers.layernorm.RMSNorm.fused_linear and linear.gated_linear) run here by Triton's
-interpreter in place of the CUDA-only dispatch: the engine still decodes as transformers does."""
+only, worker.layers.layernorm.RMSNorm.fused_linear and linear.gated_linear; the q/k norms, rotary
+and KV store inside the decode attention: the Triton backend's Attention.decode_raw) run here by
+Triton's interpreter in place of the CUDA-only dispatch: the engine still decodes as transformers
+does."""
 
 import pytest
 import torch
@@ -8,7 +10,9 @@ import torch
 from nanoserve.worker import LLM, SamplingParams
 from nanoserve.worker.kernels import skinny_gemm as skinny_gemm_module
 from nanoserve.worker.layers import layernorm, linear
+from nanoserve.worker.layers.attention import Attention
 from tests.unit.hf_reference import hf_greedy, make_hf_model, prompts_of
+from tests.unit.interpreted_kernels import kernels  # noqa: F401 (interpreter + numpy shim)
 
 
 def test_fused_decode_rows_decode_as_transformers(tmp_path, monkeypatch):
@@ -37,13 +41,23 @@ def test_fused_decode_rows_decode_as_transformers(tmp_path, monkeypatch):
     monkeypatch.setattr(linear, "takes_skinny", any_row)
     monkeypatch.setattr(layernorm, "takes_skinny", any_row)
     monkeypatch.setattr(skinny_gemm_module, "norm_skinny_gemm", counted)
+    raw = Attention.decode_raw
+
+    def counted_raw(self, q, new):
+        calls["raw"] = calls.get("raw", 0) + 1
+        return raw(self, q, new)
+
+    monkeypatch.setattr(Attention, "decode_raw", counted_raw)
     # one sequence at a time: every decode step is one row
     llm = LLM(tmp_path, device="cpu", kvcache_block_size=16, num_kvcache_blocks=32, max_num_seqs=1)
+    for layer in llm.model_runner.attention_layers:
+        layer.backend = "triton"  # CUDA's attention kernels
     sp = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     out = llm.generate(prompts, sp, use_tqdm=False)
     assert [o.token_ids for o in out] == ref
     # 2 layers x 4 decode steps x 2 prompts, each layer's two norms fused
     assert calls["norm"] >= 2 * 4 * 2 and calls["gated"] == calls["norm"]
+    assert calls["raw"] == 2 * 4 * 2  # every decode step's attention from the raw qkv
     assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
 
 

@@ -6,10 +6,12 @@ sequence's context: at least min_split_len tokens, so a short sequence uses fewe
 one and a batch of mixed lengths is cut into shares of similar size (no one long sequence sets the
 kernel's time). The last program of a (sequence, kv head) to finish merges its shares by log-sum-exp
 in the same launch (an arrival counter). The grid depends on shapes only and nothing syncs with the
-host, so a captured CUDA graph replays it for any context lengths.
+host, so a captured CUDA graph replays it for any context lengths. Given the step's raw q, k and v
+(NewTokens), it also does qk_norm_rope's work: q/k RMSNorm and rotary, and the new k/v's store.
 """
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -18,6 +20,7 @@ import triton.language as tl
 from nanoserve.worker.kernels.arrival import arrival_counters
 from nanoserve.worker.kernels.dtypes import dot_dtype
 from nanoserve.worker.kernels.pdl import pdl_launch, pdl_wait
+from nanoserve.worker.kernels.qk_norm_rope import head_rms, norm_weight, rotate
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
@@ -37,9 +40,25 @@ DECODE_CONFIG = dict(num_warps=4, num_stages=3)
 TILE_RULES: list[tuple[int, int, int, int]] = [(8, 64, 4, 3), (64, 128, 4, 2)]
 
 
+class NewTokens(NamedTuple):
+    """A decode step's raw k and v (batch, num_kv_heads, head_dim), strided views of the qkv
+    projection as q is, and what qk_norm_rope would take: the attention normalises and rotates q
+    and k itself and stores k and v at slot_mapping (-1: nothing) before it reads the cache."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    cos_sin: torch.Tensor  # (max_position, head_dim) fp32 as [cos | sin]
+    positions: torch.Tensor  # (batch,)
+    slot_mapping: torch.Tensor  # (batch,)
+    eps: float
+
+
 # stride_bt: the block-table width, per step on the eager path (the graphs fix it); not specialised
-# so that a new width compiles nothing
-@triton.jit(do_not_specialize=["stride_bt"])
+# so that a new width compiles nothing. positions and slot_mapping: views of a step's flat input
+# message (qk_norm_rope's comment): their alignment is not specialised on either.
+@triton.jit(do_not_specialize=["stride_bt"], do_not_specialize_on_alignment=["pos_ptr", "slot_ptr"])
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -50,16 +69,30 @@ def _decode_split_kernel(
     part_o_ptr,
     part_lse_ptr,
     counters_ptr,
+    k_new_ptr,
+    v_new_ptr,
+    qw_ptr,
+    kw_ptr,
+    cos_sin_ptr,
+    pos_ptr,
+    slot_ptr,
     qk_scale,
+    k_scale,
     v_scale,
+    eps,
     stride_qb,
     stride_qh,
+    stride_kb,
+    stride_kh,
+    stride_vb,
+    stride_vh,
     stride_ob,
     stride_oh,
     stride_cb,
     stride_cs,
     stride_ch,
     stride_bt,
+    NORM_ROPE: tl.constexpr,  # q, k_new, v_new raw (NewTokens): normalise, rotate, store here
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -94,17 +127,61 @@ def _decode_split_kernel(
         cols = tl.arange(0, BLOCK_N)
         row_mask = rows < GROUP
         heads = kv_head * GROUP + rows
-        q = tl.load(
-            q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :],
-            mask=row_mask[:, None],
-            other=0.0,
-        ).to(DOT_DTYPE)  # (BLOCK_H, HEAD_DIM)
+        q_rows = q_ptr + seq * stride_qb + heads[:, None] * stride_qh
+        kv_head_off = kv_head * stride_ch
+        if NORM_ROPE:
+            # qk_norm_rope's math on each full head row (its helpers: the same bits): the rotary
+            # partner of dim d is d +- HEAD_DIM / 2, read a second time from L1
+            HALF: tl.constexpr = HEAD_DIM // 2
+            dtype = q_ptr.dtype.element_ty
+            partner = (dims + HALF) % HEAD_DIM
+            sign = tl.where(dims < HALF, -1.0, 1.0)
+            pos = tl.load(pos_ptr + seq).to(tl.int64)
+            cos = tl.load(cos_sin_ptr + pos * HEAD_DIM + dims % HALF)
+            sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + HALF + dims % HALF)
+            x = tl.load(q_rows + dims[None, :], mask=row_mask[:, None], other=0.0).to(tl.float32)
+            xp = tl.load(q_rows + partner[None, :], mask=row_mask[:, None], other=0.0)
+            xd = x.to(tl.float64)
+            rstd = head_rms(tl.sum(xd * xd, 1), HEAD_DIM, eps)[:, None]
+            w = tl.load(qw_ptr + dims).to(tl.float32)[None, :]
+            wp = tl.load(qw_ptr + partner).to(tl.float32)[None, :]
+            x = norm_weight(x, rstd, w, dtype)
+            xp = norm_weight(xp.to(tl.float32), rstd, wp, dtype)
+            q = rotate(x, xp, cos[None, :], sin[None, :], sign[None, :]).to(dtype).to(DOT_DTYPE)
+            # the share holding the new token (the last) stores its k and v first; the barrier
+            # makes the stores visible to every thread's loads of the tiles below
+            if split == active - 1:
+                slot = tl.load(slot_ptr + seq).to(tl.int64)
+                if slot >= 0:
+                    k_row = k_new_ptr + seq * stride_kb + kv_head * stride_kh
+                    y = tl.load(k_row + dims).to(tl.float32)
+                    yp = tl.load(k_row + partner).to(tl.float32)
+                    yd = y.to(tl.float64)
+                    k_rstd = head_rms(tl.sum(yd * yd, 0), HEAD_DIM, eps)
+                    y = norm_weight(y, k_rstd, tl.load(kw_ptr + dims).to(tl.float32), dtype)
+                    yp = norm_weight(yp, k_rstd, tl.load(kw_ptr + partner).to(tl.float32), dtype)
+                    k_new = rotate(y, yp, cos, sin, sign).to(dtype)
+                    v_new = tl.load(v_new_ptr + seq * stride_vb + kv_head * stride_vh + dims)
+                    # the cache holds k / k_scale, v / v_scale (fp8; scales of 1.0 change no bit)
+                    dst = (
+                        (slot // BLOCK_SIZE) * stride_cb
+                        + (slot % BLOCK_SIZE) * stride_cs
+                        + kv_head_off
+                        + dims
+                    )
+                    cache_dtype = k_cache_ptr.dtype.element_ty
+                    tl.store(k_cache_ptr + dst, (k_new.to(tl.float32) / k_scale).to(cache_dtype))
+                    tl.store(v_cache_ptr + dst, (v_new.to(tl.float32) / v_scale).to(cache_dtype))
+                tl.debug_barrier()
+        else:
+            q = tl.load(q_rows + dims[None, :], mask=row_mask[:, None], other=0.0).to(
+                DOT_DTYPE
+            )  # (BLOCK_H, HEAD_DIM)
 
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
         table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-        kv_head_off = kv_head * stride_ch
         for tile in range(start, end, BLOCK_N):
             # BLOCK_N divides BLOCK_SIZE and tiles start at multiples of BLOCK_N: a tile lies
             # in one block
@@ -263,9 +340,10 @@ def paged_decode_attention(
     min_split_len: int | None = None,
     block_n: int | None = None,
     config: dict | None = None,
+    new: NewTokens | None = None,
 ) -> torch.Tensor:
     """q: (batch, num_q_heads, head_dim) -> o of the same shape; context_lens (batch,) counts the new
-    token. k_scale, v_scale: the cache holds k / k_scale and v / v_scale (fp8; 1.0 otherwise).
+    token. new: q is raw and this step's k/v are not stored yet (NewTokens), the kernel does both. k_scale, v_scale: the cache holds k / k_scale and v / v_scale (fp8; 1.0 otherwise).
     num_splits / min_split_len: at most this many shares a sequence, each at least this many
     tokens (rounded up to the tile); None: the shape rules above. block_n: tokens a tile, a power
     of two dividing the block size, and config: num_warps / num_stages (None: choose_tiles)."""
@@ -313,6 +391,16 @@ def paged_decode_attention(
         counters = context_lens
     fp32 = q.dtype == torch.float32
     c = rule_config | (config or {})
+    if new is not None:
+        if new.k.shape != (batch, num_kv_heads, head_dim) or new.v.shape != new.k.shape:
+            raise ValueError(f"new k/v {tuple(new.k.shape)} do not fit q {tuple(q.shape)}")
+        if new.k.stride(-1) != 1 or new.v.stride(-1) != 1 or head_dim % 2:
+            raise ValueError("new k/v need a contiguous, even head_dim")
+        if new.positions.shape != (batch,) or new.slot_mapping.shape != (batch,):
+            raise ValueError("new positions and slot_mapping need one entry per sequence")
+        raw = new
+    else:  # unused by the NORM_ROPE=False specialisation
+        raw = NewTokens(q, q, q, q, q, context_lens, context_lens, 0.0)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -323,16 +411,30 @@ def paged_decode_attention(
         part_o,
         part_lse,
         counters,
+        raw.k,
+        raw.v,
+        raw.q_weight,
+        raw.k_weight,
+        raw.cos_sin,
+        raw.positions,
+        raw.slot_mapping,
         scale * LOG2E * k_scale,
+        k_scale,
         v_scale,
+        raw.eps,
         q.stride(0),
         q.stride(1),
+        raw.k.stride(0),
+        raw.k.stride(1),
+        raw.v.stride(0),
+        raw.v.stride(1),
         o.stride(0),
         o.stride(1),
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
         block_tables.stride(0),
+        NORM_ROPE=new is not None,
         GROUP=group,
         BLOCK_H=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,

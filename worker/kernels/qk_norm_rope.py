@@ -2,7 +2,8 @@
 also the KV-cache store of this step's k and v (Qwen3Attention, before Attention.forward).
 
 Replaces ~30 small torch kernels a layer (two norms, the cos/sin gather, rotate-half, store_kvcache)
-on the decode path, where launch count, not bytes, sets the time. Called on CUDA tensors.
+on the decode path, where launch count, not bytes, sets the time. Called on CUDA tensors. Its math
+(head_rms, norm_weight, rotate) is shared with the decode attention, which does the same inside it.
 """
 
 import torch
@@ -12,6 +13,33 @@ import triton.language as tl
 from nanoserve.worker.kernels.pdl import pdl_launch, pdl_wait
 
 ROWS_PER_PROGRAM = 16
+
+
+# A token's q and k must have the same bits whichever kernel normalises them (this one in prefill
+# and mixed steps, the decode attention's prologue in decode steps): a prefix cached by one step and
+# recomputed by another must attend alike. So the math below is free of layout: the sum of squares
+# in fp64 (the squares of 16-bit values are exact and so, for any realistic spread of a head's
+# values, is their sum: the order of the reduction cannot change it) and the rotation's multiply-add
+# spelled out (no contraction left to the compiler).
+@triton.jit
+def head_rms(sum_sq, HEAD_DIM: tl.constexpr, eps):
+    """1 / RMS of a head from its fp64 sum of squares, in fp32."""
+    return tl.rsqrt((sum_sq / HEAD_DIM).to(tl.float32) + eps)
+
+
+@triton.jit
+def norm_weight(x, rstd, w, dtype: tl.constexpr):
+    """RMSNorm's scale in fp32, rounded to the activation dtype before and after the weight (as
+    the torch RMSNorm)."""
+    x = (x * rstd).to(dtype).to(tl.float32) * w
+    return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def rotate(x, partner, cos, sin, sign):
+    """Rotary: x * cos + sign * partner * sin (sign -1 for the first half, whose partner is the
+    second half, +1 for the second), one explicit fused multiply-add."""
+    return tl.fma(x, cos, sign * (partner * sin))
 
 
 # positions and slot_mapping are views into a step's flat input message at offsets set by its token
@@ -86,16 +114,15 @@ def _qk_norm_rope_kernel(
     x2 = tl.load(ptr + HALF + dims, mask=live[:, None], other=0.0).to(tl.float32)
     cos = tl.load(cos_sin_ptr + pos * (2 * HALF) + dims)
     sin = tl.load(cos_sin_ptr + pos * (2 * HALF) + HALF + dims)
-    # RMSNorm over head_dim in fp32, rounded to the activation dtype before the weight (as the
-    # torch RMSNorm), then the rotary rotation of the (first half, second half) pairs in fp32
-    rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)[:, None]
+    # RMSNorm over head_dim, then the rotary rotation of the (first half, second half) pairs in
+    # fp32
+    x1d, x2d = x1.to(tl.float64), x2.to(tl.float64)
+    rstd = head_rms(tl.sum(x1d * x1d, 1) + tl.sum(x2d * x2d, 1), 2 * HALF, eps)[:, None]
     dtype = q_ptr.dtype.element_ty
-    x1 = (x1 * rstd).to(dtype).to(tl.float32) * w1
-    x2 = (x2 * rstd).to(dtype).to(tl.float32) * w2
-    x1 = x1.to(dtype).to(tl.float32)
-    x2 = x2.to(dtype).to(tl.float32)
-    y1 = (x1 * cos - x2 * sin).to(dtype)
-    y2 = (x2 * cos + x1 * sin).to(dtype)
+    x1 = norm_weight(x1, rstd, w1, dtype)
+    x2 = norm_weight(x2, rstd, w2, dtype)
+    y1 = rotate(x1, x2, cos, sin, -1.0).to(dtype)
+    y2 = rotate(x2, x1, cos, sin, 1.0).to(dtype)
     tl.store(ptr + dims, y1, mask=live[:, None])
     tl.store(ptr + HALF + dims, y2, mask=live[:, None])
     if STORE:

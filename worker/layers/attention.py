@@ -1,18 +1,24 @@
 """Attention over the paged KV cache: store the new k/v by slot_mapping, then attend.
 
 On the Triton and flash-attn backends Qwen3Attention's q/k-norm + rotary kernel stores k/v already
-(fuses_kv_store), and forward is told so (kv_stored) and skips its own store.
+(fuses_kv_store), and forward is told so (kv_stored) and skips its own store. In a decode step on the
+Triton backend the attention kernel does that kernel's work itself (decode_raw).
 
 Backends: torch (gather the blocks, SDPA; the CPU path and the reference), Triton kernels on CUDA
 (worker.kernels), flash-attn when asked for (attention_backend=flash_attn). All read the batch layout from nanoserve.worker.layers.context.
 KV cache layout: (num_blocks, block_size, num_kv_heads, head_dim), the flash-attn paged layout.
 """
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from nanoserve.worker.layers.context import get_context
+
+if TYPE_CHECKING:  # the kernels import Triton: only on the CUDA path
+    from nanoserve.worker.kernels.decode_attention import NewTokens
 
 FP8_KV_DTYPE = torch.float8_e4m3fn  # kv_cache_dtype=fp8 (worker.kernels.dtypes names the same)
 
@@ -120,6 +126,30 @@ class Attention(nn.Module):
         """Whether the caller stores k/v into the cache itself (in its q/k-norm + rotary kernel) and
         passes kv_stored=True: the CUDA backends once the cache exists."""
         return self.k_cache.numel() > 0 and self.backend in ("triton", "flash_attn")
+
+    @property
+    def fuses_norm_rope(self) -> bool:
+        """Whether a decode step's raw q, k, v go to decode_raw, whose kernel normalises, rotates
+        and stores them (one kernel boundary a layer fewer): the Triton backend with its cache."""
+        return self.k_cache.numel() > 0 and self.backend == "triton"
+
+    def decode_raw(self, q: torch.Tensor, new: "NewTokens") -> torch.Tensor:
+        """A decode step from the qkv projection's raw q (N, Hq, D) and new (raw k and v, the
+        norms' weights, the rotary table, positions, slots, eps) -> (N, Hq * D)."""
+        from nanoserve.worker.kernels import paged_decode_attention
+
+        ctx = get_context()
+        return paged_decode_attention(
+            q,
+            self.k_cache,
+            self.v_cache,
+            _given(ctx.block_tables),
+            _given(ctx.context_lens),
+            self.scale,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
+            new=new,
+        ).flatten(1, 2)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_stored: bool = False

@@ -101,9 +101,33 @@ class Qwen3Attention(nn.Module):
 
     def attend(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         """The layer from its qkv projection on (the decoder layer's fused norm made it)."""
-        q, k, v, kv_stored = self.project(positions, qkv)
-        o = self.attn(q.flatten(1), k.flatten(1), v, kv_stored=kv_stored)  # (N, Hq * D)
+        if self.attn.fuses_norm_rope and not get_context().is_prefill:
+            o = self.decode_raw(positions, qkv)
+        else:
+            q, k, v, kv_stored = self.project(positions, qkv)
+            o = self.attn(q.flatten(1), k.flatten(1), v, kv_stored=kv_stored)  # (N, Hq * D)
         return self.o_proj(o)  # (N, hidden), this rank's partial sum
+
+    def decode_raw(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        """A decode step's attention straight from the raw qkv: the attention kernel normalises
+        and rotates q and k and stores k/v itself (no qk_norm_rope launch). -> (N, Hq * D)"""
+        from nanoserve.worker.kernels.decode_attention import NewTokens
+
+        n, d = qkv.shape[0], self.head_dim
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        slot_mapping = get_context().slot_mapping
+        assert slot_mapping is not None, "a decode step runs with its slot_mapping (set_context)"
+        new = NewTokens(
+            k.view(n, self.num_kv_heads, d),
+            v.view(n, self.num_kv_heads, d),
+            self.q_norm.weight,
+            self.k_norm.weight,
+            self.rotary_emb.cache_on(qkv.device),
+            positions,
+            slot_mapping,
+            self.q_norm.eps,
+        )
+        return self.attn.decode_raw(q.view(n, self.num_heads, d), new)
 
 
 class Qwen3MLP(nn.Module):
