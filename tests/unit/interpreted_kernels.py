@@ -39,6 +39,7 @@ def _import_kernels():
         "nanoserve.worker.kernels.store_kvcache",
         "nanoserve.worker.kernels.prefill_attention",
         "nanoserve.worker.kernels.qk_norm_rope",
+        "nanoserve.worker.kernels.decode_merge",
         "nanoserve.worker.kernels.decode_attention",
         "nanoserve.worker.kernels.norm",
         "nanoserve.worker.kernels.split_k_gemm",

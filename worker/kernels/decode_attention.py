@@ -18,9 +18,10 @@ import triton
 import triton.language as tl
 
 from nanoserve.worker.kernels.arrival import arrival_counters
+from nanoserve.worker.kernels.decode_merge import merge_shares
 from nanoserve.worker.kernels.dtypes import dot_dtype
 from nanoserve.worker.kernels.pdl import pdl_launch, pdl_wait
-from nanoserve.worker.kernels.qk_norm_rope import head_rms, norm_weight, rotate
+from nanoserve.worker.kernels.qk_norm_rope import norm_rope_rows
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
@@ -129,46 +130,33 @@ def _decode_split_kernel(
         heads = kv_head * GROUP + rows
         q_rows = q_ptr + seq * stride_qb + heads[:, None] * stride_qh
         kv_head_off = kv_head * stride_ch
-        if NORM_ROPE:
-            # qk_norm_rope's math on each full head row (its helpers: the same bits): the rotary
-            # partner of dim d is d +- HEAD_DIM / 2, read a second time from L1
-            HALF: tl.constexpr = HEAD_DIM // 2
+        if NORM_ROPE:  # q (and the new k) normalised and rotated here, as qk_norm_rope does
             dtype = q_ptr.dtype.element_ty
-            partner = (dims + HALF) % HEAD_DIM
-            sign = tl.where(dims < HALF, -1.0, 1.0)
             pos = tl.load(pos_ptr + seq).to(tl.int64)
-            cos = tl.load(cos_sin_ptr + pos * HEAD_DIM + dims % HALF)
-            sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + HALF + dims % HALF)
-            x = tl.load(q_rows + dims[None, :], mask=row_mask[:, None], other=0.0).to(tl.float32)
-            xp = tl.load(q_rows + partner[None, :], mask=row_mask[:, None], other=0.0)
-            xd = x.to(tl.float64)
-            rstd = head_rms(tl.sum(xd * xd, 1), HEAD_DIM, eps)[:, None]
-            w = tl.load(qw_ptr + dims).to(tl.float32)[None, :]
-            wp = tl.load(qw_ptr + partner).to(tl.float32)[None, :]
-            x = norm_weight(x, rstd, w, dtype)
-            xp = norm_weight(xp.to(tl.float32), rstd, wp, dtype)
-            q = rotate(x, xp, cos[None, :], sin[None, :], sign[None, :]).to(dtype).to(DOT_DTYPE)
+            q = norm_rope_rows(
+                q_rows, row_mask[:, None], qw_ptr, cos_sin_ptr, pos, eps, HEAD_DIM, dtype
+            )
+            q = q.to(DOT_DTYPE)  # (BLOCK_H, HEAD_DIM)
             # the share holding the new token (the last) stores its k and v first; the barrier
             # makes the stores visible to every thread's loads of the tiles below
             if split == active - 1:
                 slot = tl.load(slot_ptr + seq).to(tl.int64)
                 if slot >= 0:
-                    k_row = k_new_ptr + seq * stride_kb + kv_head * stride_kh
-                    y = tl.load(k_row + dims).to(tl.float32)
-                    yp = tl.load(k_row + partner).to(tl.float32)
-                    yd = y.to(tl.float64)
-                    k_rstd = head_rms(tl.sum(yd * yd, 0), HEAD_DIM, eps)
-                    y = norm_weight(y, k_rstd, tl.load(kw_ptr + dims).to(tl.float32), dtype)
-                    yp = norm_weight(yp, k_rstd, tl.load(kw_ptr + partner).to(tl.float32), dtype)
-                    k_new = rotate(y, yp, cos, sin, sign).to(dtype)
-                    v_new = tl.load(v_new_ptr + seq * stride_vb + kv_head * stride_vh + dims)
+                    one = tl.arange(0, 1)[:, None]  # (1, 1): the kv head's row
+                    k_row = k_new_ptr + seq * stride_kb + kv_head * stride_kh + one
+                    k_new = norm_rope_rows(
+                        k_row, one < 1, kw_ptr, cos_sin_ptr, pos, eps, HEAD_DIM, dtype
+                    )
+                    v_new = tl.load(
+                        v_new_ptr + seq * stride_vb + kv_head * stride_vh + one + dims[None, :]
+                    )
                     # the cache holds k / k_scale, v / v_scale (fp8; scales of 1.0 change no bit)
                     dst = (
                         (slot // BLOCK_SIZE) * stride_cb
                         + (slot % BLOCK_SIZE) * stride_cs
                         + kv_head_off
-                        + dims
                     )
+                    dst = dst + one + dims[None, :]
                     cache_dtype = k_cache_ptr.dtype.element_ty
                     tl.store(k_cache_ptr + dst, (k_new.to(tl.float32) / k_scale).to(cache_dtype))
                     tl.store(v_cache_ptr + dst, (v_new.to(tl.float32) / v_scale).to(cache_dtype))
@@ -222,59 +210,23 @@ def _decode_split_kernel(
         else:
             if NUM_SPLITS > 1:  # (static) partial buffers exist only then
                 # partials: (batch, num_q_heads, NUM_SPLITS, HEAD_DIM) fp32 and lse (batch,
-                # num_q_heads, NUM_SPLITS)
-                lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
-                rows_base = (seq * tl.num_programs(1) * GROUP + heads) * NUM_SPLITS  # (BLOCK_H,)
-                tl.store(part_lse_ptr + rows_base + split, lse, mask=row_mask)
-                tl.store(
-                    part_o_ptr + (rows_base + split)[:, None] * HEAD_DIM + dims[None, :],
+                # num_q_heads, NUM_SPLITS), one row of NUM_SPLITS a q head
+                merge_shares(
                     out,
-                    mask=row_mask[:, None],
+                    tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf")),
+                    o_ptr + seq * stride_ob + heads[:, None] * stride_oh,
+                    part_o_ptr,
+                    part_lse_ptr,
+                    counters_ptr + seq * tl.num_programs(1) + kv_head,
+                    (seq * tl.num_programs(1) * GROUP + heads) * NUM_SPLITS,
+                    split,
+                    active,
+                    row_mask,
+                    BLOCK_H,
+                    HEAD_DIM,
+                    NUM_SPLITS,
+                    BLOCK_S,
                 )
-                # Arrival: every thread's partial stores precede the barrier, the barrier precedes the
-                # (single-thread) gpu-scope release of the counter add, so a program that acquires the
-                # count sees them. The last of the `active` programs of this (seq, kv_head) merges.
-                tl.debug_barrier()
-                counter = counters_ptr + seq * tl.num_programs(1) + kv_head
-                arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-                if arrived == active - 1:
-                    # ".cg" reads at L2: the other programs' partials may be stale in this SM's L1
-                    splits = tl.arange(0, BLOCK_S)
-                    lse_all = tl.load(
-                        part_lse_ptr + rows_base[:, None] + splits[None, :],
-                        mask=row_mask[:, None] & (splits < active)[None, :],
-                        other=float("-inf"),
-                        cache_modifier=".cg",
-                    )  # (BLOCK_H, BLOCK_S)
-                    m = tl.max(lse_all, 1)
-                    m = tl.where(m > float("-inf"), m, 0.0)
-                    total = tl.sum(
-                        tl.where(lse_all > float("-inf"), tl.exp2(lse_all - m[:, None]), 0.0), 1
-                    )
-                    merged = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
-                    for j in tl.static_range(NUM_SPLITS):
-                        lse_j = tl.load(
-                            part_lse_ptr + rows_base + j,
-                            mask=row_mask & (j < active),
-                            other=float("-inf"),
-                            cache_modifier=".cg",
-                        )
-                        w = tl.where(lse_j > float("-inf"), tl.exp2(lse_j - m), 0.0)
-                        part = tl.load(
-                            part_o_ptr + (rows_base + j)[:, None] * HEAD_DIM + dims[None, :],
-                            mask=row_mask[:, None] & (j < active),
-                            other=0.0,
-                            cache_modifier=".cg",
-                        )  # (BLOCK_H, HEAD_DIM)
-                        merged += part * w[:, None]
-                    merged = merged / tl.where(total > 0.0, total, 1.0)[:, None]
-                    tl.store(
-                        o_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :],
-                        merged.to(o_ptr.dtype.element_ty),
-                        mask=row_mask[:, None],
-                    )
-                    # every split of this launch has arrived: zero for the next launch / graph replay
-                    tl.store(counter, 0)
 
 
 @functools.cache

@@ -42,6 +42,26 @@ def rotate(x, partner, cos, sin, sign):
     return tl.fma(x, cos, sign * (partner * sin))
 
 
+@triton.jit
+def norm_rope_rows(rows, mask, w_ptr, cos_sin_ptr, pos, eps, HEAD_DIM: tl.constexpr, dtype):
+    """Whole heads (R, HEAD_DIM) of one token at position pos, normalised and rotated in dtype:
+    the kernel below's math on full rows (the decode attention's prologue). rows: (R, 1) pointers
+    to each head's first dim, mask (R, 1); a dim's rotary partner (+- HEAD_DIM / 2) is read a
+    second time (from L1)."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    dims = tl.arange(0, HEAD_DIM)[None, :]
+    partner = (dims + HALF) % HEAD_DIM
+    x = tl.load(rows + dims, mask=mask, other=0.0).to(tl.float32)
+    xp = tl.load(rows + partner, mask=mask, other=0.0).to(tl.float32)
+    xd = x.to(tl.float64)
+    rstd = head_rms(tl.sum(xd * xd, 1), HEAD_DIM, eps)[:, None]
+    x = norm_weight(x, rstd, tl.load(w_ptr + dims).to(tl.float32), dtype)
+    xp = norm_weight(xp, rstd, tl.load(w_ptr + partner).to(tl.float32), dtype)
+    cos = tl.load(cos_sin_ptr + pos * HEAD_DIM + dims % HALF)
+    sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + HALF + dims % HALF)
+    return rotate(x, xp, cos, sin, tl.where(dims < HALF, -1.0, 1.0)).to(dtype)
+
+
 # positions and slot_mapping are views into a step's flat input message at offsets set by its token
 # count: their 16-byte alignment varies per step, and so does the token count. Alignment buys
 # nothing here and is not specialised on (an odd token count compiled a new kernel).
