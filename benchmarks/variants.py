@@ -15,6 +15,8 @@ machine (the same code moves ~8% between machines). `gpu_run.sh ab` runs AB_VARI
              inside the GEMV after it, no gated gate_up), and sepqk's
   sepqk      the code as it is with a decode step's q/k norms, rotary and KV store in their own
              kernel (qk_norm_rope) before the attention, not inside it (Attention.decode_raw)
+  emptycache the code as it is with torch.cuda.graph's empty_cache before every graph capture
+             (runner.graph_capture.EMPTY_CACHE_PER_CAPTURE): the start-up's phases apart
   now        the code as it is
 """
 
@@ -28,7 +30,7 @@ from nanoserve.benchmarks import engine
 from nanoserve.worker.kernels import decode_attention, pdl, split_k_gemm
 from nanoserve.worker.layers import attention, layernorm
 from nanoserve.worker.model import qwen3
-from nanoserve.worker.runner import sampler
+from nanoserve.worker.runner import graph_capture, sampler
 
 VARIANTS = (
     "before",
@@ -41,6 +43,7 @@ VARIANTS = (
     "notrigger",
     "unfused",
     "sepqk",
+    "emptycache",
     "now",
 )
 
@@ -74,6 +77,8 @@ def apply(variant: str) -> None:
         layernorm.RMSNorm.fused_linear = lambda *args, **kwargs: None  # type: ignore[method-assign]
     if variant in ("unfused", "sepqk"):
         attention.Attention.fuses_norm_rope = property(lambda self: False)  # type: ignore[assignment]
+    if variant == "emptycache":
+        graph_capture.EMPTY_CACHE_PER_CAPTURE = True
     if variant == "cublaslt":
         torch.backends.cuda.preferred_blas_library("cublaslt")
 

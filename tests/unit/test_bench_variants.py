@@ -10,7 +10,7 @@ from nanoserve.benchmarks import variants
 from nanoserve.worker.kernels import decode_attention, split_k_gemm
 from nanoserve.worker.layers import attention, layernorm
 from nanoserve.worker.model import qwen3
-from nanoserve.worker.runner import sampler
+from nanoserve.worker.runner import graph_capture, sampler
 
 
 @pytest.fixture
@@ -23,6 +23,7 @@ def restored(monkeypatch):
         (qwen3, "gated_linear"),
         (layernorm.RMSNorm, "fused_linear"),
         (attention.Attention, "fuses_norm_rope"),
+        (graph_capture, "EMPTY_CACHE_PER_CAPTURE"),
     ]:
         monkeypatch.setattr(module, name, getattr(module, name))
     monkeypatch.setattr(split_k_gemm, "CONFIGS", dict(split_k_gemm.CONFIGS))
@@ -50,6 +51,7 @@ def test_each_variant_swaps_its_rules(restored, variant):
     assert (qwen3.gated_linear is not gated) == (variant == "unfused")
     assert (layernorm.RMSNorm.fused_linear is not fused) == (variant == "unfused")
     assert (attention.Attention.fuses_norm_rope is not raw) == (variant in ("unfused", "sepqk"))
+    assert graph_capture.EMPTY_CACHE_PER_CAPTURE == (variant == "emptycache")
     assert restored == (["cublaslt"] if variant == "cublaslt" else [])
 
 

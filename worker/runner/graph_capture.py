@@ -9,6 +9,15 @@ from dataclasses import dataclass
 import torch
 from torch.cuda import _POOL_HANDLE  # what CUDAGraph.pool() returns
 
+# torch.cuda.graph empties the caching allocator (and the pinned host cache) before every capture:
+# the blocks the warm-up forward just took go back to the driver and the next warm-up takes them
+# again (a cudaFree and a cudaMalloc, each synchronising, per block and graph, ~57 graphs at
+# start). The graphs' private pools need no such room (the KV cache's sizing left the warm-up's
+# peak and 2 GiB for them), so capture_graph begins the capture itself; True: torch's way
+# (`bench variants emptycache`).
+EMPTY_CACHE_PER_CAPTURE = False
+_capture_stream: torch.cuda.Stream | None = None  # a side stream, as torch.cuda.graph's default
+
 
 @dataclass
 class CaptureTimes:
@@ -34,8 +43,19 @@ def capture_graph(
     torch.cuda.synchronize()
     t1 = time.perf_counter()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool):
-        forward()
+    if EMPTY_CACHE_PER_CAPTURE:
+        with torch.cuda.graph(graph, pool):
+            forward()
+    else:
+        global _capture_stream
+        if _capture_stream is None:
+            _capture_stream = torch.cuda.Stream()
+        with torch.cuda.stream(_capture_stream):  # (capture needs a stream other than the legacy)
+            graph.capture_begin(pool=pool)
+            try:
+                forward()
+            finally:
+                graph.capture_end()
     torch.cuda.synchronize()
     times.graphs += 1
     times.warmup_s += t1 - t0
