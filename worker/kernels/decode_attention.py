@@ -132,9 +132,9 @@ def _decode_split_kernel(
         kv_head_off = kv_head * stride_ch
         if NORM_ROPE:  # q (and the new k) normalised and rotated here, as qk_norm_rope does
             dtype = q_ptr.dtype.element_ty
-            pos = tl.load(pos_ptr + seq).to(tl.int64)
+            position = tl.load(pos_ptr + seq).to(tl.int64)  # (not pos: the loop's)
             q = norm_rope_rows(
-                q_rows, row_mask[:, None], qw_ptr, cos_sin_ptr, pos, eps, HEAD_DIM, dtype
+                q_rows, row_mask[:, None], qw_ptr, cos_sin_ptr, position, eps, HEAD_DIM, dtype
             )
             q = q.to(DOT_DTYPE)  # (BLOCK_H, HEAD_DIM)
             # the share holding the new token (the last) stores its k and v first; the barrier
@@ -145,7 +145,7 @@ def _decode_split_kernel(
                     one = tl.arange(0, 1)[:, None]  # (1, 1): the kv head's row
                     k_row = k_new_ptr + seq * stride_kb + kv_head * stride_kh + one
                     k_new = norm_rope_rows(
-                        k_row, one < 1, kw_ptr, cos_sin_ptr, pos, eps, HEAD_DIM, dtype
+                        k_row, one < 1, kw_ptr, cos_sin_ptr, position, eps, HEAD_DIM, dtype
                     )
                     v_new = tl.load(
                         v_new_ptr + seq * stride_vb + kv_head * stride_vh + one + dims[None, :]
