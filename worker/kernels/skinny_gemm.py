@@ -43,6 +43,7 @@ def _skinny_gemm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     PDL: tl.constexpr,  # worker.kernels.pdl: wait for the previous kernel first
 ):
+    pdl_wait(PDL)
     pid_n = tl.program_id(0)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output features of this program
     ms = tl.arange(0, BLOCK_M)
@@ -55,15 +56,6 @@ def _skinny_gemm_kernel(
     u_ptrs = w_ptrs + N * stride_wn  # GATED: the up rows, N past their gate rows
     r_ptrs = r_ptr + x_rows[:, None] * stride_rm + ks[None, :]  # (BM, BK)
     dtype = y_ptr.dtype.element_ty
-    # K in one step: this program's W rows (weights: nobody writes them) are read before the wait,
-    # so under PDL their HBM latency overlaps the previous kernel's drain
-    ONE_STEP: tl.constexpr = K_CHUNK == BLOCK_K
-    if ONE_STEP:
-        w_first = tl.load(w_ptrs, mask=(ks < K)[None, :], other=0.0)
-        u_first = w_first
-        if GATED:
-            u_first = tl.load(u_ptrs, mask=(ks < K)[None, :], other=0.0)
-    pdl_wait(PDL)
     rstd = tl.zeros((BLOCK_M,), tl.float32)
     if NORM:  # each program takes the rows' statistics itself (x is a few KiB, from L2)
         sum_sq = tl.zeros((BLOCK_M,), tl.float32)
@@ -82,10 +74,7 @@ def _skinny_gemm_kernel(
     # tl.range's num_stages (unlike the launch option) also pipelines loads that feed no tl.dot
     for k in tl.range(0, K_CHUNK, BLOCK_K, num_stages=LOOP_STAGES):
         k_mask = (k + ks) < K
-        if ONE_STEP:
-            w = w_first
-        else:
-            w = tl.load(w_ptrs + k, mask=k_mask[None, :], other=0.0)
+        w = tl.load(w_ptrs + k, mask=k_mask[None, :], other=0.0)
         x = tl.load(x_ptrs + k, mask=k_mask[None, :], other=0.0).to(tl.float32)
         if NORM:  # as worker.kernels.norm: the fp32 sum normed, rounded, times the weight (the
             # sum taken again, from L1/L2: cheaper than holding all of K in registers)
@@ -97,10 +86,7 @@ def _skinny_gemm_kernel(
         # (BM, 1, BK) * (1, BN, BK) summed over K: CUDA-core FMAs, W is read once
         acc += tl.sum(tl.expand_dims(x, 1) * tl.expand_dims(w.to(tl.float32), 0), axis=2)
         if GATED:
-            if ONE_STEP:
-                u = u_first
-            else:
-                u = tl.load(u_ptrs + k, mask=k_mask[None, :], other=0.0)
+            u = tl.load(u_ptrs + k, mask=k_mask[None, :], other=0.0)
             acc_up += tl.sum(tl.expand_dims(x, 1) * tl.expand_dims(u.to(tl.float32), 0), axis=2)
     if GATED:  # rounded to the output dtype first, as the unfused gate_up's output would be
         gate = acc.to(dtype).to(tl.float32)
