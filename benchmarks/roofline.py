@@ -245,6 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help="run the whole workload for the per-phase account (--no-phases: only the profiles)",
     )
+    p.add_argument(
+        "--decode-fusions",
+        action="store_true",
+        help="the engine with EngineConfig.decode_fusions (a decode row's fused kernels)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON line per part")
     return p
 
@@ -279,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             kv_cache_dtype=args.kv_cache_dtype,
+            decode_fusions=args.decode_fusions,
         )
         try:
             if args.phases:

@@ -11,10 +11,8 @@ machine (the same code moves ~8% between machines). `gpu_run.sh ab` runs AB_VARI
   cublaslt   the code as it is, torch's cuBLASLt back end for the GEMMs cuBLAS runs
   fp8        the code as it is with the fp8 KV cache (--kv-cache-dtype fp8)
   notrigger  the code as it is without the early launch signal of PDL kernels (pdl.TRIGGER)
-  unfused    the code as it is with batch 1's norms, GEMVs and SiLU as separate kernels (no norm
-             inside the GEMV after it, no gated gate_up), and sepqk's
-  sepqk      the code as it is with a decode step's q/k norms, rotary and KV store in their own
-             kernel (qk_norm_rope) before the attention, not inside it (Attention.decode_raw)
+  fused      the code as it is with --decode-fusions: a decode row's norms inside the GEMVs after
+             them, gate_up with its SiLU, the q/k norms, rotary and KV store inside the attention
   emptycache the code as it is with torch.cuda.graph's empty_cache before every graph capture
              (runner.graph_capture.EMPTY_CACHE_PER_CAPTURE): the start-up's phases apart
   now        the code as it is
@@ -28,8 +26,6 @@ import triton
 
 from nanoserve.benchmarks import engine
 from nanoserve.worker.kernels import decode_attention, pdl, split_k_gemm
-from nanoserve.worker.layers import attention, layernorm
-from nanoserve.worker.model import qwen3
 from nanoserve.worker.runner import graph_capture, sampler
 
 VARIANTS = (
@@ -41,8 +37,7 @@ VARIANTS = (
     "cublaslt",
     "fp8",
     "notrigger",
-    "unfused",
-    "sepqk",
+    "fused",
     "emptycache",
     "now",
 )
@@ -72,11 +67,6 @@ def apply(variant: str) -> None:
         pdl.TRIGGER = triton.language.constexpr(False)
         # compiled apart: a cached kernel of the other setting must not be loaded
         os.environ["TRITON_CACHE_DIR"] = os.path.expanduser("~/.triton/cache-notrigger")
-    if variant == "unfused":
-        qwen3.gated_linear = lambda x, weight: None
-        layernorm.RMSNorm.fused_linear = lambda *args, **kwargs: None  # type: ignore[method-assign]
-    if variant in ("unfused", "sepqk"):
-        attention.Attention.fuses_norm_rope = property(lambda self: False)  # type: ignore[assignment]
     if variant == "emptycache":
         graph_capture.EMPTY_CACHE_PER_CAPTURE = True
     if variant == "cublaslt":
@@ -99,6 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"=== variant: {args.variant}, split-K shapes {sorted(split_k_gemm.CONFIGS)}", flush=True)
     if args.variant == "fp8":
         engine_args = ["--kv-cache-dtype", "fp8", *engine_args]
+    if args.variant == "fused":
+        engine_args = ["--decode-fusions", *engine_args]
     engine.main(["throughput", "latency", "--shape", "qwen3-0.6b", "--json", *engine_args])
 
 

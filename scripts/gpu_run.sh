@@ -311,11 +311,12 @@ case $mode in
       i=$((i + 1)); step "ab_${i}_$v" 100 $py -m nanoserve.benchmarks.variants "$v" ${AB_ARGS:-}
     done
     ;;
-  batch1)  # issue 34: a batch-1 decode step's kernels with the fusions and without (unfused)
+  batch1)  # issue 34: a batch-1 decode step's kernels without and with --decode-fusions; PDL
+    # off, since under it a kernel's time includes its wait for the one before
     b1="--batches 1 --prefill-tokens 0 --no-phases --json"
-    step roofline_b1_now 100 $py -m nanoserve.benchmarks.roofline $b1
-    step roofline_b1_unfused 100 $py -c "import sys; from nanoserve.benchmarks import roofline, \
-variants; variants.apply('unfused'); roofline.main(sys.argv[1:])" $b1
+    step roofline_b1_now 100 env NANOSERVE_PDL=0 $py -m nanoserve.benchmarks.roofline $b1
+    step roofline_b1_fused 100 env NANOSERVE_PDL=0 $py -m nanoserve.benchmarks.roofline $b1 \
+      --decode-fusions
     ;;
   kernels)
     step roofline 150 $py -m nanoserve.benchmarks.roofline --json

@@ -143,8 +143,21 @@ def bf16_ulp(x: float) -> float:
         (dict(num_kvcache_blocks=12, kvcache_block_size=256), False),  # preemption
         # one sequence at a time: every decode step is one row (the skinny GEMV's path)
         (dict(max_num_seqs=1), False),
+        # the same with the decode row's fused kernels (norms in the GEMVs, gated gate_up, q/k
+        # norm + rotary + store in the attention): EngineConfig.decode_fusions
+        (dict(max_num_seqs=1, decode_fusions=True), False),
+        (dict(decode_fusions=True), False),
     ],
-    ids=["graphs", "block16", "torch_backend", "outside_buckets", "preemption", "one_row"],
+    ids=[
+        "graphs",
+        "block16",
+        "torch_backend",
+        "outside_buckets",
+        "preemption",
+        "one_row",
+        "fused_one_row",
+        "fused",
+    ],
 )
 def test_greedy_tokens_stable(hf_model, reference_tokens, kw, exact, capsys):
     """bf16 GEMMs round differently for other batch shapes (no batch-invariant kernels), so where

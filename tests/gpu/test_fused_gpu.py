@@ -162,10 +162,11 @@ def test_qwen3_attention_fused_store_matches_torch_backend(is_prefill):
     torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
 
 
-def test_decode_layer_launches_no_separate_store_or_reduce():
-    """One decode step of the layer on the Triton backend: the q/k norms, rotary and KV store ride
-    the decode attention's prologue and its shares merge in-kernel (no qk_norm_rope, no
-    store_kvcache, no reduce kernel)."""
+@pytest.mark.parametrize("fused", [False, True])
+def test_decode_layer_launches_no_separate_store_or_reduce(fused):
+    """One decode step of the layer on the Triton backend: the KV store rides the q/k-norm kernel
+    (fused, EngineConfig.decode_fusions: the q/k norms, rotary and store ride the decode
+    attention's prologue instead) and the shares merge in-kernel (no store_kvcache, no reduce)."""
     from torch.profiler import ProfilerActivity, profile
 
     from nanoserve.worker.layers.context import reset_context, set_context
@@ -173,6 +174,7 @@ def test_decode_layer_launches_no_separate_store_or_reduce():
     gen = torch.Generator(device="cuda").manual_seed(3)
     cache = torch.randn(9, 256, 8, 128, generator=gen, device="cuda").bfloat16()
     layer = _attention_layer("triton", cache, cache.clone())
+    layer.attn.fuse_decode = fused
     tables = torch.arange(1, 9, dtype=torch.int32, device="cuda").view(1, 8)
     set_context(
         is_prefill=False,
@@ -193,5 +195,5 @@ def test_decode_layer_launches_no_separate_store_or_reduce():
     reset_context()
     names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
     assert not any("_store_kvcache" in name or "_decode_reduce" in name for name in names), names
-    assert not any("_qk_norm_rope_kernel" in name for name in names), names
+    assert sum("_qk_norm_rope_kernel" in name for name in names) == (not fused), names
     assert sum("_decode_split_kernel" in name for name in names) == 1, names

@@ -8,8 +8,6 @@ import torch
 
 from nanoserve.benchmarks import variants
 from nanoserve.worker.kernels import decode_attention, split_k_gemm
-from nanoserve.worker.layers import attention, layernorm
-from nanoserve.worker.model import qwen3
 from nanoserve.worker.runner import graph_capture, sampler
 
 
@@ -20,9 +18,6 @@ def restored(monkeypatch):
         (decode_attention, "choose_num_splits"),
         (decode_attention, "choose_split_len"),
         (sampler, "is_plain"),
-        (qwen3, "gated_linear"),
-        (layernorm.RMSNorm, "fused_linear"),
-        (attention.Attention, "fuses_norm_rope"),
         (graph_capture, "EMPTY_CACHE_PER_CAPTURE"),
     ]:
         monkeypatch.setattr(module, name, getattr(module, name))
@@ -38,8 +33,6 @@ def restored(monkeypatch):
 @pytest.mark.parametrize("variant", variants.VARIANTS)
 def test_each_variant_swaps_its_rules(restored, variant):
     rule, table, plain = decode_attention.choose_num_splits, split_k_gemm.CONFIGS, sampler.is_plain
-    gated, fused = qwen3.gated_linear, layernorm.RMSNorm.fused_linear
-    raw = attention.Attention.fuses_norm_rope
     assert table  # the shipped split-K table
     variants.apply(variant)
     assert (decode_attention.choose_num_splits is not rule) == (variant == "before")
@@ -48,9 +41,6 @@ def test_each_variant_swaps_its_rules(restored, variant):
     pdl_off = variant in ("before", "attn", "oldsample", "nopdl")
     assert (os.environ.get("NANOSERVE_PDL") == "0") == pdl_off  # worker.kernels.pdl
     assert (not decode_attention.TILE_RULES) == (pdl_off or variant == "onetile")
-    assert (qwen3.gated_linear is not gated) == (variant == "unfused")
-    assert (layernorm.RMSNorm.fused_linear is not fused) == (variant == "unfused")
-    assert (attention.Attention.fuses_norm_rope is not raw) == (variant in ("unfused", "sepqk"))
     assert graph_capture.EMPTY_CACHE_PER_CAPTURE == (variant == "emptycache")
     assert restored == (["cublaslt"] if variant == "cublaslt" else [])
 
@@ -60,3 +50,13 @@ def test_the_old_share_rule():
     assert variants.old_num_splits(16, 8, 4096, None) == 3
     assert variants.old_num_splits(1, 8, 4096, None) == 16
     assert variants.old_num_splits(1, 8, 256, None) == 1
+
+
+@pytest.mark.parametrize("variant, flags", [("fused", ["--decode-fusions"]), ("now", [])])
+def test_engine_flags_of_a_variant(restored, monkeypatch, variant, flags):
+    seen: list[list[str]] = []
+    monkeypatch.setattr(variants.engine, "main", seen.append)
+    variants.main([variant, "--max-num-seqs", "64"])
+    assert seen == [
+        ["throughput", "latency", "--shape", "qwen3-0.6b", "--json", *flags, "--max-num-seqs", "64"]
+    ]

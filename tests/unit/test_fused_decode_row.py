@@ -49,7 +49,14 @@ def test_fused_decode_rows_decode_as_transformers(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Attention, "decode_raw", counted_raw)
     # one sequence at a time: every decode step is one row
-    llm = LLM(tmp_path, device="cpu", kvcache_block_size=16, num_kvcache_blocks=32, max_num_seqs=1)
+    llm = LLM(
+        tmp_path,
+        device="cpu",
+        kvcache_block_size=16,
+        num_kvcache_blocks=32,
+        max_num_seqs=1,
+        decode_fusions=True,
+    )
     for layer in llm.model_runner.attention_layers:
         layer.backend = "triton"  # CUDA's attention kernels
     sp = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
@@ -67,4 +74,20 @@ def test_no_fused_norm_across_ranks(monkeypatch, world):
     monkeypatch.setattr(layernorm, "get_tp_world_size", lambda: world)
     monkeypatch.setattr(layernorm, "takes_skinny", lambda x, w: True)
     norm = layernorm.RMSNorm(8)
+    norm.fuse_decode = True
     assert norm.fused_linear(torch.randn(1, 8), None, torch.randn(4, 8)) is None
+
+
+def test_fusions_are_off_unless_asked_for(tmp_path, monkeypatch):
+    # EngineConfig.decode_fusions (off by default: slower at batch 1 on the H100) reaches every
+    # norm, MLP and attention layer of the model
+    make_hf_model(tmp_path, num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    monkeypatch.setattr(layernorm, "takes_skinny", lambda x, w: True)  # as a CUDA row would
+    for asked in (False, True):
+        llm = LLM(tmp_path, device="cpu", num_kvcache_blocks=8, decode_fusions=asked)
+        model = llm.model_runner.model
+        flags = {m.fuse_decode for m in model.modules() if hasattr(m, "fuse_decode")}
+        assert flags == {asked}
+        row = torch.randn(1, model.model.norm.weight.shape[0])
+        fused = model.model.norm.fused_linear(row, None, torch.randn(4, row.shape[1]))
+        assert (fused is not None) == asked

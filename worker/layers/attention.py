@@ -133,6 +133,7 @@ class Attention(nn.Module):
         # uncalibrated default; exact for a bf16 / fp32 cache)
         self.k_scale = self.v_scale = 1.0
         self.backend = "torch"  # "torch" | "triton" | "flash_attn"; set by ModelRunner
+        self.fuse_decode = False  # decode_raw (EngineConfig.decode_fusions; set by ModelRunner)
 
     @property
     def fuses_kv_store(self) -> bool:
@@ -143,8 +144,9 @@ class Attention(nn.Module):
     @property
     def fuses_norm_rope(self) -> bool:
         """Whether a decode step's raw q, k, v go to decode_raw, whose kernel normalises, rotates
-        and stores them (one kernel boundary a layer fewer): the Triton backend with its cache."""
-        return self.k_cache.numel() > 0 and self.backend == "triton"
+        and stores them (one kernel boundary a layer fewer): the Triton backend with its cache,
+        where asked for (fuse_decode)."""
+        return self.fuse_decode and self.k_cache.numel() > 0 and self.backend == "triton"
 
     def decode_raw(self, q: torch.Tensor, new: "NewTokens") -> torch.Tensor:
         """A decode step from the qkv projection's raw q (N, Hq, D) and new (raw k and v, the

@@ -21,6 +21,7 @@ class RMSNorm(nn.Module):
         # set on norms that follow a RowParallelLinear(reduce_results=False): with a residual, x is
         # then this rank's partial sum. Consecutive such norms must use different slots (0, 1).
         self.all_reduce_slot = all_reduce_slot
+        self.fuse_decode = False  # fused_linear's kernel (EngineConfig.decode_fusions; ModelRunner)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
@@ -59,7 +60,7 @@ class RMSNorm(nn.Module):
         in one kernel, where that layer takes the skinny kernel (a decode row on CUDA) and on one
         rank (no all-reduce to fuse): (y, the next residual); gated: y is the MLP's
         silu(gate) * up. None elsewhere: the caller runs the norm, then the layer."""
-        if get_tp_world_size() > 1 or not takes_skinny(x, weight):
+        if not self.fuse_decode or get_tp_world_size() > 1 or not takes_skinny(x, weight):
             return None
         from nanoserve.worker.kernels.skinny_gemm import norm_skinny_gemm
 

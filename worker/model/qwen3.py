@@ -137,14 +137,16 @@ class Qwen3MLP(nn.Module):
         self.act_fn = SiluAndMul()
         # partial sums: the next layer's input_layernorm (or the final norm) all-reduces them
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, reduce_results=False)
+        self.fuse_decode = False  # activate's gated kernel (EngineConfig.decode_fusions)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (N, hidden) -> (N, 2 * I / tp) -> (N, I / tp) -> (N, hidden), a partial sum over ranks
         return self.down_proj(self.activate(x))
 
     def activate(self, x: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up: (N, hidden) -> (N, I / tp); one kernel for a decode row on CUDA."""
-        h = gated_linear(x, self.gate_up_proj.weight)
+        """silu(gate) * up: (N, hidden) -> (N, I / tp); one kernel for a decode row on CUDA
+        (fuse_decode: EngineConfig.decode_fusions)."""
+        h = gated_linear(x, self.gate_up_proj.weight) if self.fuse_decode else None
         return self.act_fn(self.gate_up_proj(x)) if h is None else h
 
 

@@ -17,9 +17,10 @@ from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.layers.attention import FP8_KV_DTYPE, Attention
 from nanoserve.worker.layers.context import get_context, reset_context
 from nanoserve.worker.layers.distributed import init_symmetric_all_reduce
+from nanoserve.worker.layers.layernorm import RMSNorm
 from nanoserve.worker.model.config import ModelConfig
 from nanoserve.worker.model.loader import load_model
-from nanoserve.worker.model.qwen3 import Qwen3ForCausalLM
+from nanoserve.worker.model.qwen3 import Qwen3ForCausalLM, Qwen3MLP
 from nanoserve.worker.runner.cuda_graph import CudaGraphRunner
 from nanoserve.worker.runner.device import (
     init_dummy_weights,
@@ -101,6 +102,9 @@ class ModelRunner:
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         for layer in self.attention_layers:
             layer.backend = backend
+        for m in self.model.modules():  # the decode row's fused kernels, where asked for
+            if isinstance(m, (RMSNorm, Qwen3MLP, Attention)):
+                m.fuse_decode = config.decode_fusions
         with clock.phase("kv_cache"):
             self.kv_cache = make_kv_cache(
                 config,
