@@ -13,6 +13,8 @@ machine (the same code moves ~8% between machines). `gpu_run.sh ab` runs AB_VARI
   notrigger  the code as it is without the early launch signal of PDL kernels (pdl.TRIGGER)
   fused      the code as it is with --decode-fusions: a decode row's norms inside the GEMVs after
              them, gate_up with its SiLU, the q/k norms, rotary and KV store inside the attention
+  prefetch   the code as it is with the skinny GEMV's weights loaded before the PDL wait
+             (worker.kernels.skinny_gemm.PREFETCH_WEIGHTS)
   emptycache the code as it is with torch.cuda.graph's empty_cache before every graph capture
              (runner.graph_capture.EMPTY_CACHE_PER_CAPTURE): the start-up's phases apart
   now        the code as it is
@@ -25,7 +27,7 @@ import torch
 import triton
 
 from nanoserve.benchmarks import engine
-from nanoserve.worker.kernels import decode_attention, pdl, split_k_gemm
+from nanoserve.worker.kernels import decode_attention, pdl, skinny_gemm, split_k_gemm
 from nanoserve.worker.runner import graph_capture, sampler
 
 VARIANTS = (
@@ -38,6 +40,7 @@ VARIANTS = (
     "fp8",
     "notrigger",
     "fused",
+    "prefetch",
     "emptycache",
     "now",
 )
@@ -67,6 +70,8 @@ def apply(variant: str) -> None:
         pdl.TRIGGER = triton.language.constexpr(False)
         # compiled apart: a cached kernel of the other setting must not be loaded
         os.environ["TRITON_CACHE_DIR"] = os.path.expanduser("~/.triton/cache-notrigger")
+    if variant == "prefetch":
+        skinny_gemm.PREFETCH_WEIGHTS = True
     if variant == "emptycache":
         graph_capture.EMPTY_CACHE_PER_CAPTURE = True
     if variant == "cublaslt":

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nanoserve.benchmarks import variants
-from nanoserve.worker.kernels import decode_attention, split_k_gemm
+from nanoserve.worker.kernels import decode_attention, skinny_gemm, split_k_gemm
 from nanoserve.worker.runner import graph_capture, sampler
 
 
@@ -19,6 +19,7 @@ def restored(monkeypatch):
         (decode_attention, "choose_split_len"),
         (sampler, "is_plain"),
         (graph_capture, "EMPTY_CACHE_PER_CAPTURE"),
+        (skinny_gemm, "PREFETCH_WEIGHTS"),
     ]:
         monkeypatch.setattr(module, name, getattr(module, name))
     monkeypatch.setattr(split_k_gemm, "CONFIGS", dict(split_k_gemm.CONFIGS))
@@ -42,6 +43,7 @@ def test_each_variant_swaps_its_rules(restored, variant):
     assert (os.environ.get("NANOSERVE_PDL") == "0") == pdl_off  # worker.kernels.pdl
     assert (not decode_attention.TILE_RULES) == (pdl_off or variant == "onetile")
     assert graph_capture.EMPTY_CACHE_PER_CAPTURE == (variant == "emptycache")
+    assert skinny_gemm.PREFETCH_WEIGHTS == (variant == "prefetch")
     assert restored == (["cublaslt"] if variant == "cublaslt" else [])
 
 

@@ -157,3 +157,21 @@ def test_norm_fused_rejects_mismatched_inputs():
         norm_skinny_gemm(x, torch.randn(1, 8), torch.ones(16), 1e-6, w)
     with pytest.raises(ValueError, match="norm weight"):
         norm_skinny_gemm(x, None, torch.ones(8), 1e-6, w)
+
+
+@pytest.mark.parametrize("gated, norm", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("k", [96, 200])  # K in one step (the early load), and past one step
+def test_weights_loaded_early_give_the_same_bits(monkeypatch, gated, norm, k):
+    # PREFETCH_WEIGHTS moves only where W is read (before the PDL wait), never the arithmetic
+    gen = torch.Generator().manual_seed(k)
+    x, w = torch.randn(1, k, generator=gen).bfloat16(), torch.randn(48, k, generator=gen).bfloat16()
+    residual, nw = torch.randn(1, k, generator=gen).bfloat16(), torch.randn(k).bfloat16()
+
+    def run():
+        if norm:
+            return norm_skinny_gemm(x, residual, nw, 1e-6, w, gated)[0]
+        return skinny_gemm(x, w, _cfg(1, 4, 128, 2), gated=gated)
+
+    before = run()
+    monkeypatch.setattr(skinny_gemm_module, "PREFETCH_WEIGHTS", True)
+    assert torch.equal(run(), before)

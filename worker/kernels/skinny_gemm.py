@@ -14,6 +14,10 @@ import triton.language as tl
 from nanoserve.worker.kernels.pdl import pdl_launch, pdl_wait
 
 MAX_M = 8
+# With K in one step, a program's W rows (weights: no kernel writes them) are loaded before the PDL
+# wait, so their HBM latency overlaps the previous kernel's drain. Off until measured
+# (`bench variants prefetch`); read at launch, each setting its own kernel.
+PREFETCH_WEIGHTS = False
 
 
 @triton.jit
@@ -41,9 +45,9 @@ def _skinny_gemm_kernel(
     GATED: tl.constexpr,  # y = silu(x W[:N]^T) * x W[N:2N]^T: the MLP's gate_up and its SiLU
     NORM: tl.constexpr,  # x is first RMS-normed (after the residual add): the norm before W
     HAS_RESIDUAL: tl.constexpr,
+    EARLY_W: tl.constexpr,  # K in one step and PREFETCH_WEIGHTS: W loaded before the PDL wait
     PDL: tl.constexpr,  # worker.kernels.pdl: wait for the previous kernel first
 ):
-    pdl_wait(PDL)
     pid_n = tl.program_id(0)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output features of this program
     ms = tl.arange(0, BLOCK_M)
@@ -56,6 +60,12 @@ def _skinny_gemm_kernel(
     u_ptrs = w_ptrs + N * stride_wn  # GATED: the up rows, N past their gate rows
     r_ptrs = r_ptr + x_rows[:, None] * stride_rm + ks[None, :]  # (BM, BK)
     dtype = y_ptr.dtype.element_ty
+    if EARLY_W:
+        w_first = tl.load(w_ptrs, mask=(ks < K)[None, :], other=0.0)
+        u_first = w_first
+        if GATED:
+            u_first = tl.load(u_ptrs, mask=(ks < K)[None, :], other=0.0)
+    pdl_wait(PDL)  # nothing the previous kernel writes is read before it
     rstd = tl.zeros((BLOCK_M,), tl.float32)
     if NORM:  # each program takes the rows' statistics itself (x is a few KiB, from L2)
         sum_sq = tl.zeros((BLOCK_M,), tl.float32)
@@ -74,7 +84,10 @@ def _skinny_gemm_kernel(
     # tl.range's num_stages (unlike the launch option) also pipelines loads that feed no tl.dot
     for k in tl.range(0, K_CHUNK, BLOCK_K, num_stages=LOOP_STAGES):
         k_mask = (k + ks) < K
-        w = tl.load(w_ptrs + k, mask=k_mask[None, :], other=0.0)
+        if EARLY_W:
+            w = w_first
+        else:
+            w = tl.load(w_ptrs + k, mask=k_mask[None, :], other=0.0)
         x = tl.load(x_ptrs + k, mask=k_mask[None, :], other=0.0).to(tl.float32)
         if NORM:  # as worker.kernels.norm: the fp32 sum normed, rounded, times the weight (the
             # sum taken again, from L1/L2: cheaper than holding all of K in registers)
@@ -86,7 +99,10 @@ def _skinny_gemm_kernel(
         # (BM, 1, BK) * (1, BN, BK) summed over K: CUDA-core FMAs, W is read once
         acc += tl.sum(tl.expand_dims(x, 1) * tl.expand_dims(w.to(tl.float32), 0), axis=2)
         if GATED:
-            u = tl.load(u_ptrs + k, mask=k_mask[None, :], other=0.0)
+            if EARLY_W:
+                u = u_first
+            else:
+                u = tl.load(u_ptrs + k, mask=k_mask[None, :], other=0.0)
             acc_up += tl.sum(tl.expand_dims(x, 1) * tl.expand_dims(u.to(tl.float32), 0), axis=2)
     if GATED:  # rounded to the output dtype first, as the unfused gate_up's output would be
         gate = acc.to(dtype).to(tl.float32)
@@ -203,6 +219,7 @@ def _launch(
         r_out.stride(0),
         eps,
         GATED=gated,
+        EARLY_W=PREFETCH_WEIGHTS and cfg["K_CHUNK"] == cfg["BLOCK_K"],
         NORM=norm is not None,
         HAS_RESIDUAL=residual is not None,
         **cfg,
