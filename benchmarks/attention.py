@@ -183,7 +183,7 @@ def sweep_decode_configs(seed: int = 7) -> list[dict]:
     max_model_len-wide tables as the engine's. Prints µs and GB/s a case, best first, the rule's choice marked *
     (choose_tiles), and the µs of DECODE_CONFIG's 64-token tiles."""
     from nanoserve.benchmarks.gemm import graph_us
-    from nanoserve.worker.kernels.decode_attention import DECODE_CONFIG, choose_tiles
+    from nanoserve.worker.kernels.decode_rules import DECODE_CONFIG, choose_tiles
 
     gen = torch.Generator().manual_seed(seed)
     cases = {"B=256 ctx 1024": [1024] * 256}

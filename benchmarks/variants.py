@@ -27,7 +27,7 @@ import torch
 import triton
 
 from nanoserve.benchmarks import engine
-from nanoserve.worker.kernels import decode_attention, pdl, skinny_gemm, split_k_gemm
+from nanoserve.worker.kernels import decode_rules, pdl, skinny_gemm, split_k_gemm
 from nanoserve.worker.runner import graph_capture, sampler
 
 VARIANTS = (
@@ -51,15 +51,15 @@ def old_num_splits(batch: int, num_kv_heads: int, max_context: int, device) -> i
     programs = batch * num_kv_heads
     if programs >= 264:
         return 1
-    return max(1, min(-(-264 // programs), decode_attention.MAX_SPLITS, -(-max_context // 256)))
+    return max(1, min(-(-264 // programs), decode_rules.MAX_SPLITS, -(-max_context // 256)))
 
 
 def apply(variant: str) -> None:
     if variant == "before":
-        decode_attention.choose_num_splits = old_num_splits
-        decode_attention.choose_split_len = lambda *args: 64
+        decode_rules.choose_num_splits = old_num_splits
+        decode_rules.choose_split_len = lambda *args: 64
     if variant in ("before", "attn", "oldsample", "nopdl", "onetile"):
-        decode_attention.TILE_RULES = []  # 64-token tiles and DECODE_CONFIG at every batch
+        decode_rules.TILE_RULES = []  # 64-token tiles and DECODE_CONFIG at every batch
     if variant in ("before", "attn"):
         split_k_gemm.CONFIGS.clear()
     if variant in ("before", "attn", "oldsample"):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nanoserve.benchmarks import variants
-from nanoserve.worker.kernels import decode_attention, skinny_gemm, split_k_gemm
+from nanoserve.worker.kernels import decode_rules, skinny_gemm, split_k_gemm
 from nanoserve.worker.runner import graph_capture, sampler
 
 
@@ -15,15 +15,15 @@ from nanoserve.worker.runner import graph_capture, sampler
 def restored(monkeypatch):
     """Whatever apply() replaces comes back after the test."""
     for module, name in [
-        (decode_attention, "choose_num_splits"),
-        (decode_attention, "choose_split_len"),
+        (decode_rules, "choose_num_splits"),
+        (decode_rules, "choose_split_len"),
         (sampler, "is_plain"),
         (graph_capture, "EMPTY_CACHE_PER_CAPTURE"),
         (skinny_gemm, "PREFETCH_WEIGHTS"),
     ]:
         monkeypatch.setattr(module, name, getattr(module, name))
     monkeypatch.setattr(split_k_gemm, "CONFIGS", dict(split_k_gemm.CONFIGS))
-    monkeypatch.setattr(decode_attention, "TILE_RULES", list(decode_attention.TILE_RULES))
+    monkeypatch.setattr(decode_rules, "TILE_RULES", list(decode_rules.TILE_RULES))
     monkeypatch.delenv("NANOSERVE_PDL", raising=False)  # apply() may set it; it comes back
     # the BLAS back end is process-wide (and a CPU build refuses cuBLASLt): record what is asked
     chosen: list[str] = []
@@ -33,15 +33,15 @@ def restored(monkeypatch):
 
 @pytest.mark.parametrize("variant", variants.VARIANTS)
 def test_each_variant_swaps_its_rules(restored, variant):
-    rule, table, plain = decode_attention.choose_num_splits, split_k_gemm.CONFIGS, sampler.is_plain
+    rule, table, plain = decode_rules.choose_num_splits, split_k_gemm.CONFIGS, sampler.is_plain
     assert table  # the shipped split-K table
     variants.apply(variant)
-    assert (decode_attention.choose_num_splits is not rule) == (variant == "before")
+    assert (decode_rules.choose_num_splits is not rule) == (variant == "before")
     assert (not split_k_gemm.CONFIGS) == (variant in ("before", "attn"))
     assert (sampler.is_plain is not plain) == (variant in ("before", "attn", "oldsample"))
     pdl_off = variant in ("before", "attn", "oldsample", "nopdl")
     assert (os.environ.get("NANOSERVE_PDL") == "0") == pdl_off  # worker.kernels.pdl
-    assert (not decode_attention.TILE_RULES) == (pdl_off or variant == "onetile")
+    assert (not decode_rules.TILE_RULES) == (pdl_off or variant == "onetile")
     assert graph_capture.EMPTY_CACHE_PER_CAPTURE == (variant == "emptycache")
     assert skinny_gemm.PREFETCH_WEIGHTS == (variant == "prefetch")
     assert restored == (["cublaslt"] if variant == "cublaslt" else [])

@@ -5,11 +5,10 @@ in-kernel merge's arrival counters, and the num_splits rule."""
 import pytest
 import torch
 
-from nanoserve.worker.kernels import arrival
+from nanoserve.worker.kernels import arrival, decode_rules
 from nanoserve.worker.layers.attention import paged_attention_torch
 from tests.unit.interpreted_kernels import (
     TOL,
-    decode_module,
     kernels,
     make_block_tables,
     make_cache,
@@ -137,16 +136,16 @@ def test_num_splits_rule_depends_on_shapes_only():
     cpu = torch.device("cpu")
     # 2048 programs already fill 132 SMs twice: shares of 512 tokens balance mixed lengths
     assert kernels.choose_num_splits(256, 8, 4096, cpu) == 8
-    assert decode_module().choose_split_len(256, 8, cpu) == 512
+    assert decode_rules.choose_split_len(256, 8, cpu) == 512
     assert kernels.choose_num_splits(256, 8, 512, cpu) == 1
     assert kernels.choose_num_splits(1, 8, 4096, cpu) == 16
-    assert decode_module().choose_split_len(16, 8, cpu) == 64
+    assert decode_rules.choose_split_len(16, 8, cpu) == 64
     assert kernels.choose_num_splits(16, 8, 4096, cpu) == 3
     assert kernels.choose_num_splits(1, 8, 256, cpu) == 1  # short max context: one share is enough
 
 
 def test_tile_rule_depends_on_batch_and_cache_dtype_only():
-    choose = decode_module().choose_tiles
+    choose = decode_rules.choose_tiles
     base, small = dict(num_warps=4, num_stages=3), dict(num_warps=4, num_stages=2)
     assert choose(1, 256, torch.bfloat16) == (64, base)  # batch 1..8: the plain tile
     assert choose(8, 256, torch.bfloat16) == (64, base)

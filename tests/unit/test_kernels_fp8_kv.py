@@ -5,6 +5,7 @@ equal the torch reference over the same cache (kv_cache_dtype=fp8)."""
 import pytest
 import torch
 
+from nanoserve.worker.kernels import decode_rules
 from nanoserve.worker.layers.attention import paged_attention_torch, store_kvcache_torch
 from tests.unit.interpreted_kernels import kernels, make_block_tables, rel_err
 
@@ -169,11 +170,10 @@ def test_engine_with_fp8_cache_allocates_fp8_and_generates(tiny_model_dir):
 def test_decode_over_fp8_cache_at_each_tile_width(block_n):
     """Both tile widths over an fp8 cache (the sweep's block_n) and bf16 q, which the kernel widens
     to fp16 for tl.dot on the GPU, against the torch reference."""
-    from tests.unit.interpreted_kernels import decode_module
 
     gen = torch.Generator().manual_seed(4)
     num_blocks, block_size, hq, hkv, d = 10, 32, 4, 2, 32
-    assert decode_module().choose_block_n(256) == 64 and decode_module().choose_block_n(16) == 16
+    assert decode_rules.choose_block_n(256) == 64 and decode_rules.choose_block_n(16) == 16
     k_cache, v_cache = fp8_cache(num_blocks, block_size, hkv, d, gen)
     ctx_lens = [1, 70, 33, 96]
     tables = make_block_tables(ctx_lens, block_size, num_blocks, gen)

@@ -4,7 +4,8 @@ norms.
 Imported lazily by worker.layers (CUDA only; on CPU they run under TRITON_INTERPRET=1 for tests).
 """
 
-from nanoserve.worker.kernels.decode_attention import choose_num_splits, paged_decode_attention
+from nanoserve.worker.kernels.decode_attention import paged_decode_attention
+from nanoserve.worker.kernels.decode_rules import choose_num_splits
 from nanoserve.worker.kernels.norm import fused_add_rms_norm, rms_norm, silu_and_mul
 from nanoserve.worker.kernels.prefill_attention import paged_prefill_attention
 from nanoserve.worker.kernels.qk_norm_rope import qk_norm_rope
