@@ -37,9 +37,10 @@ class EngineConfig:
     decode_fusions: bool = field(
         default=False,
         metadata={
-            "help": "CUDA, one rank: a one-row decode step's RMSNorms inside the GEMVs after them, "
-            "the MLP's SiLU inside gate_up, the q/k norms, rotary and KV store inside the decode "
-            "attention (off: on the H100 they made batch-1 decode slower, 1.06 -> 1.19 ms/token)"
+            "help": "Triton backend: a decode step's q/k norms, rotary and KV store inside the "
+            "decode attention; at one rank also a one-row step's RMSNorms inside the GEMVs after "
+            "them and the MLP's SiLU inside gate_up (off: on the H100 they made batch-1 decode "
+            "slower, 1.06 -> 1.19 ms/token)"
         },
     )
     lookahead_prompts: bool | None = field(
