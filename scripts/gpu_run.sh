@@ -25,6 +25,7 @@
 #   traces:  bench frontend-cost with and without OpenTelemetry traces (carry tracing_wheels.txt)
 #   headroom: (issue 29) the stand-in worker's headroom alone: bench frontend-cost at 512 streams
 #            over gRPC and through the gateway, at 1, 4 and 8 frontend (and gateway) processes
+#   onestream: (issue 29) 20 one-stream probes a path, the CPU topology, where threads ran
 #   owed29:  (issue 29) planned steps' stalls, one-stream probes, both OpenAI endpoints, Poisson
 #            over 2 connections, in one call (carry the gateway wheels)
 #   gateway: bench serving offline, through the frontend, straight to the worker and through the
@@ -280,6 +281,17 @@ case $mode in
     step serving_openai_runs 200 $serving --num-prompts 256 --runs 4 --warmup none --target openai
     step serving_poisson_2conn 100 $serving --num-prompts 608 --request-rate 38 --runs 3 \
       --skip-offline --warmup light --target frontend --client-procs 2 --client-channels 1
+    ;;
+  onestream)  # issue 29's one-stream pace: 20 probes through the frontend and 20 straight to the
+    # worker on one stack, with the host's CPU topology and, every 0.25 s, the busiest threads and
+    # the logical CPU each ran on (threads.log): are the slow probes the ones whose frontend
+    # shared a physical core with the engine core?
+    step cpu_topology 10 bash -c "lscpu | grep -E 'Model name|Thread|Core|Socket|NUMA'; lscpu -e"
+    ( while sleep 0.25; do date +%T.%N; ps -eLo pid,tid,psr,pcpu,comm --sort=-pcpu | head -12
+      done > "$out/threads.log" 2>&1 ) & sampler=$!
+    step serving_one_stream20 200 $serving --num-prompts 64 --runs 1 --warmup light \
+      --target both --one-stream-runs 20
+    kill $sampler 2>/dev/null
     ;;
   ttft3)  # issue 29: the first-of-a-length TTFT check, three times in fresh processes (flaky?)
     for i in 1 2 3; do

@@ -56,6 +56,56 @@ def ttft_ms(llm, prompt: list[int]) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
+def test_first_requests_compile_nothing(hf_model, capsys):
+    """From the engine's start, the first requests of each kind compile no Triton kernel: greedy
+    and sampled steps (the one-pass sampler's two specialisations), seeded rows in odd and even
+    counts, top-k/top-p, logprobs, and decode steps with lookahead (the graphs' input fill with
+    sampled ids). d537462 compiled three specialisations on the first requests it served."""
+    import triton
+
+    from nanoserve.worker import SamplingParams
+
+    path, _ = hf_model
+    llm = make_llm(path, max_model_len=MAX_MODEL_LEN, num_kvcache_blocks=64)
+    compiled: list[str] = []
+    triton.knobs.runtime.jit_cache_hook = lambda *a, **kw: compiled.append(kw.get("repr", "?"))
+    rng = random.Random(2)
+    kinds = {
+        "greedy": [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)] * 3,
+        "sampled": [SamplingParams(temperature=0.8, max_tokens=8, ignore_eos=True)] * 5,
+        "greedy and sampled": [
+            SamplingParams(temperature=t, max_tokens=8, ignore_eos=True) for t in (0, 0.7, 0)
+        ],
+        "seeded x3": [
+            SamplingParams(temperature=0.8, seed=s, max_tokens=8, ignore_eos=True) for s in range(3)
+        ],
+        "seeded x2 of 3": [
+            SamplingParams(temperature=0.8, seed=s, max_tokens=8, ignore_eos=True)
+            for s in (5, 6, None)
+        ],
+        "top-k/top-p, logprobs": [
+            SamplingParams(
+                temperature=0.6, top_k=20, top_p=0.95, logprobs=2, max_tokens=8, ignore_eos=True
+            )
+        ]
+        * 2,
+    }
+    seen = {}
+    try:
+        for kind, params in kinds.items():
+            outs = llm.generate([random_prompt(rng, 37) for _ in params], params, use_tqdm=False)
+            assert all(len(o.token_ids) == 8 for o in outs)
+            seen[kind] = len(compiled)
+    finally:
+        triton.knobs.runtime.jit_cache_hook = None
+    free(llm)
+    with capsys.disabled():
+        print(f"\n[gpu] specialisations while serving, cumulative by request kind: {seen}")
+        if compiled:
+            print("  compiled while serving:\n   " + "\n   ".join(c[:400] for c in compiled))
+    assert not compiled
+
+
 def test_unseen_prompt_lengths_compile_nothing_and_are_as_fast(hf_model, capsys):
     import triton
 
@@ -66,7 +116,6 @@ def test_unseen_prompt_lengths_compile_nothing_and_are_as_fast(hf_model, capsys)
     )
     start_s = time.perf_counter() - started
     rng = random.Random(0)
-    ttft_ms(llm, random_prompt(rng, 600))  # a first request: lazy host-side state, not kernels
     compiled: list[str] = []
 
     def on_compile(*args, **kwargs):  # called before each new specialisation, cached on disk or not
@@ -74,6 +123,7 @@ def test_unseen_prompt_lengths_compile_nothing_and_are_as_fast(hf_model, capsys)
         # go on compiling
 
     triton.knobs.runtime.jit_cache_hook = on_compile
+    ttft_ms(llm, random_prompt(rng, 600))  # a first request: lazy host-side state (not timed)
 
     def segments() -> int:  # cudaMalloc calls of the caching allocator so far
         return torch.cuda.memory_stats().get("segment.all.allocated", 0)

@@ -47,3 +47,19 @@ def test_a_triton_specialisation_is_a_warning_and_the_hook_before_still_runs(cap
     assert seen == ["decode_attention[...]"]
     (record,) = caplog.records
     assert "specialised while serving" in record.message and "decode_attention" in record.message
+
+
+def test_a_specialisation_is_named_by_its_arguments_not_its_options():
+    from nanoserve.worker.runner.serving_stalls import specialisation
+
+    triton_repr = (
+        "_sample_chunk_kernel[num_warps=4, num_ctas=1, num_stages=3, enable_fp_fusion=True, "
+        "launch_cooperative_grid=False](logits_ptr: ('*bf16', 'D'), stride: ('i32', 'D'), "
+        "BLOCK: ('constexpr', 4096), ALL_GREEDY: ('constexpr', False))"
+    )
+    assert specialisation(triton_repr) == (
+        "_sample_chunk_kernel(logits_ptr: ('*bf16', 'D'), stride: ('i32', 'D'), "
+        "BLOCK: ('constexpr', 4096), ALL_GREEDY: ('constexpr', False))"
+    )
+    assert specialisation("decode_attention[...]") == "decode_attention[...]"
+    assert len(specialisation("k[o](" + "a" * 5000 + ")")) == 600

@@ -12,7 +12,9 @@ import triton.language as tl
 BLOCK = 1024
 
 
-@triton.jit(do_not_specialize=["used", "n"])
+# the ids may be any int64 slice (a gather of the sampled ids): one specialisation whatever its
+# alignment; the start-up compiles it with and without ids (runner.warmup.compile_step_kernels)
+@triton.jit(do_not_specialize=["used", "n"], do_not_specialize_on_alignment=["ids_ptr"])
 def _graph_inputs_kernel(
     staged_ptr, ids_ptr, out_ptr, used, n, HAS_IDS: tl.constexpr, BLOCK: tl.constexpr
 ):

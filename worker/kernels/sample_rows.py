@@ -17,7 +17,9 @@ from nanoserve.worker.kernels.seeded_noise import stream_exponential
 BLOCK = 4096
 
 
-@triton.jit
+# the per-row scalars' pointers are not specialised on their 16-byte alignment: each program loads
+# one element, and a step's rows may start anywhere in a copied (4, B) block (one kernel a dtype)
+@triton.jit(do_not_specialize_on_alignment=["temperatures_ptr", "seed_ptr"])
 def _sample_chunk_kernel(
     logits_ptr,
     temperatures_ptr,  # (B,) float32, 0 = greedy

@@ -35,7 +35,9 @@ def stream_exponential(seed, index, cols):
     return tl.where(u < 0.0078125, series, -tl.log(1.0 - u))
 
 
-@triton.jit
+# rows, seeds and positions are rows of one (3, S) int64 copy: seeds start 8·S bytes in, 16-byte
+# aligned for even S only, so specialising on alignment would compile twice while serving
+@triton.jit(do_not_specialize_on_alignment=["rows_ptr", "seeds_ptr", "positions_ptr"])
 def _seeded_exponential_kernel(
     noise_ptr,
     rows_ptr,

@@ -52,7 +52,11 @@ from nanoserve.worker.runner.step_inputs import (
     StepInputs,
     max_message_words,
 )
-from nanoserve.worker.runner.warmup import capture_graphs, compile_prefill_attention
+from nanoserve.worker.runner.warmup import (
+    capture_graphs,
+    compile_prefill_attention,
+    compile_step_kernels,
+)
 from nanoserve.worker.sequence import NextStep, Sequence
 
 logger = logging.getLogger(__name__)
@@ -179,12 +183,15 @@ class ModelRunner:
                     self.prefill_buckets,
                     self.device,
                 )
+        with clock.phase("step_kernels"):  # sampling and the graphs' input fill
+            compile_step_kernels(self.model_config.vocab_size, self.dtype, self.device)
         logger.info(
             "kernels compiled (or loaded from %s) and graphs captured (%.0f MiB) in %.1f s",
             os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache"),
             self.graph_memory_bytes / 2**20,
             sum(clock.phases.get(p, 0.0) for p in ("decode_graphs", "prefill_graphs"))
-            + clock.phases["prefill_kernels"],
+            + clock.phases["prefill_kernels"]
+            + clock.phases["step_kernels"],
         )
 
     @property

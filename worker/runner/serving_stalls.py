@@ -34,7 +34,7 @@ def watch_stalls(
     previous = knobs.jit_cache_hook if knobs is not None else None
 
     def hook(*args: Any, **kwargs: Any) -> Any:
-        on_specialise(str(kwargs.get("repr", "?"))[:200])
+        on_specialise(specialisation(str(kwargs.get("repr", "?"))))
         return previous(*args, **kwargs) if previous is not None else None
 
     if knobs is not None:
@@ -46,6 +46,15 @@ def watch_stalls(
             knobs.jit_cache_hook = previous
 
     return uninstall
+
+
+def specialisation(triton_repr: str, limit: int = 600) -> str:
+    """Triton's `name[options](arg: (type, spec), ...)` as `name(arg: (type, spec), ...)`: the
+    options are the same for every launch of a kernel, the arguments' types and specialisations
+    (D: divisible by 16) say which launch was new."""
+    name, _, rest = triton_repr.partition("[")
+    _, found, args = rest.partition("](")
+    return (f"{name}({args}" if found else triton_repr)[:limit]
 
 
 def log_serving_stalls(slow_gc_ms: float = SLOW_GC_MS) -> Callable[[], None]:

@@ -1,6 +1,6 @@
 """A CUDA runner's start-up, after its KV cache exists: the decode and prefill CUDA graphs captured
 (with the device memory they take), then every kernel a step can reach compiled, or loaded from the
-Triton cache, so that no request waits for a compile. ModelRunner.__init__ calls both once.
+Triton cache, so that no request waits for a compile. ModelRunner.__init__ calls each once.
 """
 
 from collections.abc import Callable
@@ -66,3 +66,30 @@ def compile_prefill_attention(
     for x in attention_warmup_steps(attn.num_heads // attn.num_kv_heads, fp32, block_size):
         execute(pad_to_bucket(x, buckets))
     torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def compile_step_kernels(vocab_size: int, dtype: torch.dtype, device: torch.device) -> None:
+    """The Triton kernels a step runs outside the model's forward, in each specialisation a step
+    reaches: the plain sampler all greedy and with temperatures (sample_rows' ALL_GREEDY), the
+    seeded rows' noise, and the decode graphs' input fill without and with the sampled ids of
+    lookahead. Without this the first requests served compiled them (H100, d537462: three
+    specialisations while the first requests waited). Same dtypes as a step's: logits (2, V) in
+    the model's dtype, sampled ids int64, graph inputs int32."""
+    from nanoserve.worker.kernels.graph_inputs import graph_inputs
+    from nanoserve.worker.kernels.sample_rows import sample_rows
+    from nanoserve.worker.kernels.seeded_noise import fill_seeded_exponential
+
+    logits = torch.zeros(2, vocab_size, dtype=dtype, device=device)
+    generator = torch.Generator(device).manual_seed(0)
+    sample_rows(logits, None)
+    ids = sample_rows(logits, torch.tensor([0.0, 1.0], device=device), generator)
+    rows = torch.arange(2, dtype=torch.int64, device=device)
+    noise = torch.empty(2, vocab_size, dtype=torch.float32, device=device)
+    fill_seeded_exponential(noise, rows, rows, rows)
+    staged = torch.zeros(16, dtype=torch.int32, device=device)
+    out = torch.empty_like(staged)
+    graph_inputs(staged, out, len(staged))
+    graph_inputs(staged, out, len(staged), ids)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
