@@ -133,13 +133,22 @@ def test_unseen_prompt_lengths_compile_nothing_and_are_as_fast(hf_model, capsys)
         # counted over the whole first pass, not around each request: memory_stats() walks the
         # allocator's state, host work beside a ~4 ms measurement.
         before = segments()
-        first = {n: ttft_ms(llm, random_prompt(rng, n)) for n in UNSEEN}
+        # Each first request has a twin: the same length again, right after a request of the
+        # length that preceded the first (a short prompt after a long one pays ~0.5 ms whether its
+        # length is new or not: H200, 6f24aef). The twin is ~2 requests later, so a slower phase of
+        # the whole process cancels out: H100, 1ebe780, after eight engines in the same pytest
+        # process, every length's first request of one pass ran 0.3-0.5 ms over the later passes
+        # (1 of 4 runs; median excess -0.02 to 0.01 ms in the other three), and the old first-pass-against-later-passes check
+        # failed on it, as it did on the H200 (0.6-0.8 ms at lengths 777 and 1021).
+        first, twin = {}, {}
+        predecessor = 600
+        for n in UNSEEN:
+            first[n] = ttft_ms(llm, random_prompt(rng, n))
+            ttft_ms(llm, random_prompt(rng, predecessor))
+            twin[n] = ttft_ms(llm, random_prompt(rng, n))
+            predecessor = n
         mallocs = segments() - before
-        # The second pass goes through the lengths in the first pass's order, so each of its
-        # requests follows the same length its first did: a short prompt after a long one pays
-        # ~0.5 ms whether its length is new or not (H200, 6f24aef: lengths 1-61 0.1-0.9 ms over
-        # their repeats in the first, second and third pass alike; median excess of each pass
-        # 0.03 / 0.00 / 0.06 ms). Then 3 repeats of each length.
+        # then a second pass in the same order, and 3 repeats of each length
         later = {n: [ttft_ms(llm, random_prompt(rng, n))] for n in UNSEEN}
         for n in UNSEEN:
             later[n] += [ttft_ms(llm, random_prompt(rng, n)) for _ in range(3)]
@@ -150,25 +159,27 @@ def test_unseen_prompt_lengths_compile_nothing_and_are_as_fast(hf_model, capsys)
     with capsys.disabled():
         print(
             f"\n[gpu] engine start (weights, cache, graphs, kernels) {start_s:.1f} s; TTFT ms, "
-            f"first of a length / median of 4 more ({mallocs} cudaMalloc calls in the first pass):"
+            f"first of a length / its twin / median of 4 more ({mallocs} cudaMalloc calls in the "
+            "first pass):"
         )
         for n in UNSEEN:
-            print(f"  {n:5d} tokens: {first[n]:7.2f} / {seen[n]:7.2f}")
+            print(f"  {n:5d} tokens: {first[n]:7.2f} / {twin[n]:7.2f} / {seen[n]:7.2f}")
         if compiled:
             print("  compiled while serving:\n   " + "\n   ".join(compiled))
     assert not compiled
-    # One first request is one sample: against the slowest of the later ones of its length (one
-    # of them after the same predecessor), within 10% and half a millisecond of host jitter at
-    # the shortest prompts. A cost every first request pays shows in the median excess over the
-    # lengths instead (H200, e256838: 0.02 ms; the 0.3-0.8 ms a length of 999a1b8 would fail).
-    slowest = {n: max(r) for n, r in later.items()}
+    # One first request is one sample: against the slowest of the later ones of its length (its
+    # twin after the same predecessor), within 10% and half a millisecond of host jitter at the
+    # shortest prompts. A cost every first request pays shows in the median excess over the
+    # twins instead (H200, e256838: 0.02 ms against the later passes; the 0.3-0.8 ms a length of
+    # 999a1b8 would fail).
+    slowest = {n: max([twin[n], *later[n]]) for n in UNSEEN}
     slow = {
         n: (first[n], slowest[n])
         for n in UNSEEN
         if first[n] > max(1.10 * slowest[n], slowest[n] + 0.5)
     }
     assert not slow
-    assert statistics.median(first[n] - seen[n] for n in UNSEEN) < 0.25
+    assert statistics.median(first[n] - twin[n] for n in UNSEEN) < 0.25
 
 
 def test_prefill_graphs_give_eager_logits(hf_model, capsys):
