@@ -283,15 +283,18 @@ case $mode in
       --skip-offline --warmup light --target frontend --client-procs 2 --client-channels 1
     ;;
   onestream)  # issue 29's one-stream pace: 20 probes through the frontend and 20 straight to the
-    # worker on one stack, with the host's CPU topology and, every 0.25 s, the busiest threads and
-    # the logical CPU each ran on (threads.log): are the slow probes the ones whose frontend
-    # shared a physical core with the engine core?
+    # worker on one stack, before and after two 256-stream runs (the slow mode followed such runs),
+    # with the GPU's clocks and power every 0.1 s (clocks.csv: a slow probe at lower clocks is the
+    # GPU's, at the same clocks the host's) and, every 0.25 s, the busiest threads and the CPU
+    # each ran on (threads.log); the frontend's request log times each probe
     step cpu_topology 10 bash -c "lscpu | grep -E 'Model name|Thread|Core|Socket|NUMA'; lscpu -e"
     ( while sleep 0.25; do date +%T.%N; ps -eLo pid,tid,psr,pcpu,comm --sort=-pcpu | head -12
       done > "$out/threads.log" 2>&1 ) & sampler=$!
-    step serving_one_stream20 200 $serving --num-prompts 64 --runs 1 --warmup light \
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu,pstate \
+      --format=csv -lms 100 > "$out/clocks.csv" 2>&1 & clocks=$!
+    step serving_one_stream20 240 $serving --num-prompts 256 --runs 2 --warmup light \
       --target both --one-stream-runs 20
-    kill $sampler 2>/dev/null
+    kill $sampler $clocks 2>/dev/null
     ;;
   ttft3)  # issue 29: the first-of-a-length TTFT check, three times in fresh processes (flaky?)
     for i in 1 2 3; do
