@@ -17,6 +17,9 @@ machine (the same code moves ~8% between machines). `gpu_run.sh ab` runs AB_VARI
              (worker.kernels.skinny_gemm.PREFETCH_WEIGHTS)
   emptycache the code as it is with torch.cuda.graph's empty_cache before every graph capture
              (runner.graph_capture.EMPTY_CACHE_PER_CAPTURE): the start-up's phases apart
+  splits8    the code as it is with at most 8 decode-attention shares a (sequence, kv head) (16):
+             at batch 1 and 1,024 tokens, 8 shares of 128 tokens instead of 16 of 64
+  splits4    the same with at most 4 shares (4 of 256 tokens)
   now        the code as it is
 """
 
@@ -42,6 +45,8 @@ VARIANTS = (
     "fused",
     "prefetch",
     "emptycache",
+    "splits8",
+    "splits4",
     "now",
 )
 
@@ -74,6 +79,8 @@ def apply(variant: str) -> None:
         skinny_gemm.PREFETCH_WEIGHTS = True
     if variant == "emptycache":
         graph_capture.EMPTY_CACHE_PER_CAPTURE = True
+    if variant in ("splits8", "splits4"):  # read at each launch's rule (choose_num_splits)
+        decode_rules.MAX_SPLITS = int(variant.removeprefix("splits"))
     if variant == "cublaslt":
         torch.backends.cuda.preferred_blas_library("cublaslt")
 

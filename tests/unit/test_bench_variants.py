@@ -20,6 +20,7 @@ def restored(monkeypatch):
         (sampler, "is_plain"),
         (graph_capture, "EMPTY_CACHE_PER_CAPTURE"),
         (skinny_gemm, "PREFETCH_WEIGHTS"),
+        (decode_rules, "MAX_SPLITS"),
     ]:
         monkeypatch.setattr(module, name, getattr(module, name))
     monkeypatch.setattr(split_k_gemm, "CONFIGS", dict(split_k_gemm.CONFIGS))
@@ -44,6 +45,7 @@ def test_each_variant_swaps_its_rules(restored, variant):
     assert (not decode_rules.TILE_RULES) == (pdl_off or variant == "onetile")
     assert graph_capture.EMPTY_CACHE_PER_CAPTURE == (variant == "emptycache")
     assert skinny_gemm.PREFETCH_WEIGHTS == (variant == "prefetch")
+    assert decode_rules.MAX_SPLITS == {"splits8": 8, "splits4": 4}.get(variant, 16)
     assert restored == (["cublaslt"] if variant == "cublaslt" else [])
 
 
@@ -62,3 +64,10 @@ def test_engine_flags_of_a_variant(restored, monkeypatch, variant, flags):
     assert seen == [
         ["throughput", "latency", "--shape", "qwen3-0.6b", "--json", *flags, "--max-num-seqs", "64"]
     ]
+
+
+@pytest.mark.parametrize("variant, shares", [("now", 16), ("splits8", 8), ("splits4", 4)])
+def test_a_share_cap_changes_batch_1_shares(restored, variant, shares):
+    """Batch 1, 8 kv heads, a 40,960-token limit: the cap is what binds (33 would fill the SMs)."""
+    variants.apply(variant)
+    assert decode_rules.choose_num_splits(1, 8, 40960, torch.device("cpu")) == shares
