@@ -107,7 +107,9 @@ def varlen_attention_torch(
     group = q.shape[1] // k.shape[1]
     for n, firsts in by_len.items():
         rows = torch.tensor(firsts, device=q.device)[:, None] + torch.arange(n, device=q.device)
-        # (B, n, H, D) -> (B, H, n, D); the kv heads repeated over their q heads
+        # (B, n, H, D) -> (B, H, n, D); the kv heads repeated over their q heads. Not _attend:
+        # square and causal, SDPA takes is_causal (its fused kernels, no (n, n) mask), which
+        # the KV sizing's warm-up peak was measured with
         qb, kb, vb = (x[rows].transpose(1, 2) for x in (q, k, v))
         kb, vb = kb.repeat_interleave(group, dim=1), vb.repeat_interleave(group, dim=1)
         o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale)
