@@ -68,6 +68,18 @@ class Stack:
     gateways: list[Service]
     frontend_port: int
     gateway_port: int
+    retired: list[Service] = field(default_factory=list)  # the restarted ones, for their logs
+
+    def log_lines(self, *words: str, most: int = 20) -> str:
+        """Every service's log lines (the retired ones' too) holding any of `words`."""
+        services = (*self.retired, *self.workers, *self.frontends, *self.gateways)
+        hits = [
+            f"{s.name}: {line.rstrip()}"
+            for s in services
+            for line in s.lines
+            if any(w in line for w in words)
+        ]
+        return "\n".join(hits[-most:])
 
     @property
     def worker_address(self) -> str:
@@ -101,10 +113,11 @@ def stack(tiny_model_dir: Path) -> Iterator[Stack]:
             service.stop()
 
 
-def restart(old: Service, start: Callable[[], Service]) -> Service:
+def restart(stack: Stack, old: Service, start: Callable[[], Service]) -> Service:
     """SIGTERM, a drain that ends in exit 0, then the replacement, serving."""
     old.signal(signal.SIGTERM)
     assert old.wait(timeout=30) == 0, old.output()
+    stack.retired.append(old)
     return start()
 
 
@@ -131,19 +144,24 @@ def test_a_rolling_restart_of_every_service_fails_no_request(stack: Stack) -> No
         try:
             time.sleep(1.0)
             for i, worker in enumerate(list(stack.workers)):
-                stack.workers[i] = restart(worker, lambda p=worker.port: stack.start_worker(p))
+                stack.workers[i] = restart(
+                    stack, worker, lambda p=worker.port: stack.start_worker(p)
+                )
                 time.sleep(1.0)  # the frontends find it again (their poll) before the next goes
             for i, frontend in enumerate(list(stack.frontends)):
-                stack.frontends[i] = restart(frontend, stack.start_frontend)
+                stack.frontends[i] = restart(stack, frontend, stack.start_frontend)
                 time.sleep(0.5)
             for i, gateway in enumerate(list(stack.gateways)):
-                stack.gateways[i] = restart(gateway, stack.start_gateway)
+                stack.gateways[i] = restart(stack, gateway, stack.start_gateway)
                 time.sleep(0.5)
             time.sleep(1.0)
         finally:
             load.end()
+    # a failure's message carries what the services logged about cancelled or refused calls
     assert not load.failures, f"{len(load.failures)} of {load.ok + len(load.failures)}: " + (
         "\n".join(load.failures[:10])
+        + "\nservices:\n"
+        + stack.log_lines("CANCELLED", "UNAVAILABLE", "cancel", "Traceback")
     )
     assert load.ok > 100
 
