@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from nanoserve.frontend.config import REUSE_PORT_MAX_AGE_S, FrontendConfig
+from nanoserve.frontend.health import HealthServicer
 from nanoserve.frontend.request_log import RequestLog
 from nanoserve.frontend.servicer import FrontendServicer
 from nanoserve.frontend.workers.pool import WorkerPool
@@ -72,7 +72,7 @@ class FrontendServer:
         self.tokenizer = tokenizer or Tokenizer(
             model_dir, config.tokenizer_threads, config.allow_special_tokens_in_messages
         )
-        self.health = health_aio.HealthServicer()
+        self.health = HealthServicer(ends_watches=config.reuse_port)
         worker_token = read_secret(config.worker_auth_token_file)
         set_cache_salt_key(read_secret(config.cache_salt_key_file) or worker_token)
         self.pool = WorkerPool(
@@ -192,19 +192,21 @@ class FrontendServer:
         and refuses them (UNAVAILABLE) while it drains; one sharing its port (--reuse-port) hands
         them over: gRPC's graceful stop closes its listening socket and sends every connection a
         GOAWAY, so clients open their next calls, on a new connection, on the other processes."""
-        handoff = self.config.reuse_port
-        self.servicer.draining = not handoff
-        await self.health.enter_graceful_shutdown()
-        deadline = time.monotonic() + grace
-        stopping = asyncio.ensure_future(self.server.stop(grace)) if handoff else None
-        # Alone: keep answering health checks (NOT_SERVING) while streams finish; server.stop()
-        # would refuse them, and would wait out the whole grace period for open health Watch
-        # streams (so it comes last, with what is left of the grace, at most a second).
-        while self.servicer.num_in_flight > 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        await self.server.stop(min(1.0, max(0.0, deadline - time.monotonic())))
-        if stopping is not None:
-            await stopping
+        if self.config.reuse_port:
+            await self.health.enter_graceful_shutdown()  # its Watch streams say so and end
+            # gRPC's own count of the calls it took decides: one taken just before the GOAWAY
+            # may not have reached the servicer's in-flight count yet
+            await self.server.stop(grace)
+        else:
+            self.servicer.draining = True
+            await self.health.enter_graceful_shutdown()
+            deadline = time.monotonic() + grace
+            # keep answering health checks (NOT_SERVING) while streams finish; server.stop()
+            # would refuse them, and would wait out the whole grace period for open health Watch
+            # streams (so it comes last, with what is left of the grace, at most a second)
+            while self.servicer.num_in_flight > 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            await self.server.stop(min(1.0, max(0.0, deadline - time.monotonic())))
         await self.servicer.requests.pacer.stop()
         await self.pool.close()
         if self.metrics_server is not None:

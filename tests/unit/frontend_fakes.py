@@ -48,6 +48,7 @@ class FakeWorker(worker_grpc.WorkerServiceServicer):
         self.hang_after: int | None = None  # chunks sent before waiting forever
         self.stop_token_id: int | None = None  # appended as the last id, reported as stop_token_id
         self.logprobs = False  # attach a TokenLogprobs to each id and prompt position 1..
+        self.chunk_delay_s = 0.001  # the pause after each chunk (a slower worker: longer streams)
 
     async def GenerateTokens(self, request, context) -> AsyncIterator:
         self.requests.append(request)
@@ -79,7 +80,7 @@ class FakeWorker(worker_grpc.WorkerServiceServicer):
                     if self.stop_token_id is not None:
                         chunk.stop_token_id = self.stop_token_id
                 yield chunk
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(self.chunk_delay_s)
         except asyncio.CancelledError:
             self.cancelled.set()
             raise

@@ -134,6 +134,64 @@ def test_graceful_stop_lets_streams_finish(tokenizer: Tokenizer, tiny_model_dir:
     run(test, tokenizer, tiny_model_dir)
 
 
+def test_handoff_stop_lets_a_call_it_has_not_counted_yet_finish(
+    tokenizer: Tokenizer, tiny_model_dir: Path
+) -> None:
+    """--reuse-port: gRPC's graceful stop alone decides when the drain ends. A call the server
+    took just before the GOAWAY but had not yet counted in flight (here held before its
+    admission) streams for longer than a second and still finishes; it used to be cut (CANCELLED)
+    a second after the in-flight count first read 0 (a rolling-restart flake)."""
+
+    async def test(h: Harness) -> None:
+        h.fake.chunk_delay_s = 0.15  # ~10 chunks: a stream of ~1.5 s
+        servicer = h.frontend.servicer
+        limits, entered = servicer._limits, asyncio.Event()
+
+        async def late_limits():  # the call is in its handler, not yet admitted (uncounted)
+            entered.set()
+            await asyncio.sleep(0.3)
+            return await limits()
+
+        servicer._limits = late_limits
+        call = h.stub.Generate(_generate(prompt="x"))
+        await entered.wait()
+        assert servicer.num_in_flight == 0
+        started = time.monotonic()
+        stopping = asyncio.create_task(h.frontend.stop(5))
+        responses = await _read_rest(call)
+        assert responses[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+        assert "".join(r.text for r in responses) == OUTPUT
+        await asyncio.wait_for(stopping, 2)
+        assert time.monotonic() - started > 1.0  # the stream outlasted the old one-second cut
+
+    run(test, tokenizer, tiny_model_dir, reuse_port=True)
+
+
+def test_handoff_stop_ends_health_watches_after_not_serving(
+    tokenizer: Tokenizer, tiny_model_dir: Path
+) -> None:
+    """--reuse-port: an open health Watch stream says NOT_SERVING and then ends (OK), so that the
+    watcher re-watches on a new connection, which a port-sharing process takes, and the stream
+    does not hold the graceful stop for the whole grace period."""
+
+    async def test(h: Harness) -> None:
+        watches = [
+            h.health.Watch(health_pb2.HealthCheckRequest(service=service))
+            for service in ("", "nanoserve.v1.FrontendService")
+        ]
+        for watch in watches:
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+        started = time.monotonic()
+        await asyncio.wait_for(h.frontend.stop(10), 3)
+        assert time.monotonic() - started < 2.0
+        for watch in watches:
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            assert await watch.read() is grpc.aio.EOF
+            assert await watch.code() == grpc.StatusCode.OK
+
+    run(test, tokenizer, tiny_model_dir, reuse_port=True)
+
+
 def test_reflection_lists_the_services(tokenizer: Tokenizer, tiny_model_dir: Path) -> None:
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
