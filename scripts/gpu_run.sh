@@ -18,6 +18,7 @@
 #   splitk:  split-K GEMM sweep against cuBLAS (blas: cuBLAS against cuBLASLt only);  mixed: decode attention over mixed lengths
 #   ab:      benchmarks/variants.py (AB_VARIANTS, AB_ARGS), each its own process;  roofline_fp8
 #   pdl:     programmatic dependent launch against plain launches, in CUDA graphs
+#   prefill_backends: (issue 34) the prefill attention against torch's SDPA and varlen flash
 #   prefill_sweep: the prefill attention kernel's tile configs over one step of the workload
 #   decode_sweep: the decode attention kernel's tiles and launch options over decode batches
 #   kernels: the roofline account (benchmarks/roofline.py), attention and all-reduce sweeps, 8B
@@ -207,6 +208,11 @@ case $mode in
     ;;
   roofline)
     step roofline 150 $py -m nanoserve.benchmarks.roofline --json
+    ;;
+  prefill_backends)  # issue 34: our prefill attention against torch's SDPA backends and varlen
+    # flash attention (PREFILL_LENS: prompt lengths, 0 = one step of the workload's prompts)
+    step prefill_backends 150 $py -m nanoserve.benchmarks.prefill_backends \
+      --prompt-lens ${PREFILL_LENS:-4000 1500 0}
     ;;
   prefill_sweep)  # the prefill attention kernel's configs over one step of the workload, or over
     # one prompt of PREFILL_SWEEP_LEN tokens (issue 34's 4,000-token TTFT)
