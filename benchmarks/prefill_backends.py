@@ -31,7 +31,9 @@ def _varlen(kwargs: dict):
     if not set(kwargs) <= set(params):
         return None
     causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
-    return lambda *a: attn(*a, scale=D**-0.5, enable_gqa=True, **causal, **kwargs)
+    # GQA: a keyword in later releases; the first takes fewer k/v heads as they come (flash-attn's)
+    gqa = {"enable_gqa": True} if "enable_gqa" in params else {}
+    return lambda *a: attn(*a, scale=D**-0.5, **gqa, **causal, **kwargs)
 
 
 def compare(prompt_len: int = 4000, tokens: int = 16384, seed: int = 0) -> list[dict]:

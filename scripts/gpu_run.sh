@@ -26,6 +26,7 @@
 #   traces:  bench frontend-cost with and without OpenTelemetry traces (carry tracing_wheels.txt)
 #   headroom: (issue 29) the stand-in worker's headroom alone: bench frontend-cost at 512 streams
 #            over gRPC and through the gateway, at 1, 4 and 8 frontend (and gateway) processes
+#   poisson: (issue 29) Poisson arrivals at POISSON_RATES, the engine alone and through the frontends
 #   onestream: (issue 29) 20 one-stream probes a path, the CPU topology, where threads ran
 #   owed29:  (issue 29) planned steps' stalls, one-stream probes, both OpenAI endpoints, Poisson
 #            over 2 connections, in one call (carry the gateway wheels)
@@ -287,6 +288,15 @@ case $mode in
     step serving_openai_runs 200 $serving --num-prompts 256 --runs 4 --warmup none --target openai
     step serving_poisson_2conn 100 $serving --num-prompts 608 --request-rate 38 --runs 3 \
       --skip-offline --warmup light --target frontend --client-procs 2 --client-channels 1
+    ;;
+  poisson)  # issue 29's Poisson figure at POISSON_RATES (req/s, default "29 38": 38 was ~80% of the
+    # H200's capacity, 29 is about the same share of an H100's), the engine alone then through
+    # the frontends over 2 connections, today's defaults
+    for rate in ${POISSON_RATES:-29 38}; do
+      step arrivals_$rate 100 $py -m nanoserve.benchmarks.arrivals --rate $rate --runs 2
+      step serving_poisson_2conn_$rate 100 $serving --num-prompts 608 --request-rate $rate \
+        --runs 3 --skip-offline --warmup light --target frontend --client-procs 2 --client-channels 1
+    done
     ;;
   onestream)  # issue 29's one-stream pace: 20 probes through the frontend and 20 straight to the
     # worker on one stack, before and after two 256-stream runs (the slow mode followed such runs),
