@@ -121,7 +121,7 @@ def bench_latency(llm, args) -> dict:
     timings: dict[int, list[float]] = {1: [], steps + 1: []}
     # the difference removes the prefill time; interleaved repeats and their medians, since one
     # pair once gave a negative figure (-0.037 ms, H200 2026-12-01: a stall in the 1-token run)
-    for _ in range(LATENCY_REPEATS):
+    for _ in range(args.latency_repeats):
         for n, runs in timings.items():
             t = time.perf_counter()
             llm.generate(
@@ -132,7 +132,13 @@ def bench_latency(llm, args) -> dict:
             sync(llm)
             runs.append(time.perf_counter() - t)
     short, long = (statistics.median(timings[n]) for n in (1, steps + 1))
-    return dict(context=args.context, ms_per_token=round(1000 * (long - short) / steps, 3))
+    # each repeat's pace too: a slow mode in some repeats (issue 29's one-stream probes) shows here
+    runs = [round(1000 * (t - short) / steps, 3) for t in timings[steps + 1]]
+    return dict(
+        context=args.context,
+        ms_per_token=round(1000 * (long - short) / steps, 3),
+        ms_per_token_runs=runs,
+    )
 
 
 def bench_profile(llm, args) -> dict:
@@ -284,6 +290,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--context", type=int, default=1024, help="latency, prefill, profile: prompt tokens"
     )
     p.add_argument("--decode-tokens", type=int, default=128, help="latency: decode steps timed")
+    p.add_argument(
+        "--latency-repeats",
+        type=int,
+        default=LATENCY_REPEATS,
+        help="latency: timed runs (their median is the figure; each run's pace is listed)",
+    )
     p.add_argument(
         "--prefill-tokens",
         type=int,

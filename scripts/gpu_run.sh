@@ -27,6 +27,7 @@
 #   headroom: (issue 29) the stand-in worker's headroom alone: bench frontend-cost at 512 streams
 #            over gRPC and through the gateway, at 1, 4 and 8 frontend (and gateway) processes
 #   poisson: (issue 29) Poisson arrivals at POISSON_RATES, the engine alone and through the frontends
+#   onestream_engine: (issue 29) the one-stream probes' shape in the engine alone, each run's pace
 #   onestream: (issue 29) 20 one-stream probes a path, the CPU topology, where threads ran
 #   owed29:  (issue 29) planned steps' stalls, one-stream probes, both OpenAI endpoints, Poisson
 #            over 2 connections, in one call (carry the gateway wheels)
@@ -294,8 +295,15 @@ case $mode in
     # the frontends over 2 connections, today's defaults
     for rate in ${POISSON_RATES:-29 38}; do
       step arrivals_$rate 100 $py -m nanoserve.benchmarks.arrivals --rate $rate --runs 2
-      step serving_poisson_2conn_$rate 100 $serving --num-prompts 608 --request-rate $rate \
+      step serving_poisson_2conn_$rate 200 $serving --num-prompts 608 --request-rate $rate \
         --runs 3 --skip-offline --warmup light --target frontend --client-procs 2 --client-channels 1
+    done
+    ;;
+  onestream_engine)  # issue 29: the one-stream probes' shape (600-token prompt, 256 tokens)
+    # in the engine alone, 20 timed runs each in two fresh processes: each run's pace listed
+    for i in 1 2; do
+      step engine_one_stream_$i 120 $bench latency --context 600 --decode-tokens 256 \
+        --latency-repeats 20
     done
     ;;
   onestream)  # issue 29's one-stream pace: 20 probes through the frontend and 20 straight to the

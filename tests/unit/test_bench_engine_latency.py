@@ -25,6 +25,24 @@ class FakeLLM:
 def test_latency_is_the_median_difference(monkeypatch):
     llm = FakeLLM()
     monkeypatch.setattr(engine.time, "perf_counter", llm.clock)
-    res = engine.bench_latency(llm, SimpleNamespace(context=16, decode_tokens=8))
-    assert res == dict(context=16, ms_per_token=1.0)
+    args = SimpleNamespace(context=16, decode_tokens=8, latency_repeats=engine.LATENCY_REPEATS)
+    res = engine.bench_latency(llm, args)
+    assert res == dict(context=16, ms_per_token=1.0, ms_per_token_runs=[1.0] * 3)
     assert llm.calls == [2] + [1, 9] * engine.LATENCY_REPEATS
+
+
+def test_each_repeat_s_pace_is_listed(monkeypatch):
+    """A repeat at a slower pace (the third: +0.5 ms a token) shows in the runs, not the median."""
+    llm = FakeLLM()
+    slow = llm.generate
+
+    def generate(prompts, sp, use_tqdm=False):
+        slow(prompts, sp, use_tqdm)
+        if sp.max_tokens == 9 and llm.calls.count(9) == 3:
+            llm.now += 0.004  # 8 timed tokens, 0.5 ms each
+
+    llm.generate = generate
+    monkeypatch.setattr(engine.time, "perf_counter", llm.clock)
+    res = engine.bench_latency(llm, SimpleNamespace(context=16, decode_tokens=8, latency_repeats=5))
+    assert res["ms_per_token"] == 1.0
+    assert res["ms_per_token_runs"] == [1.0, 1.0, 1.5, 1.0, 1.0]
