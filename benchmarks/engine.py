@@ -242,6 +242,7 @@ BENCHMARKS = {
     "metrics-cost": ("metrics_cost", "what recording a request and a /metrics scrape cost"),
     "sampling-step-cost": ("sampling_step_cost", "host cost of a step's sampling inputs"),
     "step-mailbox": ("step_mailbox", "host cost of the tensor-parallel step mailbox"),
+    "frame-send": ("frame_send", "what sending a step's frame costs the engine core's loop"),
     "frontend-cost": ("frontend_cost", "the frontend's CPU per token, against a stand-in worker"),
     "worker-cost": ("worker_cost", "the worker's CPU per token, its model runner a stand-in"),
     "soak": ("soak", "mixed traffic for a while: memory, files, threads, KV blocks, p99 drift"),

@@ -312,6 +312,7 @@ case $mode in
     # GPU's, at the same clocks the host's) and, every 0.25 s, the busiest threads and the CPU
     # each ran on (threads.log); the frontend's request log times each probe
     step cpu_topology 10 bash -c "lscpu | grep -E 'Model name|Thread|Core|Socket|NUMA'; lscpu -e"
+    step frame_send 60 $py -m nanoserve.benchmarks.frame_send  # the step frame's handoff, here
     ( while sleep 0.25; do date +%T.%N; ps -eLo pid,tid,psr,pcpu,comm --sort=-pcpu | head -12
       done > "$out/threads.log" 2>&1 ) & sampler=$!
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu,pstate \
