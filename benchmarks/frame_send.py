@@ -58,13 +58,21 @@ def run(case: str, steps: int, ops: int, frame_bytes: int) -> dict:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="nanoserve bench frame-send", description=__doc__)
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="nanoserve bench frame-send",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--steps", type=int, default=400, help="steps a case and round")
     p.add_argument("--ops", type=int, default=150, help="small torch ops a step")
     p.add_argument("--frame-bytes", type=int, default=200, help="a step frame's size")
     p.add_argument("--rounds", type=int, default=3, help="rounds over the cases, interleaved")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     torch.set_num_threads(1)
     for _ in range(args.rounds):
         for case in CASES:
