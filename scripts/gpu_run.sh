@@ -309,12 +309,13 @@ case $mode in
   onestream)  # issue 29's one-stream pace: 20 probes through the frontend and 20 straight to the
     # worker on one stack, before and after two 256-stream runs (the slow mode followed such runs),
     # with the GPU's clocks and power every 0.1 s (clocks.csv: a slow probe at lower clocks is the
-    # GPU's, at the same clocks the host's) and, every 0.25 s, the busiest threads and the CPU
-    # each ran on (threads.log); the frontend's request log times each probe
+    # GPU's, at the same clocks the host's) and, every 0.25 s, the busiest threads over that
+    # interval (threads.log, benchmarks.thread_sample); the frontend's request log times each probe
     step cpu_topology 10 bash -c "lscpu | grep -E 'Model name|Thread|Core|Socket|NUMA'; lscpu -e"
     step frame_send 60 $py -m nanoserve.benchmarks.frame_send  # the step frame's handoff, here
-    ( while sleep 0.25; do date +%T.%N; ps -eLo pid,tid,psr,pcpu,comm --sort=-pcpu | head -12
-      done > "$out/threads.log" 2>&1 ) & sampler=$!
+    # each thread's CPU over each 0.25 s, its last CPU, its context switches and its name
+    $py -m nanoserve.benchmarks.thread_sample --interval 0.25 > "$out/threads.log" 2>&1 &
+    sampler=$!
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu,pstate \
       --format=csv -lms 100 > "$out/clocks.csv" 2>&1 & clocks=$!
     step serving_one_stream20 240 $serving --num-prompts 256 --runs 2 --warmup light \

@@ -17,7 +17,7 @@ from nanoserve.sampling import SamplingParams
 from nanoserve.startup_heap import freeze_startup_heap
 from nanoserve.tracing import tracer_for
 from nanoserve.worker.config import WorkerConfig
-from nanoserve.worker.core.frame_io import FrameReader, FrameWriter
+from nanoserve.worker.core.frame_io import FrameReader, FrameWriter, name_os_thread
 from nanoserve.worker.core.frames import (
     Add,
     Alive,
@@ -67,6 +67,7 @@ class EngineCore:
         self.outbox.send_bytes(encode(frame))  # thread-safe: the TP watcher may send ERROR
 
     def _heartbeat(self) -> None:
+        name_os_thread()
         while True:
             started = self.step_started
             running = 0.0 if started is None else time.monotonic() - started
