@@ -94,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (decode, prefill)")
     p.add_argument(
+        "--prefill-sdpa-min-tokens",
+        type=int,
+        default=0,
+        help="EngineConfig.prefill_sdpa_min_tokens: one prompt of at least this many tokens "
+        "attends with torch's SDPA (0: the Triton kernel)",
+    )
+    p.add_argument(
         "--cprofile",
         type=int,
         default=0,
@@ -120,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
 
     kw = dict(
         enforce_eager=args.enforce_eager,
+        prefill_sdpa_min_tokens=args.prefill_sdpa_min_tokens,
         max_model_len=args.max_model_len,
         max_num_seqs=64,
         max_num_batched_tokens=8192,
@@ -165,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
                 model=args.model or args.shape,
                 enforce_eager=args.enforce_eager,
                 prefill_graphs=getattr(runner, "prefill_graphs", None) is not None,
+                sdpa_prompt_lengths=list(getattr(runner, "sdpa_lengths", (0, 0))),
                 prefill_buckets=getattr(runner, "prefill_buckets", None),
                 engine_start_s=round(start_s, 1),
                 # the model runner's part of it, by phase (runner.start_clock)

@@ -18,6 +18,7 @@
 #   splitk:  split-K GEMM sweep against cuBLAS (blas: cuBLAS against cuBLASLt only);  mixed: decode attention over mixed lengths
 #   ab:      benchmarks/variants.py (AB_VARIANTS, AB_ARGS), each its own process;  roofline_fp8
 #   pdl:     programmatic dependent launch against plain launches, in CUDA graphs
+#   sdpa_prefill: (issue 34) TTFT with the Triton prefill kernel and with SDPA, A/B, and its GPU test
 #   prefill_backends: (issue 34) the prefill attention against torch's SDPA and varlen flash
 #   prefill_sweep: the prefill attention kernel's tile configs over one step of the workload
 #   decode_sweep: the decode attention kernel's tiles and launch options over decode batches
@@ -210,6 +211,14 @@ case $mode in
     ;;
   roofline)
     step roofline 150 $py -m nanoserve.benchmarks.roofline --json
+    ;;
+  sdpa_prefill)  # issue 34: TTFT by length with the Triton prefill kernel and with torch's SDPA
+    # from 1,024 tokens (--prefill-sdpa-min-tokens), each its own process, then its GPU test
+    for low in 0 1024 0 1024; do
+      step prefill_sdpa_$low 120 $py -m nanoserve.benchmarks.prefill \
+        --lengths 600,1024,1500,2048,4000 --prefill-sdpa-min-tokens $low
+    done
+    step gpu_sdpa_prefill 200 $py -m pytest -q tests/gpu/test_sdpa_prefill_gpu.py -p no:cacheprovider -rA
     ;;
   prefill_backends)  # issue 34: our prefill attention against torch's SDPA backends and varlen
     # flash attention (PREFILL_LENS: prompt lengths, 0 = one step of the workload's prompts)

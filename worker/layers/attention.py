@@ -222,6 +222,21 @@ class Attention(nn.Module):
             v_scale=self.v_scale,
         )
 
+    def sdpa_prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """A step of one prompt with nothing cached: torch's SDPA over all its rows, causal, cuDNN
+        first where it runs. q (N, Hq, D); k, v (N, Hkv, D), as the q/k-norm + rotary kernel left
+        them (a bf16/fp16 cache holds the same values) -> (N, Hq, D). A bucket's padded rows come
+        after the prompt's: causal, no prompt row attends to them."""
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backends = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+        qt, kt, vt = (x.unsqueeze(0).transpose(1, 2) for x in (q, k, v))  # (1, H, N, D) views
+        with sdpa_kernel(backends, set_priority=True):
+            o = F.scaled_dot_product_attention(
+                qt, kt, vt, is_causal=True, scale=self.scale, enable_gqa=True
+            )
+        return o.transpose(1, 2).squeeze(0)
+
     def _triton(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx, kv_stored: bool
     ) -> torch.Tensor:
@@ -232,7 +247,7 @@ class Attention(nn.Module):
                 k, v, self.k_cache, self.v_cache, ctx.slot_mapping, self.k_scale, self.v_scale
             )
         if ctx.is_prefill:
-            return self._prefill(q, ctx)
+            return self.sdpa_prefill(q, k, v) if ctx.sdpa_prefill else self._prefill(q, ctx)
         return paged_decode_attention(
             q,
             self.k_cache,

@@ -23,6 +23,9 @@ class Context:
     )
     context_lens: torch.Tensor | None = None  # (batch,) int32 total kv length per sequence
     block_tables: torch.Tensor | None = None  # (batch, max_blocks) int32, padded with -1
+    # a prefill step of one prompt, nothing cached: attend with torch's SDPA over all its (padded)
+    # rows, causal (EngineConfig.prefill_sdpa_min_tokens; set by ModelRunner.execute)
+    sdpa_prefill: bool = False
 
 
 _CONTEXT = Context()

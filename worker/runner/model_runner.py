@@ -42,7 +42,7 @@ from nanoserve.worker.runner.lookahead import (
     next_decode_inputs,
     planned_inputs,
 )
-from nanoserve.worker.runner.prefill_graph import PrefillGraphRunner, prefill_buckets
+from nanoserve.worker.runner.prefill_graph import PrefillGraphRunner, prefill_buckets, takes_sdpa
 from nanoserve.worker.runner.prepare import prepare_decode, prepare_prefill
 from nanoserve.worker.runner.sampler import SamplingTensors, sample
 from nanoserve.worker.runner.sampling_inputs import SamplingInputs
@@ -53,6 +53,7 @@ from nanoserve.worker.runner.step_inputs import (
     max_message_words,
 )
 from nanoserve.worker.runner.warmup import (
+    arm_sdpa_prefill,
     capture_graphs,
     compile_prefill_attention,
     compile_step_kernels,
@@ -130,6 +131,7 @@ class ModelRunner:
         self.graphs: CudaGraphRunner | None = None
         self.prefill_graphs: PrefillGraphRunner | None = None
         self.graph_memory_bytes = 0  # what capturing the CUDA graphs took (capture_and_compile)
+        self.sdpa_lengths = (0, 0)  # prompt lengths attended by SDPA (capture_and_compile)
         self.sample_generator = torch.Generator(self.device).manual_seed(config.seed)
         self.sampling = SamplingInputs(
             self.device, model_config.vocab_size, model_config.eos_token_ids
@@ -185,6 +187,8 @@ class ModelRunner:
                 )
         with clock.phase("step_kernels"):  # sampling and the graphs' input fill
             compile_step_kernels(self.model_config.vocab_size, self.dtype, self.device)
+        with clock.phase("sdpa_plans"):  # after the Triton tiles' steps (it would take them)
+            arm_sdpa_prefill(self, backend)
         logger.info(
             "kernels compiled (or loaded from %s) and graphs captured (%.0f MiB) in %.1f s",
             os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache"),
@@ -236,13 +240,11 @@ class ModelRunner:
             return self.graphs.run(x, input_ids)  # decode: one copy in, one replay (+ LM head)
         ids, positions, rows = self.load_inputs(x, msg)
         ids = ids if input_ids is None else input_ids
-        if (
-            x.is_prefill
-            and self.prefill_graphs is not None
-            and self.prefill_graphs.can_run(len(ids))
-        ):
+        sdpa = get_context().sdpa_prefill = takes_sdpa(x, self.sdpa_lengths)  # runs eagerly
+        graphs = self.prefill_graphs if x.is_prefill and not sdpa else None
+        if graphs is not None and graphs.can_run(len(ids)):
             # the step's inputs copied into the bucket's buffers, one replay
-            hidden = self.prefill_graphs.run(ids, positions, get_context())
+            hidden = graphs.run(ids, positions, get_context())
         else:
             hidden = self.model(ids, positions)
         reset_context()

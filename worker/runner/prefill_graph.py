@@ -71,29 +71,43 @@ def pad_to_bucket(x: StepInputs, buckets: list[int]) -> StepInputs:
     return x
 
 
+def one_prompt_step(n: int, block_size: int) -> StepInputs:
+    """A prefill step of one n-token prompt, nothing cached, its slots -1 (nothing stored) and its
+    keys read from block 0: a start-up warm-up step."""
+    blocks = math.ceil(n / block_size)
+    return StepInputs(
+        True,
+        np.zeros(n, np.int64),
+        np.arange(n),
+        np.full(n, -1),
+        np.array([0, n]),
+        np.array([n]),
+        np.zeros((1, blocks), np.int64),
+        np.array([n - 1]),
+        n,
+        n,
+    )
+
+
 def attention_warmup_steps(group: int, fp32: bool, block_size: int) -> list[StepInputs]:
     """One single-sequence prefill step for each tile size of the prefill attention (the one kernel
-    parameter that follows a step's token count): its slots -1 (nothing stored), keys read from
-    block 0. ModelRunner runs them at start so that no prompt compiles a kernel while serving (an
-    eager step: past the largest bucket, or without graphs)."""
-    steps = []
-    for n in prefill_block_q_lengths(group, fp32):
-        blocks = math.ceil(n / block_size)
-        steps.append(
-            StepInputs(
-                True,
-                np.zeros(n, np.int64),
-                np.arange(n),
-                np.full(n, -1),
-                np.array([0, n]),
-                np.array([n]),
-                np.zeros((1, blocks), np.int64),
-                np.array([n - 1]),
-                n,
-                n,
-            )
-        )
-    return steps
+    parameter that follows a step's token count). ModelRunner runs them at start so that no prompt
+    compiles a kernel while serving (an eager step: past the largest bucket, or without graphs)."""
+    return [one_prompt_step(n, block_size) for n in prefill_block_q_lengths(group, fp32)]
+
+
+def takes_sdpa(x: StepInputs, lengths: tuple[int, int]) -> bool:
+    """Whether step x attends with torch's SDPA (Attention.sdpa_prefill): a prefill of one prompt,
+    nothing of it cached, its length within `lengths` (low, high; (0, 0): never; runner.warmup's
+    sdpa_prefill_range). Such a step runs eagerly (a bucket's graph serves multi-prompt steps too)."""
+    low, high = lengths
+    return (
+        low > 0
+        and x.is_prefill
+        and len(x.context_lens) == 1
+        and x.max_seqlen_q == int(x.context_lens[0])
+        and low <= x.max_seqlen_q <= high
+    )
 
 
 class PrefillGraphRunner:

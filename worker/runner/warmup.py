@@ -4,6 +4,7 @@ Triton cache, so that no request waits for a compile. ModelRunner.__init__ calls
 """
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,10 +16,14 @@ from nanoserve.worker.runner.device import device_memory_used
 from nanoserve.worker.runner.prefill_graph import (
     PrefillGraphRunner,
     attention_warmup_steps,
+    one_prompt_step,
     pad_to_bucket,
 )
 from nanoserve.worker.runner.start_clock import StartClock
 from nanoserve.worker.runner.step_inputs import StepInputs
+
+if TYPE_CHECKING:  # the runner calls in here
+    from nanoserve.worker.runner.model_runner import ModelRunner
 
 
 @torch.no_grad()  # no autograd graph may hold on to the captured tensors
@@ -93,3 +98,23 @@ def compile_step_kernels(vocab_size: int, dtype: torch.dtype, device: torch.devi
     graph_inputs(staged, out, len(staged), ids)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def arm_sdpa_prefill(runner: "ModelRunner", backend: str) -> None:
+    """Sets runner.sdpa_lengths, the prompt lengths whose steps attend with torch's SDPA:
+    EngineConfig.prefill_sdpa_min_tokens up to the largest prefill bucket (past it a step's length
+    is its own: those keep the Triton kernel), on the Triton backend, one rank, a cache in the
+    model's dtype; then runs one step of each bucket from there on: cuDNN builds a plan per shape,
+    so none is built while serving."""
+    low, buckets = runner.config.prefill_sdpa_min_tokens, runner.prefill_buckets
+    one_rank = backend == "triton" and runner.world_size == 1
+    if not (
+        low and one_rank and runner.kv_dtype == runner.dtype and buckets and low <= buckets[-1]
+    ):
+        return
+    runner.sdpa_lengths = (low, buckets[-1])
+    for n in (b for b in buckets if b >= low):
+        runner.execute(one_prompt_step(n, runner.config.kvcache_block_size))
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize(runner.device)

@@ -1,0 +1,134 @@
+"""EngineConfig.prefill_sdpa_min_tokens: which steps attend with torch's SDPA (runner.prefill_graph.
+takes_sdpa), and that such a step's forward, on the Triton backend with its kernels in the
+interpreter, padded to a bucket, gives the reference forward's hidden states on the prompt's rows and
+stores the same k/v in the cache (the q/k-norm + rotary kernel still stores them)."""
+
+import numpy as np
+import pytest
+import torch
+
+from nanoserve.worker.layers.context import reset_context, set_context
+from nanoserve.worker.model.qwen3 import Qwen3ForCausalLM
+from nanoserve.worker.runner.device import init_dummy_weights
+from nanoserve.worker.runner.prefill_graph import one_prompt_step, takes_sdpa
+from nanoserve.worker.runner.step_inputs import StepInputs
+from tests.unit.test_prefill_graph_forward import BLOCK_SIZE, CONFIG, fresh_caches
+
+
+def step(q_lens: list[int], context_lens: list[int], prefill: bool = True) -> StepInputs:
+    n = sum(q_lens)
+    return StepInputs(
+        prefill,
+        np.zeros(n, np.int64),
+        np.zeros(n, np.int64),
+        np.zeros(n, np.int64),
+        np.array([0, *np.cumsum(q_lens)]),
+        np.array(context_lens),
+        np.zeros((len(q_lens), 4), np.int64),
+        np.array([n - 1]),
+        max(q_lens),
+        max(context_lens),
+    )
+
+
+@pytest.mark.parametrize(
+    ("x", "lengths", "takes"),
+    [
+        (step([3000], [3000]), (2048, 8192), True),  # one prompt, nothing cached, in range
+        (one_prompt_step(2048, 256), (2048, 8192), True),  # the start-up's step of a bucket
+        (step([3000], [3000]), (0, 0), False),  # off
+        (step([1000], [1000]), (2048, 8192), False),  # too short
+        (step([9000], [9000]), (2048, 8192), False),  # past the largest bucket
+        (step([3000], [3500]), (2048, 8192), False),  # a cached prefix or an earlier chunk
+        (step([3000, 100], [3000, 100]), (2048, 8192), False),  # two prompts
+        (step([1], [3000], prefill=False), (1, 8192), False),  # a decode step
+    ],
+)
+def test_which_steps_attend_with_sdpa(x: StepInputs, lengths: tuple[int, int], takes: bool):
+    assert takes_sdpa(x, lengths) is takes
+
+
+@pytest.mark.parametrize(
+    ("low", "backend", "world_size", "kv_dtype", "lengths", "steps"),
+    [
+        (2048, "triton", 1, torch.bfloat16, (2048, 8192), [2048, 2560, 3072, 3584, 4096, 8192]),
+        (2000, "triton", 1, torch.bfloat16, (2000, 8192), [2048, 2560, 3072, 3584, 4096, 8192]),
+        (0, "triton", 1, torch.bfloat16, (0, 0), []),  # off
+        (9000, "triton", 1, torch.bfloat16, (0, 0), []),  # past the largest bucket
+        (2048, "torch", 1, torch.bfloat16, (0, 0), []),  # not the Triton backend
+        (2048, "triton", 2, torch.bfloat16, (0, 0), []),  # tensor parallel
+        (2048, "triton", 1, torch.float8_e4m3fn, (0, 0), []),  # an fp8 cache
+    ],
+)
+def test_arming_sets_the_lengths_then_runs_a_step_of_each_bucket_from_the_minimum(
+    low, backend, world_size, kv_dtype, lengths, steps
+) -> None:
+    """Armed before its steps run (they must take the SDPA path to build its plans), only where
+    it applies; a step of each bucket that a prompt of the minimum or more pads to."""
+    from types import SimpleNamespace
+
+    from nanoserve.worker.config import EngineConfig
+    from nanoserve.worker.runner.warmup import arm_sdpa_prefill
+
+    ran: list[tuple[int, tuple[int, int]]] = []
+    runner = SimpleNamespace(
+        config=EngineConfig(prefill_sdpa_min_tokens=low),
+        prefill_buckets=[16, 1024, 2048, 2560, 3072, 3584, 4096, 8192],
+        world_size=world_size,
+        kv_dtype=kv_dtype,
+        dtype=torch.bfloat16,
+        device=torch.device("cpu"),
+        sdpa_lengths=(0, 0),
+    )
+    runner.execute = lambda x: ran.append((len(x.input_ids), runner.sdpa_lengths))
+    arm_sdpa_prefill(runner, backend)  # type: ignore[arg-type]
+    assert runner.sdpa_lengths == lengths
+    assert ran == [(n, lengths) for n in steps]
+    assert all(takes_sdpa(one_prompt_step(n, 256), lengths) for n in steps)
+
+
+def test_a_negative_minimum_is_refused() -> None:
+    from nanoserve.worker.config import EngineConfig
+
+    with pytest.raises(ValueError, match="prefill_sdpa_min_tokens"):
+        EngineConfig(prefill_sdpa_min_tokens=-1)
+
+
+def test_an_sdpa_step_gives_the_reference_forward_and_cache():
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(CONFIG).eval()
+    init_dummy_weights(model, seed=0)
+    with torch.no_grad():  # logits-scale activations (the dummy init's 0.02 is near zero)
+        model.model.embed_tokens.weight.normal_(0, 1.0)
+    n, bucket = 19, 32  # one prompt padded to its bucket: the padding's rows come after it
+    ids = torch.randint(0, CONFIG.vocab_size, (n,))
+    positions = torch.arange(n)
+    tables = torch.tensor([[2, 5, 6]], dtype=torch.int32)
+    slots = (tables[0, positions // BLOCK_SIZE] * BLOCK_SIZE + positions % BLOCK_SIZE).int()
+    ctx = dict(
+        is_prefill=True,
+        cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32),
+        context_lens=torch.tensor([n], dtype=torch.int32),
+        block_tables=tables,
+        max_seqlen_q=n,
+        max_seqlen_k=n,
+    )
+    with torch.no_grad():
+        ref_layers = fresh_caches(model, "torch")
+        set_context(slot_mapping=slots, **ctx)
+        ref = model(ids, positions)
+        ref_k = [layer.k_cache.clone() for layer in ref_layers]
+        ref_v = [layer.v_cache.clone() for layer in ref_layers]
+
+        layers = fresh_caches(model, "triton")
+        pad = bucket - n
+        padded_slots = torch.cat([slots, torch.full((pad,), -1, dtype=torch.int32)])
+        set_context(slot_mapping=padded_slots, sdpa_prefill=True, **ctx)
+        padded_ids = torch.cat([ids, torch.zeros(pad, dtype=torch.long)])
+        out = model(padded_ids, torch.cat([positions, torch.zeros(pad, dtype=torch.long)]))
+        reset_context()
+    assert out.shape == (bucket, CONFIG.hidden_size)
+    torch.testing.assert_close(out[:n], ref, atol=1e-4, rtol=1e-4)
+    for layer, k, v in zip(layers, ref_k, ref_v):  # the same k/v at the same slots
+        torch.testing.assert_close(layer.k_cache, k, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(layer.v_cache, v, atol=1e-5, rtol=1e-5)
