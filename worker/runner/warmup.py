@@ -4,7 +4,7 @@ Triton cache, so that no request waits for a compile. ModelRunner.__init__ calls
 """
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -22,8 +22,19 @@ from nanoserve.worker.runner.prefill_graph import (
 from nanoserve.worker.runner.start_clock import StartClock
 from nanoserve.worker.runner.step_inputs import StepInputs
 
-if TYPE_CHECKING:  # the runner calls in here
-    from nanoserve.worker.runner.model_runner import ModelRunner
+
+class SdpaRunner(Protocol):
+    """What arm_sdpa_prefill reads and sets of a ModelRunner (which imports this module)."""
+
+    config: EngineConfig
+    prefill_buckets: list[int]
+    world_size: int
+    kv_dtype: torch.dtype
+    dtype: torch.dtype
+    device: torch.device
+    sdpa_lengths: tuple[int, int]
+
+    def execute(self, x: StepInputs) -> object: ...
 
 
 @torch.no_grad()  # no autograd graph may hold on to the captured tensors
@@ -101,7 +112,7 @@ def compile_step_kernels(vocab_size: int, dtype: torch.dtype, device: torch.devi
 
 
 @torch.no_grad()
-def arm_sdpa_prefill(runner: "ModelRunner", backend: str) -> None:
+def arm_sdpa_prefill(runner: SdpaRunner, backend: str) -> None:
     """Sets runner.sdpa_lengths, the prompt lengths whose steps attend with torch's SDPA:
     EngineConfig.prefill_sdpa_min_tokens up to the largest prefill bucket (past it a step's length
     is its own: those keep the Triton kernel), on the Triton backend, one rank, a cache in the
