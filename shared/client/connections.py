@@ -1,9 +1,11 @@
 """Several connections to one address for Client and AsyncClient (`connections=N`): a server of
 several processes on one port (SO_REUSEPORT) takes whole connections, so over one connection every
 stream of a client lands on one process. Calls are dealt round-robin, past failing connections.
+Every channel retries a call a stopping frontend cancelled before it began (RETRY_SERVICE_CONFIG).
 """
 
 import itertools
+import json
 from collections.abc import Callable
 
 import grpc
@@ -12,13 +14,40 @@ import grpc
 FAILING = (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN)
 
 
-def connection_options(options: list[tuple[str, int]], connections: int) -> list[tuple[str, int]]:
-    """The channel options of each of `connections` channels: grpc core shares one connection among
-    a process's channels to one address with identical args (its global subchannel pool), so
-    several channels each take a pool of their own."""
+# A call that reached a frontend's gRPC core while its event loop was busy waits there until the
+# loop takes it; when the frontend stops (a rolling restart), gRPC ends each such call CANCELLED,
+# its handler never run and no response header sent. gRPC retries a call only while no header
+# has come back, so retrying CANCELLED repeats no work that was started: the retry lands on a new
+# connection, on a process that is not stopping. (A call the client cancels is never retried.)
+RETRY_SERVICE_CONFIG = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [{"service": "nanoserve.v1.FrontendService"}],
+                "retryPolicy": {
+                    "maxAttempts": 3,
+                    "initialBackoff": "0.02s",
+                    "maxBackoff": "0.2s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["CANCELLED"],
+                },
+            }
+        ]
+    }
+)
+
+
+def connection_options(
+    options: list[tuple[str, int]], connections: int
+) -> list[tuple[str, int | str]]:
+    """The channel options of each of `connections` channels: the retry policy above, and (more
+    than one) a subchannel pool of each channel's own: grpc core shares one connection among a
+    process's channels to one address with identical args (its global subchannel pool)."""
     if connections < 1:
         raise ValueError(f"connections must be at least 1, got {connections}")
-    return [*options, ("grpc.use_local_subchannel_pool", 1)] if connections > 1 else list(options)
+    retry: list[tuple[str, int | str]] = [("grpc.service_config", RETRY_SERVICE_CONFIG)]
+    pool = [("grpc.use_local_subchannel_pool", 1)] if connections > 1 else []
+    return [*options, *retry, *pool]
 
 
 class RoundRobin:
