@@ -35,12 +35,18 @@ def fresh_caches(model: Qwen3ForCausalLM, backend: str) -> list[Attention]:
     return layers
 
 
-def test_the_graph_forward_over_fixed_batch_buffers_equals_the_model_forward():
+def dummy_model() -> Qwen3ForCausalLM:
+    """CONFIG's model, seeded, with logits-scale activations (the dummy init's 0.02 is near zero)."""
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(CONFIG).eval()
     init_dummy_weights(model, seed=0)
-    with torch.no_grad():  # logits-scale activations (the dummy init's 0.02 is near zero)
+    with torch.no_grad():
         model.model.embed_tokens.weight.normal_(0, 1.0)
+    return model
+
+
+def test_the_graph_forward_over_fixed_batch_buffers_equals_the_model_forward():
+    model = dummy_model()
     lens = [7, 12]  # two prompts, 19 tokens: padded to the bucket of 32
     n = sum(lens)
     ids = torch.randint(0, CONFIG.vocab_size, (n,))

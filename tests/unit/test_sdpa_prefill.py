@@ -8,11 +8,9 @@ import pytest
 import torch
 
 from nanoserve.worker.layers.context import reset_context, set_context
-from nanoserve.worker.model.qwen3 import Qwen3ForCausalLM
-from nanoserve.worker.runner.device import init_dummy_weights
 from nanoserve.worker.runner.prefill_graph import one_prompt_step, takes_sdpa
 from nanoserve.worker.runner.step_inputs import StepInputs
-from tests.unit.test_prefill_graph_forward import BLOCK_SIZE, CONFIG, fresh_caches
+from tests.unit.test_prefill_graph_forward import BLOCK_SIZE, CONFIG, dummy_model, fresh_caches
 
 
 def step(q_lens: list[int], context_lens: list[int], prefill: bool = True) -> StepInputs:
@@ -95,11 +93,7 @@ def test_a_negative_minimum_is_refused() -> None:
 
 
 def test_an_sdpa_step_gives_the_reference_forward_and_cache():
-    torch.manual_seed(0)
-    model = Qwen3ForCausalLM(CONFIG).eval()
-    init_dummy_weights(model, seed=0)
-    with torch.no_grad():  # logits-scale activations (the dummy init's 0.02 is near zero)
-        model.model.embed_tokens.weight.normal_(0, 1.0)
+    model = dummy_model()
     n, bucket = 19, 32  # one prompt padded to its bucket: the padding's rows come after it
     ids = torch.randint(0, CONFIG.vocab_size, (n,))
     positions = torch.arange(n)

@@ -9,7 +9,6 @@ step loop is doing; the gRPC process reads on its event loop, which never blocks
 
 import array
 import ctypes
-import ctypes.util
 import fcntl
 import logging
 import os
@@ -31,7 +30,9 @@ def name_os_thread() -> None:
     samples (/proc, top -H, benchmarks.thread_sample) tell the pipe threads apart; Python names
     only its own object before 3.14. Nothing where libc or prctl is not there."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        # the process's own symbols, libc's among them: find_library would run ldconfig, a fork
+        # from a thread of a CUDA process at every thread start
+        libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_NAME, threading.current_thread().name.encode()[:15], 0, 0, 0)
     except (OSError, AttributeError):
         pass
