@@ -1,34 +1,49 @@
 """`python -m nanoserve.benchmarks.thread_sample`: every --interval seconds, the busiest threads of
-the machine's Python processes over that interval, from Linux /proc: CPU %, the CPU each last ran
-on, context switches (voluntary: it slept; involuntary: it was preempted) and its thread name
-(ours are named: core-outbox, core-inbox, core-heartbeat, tokenizer_0 ...). For the one-stream
-probes of issue 29 (gpu_run.sh onestream): where a slow probe's host time went. Runs until killed.
+the machine's Python processes over that interval, from Linux /proc: CPU %, time spent runnable
+but waiting for a CPU (%), the CPU each last ran on and that CPU's clock, context switches
+(voluntary: it slept; involuntary: it was preempted) and its thread name (ours are named:
+core-outbox, core-inbox, core-heartbeat, tokenizer_0 ...). For the one-stream probes of issue 29
+(gpu_run.sh onestream): where a slow probe's host time went. Runs until killed.
 """
 
 import argparse
 import os
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 PROC = Path("/proc")
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _read_thread(task: Path) -> tuple[float, int, int, int, str] | None:
-    """(cpu seconds, last CPU, voluntary, involuntary switches, name) of one thread."""
+class ThreadRow(NamedTuple):
+    cpu_s: float  # on a CPU, user + system
+    wait_s: float  # runnable, waiting on a run queue (schedstat; 0 where the kernel keeps none)
+    psr: int  # the CPU it last ran on
+    voluntary: int  # context switches: it slept
+    involuntary: int  # context switches: it was preempted
+    name: str
+
+
+def _read_thread(task: Path) -> ThreadRow | None:
+    """One thread's counters; None once it has exited."""
     try:
         fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
         status = (task / "status").read_text().splitlines()
         name = (task / "comm").read_text().strip()
     except OSError:  # exited meanwhile
         return None
+    try:  # on-CPU ns, run-queue wait ns, time slices
+        wait_s = int((task / "schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        wait_s = 0.0
     # after the ")": state is field 3 of stat, utime 14, stime 15, processor 39 (1-based)
-    cpu_s = (int(fields[11]) + int(fields[12])) / TICK
     switches = {
         k: int(v) for k, v in (line.split(":\t") for line in status if "ctxt_switches" in line)
     }
-    return (
-        cpu_s,
+    return ThreadRow(
+        (int(fields[11]) + int(fields[12])) / TICK,
+        wait_s,
         int(fields[36]),
         switches.get("voluntary_ctxt_switches", 0),
         switches.get("nonvoluntary_ctxt_switches", 0),
@@ -36,7 +51,7 @@ def _read_thread(task: Path) -> tuple[float, int, int, int, str] | None:
     )
 
 
-def snapshot(prefix: str) -> dict[tuple[int, int], tuple[float, int, int, int, str]]:
+def snapshot(prefix: str) -> dict[tuple[int, int], ThreadRow]:
     """Every thread of the processes whose command starts with `prefix`, by (pid, tid)."""
     out = {}
     for proc in PROC.iterdir():
@@ -54,17 +69,44 @@ def snapshot(prefix: str) -> dict[tuple[int, int], tuple[float, int, int, int, s
     return out
 
 
-def busiest(before: dict, after: dict, seconds: float, top: int) -> list[str]:
-    """The `top` threads by CPU between two snapshots, one line each."""
+def cpu_mhz() -> dict[int, float]:
+    """Each CPU's clock now (/proc/cpuinfo; fixed on hosts that do not report it)."""
+    out: dict[int, float] = {}
+    cpu = -1
+    try:
+        lines = (PROC / "cpuinfo").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() == "processor":
+            cpu = int(value)
+        elif key.strip() == "cpu MHz":
+            out[cpu] = float(value)
+    return out
+
+
+def busiest(
+    before: dict[tuple[int, int], ThreadRow],
+    after: dict[tuple[int, int], ThreadRow],
+    seconds: float,
+    top: int,
+    mhz: dict[int, float] | None = None,
+) -> list[str]:
+    """The `top` threads by CPU between two snapshots, one line each: CPU %, run-queue wait %
+    (runnable but not running: preempted or not yet placed), last CPU and its MHz, switches."""
     rows = []
-    for key, (cpu, psr, vol, invol, name) in after.items():
-        if key in before:
-            b = before[key]
-            rows.append((100 * (cpu - b[0]) / seconds, key, psr, vol - b[2], invol - b[3], name))
-    rows.sort(reverse=True)
+    for key, a in after.items():
+        if (b := before.get(key)) is not None:
+            pct = 100 * (a.cpu_s - b.cpu_s) / seconds
+            rows.append((pct, 100 * (a.wait_s - b.wait_s) / seconds, key, a, b))
+    rows.sort(key=lambda r: r[0], reverse=True)
+    mhz = mhz or {}
     return [
-        f"  {pid:>7} {tid:>7} {pct:5.1f}% cpu{psr:<3} vcs {v:>5} ics {i:>4} {name}"
-        for pct, (pid, tid), psr, v, i, name in rows[:top]
+        f"  {pid:>7} {tid:>7} {pct:5.1f}% wait {wait:4.1f}% cpu{a.psr:<3}"
+        f" {mhz.get(a.psr, 0):5.0f}MHz vcs {a.voluntary - b.voluntary:>5}"
+        f" ics {a.involuntary - b.involuntary:>4} {a.name}"
+        for pct, wait, (pid, tid), a, b in rows[:top]
     ]
 
 
@@ -90,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         stamp = (
             time.strftime("%H:%M:%S", time.localtime()) + f".{int(time.time() * 1000) % 1000:03d}"
         )
-        print(stamp, *busiest(before, after, t1 - t0, args.top), sep="\n", flush=True)
+        print(stamp, *busiest(before, after, t1 - t0, args.top, cpu_mhz()), sep="\n", flush=True)
         before, t0, n = after, t1, n + 1
 
 

@@ -30,6 +30,7 @@
 #   poisson: (issue 29) Poisson arrivals at POISSON_RATES, the engine alone and through the frontends
 #   onestream_engine: (issue 29) the one-stream probes' shape in the engine alone, each run's pace
 #   onestream: (issue 29) 20 one-stream probes a path, the CPU topology, where threads ran
+#   onestream_pinned: (issue 29) the same with the engine core's step loop alone on CPU 0
 #   owed29:  (issue 29) planned steps' stalls, one-stream probes, both OpenAI endpoints, Poisson
 #            over 2 connections, in one call (carry the gateway wheels)
 #   gateway: bench serving offline, through the frontend, straight to the worker and through the
@@ -330,6 +331,17 @@ case $mode in
     step serving_one_stream20 240 $serving --num-prompts 256 --runs 2 --warmup light \
       --target both --one-stream-runs 20
     kill $sampler $clocks 2>/dev/null
+    ;;
+  onestream_pinned)  # issue 29: onestream's probes with the engine core's step loop on CPU 0
+    # alone (--engine-core-cpus 0) and every other process of the run (services, clients) on the
+    # other CPUs: slow probes here too, or gone? (the step loop spins on the GPU; a thread woken
+    # beside it takes its CPU). threads.log's "wait" is each thread's time runnable but not running
+    last=$(( $(nproc) - 1 ))
+    $py -m nanoserve.benchmarks.thread_sample --interval 0.25 > "$out/threads_pinned.log" 2>&1 &
+    sampler=$!
+    step serving_one_stream20_pinned 240 taskset -c 1-$last $serving --num-prompts 256 --runs 2 \
+      --warmup light --target both --one-stream-runs 20 --worker-args "--engine-core-cpus 0"
+    kill $sampler 2>/dev/null
     ;;
   ttft3)  # issue 29: the first-of-a-length TTFT check, three times in fresh processes (flaky?)
     for i in 1 2 3; do

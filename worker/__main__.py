@@ -31,6 +31,11 @@ def preflight(config: WorkerConfig) -> WorkerConfig:
         config.model, config.tensor_parallel_size, needs_weights=config.load_format != "dummy"
     )
     check_port_free(config.host, config.port)
+    if config.engine_core_cpus:  # before any thread starts: they inherit it
+        from nanoserve.worker.config import parse_cpu_list
+        from nanoserve.worker.core.cpu_affinity import keep_process_off
+
+        keep_process_off(parse_cpu_list(config.engine_core_cpus))
     return config
 
 

@@ -163,6 +163,32 @@ class EngineConfig:
         return self.decode_lookahead is None and self.tensor_parallel_size == 1
 
 
+# --engine-core-cpus (worker.core.cpu_affinity applies it)
+MAX_SPEC_CHARS = 256
+MAX_CPU = 8191  # x86-64 Linux's largest CONFIG_NR_CPUS: bounds what one spec can name
+
+
+def parse_cpu_list(spec: str) -> frozenset[int]:
+    """`3`, `2-3`, `0,4-5` (Linux's cpu-list syntax) -> the CPUs; ValueError naming the flag."""
+    if len(spec) > MAX_SPEC_CHARS:
+        raise ValueError(f"engine_core_cpus: at most {MAX_SPEC_CHARS} characters")
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            first, last = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise ValueError(
+                f"engine_core_cpus: {part.strip()!r} is not a CPU or a range like 2-3"
+            ) from None
+        if not 0 <= first <= last <= MAX_CPU:
+            raise ValueError(
+                f"engine_core_cpus: {part.strip()!r} is not a range of CPUs 0-{MAX_CPU}"
+            )
+        cpus.update(range(first, last + 1))
+    return frozenset(cpus)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerConfig(EngineConfig, ServiceConfig):
     """nanoserve worker: scheduler, paged KV cache and Qwen3 model behind WorkerService (gRPC)."""
@@ -191,6 +217,16 @@ class WorkerConfig(EngineConfig, ServiceConfig):
             "help": "an engine core that shows no progress (one step running, or no heartbeat) "
             "for half of this makes health NOT_SERVING, and for all of it makes the worker exit "
             "non-zero so that its supervisor restarts it; 0: never"
+        },
+    )
+    engine_core_cpus: str = field(
+        default="",
+        metadata={
+            "help": "CPUs (a list like 3 or 2-3) for the engine core's step loop alone: the "
+            "worker's other threads and processes keep off them. The step loop spins while it "
+            "waits for the GPU, so a thread the kernel wakes beside it takes time from it; give "
+            "the frontends the other CPUs too (taskset, a container's cpuset). Empty: the OS "
+            "places every thread"
         },
     )
     # ---- operating it: hostile-list bounds ----
@@ -231,3 +267,5 @@ class WorkerConfig(EngineConfig, ServiceConfig):
             )
         at_least(self, 0, "max_stop_token_ids", "engine_stall_timeout_s", "stats_interval_s")
         at_least(self, 1, "max_queued_requests")
+        if self.engine_core_cpus:
+            parse_cpu_list(self.engine_core_cpus)  # raises ValueError naming the flag

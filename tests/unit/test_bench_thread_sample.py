@@ -30,3 +30,36 @@ def test_a_busy_thread_is_listed_by_name() -> None:
     lines = thread_sample.busiest(before, after, t1 - t0, top=3)
     busy = next(line for line in lines if line.endswith("busy-thread"))
     assert float(busy.split("%")[0].split()[-1]) > 10  # spinning: well above idle
+
+
+def test_two_spinners_on_one_cpu_each_wait_for_it() -> None:
+    """Run-queue wait (schedstat): two busy processes held to one CPU take turns, so each spends
+    a good part of the interval runnable but not running; the line shows that CPU."""
+    import os
+    import subprocess
+    import sys
+
+    cpu = min(os.sched_getaffinity(0))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile 1: pass"]
+        )
+        for _ in range(2)
+    ]
+    try:
+        time.sleep(0.3)  # both started and pinned
+        prefix = Path(f"/proc/{procs[0].pid}/comm").read_text().strip()
+        before, t0 = thread_sample.snapshot(prefix), time.monotonic()
+        time.sleep(0.5)
+        after, t1 = thread_sample.snapshot(prefix), time.monotonic()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    lines = thread_sample.busiest(before, after, t1 - t0, top=50, mhz=thread_sample.cpu_mhz())
+    ours = [line for line in lines if int(line.split()[0]) in {p.pid for p in procs}]
+    assert len(ours) == 2
+    for line in ours:
+        wait = float(line.split("wait")[1].split("%")[0])
+        assert wait > 20, line  # ~50% each: the other holds the CPU
+        assert f"cpu{cpu} " in line

@@ -126,6 +126,13 @@ def test_worker_tp_size_must_divide_heads(qwen_dir: Path) -> None:
     assert_one_line(done, "--tensor-parallel-size 3", "4 attention heads")
 
 
+def test_worker_engine_core_cpus(qwen_dir: Path) -> None:
+    done = worker("--model", str(qwen_dir), "--engine-core-cpus", "3-1")
+    assert_one_line(done, "engine_core_cpus", "'3-1'", code=2)
+    done = worker("--model", str(qwen_dir), "--engine-core-cpus", "8000")  # no such CPU here
+    assert_one_line(done, "engine_core_cpus 8000", "no thread may run there")
+
+
 def test_frontend_without_tokenizer(qwen_dir: Path) -> None:
     (qwen_dir / "tokenizer.json").unlink()
     done = run("-m", "nanoserve.frontend", "--model", str(qwen_dir), "--port", "0")

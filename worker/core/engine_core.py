@@ -246,6 +246,11 @@ def run_engine_core(config: WorkerConfig, inbox: Connection, outbox: Connection)
     freeze_startup_heap("engine core")  # the model's and torch's objects: the stepping process
     log_serving_stalls()  # from here a compile or a long GC pass holds every stream: say so
     core.send(Ready(core.info()))
+    if config.engine_core_cpus:  # the pipe and heartbeat threads run: they stay off these CPUs
+        from nanoserve.worker.config import parse_cpu_list
+        from nanoserve.worker.core.cpu_affinity import pin_step_loop
+
+        pin_step_loop(parse_cpu_list(config.engine_core_cpus))
     try:
         core.run()
     except BaseException as exc:
