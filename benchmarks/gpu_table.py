@@ -42,6 +42,18 @@ def fmt(p: dict | None) -> str:
     return "/".join(f"{p[k]:g}" for k in ("p50", "p90", "p99", "max"))
 
 
+def probe_text(p: dict) -> str:
+    """One one-stream probe: `1.031 (cpu 99 wait 0.4 ics 2 @3)`, the step loop's share of it."""
+    loop = p.get("step_loop")
+    if not loop:
+        return f"{p['ms_per_token']}"
+    cpus = "/".join(map(str, loop["cpus"]))
+    return (
+        f"{p['ms_per_token']} (cpu {loop['cpu_pct']:.0f} wait {loop['wait_pct']}"
+        f" ics {loop['preemptions']} @{cpus})"
+    )
+
+
 def serving_lines(r: dict) -> list[str]:
     head = f"serving {r.get('model')} tp={r.get('tp')} rate={r.get('request_rate')} ({r['step']})"
     lines = [
@@ -69,6 +81,14 @@ def serving_lines(r: dict) -> list[str]:
         )
         if "one_stream_gap_ms" in x:  # a slower pace (p50) or a few stalls (p99, max)?
             lines.append(f"    one-stream gaps ms p50/p90/p99/max: {fmt(x['one_stream_gap_ms'])}")
+        for tag, probes in (
+            ("", x.get("one_stream_probes")),
+            (" before", (x.get("one_stream_before_runs") or {}).get("one_stream_probes")),
+        ):
+            if probes:  # each probe's pace beside its step loop's CPU / run-queue wait / CPUs
+                lines.append(
+                    f"    one-stream probes{tag}: " + ", ".join(probe_text(p) for p in probes)
+                )
         b = x.get("one_stream_before_runs")
         if b:  # the same before the throughput runs: does the load leave the stack slower?
             lines.append(

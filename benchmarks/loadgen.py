@@ -108,6 +108,8 @@ async def _one(start, r: Request, t0: float) -> dict:
         messages=len(times),
         sent=sent - t0,
         end=end - t0,
+        sent_at=sent,  # perf_counter: the step loop's watch (benchmarks.step_loop_watch) reads it
+        end_at=end,
         ttft=times[0] - sent if times else None,
         gaps=[round(b - a, 6) for a, b in zip(times, times[1:])],
         error=error,

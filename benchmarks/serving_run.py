@@ -10,6 +10,7 @@ import grpc
 from nanoserve.benchmarks import loadgen, workload
 from nanoserve.benchmarks.process_counters import Profiler, one_process, per_token, tree_counters
 from nanoserve.benchmarks.stats import summarize, summarize_by_bucket
+from nanoserve.benchmarks.step_loop_watch import StepLoopWatch, engine_core_pid
 
 SATURATED = 0.8  # CPU cores a load-generator process may use before it may be the bottleneck
 
@@ -126,7 +127,7 @@ def measure(
             target, address, workload.build(f"{target}-warmup", warmup, vocab), args.temperature, 1
         )
         # the one-stream pace before the throughput runs too: does a loaded stack stay slower?
-        before = one_stream(target, address, vocab, args, "one-before")
+        before = one_stream(target, address, vocab, args, "one-before", services.get("worker"))
     runs = [
         throughput_run(
             target,
@@ -161,27 +162,45 @@ def measure(
         )
         for x in runs
     ]
-    out.update(one_stream(target, address, vocab, args, "one"))
+    out.update(one_stream(target, address, vocab, args, "one", services.get("worker")))
     if before:
         out["one_stream_before_runs"] = before
     return out
 
 
-def one_stream(target: str, address: str, vocab: int, args, tag: str) -> dict:
+def one_stream(
+    target: str, address: str, vocab: int, args, tag: str, worker_pid: int | None = None
+) -> dict:
     """One stream at a time: a warm-up of the same prompt length, then the timed runs one after
     another; their median ms/token and TTFT, and every gap (a slower pace shows in p50, a few
-    stalls in p99 and max)."""
+    stalls in p99 and max). With the worker's pid (a worker this bench started, on this host): each
+    probe's pace beside what the engine core's step loop did meanwhile (step_loop_watch)."""
     one = [(args.one_stream_prompt_len, args.one_stream_tokens)] * (args.one_stream_runs + 1)
-    seq = asyncio.run(
-        loadgen.run(
-            target, address, workload.build(f"{target}-{tag}", one, vocab), 0.0, sequential=True
+    core = engine_core_pid(worker_pid) if worker_pid is not None else None
+    watch = StepLoopWatch(core) if core is not None else None
+    try:
+        seq = asyncio.run(
+            loadgen.run(
+                target, address, workload.build(f"{target}-{tag}", one, vocab), 0.0, sequential=True
+            )
         )
-    )
+    finally:
+        if watch is not None:
+            watch.stop()
     timed = [r for r in seq["results"][1:] if not r["error"] and r["tokens"] > r["first_tokens"]]
     if not timed:
         return {}
-    return dict(
+    out = dict(
         one_stream_ms_per_token=round(1000 * median(tpot(r) for r in timed), 3),
         one_stream_ttft_ms=round(1000 * median(r["ttft"] for r in timed), 2),
         one_stream_gap_ms=summarize((g for r in timed for g in r["gaps"]), 1e3),
     )
+    if watch is not None:
+        out["one_stream_probes"] = [
+            dict(
+                ms_per_token=round(1000 * tpot(r), 3),
+                step_loop=watch.window(r["sent_at"], r["end_at"]),
+            )
+            for r in timed
+        ]
+    return out

@@ -114,6 +114,13 @@ def test_bench_serving_offline_and_both_paths(tiny_model_dir, tmp_path, capsys):
     for path in ("frontend", "worker"):  # the warm-up was on: one-stream runs before the runs too
         before = res[path]["one_stream_before_runs"]
         assert before["one_stream_ms_per_token"] > 0 and before["one_stream_gap_ms"]["n"] > 0
+        # each probe beside what the engine core's step loop did meanwhile (its CPU share, its
+        # time waiting for a CPU): ~100% busy on CPU, where the step itself is the work
+        for probes in (res[path]["one_stream_probes"], before["one_stream_probes"]):
+            assert probes and all(p["ms_per_token"] > 0 for p in probes)
+            loops = [p["step_loop"] for p in probes if p["step_loop"] is not None]
+            assert loops and all(0 <= p["wait_pct"] <= 100 and p["cpus"] for p in loops)
+            assert max(p["cpu_pct"] for p in loops) > 10, loops
     # scripts/gpu_run.sh's table reads the step logs
     log = proc.stderr + proc.stdout + "=== serving: exit 0 after 9 s\n"
     (tmp_path / "serving.log").write_text(log)
@@ -121,6 +128,7 @@ def test_bench_serving_offline_and_both_paths(tiny_model_dir, tmp_path, capsys):
     table = capsys.readouterr().out
     assert "serving: exit 0 after 9 s" in table
     assert "(worker gRPC process " in table and "one-stream before the runs: " in table
+    assert "one-stream probes: " in table and " wait " in table
     assert f"frontend  {res['frontend']['tok_s']:>9,.0f} {res['frontend_over_offline']:>8}" in table
     assert json.loads((tmp_path / "results.json").read_text())[0]["bench"] == "serving"
     text = "\n".join(gpu_table.serving_lines({"step": "bench serving", **res}))  # without --json

@@ -1,0 +1,84 @@
+"""What the engine core's step loop did during each one-stream probe of `bench serving` (issue 29's
+slow probes): a thread samples the loop's Linux counters every few ms (/proc schedstat: time on a
+CPU and time runnable but waiting for one; preemptions; the CPU it ran on), and each probe's window
+[sent, end] reads its share of them. A slow probe whose loop waited points at a thread placed on
+its CPU; one whose loop ran the whole time points at the loop's own work.
+"""
+
+import bisect
+import threading
+import time
+from pathlib import Path
+
+from nanoserve.benchmarks.process_counters import process_tree
+
+PROC = Path("/proc")
+
+
+def engine_core_pid(worker_pid: int) -> int | None:
+    """The worker's engine core: its child running `multiprocessing.spawn` (the tree's first)."""
+    for pid in process_tree(worker_pid)[1:]:
+        try:
+            cmdline = (PROC / str(pid) / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"multiprocessing" in cmdline and b"spawn" in cmdline:
+            return pid
+    return None
+
+
+def read_loop(pid: int) -> tuple[int, int, int, int] | None:
+    """(ns on a CPU, ns waiting for one, involuntary switches, last CPU) of the process's main
+    thread (the engine core's step loop)."""
+    task = PROC / str(pid) / "task" / str(pid)
+    try:
+        on_cpu, wait = map(int, (task / "schedstat").read_text().split()[:2])
+        stat = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        status = (task / "status").read_text()
+    except (OSError, ValueError):
+        return None
+    ics = next(
+        int(line.split(":")[1]) for line in status.splitlines() if line.startswith("nonvoluntary")
+    )
+    return on_cpu, wait, ics, int(stat[36])
+
+
+class StepLoopWatch:
+    """Samples read_loop(pid) every `interval_s` on a daemon thread until stop()."""
+
+    def __init__(self, pid: int, interval_s: float = 0.005) -> None:
+        self.pid, self.interval_s = pid, interval_s
+        self.times: list[float] = []  # time.perf_counter() of each sample
+        self.rows: list[tuple[int, int, int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="step-loop-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            row = read_loop(self.pid)
+            if row is None:
+                return
+            self.times.append(time.perf_counter())
+            self.rows.append(row)
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def window(self, start: float, end: float) -> dict | None:
+        """The loop's CPU %, run-queue wait %, preemptions and CPUs between the samples nearest
+        inside [start, end] (perf_counter times); None with fewer than two samples there."""
+        i = bisect.bisect_left(self.times, start)
+        j = bisect.bisect_right(self.times, end) - 1
+        if j - i < 1:
+            return None
+        wall_ns = (self.times[j] - self.times[i]) * 1e9
+        a, b = self.rows[i], self.rows[j]
+        return dict(
+            cpu_pct=round(100 * (b[0] - a[0]) / wall_ns, 1),
+            wait_pct=round(100 * (b[1] - a[1]) / wall_ns, 1),
+            preemptions=b[2] - a[2],
+            cpus=sorted({row[3] for row in self.rows[i : j + 1]}),
+        )

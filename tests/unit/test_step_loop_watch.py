@@ -1,0 +1,63 @@
+"""benchmarks.step_loop_watch: a probe's window reads the step loop's share of CPU and of run-queue
+wait between the samples inside it, and the engine core is found as the worker's spawned child."""
+
+import os
+import subprocess
+import sys
+import time
+
+from nanoserve.benchmarks.step_loop_watch import StepLoopWatch, read_loop
+
+
+def test_window_reads_the_samples_inside_it() -> None:
+    watch = StepLoopWatch.__new__(StepLoopWatch)  # no thread: samples given
+    watch.times = [0.0, 1.0, 2.0, 3.0]
+    # (ns on a CPU, ns waiting, preemptions, last CPU)
+    watch.rows = [
+        (0, 0, 0, 3),
+        (int(0.5e9), int(0.25e9), 4, 3),
+        (int(1.4e9), int(0.3e9), 9, 5),
+        (0, 0, 0, 0),
+    ]
+    w = watch.window(0.5, 2.5)  # samples 1 and 2
+    assert w == dict(cpu_pct=90.0, wait_pct=5.0, preemptions=5, cpus=[3, 5])
+    assert watch.window(0.5, 1.5) is None  # one sample inside: no interval
+
+
+def test_a_busy_thread_is_watched() -> None:
+    watch = StepLoopWatch(os.getpid(), interval_s=0.002)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.2:  # this main thread: busy
+        pass
+    t1 = time.perf_counter()
+    watch.stop()
+    w = watch.window(t0, t1)
+    assert w is not None and w["cpu_pct"] > 30 and 0 <= w["wait_pct"] <= 100, w
+    assert read_loop(os.getpid()) is not None
+
+
+CHILD = """
+import multiprocessing as mp, os
+from nanoserve.benchmarks.step_loop_watch import engine_core_pid
+
+def idle(q):
+    q.get()
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    child = ctx.Process(target=idle, args=(q,))
+    child.start()
+    print(child.pid, engine_core_pid(os.getpid()))
+    q.put(None)
+    child.join(10)
+"""
+
+
+def test_the_spawned_child_is_the_engine_core(tmp_path) -> None:
+    script = tmp_path / "parent.py"
+    script.write_text(CHILD)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    child, found = out.stdout.split()
+    assert child == found
