@@ -27,8 +27,9 @@ def engine_core_pid(worker_pid: int) -> int | None:
     return None
 
 
-def read_loop(pid: int) -> tuple[int, int, int, int] | None:
-    """(ns on a CPU, ns waiting for one, involuntary switches, last CPU) of the process's main
+def read_loop(pid: int) -> tuple[int, int, int, int, int] | None:
+    """(ns on a CPU, ns waiting for one, involuntary switches (preempted), last CPU, voluntary
+    switches (it slept: a GIL or a lock, a pipe, a blocking CUDA wait)) of the process's main
     thread (the engine core's step loop)."""
     task = PROC / str(pid) / "task" / str(pid)
     try:
@@ -37,10 +38,16 @@ def read_loop(pid: int) -> tuple[int, int, int, int] | None:
         status = (task / "status").read_text()
     except (OSError, ValueError):
         return None
-    ics = next(
-        int(line.split(":")[1]) for line in status.splitlines() if line.startswith("nonvoluntary")
+    switches = {
+        k: int(v) for k, v in (line.split(":") for line in status.splitlines() if "ctxt_sw" in line)
+    }
+    return (
+        on_cpu,
+        wait,
+        switches.get("nonvoluntary_ctxt_switches", 0),
+        int(stat[36]),
+        switches.get("voluntary_ctxt_switches", 0),
     )
-    return on_cpu, wait, ics, int(stat[36])
 
 
 class StepLoopWatch:
@@ -49,7 +56,7 @@ class StepLoopWatch:
     def __init__(self, pid: int, interval_s: float = 0.005) -> None:
         self.pid, self.interval_s = pid, interval_s
         self.times: list[float] = []  # time.perf_counter() of each sample
-        self.rows: list[tuple[int, int, int, int]] = []
+        self.rows: list[tuple[int, int, int, int, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="step-loop-watch", daemon=True)
         self._thread.start()
@@ -68,7 +75,7 @@ class StepLoopWatch:
         self._thread.join(5)
 
     def window(self, start: float, end: float) -> dict | None:
-        """The loop's CPU %, run-queue wait %, preemptions and CPUs between the samples nearest
+        """The loop's CPU %, run-queue wait %, preemptions, sleeps and CPUs between the samples nearest
         inside [start, end] (perf_counter times); None with fewer than two samples there."""
         i = bisect.bisect_left(self.times, start)
         j = bisect.bisect_right(self.times, end) - 1
@@ -80,5 +87,6 @@ class StepLoopWatch:
             cpu_pct=round(100 * (b[0] - a[0]) / wall_ns, 1),
             wait_pct=round(100 * (b[1] - a[1]) / wall_ns, 1),
             preemptions=b[2] - a[2],
+            sleeps=b[4] - a[4],
             cpus=sorted({row[3] for row in self.rows[i : j + 1]}),
         )

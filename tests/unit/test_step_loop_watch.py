@@ -12,15 +12,15 @@ from nanoserve.benchmarks.step_loop_watch import StepLoopWatch, read_loop
 def test_window_reads_the_samples_inside_it() -> None:
     watch = StepLoopWatch.__new__(StepLoopWatch)  # no thread: samples given
     watch.times = [0.0, 1.0, 2.0, 3.0]
-    # (ns on a CPU, ns waiting, preemptions, last CPU)
+    # (ns on a CPU, ns waiting, preemptions, last CPU, sleeps)
     watch.rows = [
-        (0, 0, 0, 3),
-        (int(0.5e9), int(0.25e9), 4, 3),
-        (int(1.4e9), int(0.3e9), 9, 5),
-        (0, 0, 0, 0),
+        (0, 0, 0, 3, 0),
+        (int(0.5e9), int(0.25e9), 4, 3, 10),
+        (int(1.4e9), int(0.3e9), 9, 5, 17),
+        (0, 0, 0, 0, 0),
     ]
     w = watch.window(0.5, 2.5)  # samples 1 and 2
-    assert w == dict(cpu_pct=90.0, wait_pct=5.0, preemptions=5, cpus=[3, 5])
+    assert w == dict(cpu_pct=90.0, wait_pct=5.0, preemptions=5, sleeps=7, cpus=[3, 5])
     assert watch.window(0.5, 1.5) is None  # one sample inside: no interval
 
 
