@@ -43,15 +43,16 @@ def fmt(p: dict | None) -> str:
 
 
 def probe_text(p: dict) -> str:
-    """One one-stream probe: `1.031 (cpu 99 wait 0.4 ics 2 vcs 5 @3)`, the step loop's share of
-    it (CPU %, run-queue wait %, preemptions, sleeps, the CPUs it ran on)."""
+    """One one-stream probe: `1.031 (cpu 99 wait 0.4 ics 2 vcs 5 steal 0.0 @3)`, the step loop's
+    share of it (CPU %, run-queue wait %, preemptions, sleeps, its CPU's steal %, its CPUs)."""
     loop = p.get("step_loop")
     if not loop:
         return f"{p['ms_per_token']}"
     cpus = "/".join(map(str, loop["cpus"]))
     return (
         f"{p['ms_per_token']} (cpu {loop['cpu_pct']:.0f} wait {loop['wait_pct']}"
-        f" ics {loop['preemptions']} vcs {loop.get('sleeps', '-')} @{cpus})"
+        f" ics {loop['preemptions']} vcs {loop.get('sleeps', '-')}"
+        f" steal {loop.get('steal_pct', '-')} @{cpus})"
     )
 
 

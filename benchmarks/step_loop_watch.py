@@ -1,6 +1,7 @@
 """What the engine core's step loop did during each one-stream probe of `bench serving` (issue 29's
 slow probes): a thread samples the loop's Linux counters every few ms (/proc schedstat: time on a
-CPU and time runnable but waiting for one; preemptions; the CPU it ran on), and each probe's window
+CPU and time runnable but waiting for one; preemptions and sleeps; the CPU it ran on and that CPU's
+steal time), and each probe's window
 [sent, end] reads its share of them. A slow probe whose loop waited points at a thread placed on
 its CPU; one whose loop ran the whole time points at the loop's own work.
 """
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 from nanoserve.benchmarks.process_counters import process_tree
+from nanoserve.benchmarks.thread_sample import TICK, cpu_steal
 
 PROC = Path("/proc")
 
@@ -57,6 +59,7 @@ class StepLoopWatch:
         self.pid, self.interval_s = pid, interval_s
         self.times: list[float] = []  # time.perf_counter() of each sample
         self.rows: list[tuple[int, int, int, int, int]] = []
+        self.steals: list[dict[int, int]] = []  # each CPU's steal ticks at each sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="step-loop-watch", daemon=True)
         self._thread.start()
@@ -68,6 +71,7 @@ class StepLoopWatch:
                 return
             self.times.append(time.perf_counter())
             self.rows.append(row)
+            self.steals.append(cpu_steal())
             self._stop.wait(self.interval_s)
 
     def stop(self) -> None:
@@ -75,8 +79,9 @@ class StepLoopWatch:
         self._thread.join(5)
 
     def window(self, start: float, end: float) -> dict | None:
-        """The loop's CPU %, run-queue wait %, preemptions, sleeps and CPUs between the samples nearest
-        inside [start, end] (perf_counter times); None with fewer than two samples there."""
+        """The loop's CPU %, run-queue wait %, preemptions, sleeps, its CPUs' steal % (the
+        hypervisor's) and the CPUs between the samples nearest inside [start, end] (perf_counter
+        times); None with fewer than two samples there."""
         i = bisect.bisect_left(self.times, start)
         j = bisect.bisect_right(self.times, end) - 1
         if j - i < 1:
@@ -88,5 +93,17 @@ class StepLoopWatch:
             wait_pct=round(100 * (b[1] - a[1]) / wall_ns, 1),
             preemptions=b[2] - a[2],
             sleeps=b[4] - a[4],
+            # each interval's steal on the CPU the loop was on at its end (ticks of 1/TICK s)
+            steal_pct=round(
+                100
+                * sum(
+                    self.steals[k + 1].get(self.rows[k + 1][3], 0)
+                    - self.steals[k].get(self.rows[k + 1][3], 0)
+                    for k in range(i, j)
+                )
+                / TICK
+                / (wall_ns / 1e9),
+                1,
+            ),
             cpus=sorted({row[3] for row in self.rows[i : j + 1]}),
         )

@@ -69,6 +69,22 @@ def snapshot(prefix: str) -> dict[tuple[int, int], ThreadRow]:
     return out
 
 
+def cpu_steal() -> dict[int, int]:
+    """Each CPU's steal ticks so far (/proc/stat: time its hypervisor ran something else while
+    this guest CPU had work; 0 on bare metal). A thread slowed with no run-queue wait of its own
+    may have lost its CPU to the host."""
+    out: dict[int, int] = {}
+    try:
+        lines = (PROC / "stat").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name != "cpu" and len(fields) > 7:
+            out[int(name[3:])] = int(fields[7])
+    return out
+
+
 def cpu_mhz() -> dict[int, float]:
     """Each CPU's clock now (/proc/cpuinfo; fixed on hosts that do not report it)."""
     out: dict[int, float] = {}
@@ -92,9 +108,11 @@ def busiest(
     seconds: float,
     top: int,
     mhz: dict[int, float] | None = None,
+    steal: tuple[dict[int, int], dict[int, int]] | None = None,
 ) -> list[str]:
     """The `top` threads by CPU between two snapshots, one line each: CPU %, run-queue wait %
-    (runnable but not running: preempted or not yet placed), last CPU and its MHz, switches."""
+    (runnable but not running: preempted or not yet placed), last CPU, its MHz and its steal %
+    over the interval (`steal`: cpu_steal() before and after), switches."""
     rows = []
     for key, a in after.items():
         if (b := before.get(key)) is not None:
@@ -102,9 +120,15 @@ def busiest(
             rows.append((pct, 100 * (a.wait_s - b.wait_s) / seconds, key, a, b))
     rows.sort(key=lambda r: r[0], reverse=True)
     mhz = mhz or {}
+    s0, s1 = steal or ({}, {})
+
+    def stolen(cpu: int) -> float:
+        return 100 * (s1.get(cpu, 0) - s0.get(cpu, 0)) / TICK / seconds
+
     return [
         f"  {pid:>7} {tid:>7} {pct:5.1f}% wait {wait:4.1f}% cpu{a.psr:<3}"
-        f" {mhz.get(a.psr, 0):5.0f}MHz vcs {a.voluntary - b.voluntary:>5}"
+        f" {mhz.get(a.psr, 0):5.0f}MHz steal {stolen(a.psr):4.1f}%"
+        f" vcs {a.voluntary - b.voluntary:>5}"
         f" ics {a.involuntary - b.involuntary:>4} {a.name}"
         for pct, wait, (pid, tid), a, b in rows[:top]
     ]
@@ -126,14 +150,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     before, t0, n = snapshot(args.prefix), time.monotonic(), 0
+    steal0 = cpu_steal()
     while args.samples == 0 or n < args.samples:
         time.sleep(args.interval)
-        after, t1 = snapshot(args.prefix), time.monotonic()
+        after, t1, steal1 = snapshot(args.prefix), time.monotonic(), cpu_steal()
         stamp = (
             time.strftime("%H:%M:%S", time.localtime()) + f".{int(time.time() * 1000) % 1000:03d}"
         )
-        print(stamp, *busiest(before, after, t1 - t0, args.top, cpu_mhz()), sep="\n", flush=True)
-        before, t0, n = after, t1, n + 1
+        lines = busiest(before, after, t1 - t0, args.top, cpu_mhz(), (steal0, steal1))
+        print(stamp, *lines, sep="\n", flush=True)
+        before, t0, steal0, n = after, t1, steal1, n + 1
 
 
 if __name__ == "__main__":

@@ -63,3 +63,16 @@ def test_two_spinners_on_one_cpu_each_wait_for_it() -> None:
         wait = float(line.split("wait")[1].split("%")[0])
         assert wait > 20, line  # ~50% each: the other holds the CPU
         assert f"cpu{cpu} " in line
+
+
+def test_steal_is_read_for_every_cpu() -> None:
+    """/proc/stat's steal ticks, one count a CPU (0 on bare metal), never decreasing."""
+    import os
+
+    first = thread_sample.cpu_steal()
+    assert set(os.sched_getaffinity(0)) <= set(first)
+    time.sleep(0.05)
+    second = thread_sample.cpu_steal()
+    assert all(second[c] >= first[c] >= 0 for c in first)
+    line = thread_sample.busiest({}, {}, 1.0, 1, steal=(first, second))
+    assert line == []  # no thread in both snapshots: nothing listed

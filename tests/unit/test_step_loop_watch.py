@@ -7,6 +7,7 @@ import sys
 import time
 
 from nanoserve.benchmarks.step_loop_watch import StepLoopWatch, read_loop
+from nanoserve.benchmarks.thread_sample import TICK
 
 
 def test_window_reads_the_samples_inside_it() -> None:
@@ -19,8 +20,17 @@ def test_window_reads_the_samples_inside_it() -> None:
         (int(1.4e9), int(0.3e9), 9, 5, 17),
         (0, 0, 0, 0, 0),
     ]
+    # steal ticks by CPU: CPU 5 (where the loop was at sample 2) lost 10 ticks between 1 and 2
+    watch.steals = [{3: 0, 5: 0}, {3: 4, 5: 100}, {3: 50, 5: 110}, {}]
     w = watch.window(0.5, 2.5)  # samples 1 and 2
-    assert w == dict(cpu_pct=90.0, wait_pct=5.0, preemptions=5, sleeps=7, cpus=[3, 5])
+    assert w == dict(
+        cpu_pct=90.0,
+        wait_pct=5.0,
+        preemptions=5,
+        sleeps=7,
+        steal_pct=round(100 * 10 / TICK, 1),
+        cpus=[3, 5],
+    )
     assert watch.window(0.5, 1.5) is None  # one sample inside: no interval
 
 
