@@ -225,8 +225,8 @@ class WorkerConfig(EngineConfig, ServiceConfig):
             "help": "CPUs (a list like 3 or 2-3) for the engine core's step loop alone: the "
             "worker's other threads and processes keep off them. The step loop spins while it "
             "waits for the GPU, so a thread the kernel wakes beside it takes time from it; give "
-            "the frontends the other CPUs too (taskset, a container's cpuset). Empty: the OS "
-            "places every thread"
+            "the frontends the other CPUs too (nanoserve serve does; else taskset, a container's "
+            "cpuset). Empty: the OS places every thread"
         },
     )
     # ---- operating it: hostile-list bounds ----

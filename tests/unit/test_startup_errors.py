@@ -159,6 +159,11 @@ def test_serve_busy_frontend_port(busy_port: int, qwen_dir: Path) -> None:
     assert_one_line(done, "nanoserve serve: error:", f"--port {busy_port}", "already in use")
 
 
+def test_serve_engine_core_cpus_it_may_not_use(qwen_dir: Path) -> None:
+    done = serve("--model", str(qwen_dir), "--engine-core-cpus", "8000")
+    assert_one_line(done, "nanoserve serve: error:", "engine_core_cpus 8000", "no thread may run")
+
+
 def test_serve_missing_tokenizer(qwen_dir: Path) -> None:
     (qwen_dir / "tokenizer.json").unlink()
     assert_one_line(serve("--model", str(qwen_dir), "--port", "0"), "no tokenizer.json")
