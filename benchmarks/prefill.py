@@ -2,7 +2,8 @@
 request alone, by prompt length. Prints JSON; figures, never pass/fail.
 
 Host time: prepare_prefill + ModelRunner.execute (forward + LM head) returning, while the GPU is
-held busy by a sleep kernel, so nothing the host does waits for the GPU. GPU time: CUDA events
+held busy by a sleep kernel, so nothing the host does waits for the GPU; split by phase for a
+graphed step (host_split_us), and the decode graphs' replay alone at batch 1, 8 and 64. GPU time: CUDA events
 around the same step, whose kernels are all queued before the GPU reaches the first one.
 
     python -m nanoserve.benchmarks.prefill [--model DIR | --shape qwen3-0.6b] [--enforce-eager]
@@ -42,6 +43,91 @@ def step_times(llm, prompt: list[int]) -> tuple[float, float]:
     torch.cuda.synchronize()
     bm.deallocate(seq)
     return host, start.elapsed_time(end)
+
+
+def host_split_us(llm, prompt: list[int]) -> dict[str, float]:
+    """µs of each host phase of one prefill step of `prompt` through a prefill graph, the GPU held
+    busy (as step_times): prepare, load_inputs (pinned copy, casts, context), the graph's run (its
+    buffer copies and the replay), one more replay of that graph alone (the launch's own cost),
+    the LM head of the last row. {} where the step runs eagerly (no graph, or SDPA)."""
+    import torch
+
+    from nanoserve.worker import SamplingParams
+    from nanoserve.worker.layers.context import get_context, reset_context
+    from nanoserve.worker.runner.prefill_graph import takes_sdpa
+    from nanoserve.worker.sequence import Sequence
+
+    runner, bm = llm.model_runner, llm.block_manager
+    graphs = getattr(runner, "prefill_graphs", None)
+    seq = Sequence(prompt, SamplingParams())
+    bm.allocate(seq)
+    seq.num_scheduled_tokens = len(prompt) - seq.num_computed_tokens
+    marks: list[float] = []
+    try:
+        x = runner.prepare_prefill([seq])
+        n = len(x.input_ids)
+        if graphs is None or not graphs.can_run(n) or takes_sdpa(x, runner.sdpa_lengths):
+            return {}
+        torch.cuda.synchronize()
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU cycles: the host never waits
+        with torch.inference_mode():
+            marks.append(time.perf_counter())
+            x = runner.prepare_prefill([seq])
+            marks.append(time.perf_counter())
+            ids, positions, rows = runner.load_inputs(x)
+            marks.append(time.perf_counter())
+            hidden = graphs.run(ids, positions, get_context())
+            marks.append(time.perf_counter())
+            graphs.steps[n]()
+            marks.append(time.perf_counter())
+            reset_context()
+            runner.model.compute_logits(hidden[rows[:1]])
+            marks.append(time.perf_counter())
+        torch.cuda.synchronize()
+    finally:
+        reset_context()
+        bm.deallocate(seq)
+    names = ("prepare", "load_inputs", "graph_run", "replay_alone", "lm_head")
+    return {k: round((b - a) * 1e6, 1) for k, a, b in zip(names, marks, marks[1:])}
+
+
+def decode_replay_us(llm, batch: int = 1, replays: int = 20) -> float | None:
+    """µs of host time one replay of the decode graph for `batch` rows takes (the median of
+    `replays`, the GPU held busy): the launch's own share of a decode step's host time. The graph
+    runs on whatever its buffers hold (this process serves nothing meanwhile)."""
+    import torch
+
+    graphs = getattr(llm.model_runner, "graphs", None)
+    if graphs is None or batch not in graphs.graphs:
+        return None
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)
+    times = []
+    for _ in range(replays):
+        t0 = time.perf_counter()
+        graphs.graphs[batch].replay()
+        times.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return round(statistics.median(times), 1)
+
+
+def guarded(measure):
+    """measure(), or its error as text: a diagnostic that fails keeps the run's other figures."""
+    try:
+        return measure()
+    except Exception as e:  # noqa: BLE001 - reported in the JSON, not raised
+        return f"failed: {type(e).__name__}: {e}"[:200]
+
+
+def median_split(llm, first: list[int], prompt) -> dict | str:
+    """The median µs of each host phase over 5 graphed steps (after `first`, a warm-up)."""
+
+    def measure() -> dict:
+        host_split_us(llm, first)
+        splits = [host_split_us(llm, prompt(len(first))) for _ in range(5)]
+        return {k: statistics.median(s[k] for s in splits) for k in splits[0]}
+
+    return guarded(measure)
 
 
 def ttft_ms(llm, prompt: list[int]) -> float:
@@ -158,6 +244,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(
             dict(
                 prompt_tokens=n,
+                host_split_us=median_split(llm, prompt(n), prompt),
                 host_ms=round(host, 3),
                 gpu_ms=round(gpu, 3),
                 host_share_of_step=round(host / max(host, gpu), 3),
@@ -190,6 +277,7 @@ def main(argv: list[str] | None = None) -> None:
                     if graphs is not None
                 },
                 cuda_graph_mib=round(getattr(runner, "graph_memory_bytes", 0) / 2**20),
+                decode_replay_us=guarded(lambda: {b: decode_replay_us(llm, b) for b in (1, 8, 64)}),
                 gpu=torch.cuda.get_device_name(),
                 steps=rows,
             ),
