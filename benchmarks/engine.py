@@ -65,6 +65,7 @@ def bench_throughput(llm, args) -> dict:
     if args.breakdown:  # a second, instrumented run: where a step's time goes
         b = step_breakdown(llm)
         llm.generate(prompts[:n], params, use_tqdm=False)
+        restore(b)
         res["ms_per_call"] = report_breakdown(b)
     sol = H200_SPEED_OF_LIGHT.get(args.shape) if not args.model else None
     if sol:
@@ -72,16 +73,22 @@ def bench_throughput(llm, args) -> dict:
     return res
 
 
-def step_breakdown(llm) -> dict:
-    """Wrap the engine's per-step stages with timers (ms per call, averaged over decode steps)."""
+def step_breakdown(llm, gpu_waits: bool = False) -> dict:
+    """Wrap the engine's per-step stages with timers (ms per call, averaged over decode steps).
+    gpu_waits: the waits for the GPU too (an event's synchronize: the sampled ids' copy to the
+    host under lookahead; a tensor's tolist: the ids without it) and each CUDA graph's replay
+    (its launch), so that an engine step less its waits is the host's own work. Process-wide:
+    for a benchmark process only."""
     import collections
 
     totals: dict[str, float] = collections.defaultdict(float)
     counts: dict[str, int] = collections.defaultdict(int)
+    wrapped: list[tuple[object, str, object]] = []  # (owner, name, original): restore()
     runner = getattr(llm.model_runner, "runner", llm.model_runner)
 
     def timed(obj, name, label):
         fn = getattr(obj, name)
+        wrapped.append((obj, name, vars(obj).get(name)))  # its own, not an inherited one
 
         def wrapper(*a, **kw):
             t = time.perf_counter()
@@ -98,7 +105,29 @@ def step_breakdown(llm) -> dict:
     timed(runner, "prepare_sample", "prepare_sample")
     timed(runner, "run", "run (incl. GPU)")
     timed(llm, "step", "engine step")
-    return {"totals": totals, "counts": counts}
+    if gpu_waits:
+        import torch
+
+        timed(torch.cuda.Event, "synchronize", "wait: event synchronize")
+        timed(torch.Tensor, "tolist", "wait: tensor tolist")
+        timed(torch.cuda.CUDAGraph, "replay", "graph replay (launch)")
+    return {"totals": totals, "counts": counts, "wrapped": wrapped}
+
+
+def restore(b: dict) -> None:
+    """Undo step_breakdown's timers: each class or instance gets back what it held itself, or
+    loses the wrapper where it inherited the method."""
+    for obj, name, original in reversed(b["wrapped"]):
+        if original is not None:
+            setattr(obj, name, original)
+        else:
+            delattr(obj, name)
+
+
+def calls_per_step(b: dict) -> dict:
+    """How often each timed stage ran per engine step."""
+    steps = max(1, b["counts"].get("engine step", 0))
+    return {k: round(v / steps, 2) for k, v in b["counts"].items()}
 
 
 def report_breakdown(b: dict) -> dict:
@@ -134,11 +163,23 @@ def bench_latency(llm, args) -> dict:
     short, long = (statistics.median(timings[n]) for n in (1, steps + 1))
     # each repeat's pace too: a slow mode in some repeats (issue 29's one-stream probes) shows here
     runs = [round(1000 * (t - short) / steps, 3) for t in timings[steps + 1]]
-    return dict(
+    res: dict[str, Any] = dict(
         context=args.context,
         ms_per_token=round(1000 * (long - short) / steps, 3),
         ms_per_token_runs=runs,
     )
+    if args.breakdown:  # one more run, instrumented: a batch-1 step's host work and its waits
+        b = step_breakdown(llm, gpu_waits=True)
+        llm.generate(
+            [prompt],
+            SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True),
+            use_tqdm=False,
+        )
+        sync(llm)
+        restore(b)
+        res["ms_per_call"] = report_breakdown(b)
+        res["calls_per_step"] = calls_per_step(b)
+    return res
 
 
 def bench_profile(llm, args) -> dict:
@@ -308,7 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--breakdown",
         action="store_true",
-        help="throughput: rerun with timers around each stage of a step",
+        help="throughput, latency: rerun with timers around each stage of a step (latency: and "
+        "around the waits for the GPU and the graph launches: the host's own work a step)",
     )
     return p
 

@@ -31,6 +31,7 @@
 #   onestream_engine: (issue 29) the one-stream probes' shape in the engine alone, each run's pace
 #   onestream: (issue 29) 20 one-stream probes a path, the CPU topology, where threads ran
 #   onestream_pinned: (issue 29) the same with the engine core's step loop alone on CPU 0
+#   host_split: a batch-1 step's host work, its GPU waits and graph launches (latency --breakdown)
 #   owed29:  (issue 29) planned steps' stalls, one-stream probes, both OpenAI endpoints, Poisson
 #            over 2 connections, in one call (carry the gateway wheels)
 #   gateway: bench serving offline, through the frontend, straight to the worker and through the
@@ -372,6 +373,11 @@ case $mode in
     for v in ${AB_VARIANTS:-before now before now}; do
       i=$((i + 1)); step "ab_${i}_$v" 100 $py -m nanoserve.benchmarks.variants "$v" ${AB_ARGS:-}
     done
+    ;;
+  host_split)  # issues 29/34: a batch-1 step's host work against its waits for the GPU and its
+    # graph launches (bench latency --breakdown), the one-stream probes' shape (600-token prompt)
+    step engine_host_split 120 $bench latency --context 600 --decode-tokens 256 \
+      --latency-repeats 3 --breakdown
     ;;
   batch1)  # issue 34: a batch-1 decode step's kernels without and with --decode-fusions; PDL
     # off, since under it a kernel's time includes its wait for the one before
