@@ -20,6 +20,8 @@ machine (the same code moves ~8% between machines). `gpu_run.sh ab` runs AB_VARI
   splits8    the code as it is with at most 8 decode-attention shares a (sequence, kv head) (16):
              at batch 1 and 1,024 tokens, 8 shares of 128 tokens instead of 16 of 64
   splits4    the same with at most 4 shares (4 of 256 tokens)
+  blockwait  the code as it is with the host's wait for each step's sampled ids sleeping until the
+             GPU signals instead of spinning (worker.runner.host_copy.BLOCKING_WAIT): its cost
   now        the code as it is
 """
 
@@ -31,7 +33,7 @@ import triton
 
 from nanoserve.benchmarks import engine
 from nanoserve.worker.kernels import decode_rules, pdl, skinny_gemm, split_k_gemm
-from nanoserve.worker.runner import graph_capture, sampler
+from nanoserve.worker.runner import graph_capture, host_copy, sampler
 
 VARIANTS = (
     "before",
@@ -47,6 +49,7 @@ VARIANTS = (
     "emptycache",
     "splits8",
     "splits4",
+    "blockwait",
     "now",
 )
 
@@ -77,6 +80,8 @@ def apply(variant: str) -> None:
         os.environ["TRITON_CACHE_DIR"] = os.path.expanduser("~/.triton/cache-notrigger")
     if variant == "prefetch":
         skinny_gemm.PREFETCH_WEIGHTS = True
+    if variant == "blockwait":
+        host_copy.BLOCKING_WAIT = True
     if variant == "emptycache":
         graph_capture.EMPTY_CACHE_PER_CAPTURE = True
     if variant in ("splits8", "splits4"):  # read at each launch's rule (choose_num_splits)

@@ -8,7 +8,7 @@ import torch
 
 from nanoserve.benchmarks import variants
 from nanoserve.worker.kernels import decode_rules, skinny_gemm, split_k_gemm
-from nanoserve.worker.runner import graph_capture, sampler
+from nanoserve.worker.runner import graph_capture, host_copy, sampler
 
 
 @pytest.fixture
@@ -21,6 +21,7 @@ def restored(monkeypatch):
         (graph_capture, "EMPTY_CACHE_PER_CAPTURE"),
         (skinny_gemm, "PREFETCH_WEIGHTS"),
         (decode_rules, "MAX_SPLITS"),
+        (host_copy, "BLOCKING_WAIT"),
     ]:
         monkeypatch.setattr(module, name, getattr(module, name))
     monkeypatch.setattr(split_k_gemm, "CONFIGS", dict(split_k_gemm.CONFIGS))
@@ -45,6 +46,7 @@ def test_each_variant_swaps_its_rules(restored, variant):
     assert (not decode_rules.TILE_RULES) == (pdl_off or variant == "onetile")
     assert graph_capture.EMPTY_CACHE_PER_CAPTURE == (variant == "emptycache")
     assert skinny_gemm.PREFETCH_WEIGHTS == (variant == "prefetch")
+    assert host_copy.BLOCKING_WAIT == (variant == "blockwait")
     assert decode_rules.MAX_SPLITS == {"splits8": 8, "splits4": 4}.get(variant, 16)
     assert restored == (["cublaslt"] if variant == "cublaslt" else [])
 

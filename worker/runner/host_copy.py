@@ -43,6 +43,13 @@ def to_device(
     return out
 
 
+# The host's wait for a step's sampled ids (ModelRunner, lookahead) spins on its CPU by CUDA's
+# default (a host with more cores than GPUs); True: it sleeps until the GPU signals
+# (cudaEventBlockingSync), leaving the CPU to other threads at the cost of a wake-up a step.
+# benchmarks.variants `blockwait` measures that cost.
+BLOCKING_WAIT = False
+
+
 def to_host_async(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
     """Start copying CUDA tensor t into pinned host memory on a side stream, after the work the
     current stream has queued: (the host tensor, an event to wait on before reading it). The
@@ -52,7 +59,7 @@ def to_host_async(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
     with torch.cuda.stream(side):
         host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         host.copy_(t, non_blocking=True)
-        copied = torch.cuda.Event()
+        copied = torch.cuda.Event(blocking=BLOCKING_WAIT)
         copied.record(side)
     t.record_stream(side)
     return host, copied
