@@ -30,7 +30,7 @@
 #   poisson: (issue 29) Poisson arrivals at POISSON_RATES, the engine alone and through the frontends
 #   onestream_engine: (issue 29) the one-stream probes' shape in the engine alone, each run's pace
 #   onestream: (issue 29) 20 one-stream probes a path, the CPU topology, where threads ran
-#   onestream_pinned: (issue 29) the same with the engine core's step loop alone on CPU 0
+#   onestream_pinned: (issue 29) the same with the engine core's step loop alone on the last CPU
 #   host_split: a batch-1 step's host work, its GPU waits and graph launches (latency --breakdown)
 #   owed29:  (issue 29) planned steps' stalls, one-stream probes, both OpenAI endpoints, Poisson
 #            over 2 connections, in one call (carry the gateway wheels)
@@ -333,15 +333,18 @@ case $mode in
       --target both --one-stream-runs 20
     kill $sampler $clocks 2>/dev/null
     ;;
-  onestream_pinned)  # issue 29: onestream's probes with the engine core's step loop on CPU 0
-    # alone (--engine-core-cpus 0) and every other process of the run (services, clients) on the
-    # other CPUs: slow probes here too, or gone? (the step loop spins on the GPU; a thread woken
-    # beside it takes its CPU). threads.log's "wait" is each thread's time runnable but not running
+  onestream_pinned)  # issue 29: onestream's probes with the engine core's step loop alone on the
+    # last CPU (--engine-core-cpus; the last, not 0: CPU 0 takes most interrupts by default) and
+    # every other process of the run (services, clients) on the others: slow probes here too, or
+    # gone? (the step loop spins on the GPU; a thread woken beside it takes its CPU). Each probe's
+    # step-loop counters are in the JSON; threads_pinned.log's "wait" is each thread's time
+    # runnable but not running
     last=$(( $(nproc) - 1 ))
     $py -m nanoserve.benchmarks.thread_sample --interval 0.25 > "$out/threads_pinned.log" 2>&1 &
     sampler=$!
-    step serving_one_stream20_pinned 240 taskset -c 1-$last $serving --num-prompts 256 --runs 2 \
-      --warmup light --target both --one-stream-runs 20 --worker-args "--engine-core-cpus 0"
+    step serving_one_stream20_pinned 240 taskset -c 0-$(( last - 1 )) $serving --num-prompts 256 \
+      --runs 2 --warmup light --target both --one-stream-runs 20 \
+      --worker-args "--engine-core-cpus $last"
     kill $sampler 2>/dev/null
     ;;
   ttft3)  # issue 29: the first-of-a-length TTFT check, three times in fresh processes (flaky?)
