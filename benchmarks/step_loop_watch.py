@@ -1,5 +1,5 @@
 """What the engine core's step loop did during each one-stream probe of `bench serving` (issue 29's
-slow probes): a thread samples the loop's Linux counters every few ms (/proc schedstat: time on a
+slow probes): a thread samples the loop's Linux counters every 20 ms (/proc schedstat: time on a
 CPU and time runnable but waiting for one; preemptions and sleeps; the CPU it ran on and that CPU's
 steal time), and each probe's window
 [sent, end] reads its share of them. A slow probe whose loop waited points at a thread placed on
@@ -55,7 +55,7 @@ def read_loop(pid: int) -> tuple[int, int, int, int, int] | None:
 class StepLoopWatch:
     """Samples read_loop(pid) every `interval_s` on a daemon thread until stop()."""
 
-    def __init__(self, pid: int, interval_s: float = 0.005) -> None:
+    def __init__(self, pid: int, interval_s: float = 0.02) -> None:
         self.pid, self.interval_s = pid, interval_s
         self.times: list[float] = []  # time.perf_counter() of each sample
         self.rows: list[tuple[int, int, int, int, int]] = []
@@ -80,11 +80,11 @@ class StepLoopWatch:
 
     def window(self, start: float, end: float) -> dict | None:
         """The loop's CPU %, run-queue wait %, preemptions, sleeps, its CPUs' steal % (the
-        hypervisor's) and the CPUs between the samples nearest inside [start, end] (perf_counter
-        times); None with fewer than two samples there."""
-        i = bisect.bisect_left(self.times, start)
-        j = bisect.bisect_right(self.times, end) - 1
-        if j - i < 1:
+        hypervisor's) and the CPUs between the samples that enclose [start, end] (perf_counter
+        times; a window shorter than the interval reads one interval); None without two."""
+        i = max(0, bisect.bisect_right(self.times, start) - 1)  # the last sample at or before
+        j = min(len(self.times) - 1, bisect.bisect_left(self.times, end))  # the first at or after
+        if j <= i:
             return None
         wall_ns = (self.times[j] - self.times[i]) * 1e9
         a, b = self.rows[i], self.rows[j]

@@ -22,7 +22,7 @@ def test_window_reads_the_samples_inside_it() -> None:
     ]
     # steal ticks by CPU: CPU 5 (where the loop was at sample 2) lost 10 ticks between 1 and 2
     watch.steals = [{3: 0, 5: 0}, {3: 4, 5: 100}, {3: 50, 5: 110}, {}]
-    w = watch.window(0.5, 2.5)  # samples 1 and 2
+    w = watch.window(1.0, 2.0)  # samples 1 and 2
     assert w == dict(
         cpu_pct=90.0,
         wait_pct=5.0,
@@ -31,7 +31,8 @@ def test_window_reads_the_samples_inside_it() -> None:
         steal_pct=round(100 * 10 / TICK, 1),
         cpus=[3, 5],
     )
-    assert watch.window(0.5, 1.5) is None  # one sample inside: no interval
+    assert watch.window(1.2, 1.8) == w  # inside one interval: that interval
+    assert watch.window(3.5, 4.0) is None  # past the last sample: nothing encloses it
 
 
 def test_a_busy_thread_is_watched() -> None:
