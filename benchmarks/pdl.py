@@ -1,8 +1,11 @@
 """What programmatic dependent launch saves a kernel boundary inside a CUDA graph (H100/H200):
-chains of small Triton kernels, alone and after cuBLAS GEMMs, launched plainly or with PDL
+chains of small Triton kernels, alone and after cuBLAS GEMMs, launched plainly or with PDL; and
+what a graph's launch costs the host by its kernel count, with and without PDL
 (`python -m nanoserve.benchmarks.pdl`; prints one JSON line per chain)."""
 
 import json
+import statistics
+import time
 
 import torch
 import triton
@@ -60,7 +63,41 @@ def chain_us(rows: int, width: int, links: int, gemm: bool, pdl: bool, early: bo
     return 1e3 * start.elapsed_time(end) / reps / links
 
 
+def launch_us(kernels: int, pdl: bool) -> float:
+    """Host µs of one replay of a graph of `kernels` small Triton kernels (with or without the
+    PDL attribute), the GPU held busy so the host never waits: what a graph's launch costs the
+    host as its node count grows (a batch-1 decode graph holds ~260)."""
+    a = torch.randn(16, 1024, device="cuda", dtype=torch.bfloat16)
+    b = torch.empty_like(a)
+
+    def body() -> None:
+        for _ in range(kernels // 2):
+            _scale(a, b, pdl, False)
+            _scale(b, a, pdl, False)
+
+    body()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(20):
+        torch.cuda._sleep(20_000_000)  # ~10 ms of GPU cycles ahead of each replay
+        t0 = time.perf_counter()
+        graph.replay()
+        times.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def main() -> None:
+    for kernels in (2, 64, 256, 512):
+        launch: dict[str, object] = dict(bench="graph_launch", kernels=kernels)
+        for name, pdl in (("plain", False), ("pdl", True)):
+            launch[f"{name}_host_us"] = round(launch_us(kernels, pdl), 1)
+        print(json.dumps(launch), flush=True)
     for gemm in (False, True):
         for rows, width in ((16, 1024), (128, 1024), (256, 4096)):
             row: dict[str, object] = dict(

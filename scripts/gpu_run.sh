@@ -381,6 +381,7 @@ case $mode in
     # graph launches (bench latency --breakdown), the one-stream probes' shape (600-token prompt)
     step engine_host_split 120 $bench latency --context 600 --decode-tokens 256 \
       --latency-repeats 3 --breakdown
+    step pdl 90 $py -m nanoserve.benchmarks.pdl  # its graph_launch rows: host µs by kernel count
     ;;
   batch1)  # issue 34: a batch-1 decode step's kernels without and with --decode-fusions; PDL
     # off, since under it a kernel's time includes its wait for the one before
