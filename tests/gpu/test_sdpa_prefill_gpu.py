@@ -53,3 +53,21 @@ def test_sdpa_prefill_agrees_with_the_triton_kernel_and_builds_its_plans_at_star
         )
     assert min(agreement) >= 0.99
     assert mallocs == 0
+
+
+def test_cudnn_runs_the_prompt_layout(capsys):
+    """The path is only worth its flag where torch picks cuDNN for it: with q, k, v as the qkv
+    projection's column slices, or else after the copy sdpa_prefill makes (cudnn_takes)."""
+    from nanoserve.worker.layers.attention import cudnn_takes
+
+    n, hq, hkv, d = 4096, 16, 8, 128
+    qkv = torch.randn(n, (hq + 2 * hkv) * d, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q, k, v = q.view(n, hq, d), k.view(n, hkv, d), v.view(n, hkv, d)
+    views = cudnn_takes(*(x.unsqueeze(0).transpose(1, 2) for x in (q, k, v)))
+    dense = cudnn_takes(*(x.contiguous().unsqueeze(0).transpose(1, 2) for x in (q, k, v)))
+    with capsys.disabled():
+        print(
+            f"\n[gpu] cuDNN SDPA takes the qkv slices as they are: {views}; dense copies: {dense}"
+        )
+    assert views or dense

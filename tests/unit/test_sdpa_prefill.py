@@ -126,3 +126,15 @@ def test_an_sdpa_step_gives_the_reference_forward_and_cache():
     for layer, k, v in zip(layers, ref_k, ref_v):  # the same k/v at the same slots
         torch.testing.assert_close(layer.k_cache, k, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(layer.v_cache, v, atol=1e-5, rtol=1e-5)
+
+
+def test_cudnn_takes_is_asked_once_per_layout() -> None:
+    """On the CPU no cuDNN: False (sdpa_prefill then copies q, k, v dense), remembered by layout."""
+    from nanoserve.worker.layers import attention
+
+    q = torch.randn(1, 4, 32, 16).transpose(1, 2).contiguous().transpose(1, 2)
+    k = torch.randn(1, 2, 32, 16)
+    before = len(attention._CUDNN_TAKES)
+    assert attention.cudnn_takes(q, k, k) is False
+    assert attention.cudnn_takes(q, k, k) is False
+    assert len(attention._CUDNN_TAKES) == before + 1

@@ -123,6 +123,25 @@ def _given(t: torch.Tensor | None) -> torch.Tensor:
     return t
 
 
+_CUDNN_TAKES: dict[tuple, bool] = {}
+
+
+def cudnn_takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether torch's cuDNN SDPA runs on these (1, H, N, D) views as they are, causal, with GQA:
+    some torch versions accept only q, k, v each dense in (N, H, D) (cuDNN's "unpacked" layout),
+    not the qkv projection's column slices. By shape and strides, asked once each."""
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device)
+    if key not in _CUDNN_TAKES:
+        try:
+            from torch.backends.cuda import SDPAParams, can_use_cudnn_attention
+
+            params = SDPAParams(q, k, v, None, 0.0, True, True)
+            _CUDNN_TAKES[key] = bool(can_use_cudnn_attention(params, False))
+        except (ImportError, TypeError, RuntimeError):  # another torch's signature: copy
+            _CUDNN_TAKES[key] = False
+    return _CUDNN_TAKES[key]
+
+
 class Attention(nn.Module):
     """One layer's attention; the runner assigns k_cache/v_cache views after sizing the cache."""
 
@@ -231,6 +250,8 @@ class Attention(nn.Module):
 
         backends = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
         qt, kt, vt = (x.unsqueeze(0).transpose(1, 2) for x in (q, k, v))  # (1, H, N, D) views
+        if not cudnn_takes(qt, kt, vt):  # q, k, v are column slices of the qkv projection
+            qt, kt, vt = (x.contiguous().unsqueeze(0).transpose(1, 2) for x in (q, k, v))
         with sdpa_kernel(backends, set_priority=True):
             o = F.scaled_dot_product_attention(
                 qt, kt, vt, is_causal=True, scale=self.scale, enable_gqa=True
