@@ -25,7 +25,9 @@ class FakeLLM:
 def test_latency_is_the_median_difference(monkeypatch):
     llm = FakeLLM()
     monkeypatch.setattr(engine.time, "perf_counter", llm.clock)
-    args = SimpleNamespace(context=16, decode_tokens=8, latency_repeats=engine.LATENCY_REPEATS)
+    args = SimpleNamespace(
+        context=16, decode_tokens=8, latency_repeats=engine.LATENCY_REPEATS, breakdown=False
+    )
     res = engine.bench_latency(llm, args)
     assert res == dict(context=16, ms_per_token=1.0, ms_per_token_runs=[1.0] * 3)
     assert llm.calls == [2] + [1, 9] * engine.LATENCY_REPEATS
@@ -43,6 +45,38 @@ def test_each_repeat_s_pace_is_listed(monkeypatch):
 
     llm.generate = generate
     monkeypatch.setattr(engine.time, "perf_counter", llm.clock)
-    res = engine.bench_latency(llm, SimpleNamespace(context=16, decode_tokens=8, latency_repeats=5))
+    args = SimpleNamespace(context=16, decode_tokens=8, latency_repeats=5, breakdown=False)
+    res = engine.bench_latency(llm, args)
     assert res["ms_per_token"] == 1.0
     assert res["ms_per_token_runs"] == [1.0, 1.0, 1.5, 1.0, 1.0]
+
+
+def test_breakdown_times_one_more_run_by_stage(monkeypatch):
+    """--breakdown: one more, instrumented run; each stage's ms a call and calls a step, the
+    engine's methods its own again afterwards."""
+
+    class Stepping(FakeLLM):
+        def __init__(self):
+            super().__init__()
+            self.scheduler = SimpleNamespace(schedule=lambda: None, postprocess=lambda: None)
+            self.model_runner = SimpleNamespace(
+                prepare_decode=lambda: None, prepare_sample=lambda: None, run=lambda: None
+            )
+
+        def generate(self, prompts, sp, use_tqdm=False):
+            super().generate(prompts, sp, use_tqdm)
+            for _ in range(sp.max_tokens):
+                self.step()
+
+        def step(self):
+            self.scheduler.schedule()
+            self.model_runner.run()
+            self.scheduler.postprocess()
+
+    llm = Stepping()
+    monkeypatch.setattr(engine.time, "perf_counter", llm.clock)
+    args = SimpleNamespace(context=16, decode_tokens=8, latency_repeats=1, breakdown=True)
+    res = engine.bench_latency(llm, args)
+    assert res["calls_per_step"]["run (incl. GPU)"] == 1.0
+    assert set(res["ms_per_call"]) >= {"schedule", "run (incl. GPU)", "engine step"}
+    assert "step" not in vars(llm) and llm.calls[-1] == 8  # the instrumented run: 8 tokens
