@@ -323,14 +323,15 @@ case $mode in
     # GPU's, at the same clocks the host's) and, every 0.25 s, the busiest threads over that
     # interval (threads.log, benchmarks.thread_sample); the frontend's request log times each probe
     step cpu_topology 10 bash -c "lscpu | grep -E 'Model name|Thread|Core|Socket|NUMA'; lscpu -e"
-    step frame_send 60 $py -m nanoserve.benchmarks.frame_send  # the step frame's handoff, here
+    [ "${ONESTREAM_FRAME_SEND:-1}" = 0 ] ||
+      step frame_send 60 $py -m nanoserve.benchmarks.frame_send  # the step frame's handoff, here
     # each thread's CPU over each 0.25 s, its last CPU, its context switches and its name
     $py -m nanoserve.benchmarks.thread_sample --interval 0.25 > "$out/threads.log" 2>&1 &
     sampler=$!
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu,pstate \
       --format=csv -lms 100 > "$out/clocks.csv" 2>&1 & clocks=$!
-    step serving_one_stream20 240 $serving --num-prompts 256 --runs 2 --warmup light \
-      --target both --one-stream-runs 20
+    step serving_one_stream20 240 $serving --num-prompts 256 \
+      ${ONESTREAM_ARGS:---runs 2 --warmup light --target both --one-stream-runs 20}
     kill $sampler $clocks 2>/dev/null
     ;;
   onestream_pinned)  # issue 29: onestream's probes with the engine core's step loop alone on the
@@ -343,7 +344,7 @@ case $mode in
     $py -m nanoserve.benchmarks.thread_sample --interval 0.25 > "$out/threads_pinned.log" 2>&1 &
     sampler=$!
     step serving_one_stream20_pinned 240 taskset -c 0-$(( last - 1 )) $serving --num-prompts 256 \
-      --runs 2 --warmup light --target both --one-stream-runs 20 \
+      ${ONESTREAM_ARGS:---runs 2 --warmup light --target both --one-stream-runs 20} \
       --worker-args "--engine-core-cpus $last"
     kill $sampler 2>/dev/null
     ;;
