@@ -3,7 +3,7 @@ request alone, by prompt length. Prints JSON; figures, never pass/fail.
 
 Host time: prepare_prefill + ModelRunner.execute (forward + LM head) returning, while the GPU is
 held busy by a sleep kernel, so nothing the host does waits for the GPU; split by phase for a
-graphed step (host_split_us), and the decode graphs' replay alone at batch 1, 8 and 64. GPU time: CUDA events
+graphed step (host_split_us). GPU time: CUDA events
 around the same step, whose kernels are all queued before the GPU reaches the first one.
 
     python -m nanoserve.benchmarks.prefill [--model DIR | --shape qwen3-0.6b] [--enforce-eager]
@@ -89,26 +89,6 @@ def host_split_us(llm, prompt: list[int]) -> dict[str, float]:
         bm.deallocate(seq)
     names = ("prepare", "load_inputs", "graph_run", "replay_alone", "lm_head")
     return {k: round((b - a) * 1e6, 1) for k, a, b in zip(names, marks, marks[1:])}
-
-
-def decode_replay_us(llm, batch: int = 1, replays: int = 20) -> float | None:
-    """µs of host time one replay of the decode graph for `batch` rows takes (the median of
-    `replays`, the GPU held busy): the launch's own share of a decode step's host time. The graph
-    runs on whatever its buffers hold (this process serves nothing meanwhile)."""
-    import torch
-
-    graphs = getattr(llm.model_runner, "graphs", None)
-    if graphs is None or batch not in graphs.graphs:
-        return None
-    torch.cuda.synchronize()
-    torch.cuda._sleep(200_000_000)
-    times = []
-    for _ in range(replays):
-        t0 = time.perf_counter()
-        graphs.graphs[batch].replay()
-        times.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return round(statistics.median(times), 1)
 
 
 def guarded(measure):
@@ -277,7 +257,6 @@ def main(argv: list[str] | None = None) -> None:
                     if graphs is not None
                 },
                 cuda_graph_mib=round(getattr(runner, "graph_memory_bytes", 0) / 2**20),
-                decode_replay_us=guarded(lambda: {b: decode_replay_us(llm, b) for b in (1, 8, 64)}),
                 gpu=torch.cuda.get_device_name(),
                 steps=rows,
             ),
