@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from nanoserve.benchmarks.process_counters import process_tree
-from nanoserve.benchmarks.thread_sample import TICK, cpu_steal
+from nanoserve.benchmarks.thread_sample import TICK, ThreadRow, cpu_steal, read_thread
 
 PROC = Path("/proc")
 
@@ -29,27 +29,9 @@ def engine_core_pid(worker_pid: int) -> int | None:
     return None
 
 
-def read_loop(pid: int) -> tuple[int, int, int, int, int] | None:
-    """(ns on a CPU, ns waiting for one, involuntary switches (preempted), last CPU, voluntary
-    switches (it slept: a GIL or a lock, a pipe, a blocking CUDA wait)) of the process's main
-    thread (the engine core's step loop)."""
-    task = PROC / str(pid) / "task" / str(pid)
-    try:
-        on_cpu, wait = map(int, (task / "schedstat").read_text().split()[:2])
-        stat = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        status = (task / "status").read_text()
-    except (OSError, ValueError):
-        return None
-    switches = {
-        k: int(v) for k, v in (line.split(":") for line in status.splitlines() if "ctxt_sw" in line)
-    }
-    return (
-        on_cpu,
-        wait,
-        switches.get("nonvoluntary_ctxt_switches", 0),
-        int(stat[36]),
-        switches.get("voluntary_ctxt_switches", 0),
-    )
+def read_loop(pid: int) -> ThreadRow | None:
+    """The counters of the process's main thread (the engine core's step loop)."""
+    return read_thread(PROC / str(pid) / "task" / str(pid))
 
 
 class StepLoopWatch:
@@ -58,7 +40,7 @@ class StepLoopWatch:
     def __init__(self, pid: int, interval_s: float = 0.02) -> None:
         self.pid, self.interval_s = pid, interval_s
         self.times: list[float] = []  # time.perf_counter() of each sample
-        self.rows: list[tuple[int, int, int, int, int]] = []
+        self.rows: list[ThreadRow] = []
         self.steals: list[dict[int, int]] = []  # each CPU's steal ticks at each sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="step-loop-watch", daemon=True)
@@ -86,24 +68,19 @@ class StepLoopWatch:
         j = min(len(self.times) - 1, bisect.bisect_left(self.times, end))  # the first at or after
         if j <= i:
             return None
-        wall_ns = (self.times[j] - self.times[i]) * 1e9
+        wall = self.times[j] - self.times[i]
         a, b = self.rows[i], self.rows[j]
+        # each interval's steal on the CPU the loop was on at its end (ticks of 1/TICK s)
+        stolen = sum(
+            self.steals[k + 1].get(self.rows[k + 1].psr, 0)
+            - self.steals[k].get(self.rows[k + 1].psr, 0)
+            for k in range(i, j)
+        )
         return dict(
-            cpu_pct=round(100 * (b[0] - a[0]) / wall_ns, 1),
-            wait_pct=round(100 * (b[1] - a[1]) / wall_ns, 1),
-            preemptions=b[2] - a[2],
-            sleeps=b[4] - a[4],
-            # each interval's steal on the CPU the loop was on at its end (ticks of 1/TICK s)
-            steal_pct=round(
-                100
-                * sum(
-                    self.steals[k + 1].get(self.rows[k + 1][3], 0)
-                    - self.steals[k].get(self.rows[k + 1][3], 0)
-                    for k in range(i, j)
-                )
-                / TICK
-                / (wall_ns / 1e9),
-                1,
-            ),
-            cpus=sorted({row[3] for row in self.rows[i : j + 1]}),
+            cpu_pct=round(100 * (b.cpu_s - a.cpu_s) / wall, 1),
+            wait_pct=round(100 * (b.wait_s - a.wait_s) / wall, 1),
+            preemptions=b.involuntary - a.involuntary,
+            sleeps=b.voluntary - a.voluntary,
+            steal_pct=round(100 * stolen / TICK / wall, 1),
+            cpus=sorted({row.psr for row in self.rows[i : j + 1]}),
         )

@@ -17,7 +17,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 class ThreadRow(NamedTuple):
-    cpu_s: float  # on a CPU, user + system
+    cpu_s: float  # on a CPU (schedstat's ns; stat's user + system ticks without it)
     wait_s: float  # runnable, waiting on a run queue (schedstat; 0 where the kernel keeps none)
     psr: int  # the CPU it last ran on
     voluntary: int  # context switches: it slept
@@ -25,7 +25,7 @@ class ThreadRow(NamedTuple):
     name: str
 
 
-def _read_thread(task: Path) -> ThreadRow | None:
+def read_thread(task: Path) -> ThreadRow | None:
     """One thread's counters; None once it has exited."""
     try:
         fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
@@ -33,16 +33,18 @@ def _read_thread(task: Path) -> ThreadRow | None:
         name = (task / "comm").read_text().strip()
     except OSError:  # exited meanwhile
         return None
-    try:  # on-CPU ns, run-queue wait ns, time slices
-        wait_s = int((task / "schedstat").read_text().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        wait_s = 0.0
     # after the ")": state is field 3 of stat, utime 14, stime 15, processor 39 (1-based)
+    cpu_s, wait_s = (int(fields[11]) + int(fields[12])) / TICK, 0.0
+    try:  # on-CPU ns and run-queue wait ns (finer than stat's ticks), time slices
+        on_cpu, wait = (task / "schedstat").read_text().split()[:2]
+        cpu_s, wait_s = int(on_cpu) / 1e9, int(wait) / 1e9
+    except (OSError, ValueError):
+        pass
     switches = {
         k: int(v) for k, v in (line.split(":\t") for line in status if "ctxt_switches" in line)
     }
     return ThreadRow(
-        (int(fields[11]) + int(fields[12])) / TICK,
+        cpu_s,
         wait_s,
         int(fields[36]),
         switches.get("voluntary_ctxt_switches", 0),
@@ -64,7 +66,7 @@ def snapshot(prefix: str) -> dict[tuple[int, int], ThreadRow]:
         except OSError:
             continue
         for task in tasks:
-            if (row := _read_thread(task)) is not None:
+            if (row := read_thread(task)) is not None:
                 out[(int(proc.name), int(task.name))] = row
     return out
 

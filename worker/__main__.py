@@ -32,10 +32,9 @@ def preflight(config: WorkerConfig) -> WorkerConfig:
     )
     check_port_free(config.host, config.port)
     if config.engine_core_cpus:  # before any thread starts: they inherit it
-        from nanoserve.worker.config import parse_cpu_list
         from nanoserve.worker.core.cpu_affinity import keep_process_off
 
-        keep_process_off(parse_cpu_list(config.engine_core_cpus))
+        keep_process_off(config.engine_core_cpus)
     return config
 
 

@@ -228,10 +228,9 @@ def serve_argvs(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], lis
         if args.gateway_port is not None:
             check_port_free(args.host, args.gateway_port, flag="--gateway-port")
         if worker.engine_core_cpus:  # every process serve starts (they inherit it) keeps off them
-            from nanoserve.worker.config import parse_cpu_list
             from nanoserve.worker.core.cpu_affinity import keep_process_off
 
-            keep_process_off(parse_cpu_list(worker.engine_core_cpus))
+            keep_process_off(worker.engine_core_cpus)
     except ValueError as e:
         if worker.log_level.upper() == "DEBUG":
             traceback.print_exc()

@@ -49,7 +49,7 @@ def test_a_process_kept_off_and_its_threads_inherit_it() -> None:
         f"""
         import os, threading
         from nanoserve.worker.core.cpu_affinity import keep_process_off, pin_step_loop
-        rest = keep_process_off(frozenset({{{last}}}))
+        rest = keep_process_off("{last}")
         seen = {{}}
         t = threading.Thread(target=lambda: seen.update(thread=os.sched_getaffinity(0)))
         t.start(); t.join()
@@ -67,7 +67,7 @@ def test_taking_every_cpu_is_refused() -> None:
         import os
         from nanoserve.worker.core.cpu_affinity import keep_process_off
         try:
-            keep_process_off(frozenset(os.sched_getaffinity(0)))
+            keep_process_off(",".join(map(str, os.sched_getaffinity(0))))
         except ValueError as e:
             print(e)
         """
@@ -81,7 +81,7 @@ def test_a_cpu_the_process_may_not_use_is_refused() -> None:
         import os
         from nanoserve.worker.core.cpu_affinity import keep_process_off
         try:
-            keep_process_off(frozenset({8000}))  # no such CPU here
+            keep_process_off("8000")  # no such CPU here
         except ValueError as e:
             print(e)
         """

@@ -7,18 +7,18 @@ import sys
 import time
 
 from nanoserve.benchmarks.step_loop_watch import StepLoopWatch, read_loop
-from nanoserve.benchmarks.thread_sample import TICK
+from nanoserve.benchmarks.thread_sample import TICK, ThreadRow
 
 
 def test_window_reads_the_samples_inside_it() -> None:
     watch = StepLoopWatch.__new__(StepLoopWatch)  # no thread: samples given
     watch.times = [0.0, 1.0, 2.0, 3.0]
-    # (ns on a CPU, ns waiting, preemptions, last CPU, sleeps)
+    # (s on a CPU, s waiting, last CPU, sleeps, preemptions, name)
     watch.rows = [
-        (0, 0, 0, 3, 0),
-        (int(0.5e9), int(0.25e9), 4, 3, 10),
-        (int(1.4e9), int(0.3e9), 9, 5, 17),
-        (0, 0, 0, 0, 0),
+        ThreadRow(0.0, 0.0, 3, 0, 0, "loop"),
+        ThreadRow(0.5, 0.25, 3, 10, 4, "loop"),
+        ThreadRow(1.4, 0.3, 5, 17, 9, "loop"),
+        ThreadRow(0.0, 0.0, 0, 0, 0, "loop"),
     ]
     # steal ticks by CPU: CPU 5 (where the loop was at sample 2) lost 10 ticks between 1 and 2
     watch.steals = [{3: 0, 5: 0}, {3: 4, 5: 100}, {3: 50, 5: 110}, {}]

@@ -9,6 +9,8 @@ on a host with more cores than GPUs), so a thread the kernel wakes beside it tak
 import logging
 import os
 
+from nanoserve.worker.config import parse_cpu_list
+
 logger = logging.getLogger(__name__)
 
 
@@ -16,10 +18,11 @@ def format_cpus(cpus: frozenset[int] | set[int]) -> str:
     return ",".join(map(str, sorted(cpus)))
 
 
-def keep_process_off(cpus: frozenset[int]) -> frozenset[int]:
+def keep_process_off(spec: str) -> frozenset[int]:
     """Moves the calling thread (the process's only one yet: call it before any thread starts)
-    off `cpus`; what it starts inherits that. Checks first that the kernel lets a thread onto
+    off the CPUs of `spec` (--engine-core-cpus); what it starts inherits that. Checks first that the kernel lets a thread onto
     `cpus` (a container's cpuset may not) and that some CPU is left. Returns the CPUs it keeps."""
+    cpus = parse_cpu_list(spec)
     allowed = os.sched_getaffinity(0)
     rest = frozenset(allowed - cpus)
     if not rest:
