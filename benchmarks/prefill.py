@@ -49,7 +49,8 @@ def host_split_us(llm, prompt: list[int]) -> dict[str, float]:
     """µs of each host phase of one prefill step of `prompt` through a prefill graph, the GPU held
     busy (as step_times): prepare, load_inputs (pinned copy, casts, context), the graph's run (its
     buffer copies and the replay), one more replay of that graph alone (the launch's own cost),
-    the LM head of the last row. {} where the step runs eagerly (no graph, or SDPA)."""
+    the LM head of the last row (the SDPA graph where the step takes SDPA). {} where the step
+    runs eagerly (no graph for it)."""
     import torch
 
     from nanoserve.worker import SamplingParams
@@ -65,8 +66,8 @@ def host_split_us(llm, prompt: list[int]) -> dict[str, float]:
     marks: list[float] = []
     try:
         x = runner.prepare_prefill([seq])
-        n = len(x.input_ids)
-        if graphs is None or not graphs.can_run(n) or takes_sdpa(x, runner.sdpa_lengths):
+        n, sdpa = len(x.input_ids), takes_sdpa(x, runner.sdpa_lengths)
+        if graphs is None or not graphs.can_run(n, sdpa):
             return {}
         torch.cuda.synchronize()
         torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU cycles: the host never waits
@@ -75,10 +76,11 @@ def host_split_us(llm, prompt: list[int]) -> dict[str, float]:
             x = runner.prepare_prefill([seq])
             marks.append(time.perf_counter())
             ids, positions, rows = runner.load_inputs(x)
+            get_context().sdpa_prefill = sdpa
             marks.append(time.perf_counter())
             hidden = graphs.run(ids, positions, get_context())
             marks.append(time.perf_counter())
-            graphs.steps[n]()
+            graphs.steps[n, sdpa]()
             marks.append(time.perf_counter())
             reset_context()
             runner.model.compute_logits(hidden[rows[:1]])

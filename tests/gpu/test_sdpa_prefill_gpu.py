@@ -1,8 +1,8 @@
 """EngineConfig.prefill_sdpa_min_tokens on CUDA (Qwen3-0.6B shapes, random weights): a prompt of at
 least that many tokens, nothing cached, attends with torch's SDPA (cuDNN on Hopper) instead of the
 Triton prefill kernel. Its logits agree with the Triton path's (top-1 at every prompt position, the
-issue's bf16 criterion ≥ 0.99), nothing allocates on the first such prompts (start-up ran a step of
-each bucket), and it prints both paths' TTFT at 4,000 tokens, the first request's and the median of
+issue's bf16 criterion ≥ 0.99), nothing allocates on the first such prompts (start-up captured an
+SDPA graph of each bucket), and it prints both paths' TTFT at 4,000 tokens, the first request's and the median of
 5 more (figures, not checks: a first request far over the median is a plan built while serving)."""
 
 import random
@@ -27,11 +27,15 @@ def test_sdpa_prefill_agrees_with_the_triton_kernel_and_builds_its_plans_at_star
     path, _ = hf_model
     rng = random.Random(2)
     prompts = [random_prompt(rng, n) for n in LENGTHS]
-    logits, ttft, mallocs = {}, {}, 0
+    logits, ttft, mallocs, start = {}, {}, 0, {}
     for low in (0, MIN_TOKENS):
         llm = make_llm(path, max_model_len=4096, prefill_sdpa_min_tokens=low)
         runner = llm.model_runner
         assert runner.sdpa_lengths == ((low, runner.prefill_buckets[-1]) if low else (0, 0))
+        graphs = runner.prefill_graphs  # an SDPA graph of each bucket from the minimum on
+        assert graphs is not None
+        assert graphs.can_run(runner.prefill_buckets[-1], sdpa=True) == bool(low)
+        start[low] = (runner.graph_memory_bytes / 2**20, runner.start_clock.summary())
         if low:
             before = torch.cuda.memory_stats().get("segment.all.allocated", 0)
         logits[low] = [teacher_forced_logits(llm, p) for p in prompts]
@@ -49,7 +53,8 @@ def test_sdpa_prefill_agrees_with_the_triton_kernel_and_builds_its_plans_at_star
             f"\n[gpu] SDPA prefill from {MIN_TOKENS} tokens: top-1 agreement with the Triton kernel "
             f"by length {dict(zip(LENGTHS, agreement))}; 4,000-token TTFT first / median ms: "
             f"Triton {ttft[0][0]:.2f} / {ttft[0][1]:.2f}, SDPA {ttft[MIN_TOKENS][0]:.2f} / "
-            f"{ttft[MIN_TOKENS][1]:.2f}; {mallocs} cudaMalloc calls"
+            f"{ttft[MIN_TOKENS][1]:.2f}; {mallocs} cudaMalloc calls; CUDA graphs MiB and "
+            f"start-up: Triton {start[0]}, SDPA {start[MIN_TOKENS]}"
         )
     assert min(agreement) >= 0.99
     assert mallocs == 0

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from nanoserve.worker.layers.context import reset_context, set_context
-from nanoserve.worker.runner.prefill_graph import one_prompt_step, takes_sdpa
+from nanoserve.worker.layers.context import get_context, reset_context, set_context
+from nanoserve.worker.runner.prefill_graph import PrefillGraphRunner, one_prompt_step, takes_sdpa
 from nanoserve.worker.runner.step_inputs import StepInputs
 from tests.unit.test_prefill_graph_forward import BLOCK_SIZE, CONFIG, dummy_model, fresh_caches
 
@@ -58,17 +58,18 @@ def test_which_steps_attend_with_sdpa(x: StepInputs, lengths: tuple[int, int], t
         (2048, "triton", 1, torch.float8_e4m3fn, (0, 0), []),  # an fp8 cache
     ],
 )
-def test_arming_sets_the_lengths_then_runs_a_step_of_each_bucket_from_the_minimum(
+def test_the_range_applies_where_it_can_and_arming_runs_a_step_of_each_bucket_in_it(
     low, backend, world_size, kv_dtype, lengths, steps
 ) -> None:
-    """Armed before its steps run (they must take the SDPA path to build its plans), only where
-    it applies; a step of each bucket that a prompt of the minimum or more pads to."""
+    """The lengths only where SDPA applies (set before the graphs are captured: buckets from the
+    minimum get an SDPA graph); arming then runs a step of each bucket that a prompt of the
+    minimum or more pads to, each taking the SDPA path (cuDNN builds its plans then)."""
     from types import SimpleNamespace
 
     from nanoserve.worker.config import EngineConfig
-    from nanoserve.worker.runner.warmup import arm_sdpa_prefill
+    from nanoserve.worker.runner.warmup import arm_sdpa_prefill, sdpa_prefill_range
 
-    ran: list[tuple[int, tuple[int, int]]] = []
+    ran: list[int] = []
     runner = SimpleNamespace(
         config=EngineConfig(prefill_sdpa_min_tokens=low),
         prefill_buckets=[16, 1024, 2048, 2560, 3072, 3584, 4096, 8192],
@@ -76,12 +77,12 @@ def test_arming_sets_the_lengths_then_runs_a_step_of_each_bucket_from_the_minimu
         kv_dtype=kv_dtype,
         dtype=torch.bfloat16,
         device=torch.device("cpu"),
-        sdpa_lengths=(0, 0),
     )
-    runner.execute = lambda x: ran.append((len(x.input_ids), runner.sdpa_lengths))
-    arm_sdpa_prefill(runner, backend)  # type: ignore[arg-type]
+    runner.sdpa_lengths = sdpa_prefill_range(runner, backend)  # type: ignore[arg-type]
     assert runner.sdpa_lengths == lengths
-    assert ran == [(n, lengths) for n in steps]
+    runner.execute = lambda x: ran.append(len(x.input_ids))
+    arm_sdpa_prefill(runner)  # type: ignore[arg-type]
+    assert ran == steps
     assert all(takes_sdpa(one_prompt_step(n, 256), lengths) for n in steps)
 
 
@@ -92,7 +93,10 @@ def test_a_negative_minimum_is_refused() -> None:
         EngineConfig(prefill_sdpa_min_tokens=-1)
 
 
-def test_an_sdpa_step_gives_the_reference_forward_and_cache():
+@pytest.mark.parametrize("through", ["model", "graph runner"])
+def test_an_sdpa_step_gives_the_reference_forward_and_cache(through: str):
+    """Eagerly, and through the prefill graph runner's SDPA forward for its bucket (the forward a
+    CUDA graph captures; here run eagerly), whose batch buffers hold a stale larger step."""
     model = dummy_model()
     n, bucket = 19, 32  # one prompt padded to its bucket: the padding's rows come after it
     ids = torch.randint(0, CONFIG.vocab_size, (n,))
@@ -119,7 +123,20 @@ def test_an_sdpa_step_gives_the_reference_forward_and_cache():
         padded_slots = torch.cat([slots, torch.full((pad,), -1, dtype=torch.int32)])
         set_context(slot_mapping=padded_slots, sdpa_prefill=True, **ctx)
         padded_ids = torch.cat([ids, torch.zeros(pad, dtype=torch.long)])
-        out = model(padded_ids, torch.cat([positions, torch.zeros(pad, dtype=torch.long)]))
+        padded_positions = torch.cat([positions, torch.zeros(pad, dtype=torch.long)])
+        if through == "model":
+            out = model(padded_ids, padded_positions)
+        else:
+            runner = PrefillGraphRunner(
+                model, [16, 32], 4, 3, torch.device("cpu"), capture=False, sdpa_from=32
+            )
+            assert runner.can_run(bucket, sdpa=True) and runner.can_run(bucket)
+            assert not runner.can_run(16, sdpa=True) and runner.can_run(16)
+            runner.cu_seqlens_q[:] = torch.tensor([0, 3, 6, 9, 12])  # stale: SDPA reads none
+            runner.context_lens[:] = 9
+            out = runner.run(padded_ids, padded_positions, get_context()).clone()
+            # the bucket's other forward (the Triton kernel's, for any step) is kept apart
+            assert (bucket, False) not in runner.hidden
         reset_context()
     assert out.shape == (bucket, CONFIG.hidden_size)
     torch.testing.assert_close(out[:n], ref, atol=1e-4, rtol=1e-4)

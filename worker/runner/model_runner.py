@@ -57,6 +57,7 @@ from nanoserve.worker.runner.warmup import (
     capture_graphs,
     compile_prefill_attention,
     compile_step_kernels,
+    sdpa_prefill_range,
 )
 from nanoserve.worker.sequence import NextStep, Sequence
 
@@ -131,14 +132,13 @@ class ModelRunner:
         self.graphs: CudaGraphRunner | None = None
         self.prefill_graphs: PrefillGraphRunner | None = None
         self.graph_memory_bytes = 0  # what capturing the CUDA graphs took (capture_and_compile)
-        self.sdpa_lengths = (0, 0)  # prompt lengths attended by SDPA (capture_and_compile)
+        self.sdpa_lengths = sdpa_prefill_range(self, backend)  # prompt lengths SDPA attends
         self.sample_generator = torch.Generator(self.device).manual_seed(config.seed)
         self.sampling = SamplingInputs(
             self.device, model_config.vocab_size, model_config.eos_token_ids
         )
-        self.publish: Callable[[np.ndarray], None] | None = (
-            None  # set by TensorParallelRunner on rank 0: sends each StepInputs out
-        )
+        # set by TensorParallelRunner on rank 0: sends each StepInputs out
+        self.publish: Callable[[np.ndarray], None] | None = None
         # decode lookahead (worker.runner.lookahead): on by default on CUDA, with any number of
         # ranks (8B at tp=2 on two H200s: 3.93 -> 3.67 ms a token at batch 1)
         self.lookahead = (
@@ -174,6 +174,7 @@ class ModelRunner:
                 device=self.device,
                 buckets=self.prefill_buckets,
                 clock=clock,
+                sdpa_from=self.sdpa_lengths[0],
             )
         with clock.phase("prefill_kernels"):
             if backend == "triton":  # each tile size of the prefill attention
@@ -187,8 +188,8 @@ class ModelRunner:
                 )
         with clock.phase("step_kernels"):  # sampling and the graphs' input fill
             compile_step_kernels(self.model_config.vocab_size, self.dtype, self.device)
-        with clock.phase("sdpa_plans"):  # after the Triton tiles' steps (it would take them)
-            arm_sdpa_prefill(self, backend)
+        with clock.phase("sdpa_plans"):  # (through the SDPA graphs, where captured)
+            arm_sdpa_prefill(self)
         logger.info(
             "kernels compiled (or loaded from %s) and graphs captured (%.0f MiB) in %.1f s",
             os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache"),
@@ -240,9 +241,9 @@ class ModelRunner:
             return self.graphs.run(x, input_ids)  # decode: one copy in, one replay (+ LM head)
         ids, positions, rows = self.load_inputs(x, msg)
         ids = ids if input_ids is None else input_ids
-        sdpa = get_context().sdpa_prefill = takes_sdpa(x, self.sdpa_lengths)  # runs eagerly
-        graphs = self.prefill_graphs if x.is_prefill and not sdpa else None
-        if graphs is not None and graphs.can_run(len(ids)):
+        sdpa = get_context().sdpa_prefill = takes_sdpa(x, self.sdpa_lengths)
+        graphs = self.prefill_graphs if x.is_prefill else None
+        if graphs is not None and graphs.can_run(len(ids), sdpa):
             # the step's inputs copied into the bucket's buffers, one replay
             hidden = graphs.run(ids, positions, get_context())
         else:

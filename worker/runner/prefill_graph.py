@@ -6,7 +6,9 @@ ModelRunner.prepare_prefill pads a step's tokens to a bucket (padded tokens have
 touch the KV cache; their rows are computed and never read). A step copies its inputs and its
 attention metadata into static buffers sized for the bucket's most sequences (cu_seqlens_q padded
 with its last entry: the rows past the step's sequences own no query block) and replays one graph:
-a few copies and one launch of host time, against ~15 launches a layer eagerly.
+a few copies and one launch of host time, against ~15 launches a layer eagerly. Buckets from
+EngineConfig.prefill_sdpa_min_tokens on have a second graph, for a step of one prompt with nothing
+cached, whose attention is torch's SDPA (cuDNN) over the bucket's rows (takes_sdpa).
 """
 
 import logging
@@ -99,7 +101,8 @@ def attention_warmup_steps(group: int, fp32: bool, block_size: int) -> list[Step
 def takes_sdpa(x: StepInputs, lengths: tuple[int, int]) -> bool:
     """Whether step x attends with torch's SDPA (Attention.sdpa_prefill): a prefill of one prompt,
     nothing of it cached, its length within `lengths` (low, high; (0, 0): never; runner.warmup's
-    sdpa_prefill_range). Such a step runs eagerly (a bucket's graph serves multi-prompt steps too)."""
+    sdpa_prefill_range). Such a step replays its bucket's SDPA graph (PrefillGraphRunner), or runs
+    eagerly without graphs."""
     low, high = lengths
     return (
         low > 0
@@ -119,7 +122,10 @@ class PrefillGraphRunner:
         max_blocks_per_seq: int,
         device: torch.device,
         capture: bool = True,
+        sdpa_from: int = 0,
     ):
+        """sdpa_from: the smallest bucket that also gets an SDPA graph (0: none; the lengths of
+        ModelRunner.sdpa_lengths)."""
         attn = cast(Qwen3DecoderLayer, model.model.layers[0]).self_attn.attn
         if not attn.fuses_kv_store:
             raise ValueError("prefill graphs need the Triton backend with the KV cache allocated")
@@ -135,16 +141,20 @@ class PrefillGraphRunner:
         self.block_tables = torch.zeros(
             max_num_seqs, max_blocks_per_seq, dtype=torch.int32, device=device
         )
-        self.hidden: dict[int, torch.Tensor] = {}  # bucket -> (T, hidden) output of its graph
-        # bucket -> one replay, or (capture=False: tests on CPU) the same forward run eagerly
-        self.steps: dict[int, Callable[[], None]] = {}
+        # (bucket, sdpa) -> (T, hidden) output of its graph
+        self.hidden: dict[tuple[int, bool], torch.Tensor] = {}
+        # (bucket, sdpa) -> one replay, or (capture=False: tests on CPU) the same forward eagerly
+        self.steps: dict[tuple[int, bool], Callable[[], None]] = {}
         self.capture_times = CaptureTimes()  # stays empty without a capture
+        # every bucket's graph, then an SDPA graph of each bucket from sdpa_from on
+        keys = [(n, False) for n in buckets]
+        keys += [(n, True) for n in buckets if sdpa_from and n >= sdpa_from]
         if not capture:
-            self.steps = {n: self._forward(n) for n in buckets}
+            self.steps = {key: self._forward(*key) for key in keys}
             return
         pool = None
-        for n in reversed(buckets):  # largest first: the smaller ones reuse its pool
-            pool = self._capture(n, pool)
+        for key in sorted(keys, reverse=True):  # largest first: the smaller ones reuse its pool
+            pool = self._capture(key, pool)
         # a graph's first replay uploads it to the GPU: here, not in a request's first token (the
         # static slots are still -1 and cu_seqlens_q zeros: nothing is stored or attended)
         t = time.perf_counter()
@@ -152,14 +162,17 @@ class PrefillGraphRunner:
             step()
         torch.cuda.synchronize()
         logger.info(
-            "captured prefill CUDA graphs for token counts %s: %s, first replays %.2f s",
+            "captured prefill CUDA graphs for token counts %s (SDPA from %s): %s, first replays "
+            "%.2f s",
             buckets,
+            sdpa_from or "none",
             self.capture_times.summary(),
             time.perf_counter() - t,
         )
 
-    def _forward(self, n: int) -> Callable[[], None]:
-        """The forward of n tokens over the static buffers, its output kept in self.hidden[n]."""
+    def _forward(self, n: int, sdpa: bool) -> Callable[[], None]:
+        """The forward of n tokens over the static buffers, its output kept in self.hidden; sdpa:
+        a step of one prompt attended by torch's SDPA (its metadata unread: no batch rows)."""
         batch = min(n, self.max_num_seqs)  # a sequence has at least one token
         ids, pos = self.input_ids[:n], self.positions[:n]
 
@@ -170,25 +183,26 @@ class PrefillGraphRunner:
                 cu_seqlens_q=self.cu_seqlens_q[: batch + 1],
                 context_lens=self.context_lens[:batch],
                 block_tables=self.block_tables[:batch],
+                sdpa_prefill=sdpa,
             )
-            self.hidden[n] = self.model(ids, pos)
+            self.hidden[n, sdpa] = self.model(ids, pos)
             reset_context()
 
         return forward
 
-    def _capture(self, n: int, pool):
-        graph = capture_graph(self._forward(n), pool, self.capture_times)
-        self.steps[n] = graph.replay  # (a bound replay keeps its graph)
+    def _capture(self, key: tuple[int, bool], pool):
+        graph = capture_graph(self._forward(*key), pool, self.capture_times)
+        self.steps[key] = graph.replay  # (a bound replay keeps its graph)
         return pool or graph.pool()
 
-    def can_run(self, num_tokens: int) -> bool:
-        return num_tokens in self.steps
+    def can_run(self, num_tokens: int, sdpa: bool = False) -> bool:
+        return (num_tokens, sdpa) in self.steps
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
         """Forward a prefill step of a bucket's token count, its attention context `ctx` (set by
-        ModelRunner.load_inputs); returns its (T, hidden) hidden states, a view valid until the
-        next replay of that bucket."""
-        n = input_ids.shape[0]
+        ModelRunner.load_inputs; ctx.sdpa_prefill picks the SDPA graph); returns its (T, hidden)
+        hidden states, a view valid until the next replay of that bucket."""
+        n, key = input_ids.shape[0], (input_ids.shape[0], ctx.sdpa_prefill)
         cu, lens, tables = ctx.cu_seqlens_q, ctx.context_lens, ctx.block_tables
         assert ctx.slot_mapping is not None and cu is not None and lens is not None
         assert tables is not None
@@ -200,5 +214,5 @@ class PrefillGraphRunner:
         self.cu_seqlens_q[b + 1 :].copy_(cu[b:].expand(self.max_num_seqs - b))
         self.context_lens[:b].copy_(lens)
         self.block_tables[:b, :w].copy_(tables)
-        self.steps[n]()
-        return self.hidden[n]
+        self.steps[key]()
+        return self.hidden[key]

@@ -24,7 +24,8 @@ from nanoserve.worker.runner.step_inputs import StepInputs
 
 
 class SdpaRunner(Protocol):
-    """What arm_sdpa_prefill reads and sets of a ModelRunner (which imports this module)."""
+    """What sdpa_prefill_range and arm_sdpa_prefill read of a ModelRunner (which imports this
+    module)."""
 
     config: EngineConfig
     prefill_buckets: list[int]
@@ -49,9 +50,10 @@ def capture_graphs(
     device: torch.device,
     buckets: list[int],
     clock: StartClock,
+    sdpa_from: int = 0,
 ) -> tuple[CudaGraphRunner, PrefillGraphRunner | None, int]:
     """(decode graphs, prefill graphs when there are buckets, the device bytes they take), each
-    kind a phase of the start-up clock."""
+    kind a phase of the start-up clock; buckets from sdpa_from on get an SDPA graph too."""
     used_before = device_memory_used(device)
     with clock.phase("decode_graphs"):  # with the kernels their warm-ups compile
         decode = CudaGraphRunner(
@@ -61,7 +63,7 @@ def capture_graphs(
     if buckets:
         with clock.phase("prefill_graphs"):
             prefill = PrefillGraphRunner(
-                model, buckets, config.max_num_seqs, max_blocks_per_seq, device
+                model, buckets, config.max_num_seqs, max_blocks_per_seq, device, sdpa_from=sdpa_from
             )
     # the graphs' private pools and fixed buffers (their share of the device's memory)
     return decode, prefill, device_memory_used(device) - used_before
@@ -111,21 +113,24 @@ def compile_step_kernels(vocab_size: int, dtype: torch.dtype, device: torch.devi
         torch.cuda.synchronize(device)
 
 
-@torch.no_grad()
-def arm_sdpa_prefill(runner: SdpaRunner, backend: str) -> None:
-    """Sets runner.sdpa_lengths, the prompt lengths whose steps attend with torch's SDPA:
-    EngineConfig.prefill_sdpa_min_tokens up to the largest prefill bucket (past it a step's length
-    is its own: those keep the Triton kernel), on the Triton backend, one rank, a cache in the
-    model's dtype; then runs one step of each bucket from there on: cuDNN builds a plan per shape,
-    so none is built while serving."""
+def sdpa_prefill_range(runner: SdpaRunner, backend: str) -> tuple[int, int]:
+    """The prompt lengths whose steps attend with torch's SDPA (runner.sdpa_lengths; (0, 0):
+    none): EngineConfig.prefill_sdpa_min_tokens up to the largest prefill bucket (past it a step's
+    length is its own: those keep the Triton kernel), on the Triton backend, one rank, a cache in
+    the model's dtype (the rotated k the q/k-norm kernel leaves in place is what the cache holds)."""
     low, buckets = runner.config.prefill_sdpa_min_tokens, runner.prefill_buckets
     one_rank = backend == "triton" and runner.world_size == 1
-    if not (
-        low and one_rank and runner.kv_dtype == runner.dtype and buckets and low <= buckets[-1]
-    ):
-        return
-    runner.sdpa_lengths = (low, buckets[-1])
-    for n in (b for b in buckets if b >= low):
+    if low and one_rank and runner.kv_dtype == runner.dtype and buckets and low <= buckets[-1]:
+        return low, buckets[-1]
+    return 0, 0
+
+
+@torch.no_grad()
+def arm_sdpa_prefill(runner: SdpaRunner) -> None:
+    """One step of each bucket in runner.sdpa_lengths through runner.execute (its SDPA graph where
+    captured, else eagerly): cuDNN builds a plan per shape, so none is built while serving."""
+    low, high = runner.sdpa_lengths
+    for n in (b for b in runner.prefill_buckets if low and low <= b <= high):
         runner.execute(one_prompt_step(n, runner.config.kvcache_block_size))
-    if runner.device.type == "cuda":
+    if low and runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
