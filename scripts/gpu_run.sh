@@ -19,6 +19,7 @@
 #   ab:      benchmarks/variants.py (AB_VARIANTS, AB_ARGS), each its own process;  roofline_fp8
 #   pdl:     programmatic dependent launch against plain launches, in CUDA graphs
 #   sdpa_prefill: (issue 34) TTFT with the Triton prefill kernel and with SDPA, A/B, and its GPU test
+#   prefill34: (issue 34) this session's prefill path: TTFT Triton/SDPA, engine figures, its GPU tests
 #   prefill_backends: (issue 34) the prefill attention against torch's SDPA and varlen flash
 #   prefill_sweep: the prefill attention kernel's tile configs over one step of the workload
 #   decode_sweep: the decode attention kernel's tiles and launch options over decode batches
@@ -221,6 +222,19 @@ case $mode in
         --lengths 600,1024,1500,2048,4000 --prefill-sdpa-min-tokens $low
     done
     step gpu_sdpa_prefill 200 $py -m pytest -q tests/gpu/test_sdpa_prefill_gpu.py -p no:cacheprovider -rA
+    ;;
+  prefill34)  # issue 34: the prefill path of b7f17f7 (the graphs' inputs in one copy and one
+    # kernel) and ada5032 (an SDPA graph per bucket): TTFT by length with the Triton kernel and
+    # with SDPA from 1,024 tokens, each its own process; the engine's figures; the GPU tests that
+    # cover a prefill step (logits against transformers and eager, no compile or allocation)
+    for low in 0 1024; do
+      step prefill_sdpa_$low 100 $py -m nanoserve.benchmarks.prefill \
+        --lengths 600,1024,1500,2048,4000 --prefill-sdpa-min-tokens $low
+    done
+    step bench_06b 100 $bench throughput latency --shape qwen3-0.6b
+    step gpu_prefill_tests 230 $py -m pytest -q tests/gpu/test_sdpa_prefill_gpu.py \
+      tests/gpu/test_ttft_gpu.py tests/gpu/test_engine_gpu.py tests/gpu/test_logprobs_gpu.py \
+      -p no:cacheprovider -rA
     ;;
   prefill_backends)  # issue 34: our prefill attention against torch's SDPA backends and varlen
     # flash attention (PREFILL_LENS: prompt lengths, 0 = one step of the workload's prompts)
