@@ -113,8 +113,8 @@ class EngineConfig:
         metadata={
             "help": "cuda + triton attention, a bf16/fp16 cache: a prefill step of one prompt with "
             "nothing cached and at least this many tokens attends with torch's SDPA (cuDNN on "
-            "Hopper: 1.48x the Triton kernel at 4,000 tokens on an H100) and runs eagerly; its "
-            "plans are built at start-up for each prefill bucket from it on (0: off)"
+            "Hopper: 1.48x the Triton kernel at 4,000 tokens on an H100); each prefill bucket "
+            "from it on gets a second CUDA graph for such steps at start-up (0: off)"
         },
     )
     kv_cache_dtype: str = field(
