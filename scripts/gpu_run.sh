@@ -227,14 +227,13 @@ case $mode in
     # kernel) and ada5032 (an SDPA graph per bucket): TTFT by length with the Triton kernel and
     # with SDPA from 1,024 tokens, each its own process; the engine's figures; the GPU tests that
     # cover a prefill step (logits against transformers and eager, no compile or allocation)
-    for low in 0 1024; do
-      step prefill_sdpa_$low 100 $py -m nanoserve.benchmarks.prefill \
-        --lengths 600,1024,1500,2048,4000 --prefill-sdpa-min-tokens $low
-    done
-    step bench_06b 100 $bench throughput latency --shape qwen3-0.6b
-    step gpu_prefill_tests 230 $py -m pytest -q tests/gpu/test_sdpa_prefill_gpu.py \
+    step prefill_sdpa_0 90 $py -m nanoserve.benchmarks.prefill --lengths 600,1024,1500,2048,4000
+    step gpu_prefill_tests 220 $py -m pytest -q tests/gpu/test_sdpa_prefill_gpu.py \
       tests/gpu/test_ttft_gpu.py tests/gpu/test_engine_gpu.py tests/gpu/test_logprobs_gpu.py \
       -p no:cacheprovider -rA
+    step prefill_sdpa_1024 90 $py -m nanoserve.benchmarks.prefill \
+      --lengths 600,1024,1500,2048,4000 --prefill-sdpa-min-tokens 1024
+    step bench_06b 90 $bench throughput latency --shape qwen3-0.6b
     ;;
   prefill_backends)  # issue 34: our prefill attention against torch's SDPA backends and varlen
     # flash attention (PREFILL_LENS: prompt lengths, 0 = one step of the workload's prompts)
