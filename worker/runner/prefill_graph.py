@@ -6,10 +6,10 @@ ModelRunner.prepare_prefill pads a step's tokens to a bucket (padded tokens have
 touch the KV cache; their rows are computed and never read). A step's inputs and attention metadata
 go into one int32 buffer laid out per bucket (cu_seqlens_q padded with its last entry for the
 bucket's most sequences: rows past the step's sequences own no query block), as the decode
-graphs' do (runner.cuda_graph): written into a pinned buffer on the host, one copy to the device
-on a side stream, one kernel into the graphs' buffer, one replay. Buckets from
-EngineConfig.prefill_sdpa_min_tokens on have a second graph, for a step of one prompt with
-nothing cached, whose attention is torch's SDPA (cuDNN) over the bucket's rows (takes_sdpa).
+graphs' do (runner.cuda_graph): written into a pinned buffer on the host, one copy to the device on a side
+stream, one kernel into the graphs' buffer, one replay. Buckets from
+EngineConfig.prefill_sdpa_min_tokens on have a second graph, for a step of one prompt with nothing
+cached, whose attention is torch's SDPA (cuDNN) over the bucket's rows (takes_sdpa).
 """
 
 import logging
@@ -134,7 +134,6 @@ class PrefillGraphRunner:
             raise ValueError("prefill graphs need the Triton backend with the KV cache allocated")
         self.model, self.buckets, self.max_num_seqs = model, buckets, max_num_seqs
         self.width, self.capture = max_blocks_per_seq, capture
-        self.layouts: dict[int, list[int]] = {}  # bucket -> its inputs' offsets (_layout)
         # the graphs' inputs, all zeros until a step (no query block, nothing read), laid out per
         # bucket (_views); the largest bucket's layout is the longest
         self.inputs = torch.zeros(self._layout(buckets[-1])[-1], dtype=torch.int32, device=device)
@@ -180,11 +179,9 @@ class PrefillGraphRunner:
         """Offsets in bucket n's inputs of [ids | positions | slots | logit rows (n each) |
         cu_seqlens_q (batch + 1) | context_lens (batch) | block_tables (batch, width)] and its
         end; batch = min(n, max_num_seqs) (a sequence has at least one token)."""
-        if n not in self.layouts:
-            batch = min(n, self.max_num_seqs)
-            sizes = [n, n, n, n, batch + 1, batch, batch * self.width]
-            self.layouts[n] = np.concatenate([[0], np.cumsum(sizes)]).tolist()
-        return self.layouts[n]
+        batch = min(n, self.max_num_seqs)
+        sizes = [n, n, n, n, batch + 1, batch, batch * self.width]
+        return np.concatenate([[0], np.cumsum(sizes)]).tolist()
 
     def _views(self, flat, n: int) -> list:
         """(ids, positions, slots, rows, cu_seqlens_q, context_lens, block_tables) of bucket n."""
@@ -256,5 +253,4 @@ class PrefillGraphRunner:
             if input_ids is not None:
                 self.inputs[: len(input_ids)] = input_ids
         self.steps[key]()
-        at = self._layout(n)[3]
-        return self.hidden[key], self.inputs[at : at + len(x.logit_rows)]
+        return self.hidden[key], self._views(self.inputs, n)[3][: len(x.logit_rows)]
