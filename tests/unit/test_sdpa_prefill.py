@@ -155,3 +155,52 @@ def test_cudnn_takes_is_asked_once_per_layout() -> None:
     assert attention.cudnn_takes(q, k, k) is False
     assert attention.cudnn_takes(q, k, k) is False
     assert len(attention._CUDNN_TAKES) == before + 1
+
+
+def test_the_prefill_kernels_tile_steps_take_the_triton_kernel_and_the_sdpa_steps_come_after(
+    monkeypatch,
+) -> None:
+    """capture_and_compile's order with the SDPA range set from the start: the graphs are
+    captured with an SDPA graph from the range's low end; the prefill attention's tile steps (one
+    prompt each, which SDPA would take) run with the range off; the SDPA steps run with it on."""
+    from types import SimpleNamespace
+
+    from nanoserve.worker.config import EngineConfig
+    from nanoserve.worker.runner import model_runner
+    from nanoserve.worker.runner.start_clock import StartClock
+
+    seen: list[tuple[str, object]] = []
+    runner = SimpleNamespace(
+        start_clock=StartClock(torch.device("cpu")),
+        config=EngineConfig(prefill_sdpa_min_tokens=1024),
+        sdpa_lengths=(1024, 8192),
+        model=None,
+        max_model_len=8192,
+        max_num_blocks_per_seq=32,
+        model_config=SimpleNamespace(vocab_size=97),
+        dtype=torch.bfloat16,
+        device=torch.device("cpu"),
+        prefill_buckets=[16, 1024, 8192],
+        attention_layers=[None],
+        block_size=256,
+        execute=None,
+        graph_memory_bytes=0,
+    )
+
+    def capture_graphs(*args, sdpa_from: int, **kw):
+        seen.append(("graphs", sdpa_from))
+        return None, None, 0
+
+    monkeypatch.setattr(model_runner, "capture_graphs", capture_graphs)
+    monkeypatch.setattr(
+        model_runner,
+        "compile_prefill_attention",
+        lambda *a: seen.append(("tiles", runner.sdpa_lengths)),
+    )
+    monkeypatch.setattr(model_runner, "compile_step_kernels", lambda *a: None)
+    monkeypatch.setattr(
+        model_runner, "arm_sdpa_prefill", lambda r: seen.append(("sdpa", r.sdpa_lengths))
+    )
+    model_runner.ModelRunner.capture_and_compile(runner, "triton")  # type: ignore[arg-type]
+    assert seen == [("graphs", 1024), ("tiles", (0, 0)), ("sdpa", (1024, 8192))]
+    assert runner.sdpa_lengths == (1024, 8192)

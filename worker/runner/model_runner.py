@@ -141,18 +141,16 @@ class ModelRunner:
         self.publish: Callable[[np.ndarray], None] | None = None
         # decode lookahead (worker.runner.lookahead): on by default on CUDA, with any number of
         # ranks (8B at tp=2 on two H200s: 3.93 -> 3.67 ms a token at batch 1)
-        self.lookahead = (
-            config.decode_lookahead
-            if config.decode_lookahead is not None
-            else self.device.type == "cuda"
-        )
+        lookahead = config.decode_lookahead
+        self.lookahead = self.device.type == "cuda" if lookahead is None else lookahead
         self.foreseen: Foreseen | None = None
         self.num_foreseen_steps = 0  # decode steps whose logits came from a foreseen forward
         self.num_forwards = 0  # every execute(): the foreseen logits must be taken before the next
         self.on_rank_death = None  # tensor parallelism only (TensorParallelRunner)
         if self.device.type == "cuda":
+            max_blocks = self.max_num_blocks_per_seq
             words = max_message_words(
-                config.max_num_batched_tokens, config.max_num_seqs, self.max_num_blocks_per_seq
+                config.max_num_batched_tokens, config.max_num_seqs, max_blocks
             )
             self.pinned = PinnedRing(words, torch.long)
             self.capture_and_compile(backend)
@@ -176,8 +174,10 @@ class ModelRunner:
                 clock=clock,
                 sdpa_from=self.sdpa_lengths[0],
             )
+        # each tile size of the prefill attention, each a one-prompt step: on the Triton kernel
+        sdpa, self.sdpa_lengths = self.sdpa_lengths, (0, 0)  # (SDPA would take a long one)
         with clock.phase("prefill_kernels"):
-            if backend == "triton":  # each tile size of the prefill attention
+            if backend == "triton":
                 compile_prefill_attention(
                     self.execute,
                     self.attention_layers[0],
@@ -186,6 +186,7 @@ class ModelRunner:
                     self.prefill_buckets,
                     self.device,
                 )
+        self.sdpa_lengths = sdpa
         with clock.phase("step_kernels"):  # sampling and the graphs' input fill
             compile_step_kernels(self.model_config.vocab_size, self.dtype, self.device)
         with clock.phase("sdpa_plans"):  # (through the SDPA graphs, where captured)
