@@ -3,8 +3,8 @@ request alone, by prompt length. Prints JSON; figures, never pass/fail.
 
 Host time: prepare_prefill + ModelRunner.execute (forward + LM head) returning, while the GPU is
 held busy by a sleep kernel, so nothing the host does waits for the GPU; split by phase for a
-graphed step (host_split_us). GPU time: CUDA events
-around the same step, whose kernels are all queued before the GPU reaches the first one.
+graphed step (host_split_us). GPU time: CUDA events around the same step, whose kernels are all
+queued before the GPU reaches the first one.
 
     python -m nanoserve.benchmarks.prefill [--model DIR | --shape qwen3-0.6b] [--enforce-eager]
 """

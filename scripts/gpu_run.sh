@@ -223,8 +223,9 @@ case $mode in
     done
     step gpu_sdpa_prefill 200 $py -m pytest -q tests/gpu/test_sdpa_prefill_gpu.py -p no:cacheprovider -rA
     ;;
-  prefill34)  # issue 34: the prefill path of b7f17f7 (the graphs' inputs in one copy and one
-    # kernel) and ada5032 (an SDPA graph per bucket): TTFT by length with the Triton kernel and
+  prefill34)  # issue 34: the prefill path of ada5032 (an SDPA graph per bucket) and, brought
+    # back by `git revert 1e5225c 5b12b42`, b7f17f7 (the graphs' inputs in one copy and one
+    # kernel): TTFT by length with the Triton kernel and
     # with SDPA from 1,024 tokens, each its own process; the engine's figures; the GPU tests that
     # cover a prefill step (logits against transformers and eager, no compile or allocation)
     step prefill_sdpa_0 90 $py -m nanoserve.benchmarks.prefill --lengths 600,1024,1500,2048,4000

@@ -166,7 +166,7 @@ def test_the_prefill_kernels_tile_steps_take_the_triton_kernel_and_the_sdpa_step
     from types import SimpleNamespace
 
     from nanoserve.worker.config import EngineConfig
-    from nanoserve.worker.runner import model_runner
+    from nanoserve.worker.runner import warmup
     from nanoserve.worker.runner.start_clock import StartClock
 
     seen: list[tuple[str, object]] = []
@@ -191,16 +191,14 @@ def test_the_prefill_kernels_tile_steps_take_the_triton_kernel_and_the_sdpa_step
         seen.append(("graphs", sdpa_from))
         return None, None, 0
 
-    monkeypatch.setattr(model_runner, "capture_graphs", capture_graphs)
+    monkeypatch.setattr(warmup, "capture_graphs", capture_graphs)
     monkeypatch.setattr(
-        model_runner,
+        warmup,
         "compile_prefill_attention",
         lambda *a: seen.append(("tiles", runner.sdpa_lengths)),
     )
-    monkeypatch.setattr(model_runner, "compile_step_kernels", lambda *a: None)
-    monkeypatch.setattr(
-        model_runner, "arm_sdpa_prefill", lambda r: seen.append(("sdpa", r.sdpa_lengths))
-    )
-    model_runner.ModelRunner.capture_and_compile(runner, "triton")  # type: ignore[arg-type]
+    monkeypatch.setattr(warmup, "compile_step_kernels", lambda *a: None)
+    monkeypatch.setattr(warmup, "arm_sdpa_prefill", lambda r: seen.append(("sdpa", r.sdpa_lengths)))
+    warmup.capture_and_compile(runner, "triton")  # type: ignore[arg-type]
     assert seen == [("graphs", 1024), ("tiles", (0, 0)), ("sdpa", (1024, 8192))]
     assert runner.sdpa_lengths == (1024, 8192)

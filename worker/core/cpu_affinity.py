@@ -20,8 +20,9 @@ def format_cpus(cpus: frozenset[int] | set[int]) -> str:
 
 def keep_process_off(spec: str) -> frozenset[int]:
     """Moves the calling thread (the process's only one yet: call it before any thread starts)
-    off the CPUs of `spec` (--engine-core-cpus); what it starts inherits that. Checks first that the kernel lets a thread onto
-    `cpus` (a container's cpuset may not) and that some CPU is left. Returns the CPUs it keeps."""
+    off the CPUs of `spec` (--engine-core-cpus); what it starts inherits that. Checks first that
+    the kernel lets a thread onto them (a container's cpuset may not) and that some CPU is left.
+    Returns the CPUs it keeps."""
     cpus = parse_cpu_list(spec)
     allowed = os.sched_getaffinity(0)
     rest = frozenset(allowed - cpus)

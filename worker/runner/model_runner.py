@@ -52,13 +52,7 @@ from nanoserve.worker.runner.step_inputs import (
     StepInputs,
     max_message_words,
 )
-from nanoserve.worker.runner.warmup import (
-    arm_sdpa_prefill,
-    capture_graphs,
-    compile_prefill_attention,
-    compile_step_kernels,
-    sdpa_prefill_range,
-)
+from nanoserve.worker.runner.warmup import capture_and_compile, sdpa_prefill_range
 from nanoserve.worker.sequence import NextStep, Sequence
 
 logger = logging.getLogger(__name__)
@@ -131,7 +125,9 @@ class ModelRunner:
         self.prefill_buckets = prefill_buckets(max_graph_tokens) if use_buckets else []
         self.graphs: CudaGraphRunner | None = None
         self.prefill_graphs: PrefillGraphRunner | None = None
-        self.graph_memory_bytes = 0  # what capturing the CUDA graphs took (capture_and_compile)
+        self.graph_memory_bytes = (
+            0  # what capturing the CUDA graphs took (warmup.capture_and_compile)
+        )
         self.sdpa_lengths = sdpa_prefill_range(self, backend)  # prompt lengths SDPA attends
         self.sample_generator = torch.Generator(self.device).manual_seed(config.seed)
         self.sampling = SamplingInputs(
@@ -153,52 +149,9 @@ class ModelRunner:
                 config.max_num_batched_tokens, config.max_num_seqs, max_blocks
             )
             self.pinned = PinnedRing(words, torch.long)
-            self.capture_and_compile(backend)
+            capture_and_compile(self, backend)
         if rank == 0:
             logger.info("model runner started in %s", clock.summary())
-
-    def capture_and_compile(self, backend: str) -> None:
-        """CUDA graphs (decode, prefill) and every kernel a step can reach, compiled now (or
-        loaded from the Triton cache) so that no request waits for a compile (runner.warmup)."""
-        clock = self.start_clock
-        if not self.config.enforce_eager:  # phases decode_graphs, prefill_graphs
-            self.graphs, self.prefill_graphs, self.graph_memory_bytes = capture_graphs(
-                self.model,
-                self.config,
-                max_model_len=self.max_model_len,
-                max_blocks_per_seq=self.max_num_blocks_per_seq,
-                vocab_size=self.model_config.vocab_size,
-                dtype=self.dtype,
-                device=self.device,
-                buckets=self.prefill_buckets,
-                clock=clock,
-                sdpa_from=self.sdpa_lengths[0],
-            )
-        # each tile size of the prefill attention, each a one-prompt step: on the Triton kernel
-        sdpa, self.sdpa_lengths = self.sdpa_lengths, (0, 0)  # (SDPA would take a long one)
-        with clock.phase("prefill_kernels"):
-            if backend == "triton":
-                compile_prefill_attention(
-                    self.execute,
-                    self.attention_layers[0],
-                    self.dtype == torch.float32,
-                    self.block_size,
-                    self.prefill_buckets,
-                    self.device,
-                )
-        self.sdpa_lengths = sdpa
-        with clock.phase("step_kernels"):  # sampling and the graphs' input fill
-            compile_step_kernels(self.model_config.vocab_size, self.dtype, self.device)
-        with clock.phase("sdpa_plans"):  # (through the SDPA graphs, where captured)
-            arm_sdpa_prefill(self)
-        logger.info(
-            "kernels compiled (or loaded from %s) and graphs captured (%.0f MiB) in %.1f s",
-            os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache"),
-            self.graph_memory_bytes / 2**20,
-            sum(clock.phases.get(p, 0.0) for p in ("decode_graphs", "prefill_graphs"))
-            + clock.phases["prefill_kernels"]
-            + clock.phases["step_kernels"],
-        )
 
     @property
     def block_bytes(self) -> int:

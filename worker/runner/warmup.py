@@ -1,10 +1,13 @@
 """A CUDA runner's start-up, after its KV cache exists: the decode and prefill CUDA graphs captured
 (with the device memory they take), then every kernel a step can reach compiled, or loaded from the
-Triton cache, so that no request waits for a compile. ModelRunner.__init__ calls each once.
+Triton cache, so that no request waits for a compile. ModelRunner.__init__ calls
+capture_and_compile once, which runs the rest in order.
 """
 
+import logging
+import os
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -21,6 +24,11 @@ from nanoserve.worker.runner.prefill_graph import (
 )
 from nanoserve.worker.runner.start_clock import StartClock
 from nanoserve.worker.runner.step_inputs import StepInputs
+
+if TYPE_CHECKING:
+    from nanoserve.worker.runner.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
 
 
 class SdpaRunner(Protocol):
@@ -134,3 +142,48 @@ def arm_sdpa_prefill(runner: SdpaRunner) -> None:
         runner.execute(one_prompt_step(n, runner.config.kvcache_block_size))
     if low and runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
+
+
+def capture_and_compile(runner: "ModelRunner", backend: str) -> None:
+    """A CUDA runner's CUDA graphs (decode, prefill) and every kernel a step can reach, compiled
+    now (or loaded from the Triton cache) so that no request waits for a compile; each a phase of
+    runner.start_clock."""
+    clock = runner.start_clock
+    if not runner.config.enforce_eager:  # phases decode_graphs, prefill_graphs
+        runner.graphs, runner.prefill_graphs, runner.graph_memory_bytes = capture_graphs(
+            runner.model,
+            runner.config,
+            max_model_len=runner.max_model_len,
+            max_blocks_per_seq=runner.max_num_blocks_per_seq,
+            vocab_size=runner.model_config.vocab_size,
+            dtype=runner.dtype,
+            device=runner.device,
+            buckets=runner.prefill_buckets,
+            clock=clock,
+            sdpa_from=runner.sdpa_lengths[0],
+        )
+    # each tile size of the prefill attention, each a one-prompt step: on the Triton kernel
+    sdpa, runner.sdpa_lengths = runner.sdpa_lengths, (0, 0)  # (SDPA would take a long one)
+    with clock.phase("prefill_kernels"):
+        if backend == "triton":
+            compile_prefill_attention(
+                runner.execute,
+                runner.attention_layers[0],
+                runner.dtype == torch.float32,
+                runner.block_size,
+                runner.prefill_buckets,
+                runner.device,
+            )
+    runner.sdpa_lengths = sdpa
+    with clock.phase("step_kernels"):  # sampling and the graphs' input fill
+        compile_step_kernels(runner.model_config.vocab_size, runner.dtype, runner.device)
+    with clock.phase("sdpa_plans"):  # (through the SDPA graphs, where captured)
+        arm_sdpa_prefill(runner)
+    logger.info(
+        "kernels compiled (or loaded from %s) and graphs captured (%.0f MiB) in %.1f s",
+        os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache"),
+        runner.graph_memory_bytes / 2**20,
+        sum(clock.phases.get(p, 0.0) for p in ("decode_graphs", "prefill_graphs"))
+        + clock.phases["prefill_kernels"]
+        + clock.phases["step_kernels"],
+    )
