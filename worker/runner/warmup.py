@@ -7,12 +7,13 @@ capture_and_compile once, which runs the rest in order.
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from nanoserve.worker.config import EngineConfig
 from nanoserve.worker.layers.attention import Attention
+from nanoserve.worker.model.config import ModelConfig
 from nanoserve.worker.model.qwen3 import Qwen3ForCausalLM
 from nanoserve.worker.runner.cuda_graph import CudaGraphRunner
 from nanoserve.worker.runner.device import device_memory_used
@@ -25,23 +26,29 @@ from nanoserve.worker.runner.prefill_graph import (
 from nanoserve.worker.runner.start_clock import StartClock
 from nanoserve.worker.runner.step_inputs import StepInputs
 
-if TYPE_CHECKING:
-    from nanoserve.worker.runner.model_runner import ModelRunner
-
 logger = logging.getLogger(__name__)
 
 
-class SdpaRunner(Protocol):
-    """What sdpa_prefill_range and arm_sdpa_prefill read of a ModelRunner (which imports this
-    module)."""
+class StartingRunner(Protocol):
+    """What this module reads and sets of a ModelRunner (which imports it)."""
 
     config: EngineConfig
+    model: Qwen3ForCausalLM
+    model_config: ModelConfig
+    attention_layers: list[Attention]
+    start_clock: StartClock
     prefill_buckets: list[int]
     world_size: int
     kv_dtype: torch.dtype
     dtype: torch.dtype
     device: torch.device
+    block_size: int
+    max_model_len: int
+    max_num_blocks_per_seq: int
     sdpa_lengths: tuple[int, int]
+    graphs: CudaGraphRunner | None
+    prefill_graphs: PrefillGraphRunner | None
+    graph_memory_bytes: int
 
     def execute(self, x: StepInputs) -> object: ...
 
@@ -121,7 +128,7 @@ def compile_step_kernels(vocab_size: int, dtype: torch.dtype, device: torch.devi
         torch.cuda.synchronize(device)
 
 
-def sdpa_prefill_range(runner: SdpaRunner, backend: str) -> tuple[int, int]:
+def sdpa_prefill_range(runner: StartingRunner, backend: str) -> tuple[int, int]:
     """The prompt lengths whose steps attend with torch's SDPA (runner.sdpa_lengths; (0, 0):
     none): EngineConfig.prefill_sdpa_min_tokens up to the largest prefill bucket (past it a step's
     length is its own: those keep the Triton kernel), on the Triton backend, one rank, a cache in
@@ -134,7 +141,7 @@ def sdpa_prefill_range(runner: SdpaRunner, backend: str) -> tuple[int, int]:
 
 
 @torch.no_grad()
-def arm_sdpa_prefill(runner: SdpaRunner) -> None:
+def arm_sdpa_prefill(runner: StartingRunner) -> None:
     """One step of each bucket in runner.sdpa_lengths through runner.execute (its SDPA graph where
     captured, else eagerly): cuDNN builds a plan per shape, so none is built while serving."""
     low, high = runner.sdpa_lengths
@@ -144,7 +151,7 @@ def arm_sdpa_prefill(runner: SdpaRunner) -> None:
         torch.cuda.synchronize(runner.device)
 
 
-def capture_and_compile(runner: "ModelRunner", backend: str) -> None:
+def capture_and_compile(runner: StartingRunner, backend: str) -> None:
     """A CUDA runner's CUDA graphs (decode, prefill) and every kernel a step can reach, compiled
     now (or loaded from the Triton cache) so that no request waits for a compile; each a phase of
     runner.start_clock."""
