@@ -20,6 +20,7 @@
 #   pdl:     programmatic dependent launch against plain launches, in CUDA graphs
 #   sdpa_prefill: (issue 34) TTFT with the Triton prefill kernel and with SDPA, A/B, and its GPU test
 #   prefill34: (issue 34) this session's prefill path: TTFT Triton/SDPA, engine figures, its GPU tests
+#   prefill_ttft: (issue 34) TTFT by length, Triton then SDPA from 1,024 (an A/B: run from each tree)
 #   prefill_backends: (issue 34) the prefill attention against torch's SDPA and varlen flash
 #   prefill_sweep: the prefill attention kernel's tile configs over one step of the workload
 #   decode_sweep: the decode attention kernel's tiles and launch options over decode batches
@@ -235,6 +236,17 @@ case $mode in
     step prefill_sdpa_1024 90 $py -m nanoserve.benchmarks.prefill \
       --lengths 600,1024,1500,2048,4000 --prefill-sdpa-min-tokens 1024
     step bench_06b 90 $bench throughput latency --shape qwen3-0.6b
+    ;;
+  prefill_ttft)  # issue 34: TTFT and a prefill step's host split by length, the Triton kernel
+    # then SDPA from 1,024 tokens, each its own process (an A/B: run it from each tree in turn)
+    step prefill_sdpa_0 90 $py -m nanoserve.benchmarks.prefill --lengths 600,1024,1500,2048,4000
+    step prefill_sdpa_1024 90 $py -m nanoserve.benchmarks.prefill \
+      --lengths 600,1024,1500,2048,4000 --prefill-sdpa-min-tokens 1024
+    ;;
+  prefill34_tests)  # the GPU tests of prefill34 alone
+    step gpu_prefill_tests 220 $py -m pytest -q tests/gpu/test_sdpa_prefill_gpu.py \
+      tests/gpu/test_ttft_gpu.py tests/gpu/test_engine_gpu.py tests/gpu/test_logprobs_gpu.py \
+      -p no:cacheprovider -rA
     ;;
   prefill_backends)  # issue 34: our prefill attention against torch's SDPA backends and varlen
     # flash attention (PREFILL_LENS: prompt lengths, 0 = one step of the workload's prompts)

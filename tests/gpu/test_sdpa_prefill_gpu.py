@@ -30,11 +30,13 @@ def test_sdpa_prefill_agrees_with_the_triton_kernel_and_builds_its_plans_at_star
     logits, ttft, mallocs, start = {}, {}, 0, {}
     for low in (0, MIN_TOKENS):
         llm = make_llm(path, max_model_len=4096, prefill_sdpa_min_tokens=low)
-        runner = llm.model_runner
-        assert runner.sdpa_lengths == ((low, runner.prefill_buckets[-1]) if low else (0, 0))
-        graphs = runner.prefill_graphs  # an SDPA graph of each bucket from the minimum on
+        runner, buckets = llm.model_runner, llm.model_runner.prefill_buckets
+        high = next(b for b in buckets if b >= 4096)  # the bucket of max_model_len
+        assert runner.sdpa_lengths == ((low, high) if low else (0, 0))
+        graphs = runner.prefill_graphs  # an SDPA graph of each bucket from the minimum to high
         assert graphs is not None
-        assert graphs.can_run(runner.prefill_buckets[-1], sdpa=True) == bool(low)
+        assert graphs.can_run(high, sdpa=True) == bool(low)
+        assert not any(graphs.can_run(b, sdpa=True) for b in buckets if b > high)
         start[low] = (runner.graph_memory_bytes / 2**20, runner.start_clock.summary())
         if low:
             before = torch.cuda.memory_stats().get("segment.all.allocated", 0)

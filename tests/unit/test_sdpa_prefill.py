@@ -47,19 +47,48 @@ def test_which_steps_attend_with_sdpa(x: StepInputs, lengths: tuple[int, int], t
 
 
 @pytest.mark.parametrize(
-    ("low", "backend", "world_size", "kv_dtype", "lengths", "steps"),
+    ("low", "backend", "world_size", "kv_dtype", "max_len", "lengths", "steps"),
     [
-        (2048, "triton", 1, torch.bfloat16, (2048, 8192), [2048, 2560, 3072, 3584, 4096, 8192]),
-        (2000, "triton", 1, torch.bfloat16, (2000, 8192), [2048, 2560, 3072, 3584, 4096, 8192]),
-        (0, "triton", 1, torch.bfloat16, (0, 0), []),  # off
-        (9000, "triton", 1, torch.bfloat16, (0, 0), []),  # past the largest bucket
-        (2048, "torch", 1, torch.bfloat16, (0, 0), []),  # not the Triton backend
-        (2048, "triton", 2, torch.bfloat16, (0, 0), []),  # tensor parallel
-        (2048, "triton", 1, torch.float8_e4m3fn, (0, 0), []),  # an fp8 cache
+        (
+            2048,
+            "triton",
+            1,
+            torch.bfloat16,
+            9000,
+            (2048, 8192),
+            [2048, 2560, 3072, 3584, 4096, 8192],
+        ),
+        (
+            2000,
+            "triton",
+            1,
+            torch.bfloat16,
+            9000,
+            (2000, 8192),
+            [2048, 2560, 3072, 3584, 4096, 8192],
+        ),
+        # no one prompt pads past the bucket of max_model_len (the GPU test's 4,096 tokens) ...
+        (2048, "triton", 1, torch.bfloat16, 4096, (2048, 4096), [2048, 2560, 3072, 3584, 4096]),
+        # ... which may lie past max_model_len (a 4,500-token prompt pads to 8,192)
+        (
+            2048,
+            "triton",
+            1,
+            torch.bfloat16,
+            4500,
+            (2048, 8192),
+            [2048, 2560, 3072, 3584, 4096, 8192],
+        ),
+        (0, "triton", 1, torch.bfloat16, 9000, (0, 0), []),  # off
+        (9000, "triton", 1, torch.bfloat16, 9000, (0, 0), []),  # past the largest bucket
+        (5000, "triton", 1, torch.bfloat16, 4096, (0, 0), []),  # past max_model_len's bucket
+        (2048, "torch", 1, torch.bfloat16, 9000, (0, 0), []),  # not the Triton backend
+        (2048, "triton", 2, torch.bfloat16, 9000, (0, 0), []),  # tensor parallel
+        (2048, "triton", 1, torch.float8_e4m3fn, 9000, (0, 0), []),  # an fp8 cache
     ],
 )
 def test_the_range_applies_where_it_can_and_arming_runs_a_step_of_each_bucket_in_it(
-    low, backend, world_size, kv_dtype, lengths, steps
+    low, backend, world_size, kv_dtype, max_len, lengths, steps
 ) -> None:
     """The lengths only where SDPA applies (set before the graphs are captured: buckets from the
     minimum get an SDPA graph); arming then runs a step of each bucket that a prompt of the
@@ -77,12 +106,20 @@ def test_the_range_applies_where_it_can_and_arming_runs_a_step_of_each_bucket_in
         kv_dtype=kv_dtype,
         dtype=torch.bfloat16,
         device=torch.device("cpu"),
+        max_model_len=max_len,
+        max_num_blocks_per_seq=-(-max_len // 256),
     )
     runner.sdpa_lengths = sdpa_prefill_range(runner, backend)  # type: ignore[arg-type]
     assert runner.sdpa_lengths == lengths
-    runner.execute = lambda x: ran.append(len(x.input_ids))
+    widths: list[int] = []
+    runner.execute = lambda x: (
+        ran.append(len(x.input_ids)),
+        widths.append(x.block_tables.shape[1]),
+    )
     arm_sdpa_prefill(runner)  # type: ignore[arg-type]
     assert ran == steps
+    # every step's block table fits the runner's (the GPU's 5,120-token bucket over 16 blocks)
+    assert all(w <= runner.max_num_blocks_per_seq for w in widths)
     assert all(takes_sdpa(one_prompt_step(n, 256), lengths) for n in steps)
 
 
@@ -128,7 +165,7 @@ def test_an_sdpa_step_gives_the_reference_forward_and_cache(through: str):
             out = model(padded_ids, padded_positions)
         else:
             runner = PrefillGraphRunner(
-                model, [16, 32], 4, 3, torch.device("cpu"), capture=False, sdpa_from=32
+                model, [16, 32], 4, 3, torch.device("cpu"), capture=False, sdpa_lengths=(32, 32)
             )
             assert runner.can_run(bucket, sdpa=True) and runner.can_run(bucket)
             assert not runner.can_run(16, sdpa=True) and runner.can_run(16)
@@ -187,8 +224,8 @@ def test_the_prefill_kernels_tile_steps_take_the_triton_kernel_and_the_sdpa_step
         graph_memory_bytes=0,
     )
 
-    def capture_graphs(*args, sdpa_from: int, **kw):
-        seen.append(("graphs", sdpa_from))
+    def capture_graphs(*args, sdpa_lengths: tuple[int, int], **kw):
+        seen.append(("graphs", sdpa_lengths))
         return None, None, 0
 
     monkeypatch.setattr(warmup, "capture_graphs", capture_graphs)
@@ -200,5 +237,5 @@ def test_the_prefill_kernels_tile_steps_take_the_triton_kernel_and_the_sdpa_step
     monkeypatch.setattr(warmup, "compile_step_kernels", lambda *a: None)
     monkeypatch.setattr(warmup, "arm_sdpa_prefill", lambda r: seen.append(("sdpa", r.sdpa_lengths)))
     warmup.capture_and_compile(runner, "triton")  # type: ignore[arg-type]
-    assert seen == [("graphs", 1024), ("tiles", (0, 0)), ("sdpa", (1024, 8192))]
+    assert seen == [("graphs", (1024, 8192)), ("tiles", (0, 0)), ("sdpa", (1024, 8192))]
     assert runner.sdpa_lengths == (1024, 8192)

@@ -73,10 +73,10 @@ def pad_to_bucket(x: StepInputs, buckets: list[int]) -> StepInputs:
     return x
 
 
-def one_prompt_step(n: int, block_size: int) -> StepInputs:
+def one_prompt_step(n: int, block_size: int, max_blocks: int | None = None) -> StepInputs:
     """A prefill step of one n-token prompt, nothing cached, its slots -1 (nothing stored) and its
     keys read from block 0: a start-up warm-up step."""
-    blocks = math.ceil(n / block_size)
+    blocks = min(math.ceil(n / block_size), max_blocks or n)
     return StepInputs(
         True,
         np.zeros(n, np.int64),
@@ -122,7 +122,7 @@ class PrefillGraphRunner:
         max_blocks_per_seq: int,
         device: torch.device,
         capture: bool = True,
-        sdpa_from: int = 0,
+        sdpa_lengths: tuple[int, int] = (0, 0),
     ):
         """sdpa_from: the smallest bucket that also gets an SDPA graph (0: none; the lengths of
         ModelRunner.sdpa_lengths)."""
@@ -148,7 +148,8 @@ class PrefillGraphRunner:
         self.capture_times = CaptureTimes()  # stays empty without a capture
         # every bucket's graph, then an SDPA graph of each bucket from sdpa_from on
         keys = [(n, False) for n in buckets]
-        keys += [(n, True) for n in buckets if sdpa_from and n >= sdpa_from]
+        low, high = sdpa_lengths
+        keys += [(n, True) for n in buckets if low and low <= n <= high]
         if not capture:
             self.steps = {key: self._forward(*key) for key in keys}
             return
@@ -165,7 +166,7 @@ class PrefillGraphRunner:
             "captured prefill CUDA graphs for token counts %s (SDPA from %s): %s, first replays "
             "%.2f s",
             buckets,
-            sdpa_from or "none",
+            f"{low}-{high}" if low else "none",
             self.capture_times.summary(),
             time.perf_counter() - t,
         )

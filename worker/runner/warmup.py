@@ -65,10 +65,10 @@ def capture_graphs(
     device: torch.device,
     buckets: list[int],
     clock: StartClock,
-    sdpa_from: int = 0,
+    sdpa_lengths: tuple[int, int] = (0, 0),
 ) -> tuple[CudaGraphRunner, PrefillGraphRunner | None, int]:
     """(decode graphs, prefill graphs when there are buckets, the device bytes they take), each
-    kind a phase of the start-up clock; buckets from sdpa_from on get an SDPA graph too."""
+    kind a phase of the start-up clock; the buckets in sdpa_lengths get an SDPA graph too."""
     used_before = device_memory_used(device)
     with clock.phase("decode_graphs"):  # with the kernels their warm-ups compile
         decode = CudaGraphRunner(
@@ -78,7 +78,12 @@ def capture_graphs(
     if buckets:
         with clock.phase("prefill_graphs"):
             prefill = PrefillGraphRunner(
-                model, buckets, config.max_num_seqs, max_blocks_per_seq, device, sdpa_from=sdpa_from
+                model,
+                buckets,
+                config.max_num_seqs,
+                max_blocks_per_seq,
+                device,
+                sdpa_lengths=sdpa_lengths,
             )
     # the graphs' private pools and fixed buffers (their share of the device's memory)
     return decode, prefill, device_memory_used(device) - used_before
@@ -130,14 +135,17 @@ def compile_step_kernels(vocab_size: int, dtype: torch.dtype, device: torch.devi
 
 def sdpa_prefill_range(runner: StartingRunner, backend: str) -> tuple[int, int]:
     """The prompt lengths whose steps attend with torch's SDPA (runner.sdpa_lengths; (0, 0):
-    none): EngineConfig.prefill_sdpa_min_tokens up to the largest prefill bucket (past it a step's
-    length is its own: those keep the Triton kernel), on the Triton backend, one rank, a cache in
-    the model's dtype (the rotated k the q/k-norm kernel leaves in place is what the cache holds)."""
+    none): EngineConfig.prefill_sdpa_min_tokens up to the bucket a prompt of max_model_len tokens
+    pads to, or the largest (past it a step's length is its own: those keep the Triton kernel), on
+    the Triton backend, one rank, a cache in the model's dtype (the rotated k the q/k-norm kernel
+    leaves in place is what the cache holds). The range's buckets get SDPA graphs."""
     low, buckets = runner.config.prefill_sdpa_min_tokens, runner.prefill_buckets
     one_rank = backend == "triton" and runner.world_size == 1
-    if low and one_rank and runner.kv_dtype == runner.dtype and buckets and low <= buckets[-1]:
-        return low, buckets[-1]
-    return 0, 0
+    if not (low and one_rank and runner.kv_dtype == runner.dtype and buckets):
+        return 0, 0
+    longest = min(runner.max_model_len, buckets[-1])  # a bucket past it holds no one prompt
+    high = next(b for b in buckets if b >= longest)
+    return (low, high) if low <= high else (0, 0)
 
 
 @torch.no_grad()
@@ -146,7 +154,9 @@ def arm_sdpa_prefill(runner: StartingRunner) -> None:
     captured, else eagerly): cuDNN builds a plan per shape, so none is built while serving."""
     low, high = runner.sdpa_lengths
     for n in (b for b in runner.prefill_buckets if low and low <= b <= high):
-        runner.execute(one_prompt_step(n, runner.config.kvcache_block_size))
+        # (a bucket past max_model_len: its block table as wide as the runner's; SDPA reads none)
+        step = one_prompt_step(n, runner.config.kvcache_block_size, runner.max_num_blocks_per_seq)
+        runner.execute(step)
     if low and runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
 
@@ -167,7 +177,7 @@ def capture_and_compile(runner: StartingRunner, backend: str) -> None:
             device=runner.device,
             buckets=runner.prefill_buckets,
             clock=clock,
-            sdpa_from=runner.sdpa_lengths[0],
+            sdpa_lengths=runner.sdpa_lengths,
         )
     # each tile size of the prefill attention, each a one-prompt step: on the Triton kernel
     sdpa, runner.sdpa_lengths = runner.sdpa_lengths, (0, 0)  # (SDPA would take a long one)
