@@ -47,14 +47,14 @@ def step_times(llm, prompt: list[int]) -> tuple[float, float]:
 
 def host_split_us(llm, prompt: list[int]) -> dict[str, float]:
     """µs of each host phase of one prefill step of `prompt` through a prefill graph, the GPU held
-    busy (as step_times): prepare, the graph's run (its inputs into a pinned buffer, one copy, one
-    kernel, the replay), one more replay of that graph alone (the launch's own cost),
+    busy (as step_times): prepare, load_inputs (pinned copy, casts, context), the graph's run (its
+    buffer copies and the replay), one more replay of that graph alone (the launch's own cost),
     the LM head of the last row (the SDPA graph where the step takes SDPA). {} where the step
     runs eagerly (no graph for it)."""
     import torch
 
     from nanoserve.worker import SamplingParams
-    from nanoserve.worker.layers.context import reset_context
+    from nanoserve.worker.layers.context import get_context, reset_context
     from nanoserve.worker.runner.prefill_graph import takes_sdpa
     from nanoserve.worker.sequence import Sequence
 
@@ -66,8 +66,8 @@ def host_split_us(llm, prompt: list[int]) -> dict[str, float]:
     marks: list[float] = []
     try:
         x = runner.prepare_prefill([seq])
-        sdpa = takes_sdpa(x, runner.sdpa_lengths)
-        if graphs is None or not graphs.can_take(x, sdpa):
+        n, sdpa = len(x.input_ids), takes_sdpa(x, runner.sdpa_lengths)
+        if graphs is None or not graphs.can_run(n, sdpa):
             return {}
         torch.cuda.synchronize()
         torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU cycles: the host never waits
@@ -75,17 +75,21 @@ def host_split_us(llm, prompt: list[int]) -> dict[str, float]:
             marks.append(time.perf_counter())
             x = runner.prepare_prefill([seq])
             marks.append(time.perf_counter())
-            hidden, rows = graphs.run(x, sdpa)
+            ids, positions, rows = runner.load_inputs(x)
+            get_context().sdpa_prefill = sdpa
             marks.append(time.perf_counter())
-            graphs.steps[len(x.input_ids), sdpa]()
+            hidden = graphs.run(ids, positions, get_context())
             marks.append(time.perf_counter())
+            graphs.steps[n, sdpa]()
+            marks.append(time.perf_counter())
+            reset_context()
             runner.model.compute_logits(hidden[rows[:1]])
             marks.append(time.perf_counter())
         torch.cuda.synchronize()
     finally:
         reset_context()
         bm.deallocate(seq)
-    names = ("prepare", "graph_run", "replay_alone", "lm_head")
+    names = ("prepare", "load_inputs", "graph_run", "replay_alone", "lm_head")
     return {k: round((b - a) * 1e6, 1) for k, a, b in zip(names, marks, marks[1:])}
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from nanoserve.worker.layers.context import reset_context, set_context
+from nanoserve.worker.layers.context import get_context, reset_context, set_context
 from nanoserve.worker.runner.prefill_graph import PrefillGraphRunner, one_prompt_step, takes_sdpa
 from nanoserve.worker.runner.step_inputs import StepInputs
 from tests.unit.test_prefill_graph_forward import BLOCK_SIZE, CONFIG, dummy_model, fresh_caches
@@ -169,20 +169,9 @@ def test_an_sdpa_step_gives_the_reference_forward_and_cache(through: str):
             )
             assert runner.can_run(bucket, sdpa=True) and runner.can_run(bucket)
             assert not runner.can_run(16, sdpa=True) and runner.can_run(16)
-            x = StepInputs(
-                True,
-                padded_ids.numpy(),
-                padded_positions.numpy(),
-                padded_slots.numpy(),
-                ctx["cu_seqlens_q"].numpy(),
-                ctx["context_lens"].numpy(),
-                tables.numpy(),
-                np.array([n - 1]),
-                n,
-                n,
-            )
-            assert takes_sdpa(x, (16, 32)) and runner.can_take(x, sdpa=True)
-            out = runner.run(x, sdpa=True)[0].clone()
+            runner.cu_seqlens_q[:] = torch.tensor([0, 3, 6, 9, 12])  # stale: SDPA reads none
+            runner.context_lens[:] = 9
+            out = runner.run(padded_ids, padded_positions, get_context()).clone()
             # the bucket's other forward (the Triton kernel's, for any step) is kept apart
             assert (bucket, False) not in runner.hidden
         reset_context()
@@ -210,9 +199,7 @@ def test_the_prefill_kernels_tile_steps_take_the_triton_kernel_and_the_sdpa_step
 ) -> None:
     """capture_and_compile's order with the SDPA range set from the start: the graphs are
     captured with an SDPA graph from the range's low end; the prefill attention's tile steps (one
-    prompt each, which SDPA would take) run with the range off, and eagerly (the graphs' captures
-    compiled the graphs' variants, not an eager step's); the SDPA steps run with it on, and
-    through the graphs."""
+    prompt each, which SDPA would take) run with the range off; the SDPA steps run with it on."""
     from types import SimpleNamespace
 
     from nanoserve.worker.config import EngineConfig
@@ -237,29 +224,18 @@ def test_the_prefill_kernels_tile_steps_take_the_triton_kernel_and_the_sdpa_step
         graph_memory_bytes=0,
     )
 
-    prefill_graphs = object()
-
     def capture_graphs(*args, sdpa_lengths: tuple[int, int], **kw):
         seen.append(("graphs", sdpa_lengths))
-        return None, prefill_graphs, 0
-
-    def graphs_on() -> bool:
-        return runner.prefill_graphs is prefill_graphs
+        return None, None, 0
 
     monkeypatch.setattr(warmup, "capture_graphs", capture_graphs)
     monkeypatch.setattr(
         warmup,
         "compile_prefill_attention",
-        lambda *a: seen.append(("tiles", runner.sdpa_lengths, graphs_on())),
+        lambda *a: seen.append(("tiles", runner.sdpa_lengths)),
     )
     monkeypatch.setattr(warmup, "compile_step_kernels", lambda *a: None)
-    monkeypatch.setattr(
-        warmup, "arm_sdpa_prefill", lambda r: seen.append(("sdpa", r.sdpa_lengths, graphs_on()))
-    )
+    monkeypatch.setattr(warmup, "arm_sdpa_prefill", lambda r: seen.append(("sdpa", r.sdpa_lengths)))
     warmup.capture_and_compile(runner, "triton")  # type: ignore[arg-type]
-    assert seen == [
-        ("graphs", (1024, 8192)),
-        ("tiles", (0, 0), False),
-        ("sdpa", (1024, 8192), True),
-    ]
-    assert runner.sdpa_lengths == (1024, 8192) and graphs_on()
+    assert seen == [("graphs", (1024, 8192)), ("tiles", (0, 0)), ("sdpa", (1024, 8192))]
+    assert runner.sdpa_lengths == (1024, 8192)

@@ -193,14 +193,14 @@ class ModelRunner:
         self.num_forwards += 1
         if not x.is_prefill and self.graphs is not None and self.graphs.can_run(len(x.input_ids)):
             return self.graphs.run(x, input_ids)  # decode: one copy in, one replay (+ LM head)
-        sdpa = takes_sdpa(x, self.sdpa_lengths)
+        ids, positions, rows = self.load_inputs(x, msg)
+        ids = ids if input_ids is None else input_ids
+        sdpa = get_context().sdpa_prefill = takes_sdpa(x, self.sdpa_lengths)
         graphs = self.prefill_graphs if x.is_prefill else None
-        if graphs is not None and graphs.can_take(x, sdpa):  # one copy in, one replay
-            hidden, rows = graphs.run(x, sdpa, input_ids)
+        if graphs is not None and graphs.can_run(len(ids), sdpa):
+            # the step's inputs copied into the bucket's buffers, one replay
+            hidden = graphs.run(ids, positions, get_context())
         else:
-            ids, positions, rows = self.load_inputs(x, msg)
-            ids = ids if input_ids is None else input_ids
-            get_context().sdpa_prefill = sdpa
             hidden = self.model(ids, positions)
         reset_context()
         num_sampled = len(x.logit_rows) - x.num_prompt_rows

@@ -3,13 +3,12 @@ included (the prefill attention finds its blocks from cu_seqlens_q on the device
 follows the bucket alone).
 
 ModelRunner.prepare_prefill pads a step's tokens to a bucket (padded tokens have slot -1: they never
-touch the KV cache; their rows are computed and never read). A step's inputs and attention metadata
-go into one int32 buffer laid out per bucket (cu_seqlens_q padded with its last entry for the
-bucket's most sequences: rows past the step's sequences own no query block), as the decode
-graphs' do (runner.cuda_graph): written into a pinned buffer on the host, one copy to the device
-on a side stream, one kernel into the graphs' buffer, one replay. Buckets from
-EngineConfig.prefill_sdpa_min_tokens on have a second graph, for a step of one prompt with
-nothing cached, whose attention is torch's SDPA (cuDNN) over the bucket's rows (takes_sdpa).
+touch the KV cache; their rows are computed and never read). A step copies its inputs and its
+attention metadata into static buffers sized for the bucket's most sequences (cu_seqlens_q padded
+with its last entry: the rows past the step's sequences own no query block) and replays one graph:
+a few copies and one launch of host time, against ~15 launches a layer eagerly. Buckets from
+EngineConfig.prefill_sdpa_min_tokens on have a second graph, for a step of one prompt with nothing
+cached, whose attention is torch's SDPA (cuDNN) over the bucket's rows (takes_sdpa).
 """
 
 import logging
@@ -21,12 +20,10 @@ from typing import cast
 import numpy as np
 import torch
 
-from nanoserve.worker.kernels.graph_inputs import graph_inputs
 from nanoserve.worker.kernels.prefill_attention import prefill_block_q_lengths
-from nanoserve.worker.layers.context import reset_context, set_context
+from nanoserve.worker.layers.context import Context, reset_context, set_context
 from nanoserve.worker.model.qwen3 import Qwen3DecoderLayer, Qwen3ForCausalLM
 from nanoserve.worker.runner.graph_capture import CaptureTimes, capture_graph
-from nanoserve.worker.runner.host_copy import PinnedRing, side_stream
 from nanoserve.worker.runner.step_inputs import StepInputs
 
 logger = logging.getLogger(__name__)
@@ -78,7 +75,7 @@ def pad_to_bucket(x: StepInputs, buckets: list[int]) -> StepInputs:
 
 def one_prompt_step(n: int, block_size: int, max_blocks: int | None = None) -> StepInputs:
     """A prefill step of one n-token prompt, nothing cached, its slots -1 (nothing stored) and its
-    keys read from block 0 (its block table at most max_blocks wide): a start-up warm-up step."""
+    keys read from block 0: a start-up warm-up step."""
     blocks = min(math.ceil(n / block_size), max_blocks or n)
     return StepInputs(
         True,
@@ -127,32 +124,31 @@ class PrefillGraphRunner:
         capture: bool = True,
         sdpa_lengths: tuple[int, int] = (0, 0),
     ):
-        """sdpa_lengths: the buckets that also get an SDPA graph, (low, high) ((0, 0): none;
+        """sdpa_from: the smallest bucket that also gets an SDPA graph (0: none; the lengths of
         ModelRunner.sdpa_lengths)."""
         attn = cast(Qwen3DecoderLayer, model.model.layers[0]).self_attn.attn
         if not attn.fuses_kv_store:
             raise ValueError("prefill graphs need the Triton backend with the KV cache allocated")
         self.model, self.buckets, self.max_num_seqs = model, buckets, max_num_seqs
-        self.width, self.capture = max_blocks_per_seq, capture
-        self.layouts: dict[int, list[int]] = {}  # bucket -> its inputs' offsets (_layout)
-        # the graphs' inputs, laid out per bucket (_views; the largest bucket's layout is the
-        # longest); the layouts overlap, so _idle sets one bucket's just before its idle step
-        self.inputs = torch.zeros(self._layout(buckets[-1])[-1], dtype=torch.int32, device=device)
-        if capture:  # as CudaGraphRunner: pinned -> side stream -> device staging -> one kernel
-            self.staging = PinnedRing(len(self.inputs), torch.int32)
-            self.device_staging = [torch.empty_like(self.inputs) for _ in range(2)]
-            self.read = [torch.cuda.Event() for _ in range(2)]
-            self.copy_stream = side_stream(device, "to_device")
-        else:
-            self.host_inputs = torch.zeros_like(self.inputs)
+        top = buckets[-1]
+        self.input_ids = torch.zeros(top, dtype=torch.long, device=device)
+        self.positions = torch.zeros(top, dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((top,), -1, dtype=torch.int32, device=device)
+        # the attention's metadata, rows for the most sequences any bucket holds; all zeros
+        # until a step: no query block, nothing read
+        self.cu_seqlens_q = torch.zeros(max_num_seqs + 1, dtype=torch.int32, device=device)
+        self.context_lens = torch.zeros(max_num_seqs, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(
+            max_num_seqs, max_blocks_per_seq, dtype=torch.int32, device=device
+        )
         # (bucket, sdpa) -> (T, hidden) output of its graph
         self.hidden: dict[tuple[int, bool], torch.Tensor] = {}
         # (bucket, sdpa) -> one replay, or (capture=False: tests on CPU) the same forward eagerly
         self.steps: dict[tuple[int, bool], Callable[[], None]] = {}
         self.capture_times = CaptureTimes()  # stays empty without a capture
-        # every bucket's graph, then an SDPA graph of each bucket in sdpa_lengths
-        low, high = sdpa_lengths
+        # every bucket's graph, then an SDPA graph of each bucket from sdpa_from on
         keys = [(n, False) for n in buckets]
+        low, high = sdpa_lengths
         keys += [(n, True) for n in buckets if low and low <= n <= high]
         if not capture:
             self.steps = {key: self._forward(*key) for key in keys}
@@ -161,47 +157,33 @@ class PrefillGraphRunner:
         for key in sorted(keys, reverse=True):  # largest first: the smaller ones reuse its pool
             pool = self._capture(key, pool)
         # a graph's first replay uploads it to the GPU: here, not in a request's first token (the
-        # slots are still -1 and cu_seqlens_q zeros: nothing is stored or attended)
+        # static slots are still -1 and cu_seqlens_q zeros: nothing is stored or attended)
         t = time.perf_counter()
-        for key in self.steps:
-            self.run_idle(key)
+        for step in self.steps.values():
+            step()
         torch.cuda.synchronize()
         logger.info(
-            "captured prefill CUDA graphs for token counts %s (SDPA %s): %s, first replays %.2f s",
+            "captured prefill CUDA graphs for token counts %s (SDPA from %s): %s, first replays "
+            "%.2f s",
             buckets,
             f"{low}-{high}" if low else "none",
             self.capture_times.summary(),
             time.perf_counter() - t,
         )
 
-    def _layout(self, n: int) -> list[int]:
-        """Offsets in bucket n's inputs of [ids | positions | slots | logit rows (n each) |
-        cu_seqlens_q (batch + 1) | context_lens (batch) | block_tables (batch, width)] and its
-        end; batch = min(n, max_num_seqs) (a sequence has at least one token)."""
-        if n not in self.layouts:
-            batch = min(n, self.max_num_seqs)
-            sizes = [n, n, n, n, batch + 1, batch, batch * self.width]
-            self.layouts[n] = np.concatenate([[0], np.cumsum(sizes)]).tolist()
-        return self.layouts[n]
-
-    def _views(self, flat, n: int) -> list:
-        """(ids, positions, slots, rows, cu_seqlens_q, context_lens, block_tables) of bucket n."""
-        o = self._layout(n)
-        parts = [flat[a:b] for a, b in zip(o, o[1:])]
-        return parts[:-1] + [parts[-1].reshape(-1, self.width)]
-
     def _forward(self, n: int, sdpa: bool) -> Callable[[], None]:
-        """The forward of n tokens over bucket n's inputs, its output kept in self.hidden; sdpa:
+        """The forward of n tokens over the static buffers, its output kept in self.hidden; sdpa:
         a step of one prompt attended by torch's SDPA (its metadata unread: no batch rows)."""
-        ids, pos, slots, _, cu, lens, tables = self._views(self.inputs, n)
+        batch = min(n, self.max_num_seqs)  # a sequence has at least one token
+        ids, pos = self.input_ids[:n], self.positions[:n]
 
         def forward() -> None:
             set_context(
                 is_prefill=True,
-                slot_mapping=slots,
-                cu_seqlens_q=cu,
-                context_lens=lens,
-                block_tables=tables,
+                slot_mapping=self.slot_mapping[:n],
+                cu_seqlens_q=self.cu_seqlens_q[: batch + 1],
+                context_lens=self.context_lens[:batch],
+                block_tables=self.block_tables[:batch],
                 sdpa_prefill=sdpa,
             )
             self.hidden[n, sdpa] = self.model(ids, pos)
@@ -209,21 +191,7 @@ class PrefillGraphRunner:
 
         return forward
 
-    def _idle(self, n: int) -> None:
-        """Bucket n's inputs for a step that stores and attends nothing (a capture's warm-up, a
-        first replay): token ids and positions 0 (in range), slots -1, no query rows. Another
-        bucket's slots (-1) lie over this one's ids, which an embedding lookup would read."""
-        self.inputs[: self._layout(n)[-1]].zero_()
-        self._views(self.inputs, n)[2].fill_(-1)
-
-    def run_idle(self, key: tuple[int, bool]) -> None:
-        """One step of graph `key` (bucket, sdpa) that stores and attends nothing: a graph's first
-        replay at start-up."""
-        self._idle(key[0])
-        self.steps[key]()
-
     def _capture(self, key: tuple[int, bool], pool):
-        self._idle(key[0])
         graph = capture_graph(self._forward(*key), pool, self.capture_times)
         self.steps[key] = graph.replay  # (a bound replay keeps its graph)
         return pool or graph.pool()
@@ -231,42 +199,21 @@ class PrefillGraphRunner:
     def can_run(self, num_tokens: int, sdpa: bool = False) -> bool:
         return (num_tokens, sdpa) in self.steps
 
-    def can_take(self, x: StepInputs, sdpa: bool) -> bool:
-        """Whether prefill step x (padded to a bucket) replays a graph: every logit row a token's."""
-        return self.can_run(len(x.input_ids), sdpa) and len(x.logit_rows) <= len(x.input_ids)
-
-    def run(
-        self, x: StepInputs, sdpa: bool, input_ids: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward prefill step x (can_take), its token ids from the device tensor input_ids (N,)
-        when given (lookahead); (its (N, hidden) hidden states, its (R,) logit rows on the
-        device), views valid until the next prefill step."""
-        n, key = len(x.input_ids), (len(x.input_ids), sdpa)
-        b, w = x.block_tables.shape
-        if self.capture:
-            i, staging, done = self.staging.take()
-        else:
-            staging = self.host_inputs
-        ids, pos, slots, rows, cu, lens, tables = self._views(staging.numpy(), n)
-        ids[:], pos[:], slots[:] = x.input_ids, x.positions, x.slot_mapping
-        rows[: len(x.logit_rows)] = x.logit_rows
-        cu[: b + 1], cu[b + 1 :] = x.cu_seqlens_q, x.cu_seqlens_q[-1]
-        lens[:b], tables[:b, :w] = x.context_lens, x.block_tables
-        # rows past b of the block tables are never read (cu_seqlens_q gives them no query)
-        used = self._layout(n)[-2] + b * self.width
-        if self.capture:
-            compute = torch.cuda.current_stream()
-            with torch.cuda.stream(self.copy_stream):
-                self.copy_stream.wait_event(self.read[i])  # its last reader, 2 steps ago, is done
-                self.device_staging[i][:used].copy_(staging[:used], non_blocking=True)
-                done.record(self.copy_stream)
-            compute.wait_event(done)
-            graph_inputs(self.device_staging[i], self.inputs, used, input_ids)
-            self.read[i].record(compute)
-        else:
-            self.inputs[:used].copy_(staging[:used])
-            if input_ids is not None:
-                self.inputs[: len(input_ids)] = input_ids
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
+        """Forward a prefill step of a bucket's token count, its attention context `ctx` (set by
+        ModelRunner.load_inputs; ctx.sdpa_prefill picks the SDPA graph); returns its (T, hidden)
+        hidden states, a view valid until the next replay of that bucket."""
+        n, key = input_ids.shape[0], (input_ids.shape[0], ctx.sdpa_prefill)
+        cu, lens, tables = ctx.cu_seqlens_q, ctx.context_lens, ctx.block_tables
+        assert ctx.slot_mapping is not None and cu is not None and lens is not None
+        assert tables is not None
+        b, w = tables.shape
+        self.input_ids[:n].copy_(input_ids)
+        self.positions[:n].copy_(positions)
+        self.slot_mapping[:n].copy_(ctx.slot_mapping)
+        self.cu_seqlens_q[: b + 1].copy_(cu)
+        self.cu_seqlens_q[b + 1 :].copy_(cu[b:].expand(self.max_num_seqs - b))
+        self.context_lens[:b].copy_(lens)
+        self.block_tables[:b, :w].copy_(tables)
         self.steps[key]()
-        at = self._layout(n)[3]
-        return self.hidden[key], self.inputs[at : at + len(x.logit_rows)]
+        return self.hidden[key]

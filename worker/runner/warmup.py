@@ -99,7 +99,8 @@ def compile_prefill_attention(
     device: torch.device,
 ) -> None:
     """Each tile size of the prefill attention (its one length-bound constexpr), from a
-    one-sequence step of slots -1 through `execute` (capture_and_compile: eagerly)."""
+    one-sequence step of slots -1 through `execute` (the graphs, once captured, where a bucket
+    holds it)."""
     for x in attention_warmup_steps(attn.num_heads // attn.num_kv_heads, fp32, block_size):
         execute(pad_to_bucket(x, buckets))
     torch.cuda.synchronize(device)
@@ -178,12 +179,8 @@ def capture_and_compile(runner: StartingRunner, backend: str) -> None:
             clock=clock,
             sdpa_lengths=runner.sdpa_lengths,
         )
-    # each tile size of the prefill attention, each a one-prompt step: on the Triton kernel, and
-    # eagerly. The graphs' captures compiled their own variants; an eager step (past the largest
-    # bucket) passes other ones: int64 positions, its metadata in tensors of their own, where the
-    # graphs read int32 views of one buffer (two kernels compiled while serving on the H100 else)
+    # each tile size of the prefill attention, each a one-prompt step: on the Triton kernel
     sdpa, runner.sdpa_lengths = runner.sdpa_lengths, (0, 0)  # (SDPA would take a long one)
-    graphs, runner.prefill_graphs = runner.prefill_graphs, None
     with clock.phase("prefill_kernels"):
         if backend == "triton":
             compile_prefill_attention(
@@ -194,7 +191,7 @@ def capture_and_compile(runner: StartingRunner, backend: str) -> None:
                 runner.prefill_buckets,
                 runner.device,
             )
-    runner.sdpa_lengths, runner.prefill_graphs = sdpa, graphs
+    runner.sdpa_lengths = sdpa
     with clock.phase("step_kernels"):  # sampling and the graphs' input fill
         compile_step_kernels(runner.model_config.vocab_size, runner.dtype, runner.device)
     with clock.phase("sdpa_plans"):  # (through the SDPA graphs, where captured)
