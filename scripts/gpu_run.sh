@@ -20,7 +20,10 @@
 #   pdl:     programmatic dependent launch against plain launches, in CUDA graphs
 #   sdpa_prefill: (issue 34) TTFT with the Triton prefill kernel and with SDPA, A/B, and its GPU test
 #   prefill34: (issue 34) this session's prefill path: TTFT Triton/SDPA, engine figures, its GPU tests
-#   prefill_ttft: (issue 34) TTFT by length, Triton then SDPA from 1,024 (an A/B: run from each tree)
+#   prefill_ttft: (issue 34) TTFT by length, Triton then SDPA from 1,024 (an A/B: run from each tree:
+#            cd OTHER && OUT=... bash THIS/scripts/gpu_run.sh prefill_ttft); prefill_triton: its first half
+#   prefill34_tests: prefill34's GPU tests alone;  stallcheck: one fresh stack's 256-stream burst (a
+#            kernel specialised while serving is named in the summary)
 #   prefill_backends: (issue 34) the prefill attention against torch's SDPA and varlen flash
 #   prefill_sweep: the prefill attention kernel's tile configs over one step of the workload
 #   decode_sweep: the decode attention kernel's tiles and launch options over decode batches
@@ -35,7 +38,7 @@
 #   onestream_pinned: (issue 29) the same with the engine core's step loop alone on the last CPU
 #   host_split: a batch-1 step's host work, its GPU waits and graph launches (latency --breakdown)
 #   owed29:  (issue 29) planned steps' stalls, one-stream probes, both OpenAI endpoints, Poisson
-#            over 2 connections, in one call (carry the gateway wheels)
+#            over 2 connections, in one call (carry the gateway wheels); owed29_short: without the stalls
 #   gateway: bench serving offline, through the frontend, straight to the worker and through the
 #            OpenAI HTTP gateway (--target all); carry the gateway extra's wheels first:
 #            bash scripts/gpu_run.sh wheels $(cat scripts/gateway_wheels.txt)
@@ -225,7 +228,7 @@ case $mode in
     step gpu_sdpa_prefill 200 $py -m pytest -q tests/gpu/test_sdpa_prefill_gpu.py -p no:cacheprovider -rA
     ;;
   prefill34)  # issue 34: the prefill path of ada5032 (an SDPA graph per bucket) and, brought
-    # back by `git revert 1e5225c 5b12b42`, b7f17f7 (the graphs' inputs in one copy and one
+    # back by `git revert db3aa5c`, 73d84fc (the graphs' inputs in one copy and one
     # kernel): TTFT by length with the Triton kernel and
     # with SDPA from 1,024 tokens, each its own process; the engine's figures; the GPU tests that
     # cover a prefill step (logits against transformers and eager, no compile or allocation)
@@ -242,6 +245,13 @@ case $mode in
     step prefill_sdpa_0 90 $py -m nanoserve.benchmarks.prefill --lengths 600,1024,1500,2048,4000
     step prefill_sdpa_1024 90 $py -m nanoserve.benchmarks.prefill \
       --lengths 600,1024,1500,2048,4000 --prefill-sdpa-min-tokens 1024
+    ;;
+  prefill_triton)  # prefill_ttft's Triton half alone
+    step prefill_sdpa_0 90 $py -m nanoserve.benchmarks.prefill --lengths 600,1024,1500,2048,4000
+    ;;
+  stallcheck)  # one fresh stack's 256-stream burst (eager steps past the largest bucket): the
+    # summary names any kernel specialised while serving
+    step serving_burst 100 $serving --num-prompts 256 --runs 1 --warmup none --target frontend
     ;;
   prefill34_tests)  # the GPU tests of prefill34 alone
     step gpu_prefill_tests 220 $py -m pytest -q tests/gpu/test_sdpa_prefill_gpu.py \
@@ -324,6 +334,12 @@ case $mode in
     step arrivals_stalls 110 $py -m nanoserve.benchmarks.arrivals --runs 2 --lookahead-prompts on off
     step serving_one_stream 120 $serving --num-prompts 256 --runs 2 --warmup light --target both
     step serving_openai_runs 200 $serving --num-prompts 256 --runs 4 --warmup none --target openai
+    step serving_poisson_2conn 100 $serving --num-prompts 608 --request-rate 38 --runs 3 \
+      --skip-offline --warmup light --target frontend --client-procs 2 --client-channels 1
+    ;;
+  owed29_short)  # owed29 without the planned steps' stalls, both OpenAI endpoints first
+    step serving_openai_runs 200 $serving --num-prompts 256 --runs 4 --warmup none --target openai
+    step serving_one_stream 120 $serving --num-prompts 256 --runs 2 --warmup light --target both
     step serving_poisson_2conn 100 $serving --num-prompts 608 --request-rate 38 --runs 3 \
       --skip-offline --warmup light --target frontend --client-procs 2 --client-channels 1
     ;;
