@@ -59,14 +59,20 @@ def ttft_ms(llm, prompt: list[int]) -> float:
 def test_first_requests_compile_nothing(hf_model, capsys):
     """From the engine's start, the first requests of each kind compile no Triton kernel: greedy
     and sampled steps (the one-pass sampler's two specialisations), seeded rows in odd and even
-    counts, top-k/top-p, logprobs, and decode steps with lookahead (the graphs' input fill with
-    sampled ids). d537462 compiled three specialisations on the first requests it served."""
+    counts, top-k/top-p, logprobs, decode steps with lookahead (the graphs' input fill with
+    sampled ids), and a burst of prompts whose step is past the largest prefill bucket (eager, as
+    the served default's 16,384-token steps are). d537462 compiled three specialisations on the
+    first requests it served; 73d84fc's graphs two in the eager burst (H100, bench serving)."""
     import triton
 
     from nanoserve.worker import SamplingParams
 
     path, _ = hf_model
-    llm = make_llm(path, max_model_len=MAX_MODEL_LEN, num_kvcache_blocks=64)
+    # (the served default: steps up to 16,384 tokens, graphs up to 8,192)
+    llm = make_llm(
+        path, max_model_len=MAX_MODEL_LEN, num_kvcache_blocks=64, max_num_batched_tokens=16384
+    )
+    assert llm.model_runner.prefill_buckets[-1] < 3 * 3000
     compiled: list[str] = []
     triton.knobs.runtime.jit_cache_hook = lambda *a, **kw: compiled.append(kw.get("repr", "?"))
     rng = random.Random(2)
@@ -90,10 +96,13 @@ def test_first_requests_compile_nothing(hf_model, capsys):
         ]
         * 2,
     }
+    burst = "3 x 3,000 tokens, one eager step"
+    kinds[burst] = [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)] * 3
     seen = {}
     try:
         for kind, params in kinds.items():
-            outs = llm.generate([random_prompt(rng, 37) for _ in params], params, use_tqdm=False)
+            n = 3000 if kind == burst else 37
+            outs = llm.generate([random_prompt(rng, n) for _ in params], params, use_tqdm=False)
             assert all(len(o.token_ids) == 8 for o in outs)
             seen[kind] = len(compiled)
     finally:
