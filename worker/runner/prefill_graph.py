@@ -6,9 +6,10 @@ ModelRunner.prepare_prefill pads a step's tokens to a bucket (padded tokens have
 touch the KV cache; their rows are computed and never read). A step copies its inputs and its
 attention metadata into static buffers sized for the bucket's most sequences (cu_seqlens_q padded
 with its last entry: the rows past the step's sequences own no query block) and replays one graph:
-a few copies and one launch of host time, against ~15 launches a layer eagerly. Buckets from
-EngineConfig.prefill_sdpa_min_tokens on have a second graph, for a step of one prompt with nothing
-cached, whose attention is torch's SDPA (cuDNN) over the bucket's rows (takes_sdpa).
+a few copies and one launch of host time, against ~15 launches a layer eagerly. The buckets in
+ModelRunner.sdpa_lengths (EngineConfig.prefill_sdpa_min_tokens up to the bucket of max_model_len)
+have a second graph, for a step of one prompt with nothing cached, whose attention is torch's
+SDPA (cuDNN) over the bucket's rows (takes_sdpa).
 """
 
 import logging
