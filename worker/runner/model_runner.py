@@ -125,9 +125,8 @@ class ModelRunner:
         self.prefill_buckets = prefill_buckets(max_graph_tokens) if use_buckets else []
         self.graphs: CudaGraphRunner | None = None
         self.prefill_graphs: PrefillGraphRunner | None = None
-        self.graph_memory_bytes = (
-            0  # what capturing the CUDA graphs took (warmup.capture_and_compile)
-        )
+        # what capturing the CUDA graphs took (warmup.capture_and_compile)
+        self.graph_memory_bytes = 0
         self.sdpa_lengths = sdpa_prefill_range(self, backend)  # prompt lengths SDPA attends
         self.sample_generator = torch.Generator(self.device).manual_seed(config.seed)
         self.sampling = SamplingInputs(

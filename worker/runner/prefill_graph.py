@@ -76,7 +76,7 @@ def pad_to_bucket(x: StepInputs, buckets: list[int]) -> StepInputs:
 
 def one_prompt_step(n: int, block_size: int, max_blocks: int | None = None) -> StepInputs:
     """A prefill step of one n-token prompt, nothing cached, its slots -1 (nothing stored) and its
-    keys read from block 0: a start-up warm-up step."""
+    keys read from block 0 (its block table at most max_blocks wide): a start-up warm-up step."""
     blocks = min(math.ceil(n / block_size), max_blocks or n)
     return StepInputs(
         True,
@@ -97,6 +97,12 @@ def attention_warmup_steps(group: int, fp32: bool, block_size: int) -> list[Step
     parameter that follows a step's token count). ModelRunner runs them at start so that no prompt
     compiles a kernel while serving (an eager step: past the largest bucket, or without graphs)."""
     return [one_prompt_step(n, block_size) for n in prefill_block_q_lengths(group, fp32)]
+
+
+def sdpa_buckets(buckets: list[int], lengths: tuple[int, int]) -> list[int]:
+    """The buckets whose steps may take SDPA (lengths: takes_sdpa's): each gets an SDPA graph."""
+    low, high = lengths
+    return [n for n in buckets if low and low <= n <= high]
 
 
 def takes_sdpa(x: StepInputs, lengths: tuple[int, int]) -> bool:
@@ -125,8 +131,8 @@ class PrefillGraphRunner:
         capture: bool = True,
         sdpa_lengths: tuple[int, int] = (0, 0),
     ):
-        """sdpa_from: the smallest bucket that also gets an SDPA graph (0: none; the lengths of
-        ModelRunner.sdpa_lengths)."""
+        """sdpa_lengths: ModelRunner.sdpa_lengths ((0, 0): none); its buckets (sdpa_buckets) also
+        get an SDPA graph."""
         attn = cast(Qwen3DecoderLayer, model.model.layers[0]).self_attn.attn
         if not attn.fuses_kv_store:
             raise ValueError("prefill graphs need the Triton backend with the KV cache allocated")
@@ -147,10 +153,9 @@ class PrefillGraphRunner:
         # (bucket, sdpa) -> one replay, or (capture=False: tests on CPU) the same forward eagerly
         self.steps: dict[tuple[int, bool], Callable[[], None]] = {}
         self.capture_times = CaptureTimes()  # stays empty without a capture
-        # every bucket's graph, then an SDPA graph of each bucket from sdpa_from on
+        # every bucket's graph, then an SDPA graph of each bucket in sdpa_lengths
         keys = [(n, False) for n in buckets]
-        low, high = sdpa_lengths
-        keys += [(n, True) for n in buckets if low and low <= n <= high]
+        keys += [(n, True) for n in sdpa_buckets(buckets, sdpa_lengths)]
         if not capture:
             self.steps = {key: self._forward(*key) for key in keys}
             return
@@ -164,10 +169,10 @@ class PrefillGraphRunner:
             step()
         torch.cuda.synchronize()
         logger.info(
-            "captured prefill CUDA graphs for token counts %s (SDPA from %s): %s, first replays "
-            "%.2f s",
+            "captured prefill CUDA graphs for token counts %s (SDPA graphs for %s): %s, first "
+            "replays %.2f s",
             buckets,
-            f"{low}-{high}" if low else "none",
+            sdpa_buckets(buckets, sdpa_lengths) or "none",
             self.capture_times.summary(),
             time.perf_counter() - t,
         )

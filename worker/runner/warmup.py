@@ -22,6 +22,7 @@ from nanoserve.worker.runner.prefill_graph import (
     attention_warmup_steps,
     one_prompt_step,
     pad_to_bucket,
+    sdpa_buckets,
 )
 from nanoserve.worker.runner.start_clock import StartClock
 from nanoserve.worker.runner.step_inputs import StepInputs
@@ -152,12 +153,11 @@ def sdpa_prefill_range(runner: StartingRunner, backend: str) -> tuple[int, int]:
 def arm_sdpa_prefill(runner: StartingRunner) -> None:
     """One step of each bucket in runner.sdpa_lengths through runner.execute (its SDPA graph where
     captured, else eagerly): cuDNN builds a plan per shape, so none is built while serving."""
-    low, high = runner.sdpa_lengths
-    for n in (b for b in runner.prefill_buckets if low and low <= b <= high):
+    for n in sdpa_buckets(runner.prefill_buckets, runner.sdpa_lengths):
         # (a bucket past max_model_len: its block table as wide as the runner's; SDPA reads none)
         step = one_prompt_step(n, runner.config.kvcache_block_size, runner.max_num_blocks_per_seq)
         runner.execute(step)
-    if low and runner.device.type == "cuda":
+    if runner.sdpa_lengths[0] and runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
 
 
