@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from nanoserve.benchmarks.shapes import SHAPES, write_shape_dir
+from nanoserve.worker.config import EngineConfig
 
 
 def step_times(llm, prompt: list[int]) -> tuple[float, float]:
@@ -164,9 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prefill-sdpa-min-tokens",
         type=int,
-        default=0,
+        default=EngineConfig.prefill_sdpa_min_tokens,
         help="EngineConfig.prefill_sdpa_min_tokens: one prompt of at least this many tokens "
-        "attends with torch's SDPA (0: the Triton kernel)",
+        "attends with torch's SDPA (0: the Triton kernel; default: the engine's)",
     )
     p.add_argument(
         "--cprofile",

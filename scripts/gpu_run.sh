@@ -227,12 +227,12 @@ case $mode in
     done
     step gpu_sdpa_prefill 200 $py -m pytest -q tests/gpu/test_sdpa_prefill_gpu.py -p no:cacheprovider -rA
     ;;
-  prefill34)  # issue 34: the prefill path of ada5032 (an SDPA graph per bucket) and, brought
-    # back by `git revert db3aa5c`, 73d84fc (the graphs' inputs in one copy and one
-    # kernel): TTFT by length with the Triton kernel and
-    # with SDPA from 1,024 tokens, each its own process; the engine's figures; the GPU tests that
-    # cover a prefill step (logits against transformers and eager, no compile or allocation)
-    step prefill_sdpa_0 90 $py -m nanoserve.benchmarks.prefill --lengths 600,1024,1500,2048,4000
+  prefill34)  # issue 34: the prefill path (an SDPA graph per bucket from 1,024 tokens, the
+    # default): TTFT by length with the Triton kernel and with SDPA from 1,024 tokens, each its own
+    # process; the engine's figures; the GPU tests that cover a prefill step (logits against
+    # transformers and eager, no compile or allocation)
+    step prefill_sdpa_0 90 $py -m nanoserve.benchmarks.prefill --lengths 600,1024,1500,2048,4000 \
+      --prefill-sdpa-min-tokens 0
     step gpu_prefill_tests 220 $py -m pytest -q tests/gpu/test_sdpa_prefill_gpu.py \
       tests/gpu/test_ttft_gpu.py tests/gpu/test_engine_gpu.py tests/gpu/test_logprobs_gpu.py \
       -p no:cacheprovider -rA
@@ -242,12 +242,14 @@ case $mode in
     ;;
   prefill_ttft)  # issue 34: TTFT and a prefill step's host split by length, the Triton kernel
     # then SDPA from 1,024 tokens, each its own process (an A/B: run it from each tree in turn)
-    step prefill_sdpa_0 90 $py -m nanoserve.benchmarks.prefill --lengths 600,1024,1500,2048,4000
+    step prefill_sdpa_0 90 $py -m nanoserve.benchmarks.prefill --lengths 600,1024,1500,2048,4000 \
+      --prefill-sdpa-min-tokens 0
     step prefill_sdpa_1024 90 $py -m nanoserve.benchmarks.prefill \
       --lengths 600,1024,1500,2048,4000 --prefill-sdpa-min-tokens 1024
     ;;
   prefill_triton)  # prefill_ttft's Triton half alone
-    step prefill_sdpa_0 90 $py -m nanoserve.benchmarks.prefill --lengths 600,1024,1500,2048,4000
+    step prefill_sdpa_0 90 $py -m nanoserve.benchmarks.prefill --lengths 600,1024,1500,2048,4000 \
+      --prefill-sdpa-min-tokens 0
     ;;
   stallcheck)  # one fresh stack's 256-stream burst (eager steps past the largest bucket): the
     # summary names any kernel specialised while serving
