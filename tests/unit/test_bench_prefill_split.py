@@ -1,5 +1,6 @@
 """benchmarks.prefill's host split: a step that no prefill graph runs (here: the CPU) gives no
-split and leaves no KV block taken; a diagnostic that fails reports its error in place of figures."""
+split and leaves no KV block taken; a diagnostic that fails reports its error in place of figures;
+its default flags make a valid engine config."""
 
 from pathlib import Path
 
@@ -23,3 +24,13 @@ def test_a_failing_diagnostic_is_reported_not_raised() -> None:
 
     assert prefill.guarded(boom) == "failed: RuntimeError: no graph"
     assert prefill.guarded(lambda: {"a": 1}) == {"a": 1}
+
+
+def test_the_default_flags_make_a_valid_engine_config() -> None:
+    """The SDPA minimum defaults to the engine's (EngineConfig has slots: its class attribute is a
+    descriptor, which once reached the config and failed the benchmark's default run on a GPU)."""
+    from nanoserve.worker.config import EngineConfig
+
+    args = prefill.build_parser().parse_args([])
+    assert args.prefill_sdpa_min_tokens == EngineConfig().prefill_sdpa_min_tokens
+    EngineConfig(prefill_sdpa_min_tokens=args.prefill_sdpa_min_tokens)
