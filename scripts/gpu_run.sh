@@ -435,13 +435,25 @@ case $mode in
     step roofline_b1_fused 100 env NANOSERVE_PDL=0 $py -m nanoserve.benchmarks.roofline $b1 \
       --decode-fusions
     ;;
+  figures34)  # issue 34's table in one call (~4 min): the workload's throughput (bf16 and fp8
+    # caches), batch-1 ms/token (0.6B and 8B shapes), TTFT by prompt length with start-up by phase
+    step bench_06b 100 $bench throughput latency --shape qwen3-0.6b
+    step bench_06b_fp8 70 $bench throughput --shape qwen3-0.6b --kv-cache-dtype fp8
+    step bench_8b 100 $bench latency --shape qwen3-8b
+    step prefill 90 $py -m nanoserve.benchmarks.prefill --lengths 600,1024,1500,2048,4000
+    ;;
   kernels)
     step roofline 150 $py -m nanoserve.benchmarks.roofline --json
     step kernel_bench 90 $py -m nanoserve.benchmarks.attention
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && step allreduce 120 $py -m nanoserve.benchmarks.allreduce
     step bench_8b 100 $bench latency --shape qwen3-8b
     ;;
-  *) echo "usage: bash scripts/gpu_run.sh [full|quick|tests|retest|load|age|jitter|prefill|mixcap|timeline|roofline|features|serve|tp|splitk|blas|mixed|ab|pdl|prefill_sweep|decode_sweep|roofline_fp8|kernels|batch1|gateway|grpc_runs|gateway_runs|owed29|ttft3|service|headroom|traces|wheels]" >&2
+  *) echo "usage: bash scripts/gpu_run.sh [MODE...], MODE one of: wheels full quick tests engine retest" \
+       "load age jitter prefill arrivals plan mixcap timeline roofline sdpa_prefill prefill34" \
+       "prefill_ttft prefill_triton stallcheck prefill34_tests prefill_backends prefill_sweep" \
+       "decode_sweep pdl roofline_fp8 features serve tp service headroom traces grpc_runs owed29" \
+       "owed29_short poisson onestream_engine onestream onestream_pinned ttft3 gateway_runs" \
+       "gateway splitk blas mixed ab host_split batch1 figures34 kernels" >&2
      exit 2 ;;
 esac
 done
