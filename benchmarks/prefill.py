@@ -49,8 +49,8 @@ def step_times(llm, prompt: list[int]) -> tuple[float, float]:
 def host_split_us(llm, prompt: list[int]) -> dict[str, float]:
     """µs of each host phase of one prefill step of `prompt` through a prefill graph, the GPU held
     busy (as step_times): prepare, load_inputs (pinned copy, casts, context), the graph's run (its
-    buffer copies and the replay), one more replay of that graph alone (the launch's own cost),
-    the LM head of the last row (the SDPA graph where the step takes SDPA). {} where the step
+    buffer copies and the replay), the LM head of the last row, then one more replay of that graph
+    alone (the launch's own cost; the SDPA graph where the step takes SDPA). {} where the step
     runs eagerly (no graph for it)."""
     import torch
 
@@ -81,16 +81,18 @@ def host_split_us(llm, prompt: list[int]) -> dict[str, float]:
             marks.append(time.perf_counter())
             hidden = graphs.run(ids, positions, get_context())
             marks.append(time.perf_counter())
-            graphs.steps[n, sdpa]()
-            marks.append(time.perf_counter())
             reset_context()
+            # as ModelRunner.execute: the LM head right after the graph's run (before 2026-12-06
+            # it came after a second replay, which may have made its launches wait for queue room)
             runner.model.compute_logits(hidden[rows[:1]])
+            marks.append(time.perf_counter())
+            graphs.steps[n, sdpa]()
             marks.append(time.perf_counter())
         torch.cuda.synchronize()
     finally:
         reset_context()
         bm.deallocate(seq)
-    names = ("prepare", "load_inputs", "graph_run", "replay_alone", "lm_head")
+    names = ("prepare", "load_inputs", "graph_run", "lm_head", "replay_alone")
     return {k: round((b - a) * 1e6, 1) for k, a, b in zip(names, marks, marks[1:])}
 
 
