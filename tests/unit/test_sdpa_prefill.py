@@ -123,6 +123,26 @@ def test_the_range_applies_where_it_can_and_arming_runs_a_step_of_each_bucket_in
     assert all(takes_sdpa(one_prompt_step(n, 256), lengths) for n in steps)
 
 
+def test_the_default_takes_sdpa_from_1024_tokens() -> None:
+    """On by default (2026-12-06: no allocation on its first prompts, top-1 agreement 0.998, 12-17%
+    off a 4,000-token TTFT on an H100) where it applies: one rank, the Triton backend, a bf16 cache."""
+    from types import SimpleNamespace
+
+    from nanoserve.worker.config import EngineConfig
+    from nanoserve.worker.runner.warmup import sdpa_prefill_range
+
+    runner = SimpleNamespace(
+        config=EngineConfig(),
+        prefill_buckets=[16, 1024, 2048, 4096, 8192],
+        world_size=1,
+        kv_dtype=torch.bfloat16,
+        dtype=torch.bfloat16,
+        max_model_len=40960,
+    )
+    assert sdpa_prefill_range(runner, "triton") == (1024, 8192)  # type: ignore[arg-type]
+    assert sdpa_prefill_range(runner, "torch") == (0, 0)  # type: ignore[arg-type]
+
+
 def test_a_negative_minimum_is_refused() -> None:
     from nanoserve.worker.config import EngineConfig
 
