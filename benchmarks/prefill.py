@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prefill-sdpa-min-tokens",
         type=int,
-        default=EngineConfig.__dataclass_fields__["prefill_sdpa_min_tokens"].default,
+        default=EngineConfig().prefill_sdpa_min_tokens,
         help="EngineConfig.prefill_sdpa_min_tokens: one prompt of at least this many tokens "
         "attends with torch's SDPA (0: the Triton kernel; default: the engine's)",
     )
