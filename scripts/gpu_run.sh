@@ -117,6 +117,9 @@ step() {  # step NAME TIMEOUT CMD...: run with a timeout inside the budget, keep
 }
 bench="$py -m nanoserve.benchmarks.engine --json"
 serving="$py -m nanoserve.cli bench serving --json --shape qwen3-0.6b"
+# TTFT and a prefill step's host split by prompt length on the Triton prefill kernel alone
+prefill_triton="$py -m nanoserve.benchmarks.prefill --lengths 600,1024,1500,2048,4000"
+prefill_triton+=" --prefill-sdpa-min-tokens 0"
 headroom() {  # headroom PROCS...: issue 29's stand-in worker (no GPU: it answers every 7 ms) at 512
   # streams of 300 tokens from 8 client processes (frontend-cost's default channels each), over gRPC
   # and through the gateway, at each count of frontend (and gateway) processes
@@ -231,8 +234,7 @@ case $mode in
     # default): TTFT by length with the Triton kernel and with SDPA from 1,024 tokens, each its own
     # process; the engine's figures; the GPU tests that cover a prefill step (logits against
     # transformers and eager, no compile or allocation)
-    step prefill_sdpa_0 90 $py -m nanoserve.benchmarks.prefill --lengths 600,1024,1500,2048,4000 \
-      --prefill-sdpa-min-tokens 0
+    step prefill_sdpa_0 90 $prefill_triton
     step gpu_prefill_tests 220 $py -m pytest -q tests/gpu/test_sdpa_prefill_gpu.py \
       tests/gpu/test_ttft_gpu.py tests/gpu/test_engine_gpu.py tests/gpu/test_logprobs_gpu.py \
       -p no:cacheprovider -rA
@@ -242,14 +244,12 @@ case $mode in
     ;;
   prefill_ttft)  # issue 34: TTFT and a prefill step's host split by length, the Triton kernel
     # then SDPA from 1,024 tokens, each its own process (an A/B: run it from each tree in turn)
-    step prefill_sdpa_0 90 $py -m nanoserve.benchmarks.prefill --lengths 600,1024,1500,2048,4000 \
-      --prefill-sdpa-min-tokens 0
+    step prefill_sdpa_0 90 $prefill_triton
     step prefill_sdpa_1024 90 $py -m nanoserve.benchmarks.prefill \
       --lengths 600,1024,1500,2048,4000 --prefill-sdpa-min-tokens 1024
     ;;
   prefill_triton)  # prefill_ttft's Triton half alone
-    step prefill_sdpa_0 90 $py -m nanoserve.benchmarks.prefill --lengths 600,1024,1500,2048,4000 \
-      --prefill-sdpa-min-tokens 0
+    step prefill_sdpa_0 90 $prefill_triton
     ;;
   stallcheck)  # one fresh stack's 256-stream burst (eager steps past the largest bucket): the
     # summary names any kernel specialised while serving
