@@ -128,6 +128,69 @@ def ttft_ms(llm, prompt: list[int]) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def kernel_account(llm, prompt, n: int, steps: int = 5) -> dict:
+    """torch.profiler over `steps` prefill steps of one fresh n-token prompt (as step_times: the
+    step's own kernels, graphed where a bucket holds it): per kernel class the GPU µs a step
+    against the class's bound (GEMMs at the FLOP peak, attention's causal FLOPs), the largest
+    kernels and the GPU's idle gaps: where a long prompt's TTFT goes on the GPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from nanoserve.benchmarks.roofline_kernels import (
+        class_rows,
+        kernel_class,
+        kernel_events,
+        kernel_rows,
+    )
+    from nanoserve.benchmarks.step_cost import BF16, Cost, Shape
+
+    step_times(llm, prompt(n))  # warm
+    seq: list = []  # (start, name, µs) of every kernel of the profiled steps
+    spans: list = []  # (start, end, name)
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(steps):
+            step_times(llm, prompt(n))
+    kernel_events(p, True, seq, spans)
+    held = ("sleep", "spin_kernel")  # step_times' GPU hold, not the step's
+    seq = [e for e in seq if not any(h in e[1].lower() for h in held)]
+    spans = [e for e in spans if not any(h in e[2].lower() for h in held)]
+    classes: dict[str, dict] = {}
+    kernels: dict[str, list[float]] = {}
+    for _, name, us in seq:
+        kernels.setdefault(name, []).append(us)
+        row = classes.setdefault(kernel_class(name), dict(us=0.0, calls=0.0))
+        row["us"] += us / steps
+        row["calls"] += 1 / steps
+    c = llm.model_runner.model_config
+    shape = Shape(
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_hidden_layers,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.head_dim,
+    )
+    # the layers' GEMMs at the FLOP peak, plus the LM head of the last row (its weights' bytes)
+    gemm = (
+        Cost(0, 2 * n * shape.linear_params).bound_s + Cost(shape.lm_head_params * BF16, 0).bound_s
+    )
+    attn_flops = 4 * shape.head_dim * shape.heads * shape.layers * n * (n + 1) // 2
+    bounds = {"gemm": 1e6 * gemm, "attention": 1e6 * Cost(0, attn_flops).bound_s}
+    # each step's GPU span, first kernel's start to last kernel's end (steps apart: the holds)
+    walls, spans = [], sorted(spans)
+    first = 0
+    for i in range(1, len(spans) + 1):
+        if i == len(spans) or spans[i][0] - spans[i - 1][1] > 20_000:
+            walls.append(max(e for _, e, _ in spans[first:i]) - spans[first][0])
+            first = i
+    return dict(
+        prompt_tokens=n,
+        gpu_busy_us=round(sum(r["us"] for r in classes.values()), 1),
+        gpu_span_us=[round(w, 1) for w in walls],  # busy + the GPU's gaps inside each step
+        classes=class_rows(classes, bounds),
+        kernels=kernel_rows(kernels, steps, 14),
+    )
+
+
 def profile_steps(llm, prompt, n: int, steps: int) -> None:
     """cProfile of `steps` prefill steps of n-token prompts: the top functions by own time and by
     cumulative time, per step (the GPU is held busy, so host time is all that is measured)."""
@@ -178,6 +241,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="instead: cProfile N prefill steps of the first length (the GPU kept busy, as for the "
         "host time) and print where their host time goes, by function",
+    )
+    p.add_argument(
+        "--kernels",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also: a per-kernel-class account of an N-token prompt's prefill step on the GPU "
+        "(torch.profiler; `kernel_account` in the JSON)",
     )
     p.add_argument(
         "--max-model-len",
@@ -239,6 +310,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         )
     runner = llm.model_runner
+    account = guarded(lambda: kernel_account(llm, prompt, args.kernels)) if args.kernels else None
     print(
         json.dumps(
             dict(
@@ -264,6 +336,7 @@ def main(argv: list[str] | None = None) -> None:
                 cuda_graph_mib=round(getattr(runner, "graph_memory_bytes", 0) / 2**20),
                 gpu=torch.cuda.get_device_name(),
                 steps=rows,
+                kernel_account=account,
             ),
             indent=1,
         )

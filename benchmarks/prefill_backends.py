@@ -87,11 +87,64 @@ def compare(prompt_len: int = 4000, tokens: int = 16384, seed: int = 0) -> list[
     return rows
 
 
+def plan_times(lengths: list[int], contiguous: bool) -> list[dict]:
+    """Start-up's cost of the SDPA prefill graphs, one term of it: the first cuDNN SDPA call of each
+    length (cuDNN builds an execution plan per shape; torch caches it per thread) against the second,
+    in this process's order, as Attention.sdpa_prefill calls it: q, k, v the qkv projection's column
+    slices, or (contiguous) each copied dense first. TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 in the
+    environment (torch's opt-in: one plan for lengths up to the same power of two, BSHD-dense
+    inputs only) is what a second run compares."""
+    import os
+    import time
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    rows = []
+    for n in lengths:
+        qkv = torch.randn(n, (HQ + 2 * HKV) * D, device="cuda", dtype=torch.bfloat16)
+        q, k, v = qkv.split([HQ * D, HKV * D, HKV * D], dim=1)
+        q, k, v = (x.view(n, -1, D) for x in (q, k, v))
+        if contiguous:
+            q, k, v = (x.contiguous() for x in (q, k, v))
+        qt, kt, vt = (x.unsqueeze(0).transpose(1, 2) for x in (q, k, v))
+        times = []
+        for _ in range(2):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                torch.nn.functional.scaled_dot_product_attention(
+                    qt, kt, vt, is_causal=True, scale=D**-0.5, enable_gqa=True
+                )
+            torch.cuda.synchronize()
+            times.append(round((time.perf_counter() - t) * 1e3, 2))
+        row = dict(
+            bench="sdpa_plan",
+            tokens=n,
+            contiguous=contiguous,
+            avoid_recompile=os.environ.get("TORCH_CUDNN_SDPA_AVOID_RECOMPILE", ""),
+            first_ms=times[0],
+            second_ms=times[1],
+        )
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m nanoserve.benchmarks.prefill_backends")
     parser.add_argument("--prompt-lens", type=int, nargs="+", default=[4000, 1500, 0])
+    parser.add_argument(
+        "--plan-times",
+        action="store_true",
+        help="instead: each prompt length's first and second cuDNN SDPA call (plan build), as the "
+        "attention calls it, then with q, k, v dense (--contiguous)",
+    )
+    parser.add_argument("--contiguous", action="store_true", help="--plan-times: q, k, v dense")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
+    if args.plan_times:
+        plan_times(args.prompt_lens, args.contiguous)
+        return
     for n in args.prompt_lens:
         compare(n)
 

@@ -440,7 +440,25 @@ case $mode in
     step bench_06b 100 $bench throughput latency --shape qwen3-0.6b
     step bench_06b_fp8 70 $bench throughput --shape qwen3-0.6b --kv-cache-dtype fp8
     step bench_8b 100 $bench latency --shape qwen3-8b
-    step prefill 90 $py -m nanoserve.benchmarks.prefill --lengths 600,1024,1500,2048,4000
+    step prefill 90 $py -m nanoserve.benchmarks.prefill --lengths 600,1024,1500,2048,4000 \
+      --kernels 4000
+    ;;
+  startup34)  # issue 34's start-up: each SDPA bucket length's first cuDNN call (its plan build)
+    # as the attention makes it, then dense with torch's one-plan-per-power-of-two opt-in, then
+    # where a fresh engine's start goes by function (cProfile, twice: it swings between processes)
+    sdpa_lens="1024 1280 1536 1792 2048 2560 3072 3584 4096 5120 6144 7168 8192"
+    step sdpa_plans_strided 60 $py -m nanoserve.benchmarks.prefill_backends --plan-times \
+      --prompt-lens $sdpa_lens
+    step sdpa_plans_dense_onetime 60 env TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 \
+      $py -m nanoserve.benchmarks.prefill_backends --plan-times --contiguous --prompt-lens $sdpa_lens
+    for run in 1 2; do
+      step start_profile_$run 90 $py -m cProfile -o "$out/start_$run.prof" \
+        -m nanoserve.benchmarks.prefill --lengths 37 --repeats 2
+      step start_stats_$run 30 $py -c "import pstats, sys
+s = pstats.Stats(sys.argv[1])
+s.sort_stats('cumulative').print_stats(70)
+s.sort_stats('tottime').print_stats(30)" "$out/start_$run.prof"
+    done
     ;;
   kernels)
     step roofline 150 $py -m nanoserve.benchmarks.roofline --json
@@ -453,7 +471,7 @@ case $mode in
        "prefill_ttft prefill_triton stallcheck prefill34_tests prefill_backends prefill_sweep" \
        "decode_sweep pdl roofline_fp8 features serve tp service headroom traces grpc_runs owed29" \
        "owed29_short poisson onestream_engine onestream onestream_pinned ttft3 gateway_runs" \
-       "gateway splitk blas mixed ab host_split batch1 figures34 kernels" >&2
+       "gateway splitk blas mixed ab host_split batch1 figures34 startup34 kernels" >&2
      exit 2 ;;
 esac
 done

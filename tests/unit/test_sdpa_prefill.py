@@ -108,6 +108,7 @@ def test_the_range_applies_where_it_can_and_arming_runs_a_step_of_each_bucket_in
         device=torch.device("cpu"),
         max_model_len=max_len,
         max_num_blocks_per_seq=-(-max_len // 256),
+        prefill_graphs=None,  # eager: every bucket of the range is armed
     )
     runner.sdpa_lengths = sdpa_prefill_range(runner, backend)  # type: ignore[arg-type]
     assert runner.sdpa_lengths == lengths
@@ -121,6 +122,28 @@ def test_the_range_applies_where_it_can_and_arming_runs_a_step_of_each_bucket_in
     # every step's block table fits the runner's (the GPU's 5,120-token bucket over 16 blocks)
     assert all(w <= runner.max_num_blocks_per_seq for w in widths)
     assert all(takes_sdpa(one_prompt_step(n, 256), lengths) for n in steps)
+
+
+def test_arming_skips_the_buckets_whose_sdpa_graph_was_captured() -> None:
+    """A captured SDPA graph's capture already built cuDNN's plan for its shape (its warm-up
+    forward) and was replayed once: arming runs eager steps only for the buckets without one."""
+    from types import SimpleNamespace
+
+    from nanoserve.worker.runner.warmup import arm_sdpa_prefill
+
+    captured = {2048, 4096}
+    ran: list[int] = []
+    runner = SimpleNamespace(
+        prefill_buckets=[16, 1024, 2048, 4096, 8192],
+        sdpa_lengths=(1024, 8192),
+        config=SimpleNamespace(kvcache_block_size=256),
+        max_num_blocks_per_seq=32,
+        device=torch.device("cpu"),
+        prefill_graphs=SimpleNamespace(can_run=lambda n, sdpa=False: sdpa and n in captured),
+        execute=lambda x: ran.append(len(x.input_ids)),
+    )
+    arm_sdpa_prefill(runner)  # type: ignore[arg-type]
+    assert ran == [1024, 8192]
 
 
 def test_the_default_takes_sdpa_from_1024_tokens() -> None:

@@ -151,9 +151,13 @@ def sdpa_prefill_range(runner: StartingRunner, backend: str) -> tuple[int, int]:
 
 @torch.no_grad()
 def arm_sdpa_prefill(runner: StartingRunner) -> None:
-    """One step of each bucket in runner.sdpa_lengths through runner.execute (its SDPA graph where
-    captured, else eagerly): cuDNN builds a plan per shape, so none is built while serving."""
+    """One eager step of each bucket in runner.sdpa_lengths that has no SDPA graph: cuDNN builds a
+    plan per shape, so none is built while serving. (A captured bucket's plan was built by its
+    capture's warm-up forward, and PrefillGraphRunner replayed it once: nothing left to arm.)"""
+    graphs = runner.prefill_graphs
     for n in sdpa_buckets(runner.prefill_buckets, runner.sdpa_lengths):
+        if graphs is not None and graphs.can_run(n, sdpa=True):
+            continue
         # (a bucket past max_model_len: its block table as wide as the runner's; SDPA reads none)
         step = one_prompt_step(n, runner.config.kvcache_block_size, runner.max_num_blocks_per_seq)
         runner.execute(step)
