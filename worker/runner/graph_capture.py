@@ -4,7 +4,7 @@ the kernels, sizes cuBLAS workspaces), then the capture, each timed for the star
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.cuda import _POOL_HANDLE  # what CUDAGraph.pool() returns
@@ -26,6 +26,8 @@ class CaptureTimes:
     graphs: int = 0
     warmup_s: float = 0.0
     capture_s: float = 0.0
+    # each graph's warm-up, in capture order (largest first): first-use costs land in the first
+    each_warmup_ms: list[float] = field(default_factory=list)
 
     def summary(self) -> str:
         return (
@@ -59,5 +61,6 @@ def capture_graph(
     torch.cuda.synchronize()
     times.graphs += 1
     times.warmup_s += t1 - t0
+    times.each_warmup_ms.append(round((t1 - t0) * 1e3, 1))
     times.capture_s += time.perf_counter() - t1
     return graph
