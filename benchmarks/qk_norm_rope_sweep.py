@@ -44,7 +44,7 @@ def sweep(n: int, rows: list[int]) -> list[dict]:
         call()
         result = (qkv.clone(), k_cache.clone())
         qkv.copy_(snapshot)
-        same = None if reference is None else all(map(torch.equal, result, reference))
+        same: bool | None = None if reference is None else all(map(torch.equal, result, reference))
         reference = reference or result
         us = triton.testing.do_bench(call, warmup=10, rep=50, return_mode="median") * 1e3
         row = dict(

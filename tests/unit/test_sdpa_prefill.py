@@ -225,6 +225,42 @@ def test_an_sdpa_step_gives_the_reference_forward_and_cache(through: str):
         torch.testing.assert_close(layer.v_cache, v, atol=1e-5, rtol=1e-5)
 
 
+def test_an_sdpa_graphs_warmup_calls_sdpa_as_its_step_does(monkeypatch) -> None:
+    """Capture warms an SDPA graph up with the SDPA call alone (the rest of its forward ran at the
+    bucket's shapes in the graph captured just before): that call must be the one a step makes,
+    the same shapes, strides and dtype (cuDNN's plan is built per layout), or a step would build a
+    plan while serving."""
+    from nanoserve.worker.layers.attention import Attention
+
+    model = dummy_model()
+    fresh_caches(model, "triton")
+    calls: list[tuple] = []
+    real = Attention.sdpa_prefill
+
+    def seen(self, q, k, v):
+        calls.append(tuple((t.shape, t.stride(), t.dtype) for t in (q, k, v)))
+        return real(self, q, k, v)
+
+    monkeypatch.setattr(Attention, "sdpa_prefill", seen)
+    runner = PrefillGraphRunner(
+        model, [16, 32], 4, 3, torch.device("cpu"), capture=False, sdpa_lengths=(32, 32)
+    )
+    with torch.no_grad():
+        runner._sdpa_warmup(32)()
+        warmup, calls[:] = calls[:], []
+        set_context(
+            is_prefill=True,
+            slot_mapping=torch.full((32,), -1, dtype=torch.int32),
+            cu_seqlens_q=torch.tensor([0, 32], dtype=torch.int32),
+            context_lens=torch.tensor([32], dtype=torch.int32),
+            block_tables=torch.zeros(1, 3, dtype=torch.int32),
+            sdpa_prefill=True,
+        )
+        runner.run(torch.zeros(32, dtype=torch.long), torch.arange(32), get_context())
+        reset_context()
+    assert len(warmup) == 1 and calls and set(calls) == set(warmup)
+
+
 def test_cudnn_takes_is_asked_once_per_layout() -> None:
     """On the CPU no cuDNN: False (sdpa_prefill then copies q, k, v dense), remembered by layout."""
     from nanoserve.worker.layers import attention

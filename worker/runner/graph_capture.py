@@ -36,12 +36,16 @@ class CaptureTimes:
 
 
 def capture_graph(
-    forward: Callable[[], None], pool: _POOL_HANDLE | None, times: CaptureTimes
+    forward: Callable[[], None],
+    pool: _POOL_HANDLE | None,
+    times: CaptureTimes,
+    warmup: Callable[[], None] | None = None,
 ) -> torch.cuda.CUDAGraph:
-    """forward run eagerly once, then captured into a graph over the memory pool `pool` (None:
-    a new one, the graph's own)."""
+    """forward run eagerly once (or `warmup`, where the rest of forward has run at these shapes
+    already), then captured into a graph over the memory pool `pool` (None: a new one, the
+    graph's own)."""
     t0 = time.perf_counter()
-    forward()
+    (warmup or forward)()
     torch.cuda.synchronize()
     t1 = time.perf_counter()
     graph = torch.cuda.CUDAGraph()
