@@ -251,6 +251,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(torch.profiler; `kernel_account` in the JSON)",
     )
     p.add_argument(
+        "--served-defaults",
+        action="store_true",
+        help="the engine as `nanoserve serve` starts it (EngineConfig's max_num_seqs, step "
+        "tokens and max_model_len) instead of 64 sequences, 8,192-token steps and --max-model-len: "
+        "its start-up by phase",
+    )
+    p.add_argument(
         "--max-model-len",
         type=int,
         default=8192,
@@ -267,13 +274,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("benchmarks.prefill needs CUDA")
     from nanoserve.worker import LLM
 
-    kw = dict(
-        enforce_eager=args.enforce_eager,
-        prefill_sdpa_min_tokens=args.prefill_sdpa_min_tokens,
-        max_model_len=args.max_model_len,
-        max_num_seqs=64,
-        max_num_batched_tokens=8192,
+    kw: dict = dict(
+        enforce_eager=args.enforce_eager, prefill_sdpa_min_tokens=args.prefill_sdpa_min_tokens
     )
+    if not args.served_defaults:  # this benchmark's own, smaller engine
+        kw.update(max_model_len=args.max_model_len, max_num_seqs=64, max_num_batched_tokens=8192)
     started = time.perf_counter()
     if args.model:
         llm = LLM(args.model, **kw)

@@ -447,7 +447,8 @@ case $mode in
     step prefill 90 $py -m nanoserve.benchmarks.prefill --lengths 600,1024,1500,2048,4000 \
       --kernels 4000
     ;;
-  startup34)  # issue 34's start-up: three fresh engines (the first also fills the bytecode cache),
+  startup34)  # issue 34's start-up: three fresh engines (the first also fills the bytecode cache)
+    # and two with the served defaults,
     # each graph's warm-up in the JSON's capture_times, then where a start goes by function
     # (cProfile); SDPA_PLANS=1: also each SDPA bucket length's first cuDNN call (its plan build)
     if [ -n "${SDPA_PLANS:-}" ]; then
@@ -457,6 +458,10 @@ case $mode in
     fi
     for run in 1 2 3; do
       step start_$run 60 $py -m nanoserve.benchmarks.prefill --lengths 37 --repeats 2
+    done
+    for run in 1 2; do  # as `nanoserve serve` starts it: 256 sequences, 16,384-token steps
+      step start_served_$run 60 $py -m nanoserve.benchmarks.prefill --lengths 37 --repeats 2 \
+        --served-defaults
     done
     step start_profile 90 $py -m cProfile -o "$out/start.prof" \
       -m nanoserve.benchmarks.prefill --lengths 37 --repeats 2
