@@ -470,6 +470,11 @@ s = pstats.Stats(sys.argv[1])
 s.sort_stats('cumulative').print_stats(70)
 s.sort_stats('tottime').print_stats(30)" "$out/start.prof"
     ;;
+  prefill_host)  # issue 34: where a prefill step's host time goes by function (cProfile of 100
+    # steps of a 600-token prompt, the GPU kept busy), then of a 4,000-token one
+    step prefill_host_600 60 $py -m nanoserve.benchmarks.prefill --cprofile 100 --lengths 600
+    step prefill_host_4000 60 $py -m nanoserve.benchmarks.prefill --cprofile 50 --lengths 4000
+    ;;
   rope_sweep)  # issue 34: the q/k-norm + rotary + KV-store kernel by tokens a program (prefill)
     step rope_sweep 60 $py -m nanoserve.benchmarks.qk_norm_rope_sweep
     ;;
@@ -484,7 +489,8 @@ s.sort_stats('tottime').print_stats(30)" "$out/start.prof"
        "prefill_ttft prefill_triton stallcheck prefill34_tests prefill_backends prefill_sweep" \
        "decode_sweep pdl roofline_fp8 features serve tp service headroom traces grpc_runs owed29" \
        "owed29_short poisson onestream_engine onestream onestream_pinned ttft3 gateway_runs" \
-       "gateway splitk blas mixed ab host_split batch1 figures34 startup34 rope_sweep kernels" >&2
+       "gateway splitk blas mixed ab host_split batch1 figures34 startup34 prefill_host rope_sweep"
+       "kernels" >&2
      exit 2 ;;
 esac
 done
