@@ -489,7 +489,7 @@ s.sort_stats('tottime').print_stats(30)" "$out/start.prof"
        "prefill_ttft prefill_triton stallcheck prefill34_tests prefill_backends prefill_sweep" \
        "decode_sweep pdl roofline_fp8 features serve tp service headroom traces grpc_runs owed29" \
        "owed29_short poisson onestream_engine onestream onestream_pinned ttft3 gateway_runs" \
-       "gateway splitk blas mixed ab host_split batch1 figures34 startup34 prefill_host rope_sweep"
+       "gateway splitk blas mixed ab host_split batch1 figures34 startup34 prefill_host rope_sweep" \
        "kernels" >&2
      exit 2 ;;
 esac
