@@ -137,9 +137,9 @@ def kernel_account(llm, prompt, n: int, steps: int = 5) -> dict:
 
     from nanoserve.benchmarks.roofline_kernels import (
         class_rows,
-        kernel_class,
         kernel_events,
         kernel_rows,
+        tally,
     )
     from nanoserve.benchmarks.step_cost import BF16, Cost, Shape
 
@@ -153,13 +153,7 @@ def kernel_account(llm, prompt, n: int, steps: int = 5) -> dict:
     held = ("sleep", "spin_kernel")  # step_times' GPU hold, not the step's
     seq = [e for e in seq if not any(h in e[1].lower() for h in held)]
     spans = [e for e in spans if not any(h in e[2].lower() for h in held)]
-    classes: dict[str, dict] = {}
-    kernels: dict[str, list[float]] = {}
-    for _, name, us in seq:
-        kernels.setdefault(name, []).append(us)
-        row = classes.setdefault(kernel_class(name), dict(us=0.0, calls=0.0))
-        row["us"] += us / steps
-        row["calls"] += 1 / steps
+    classes, kernels = tally(seq, steps)
     c = llm.model_runner.model_config
     shape = Shape(
         c.hidden_size,

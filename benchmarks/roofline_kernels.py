@@ -192,6 +192,19 @@ def kernel_events(prof, cuda: bool, seq: list, spans: list) -> None:
             seq.append((e.time_range.start, e.name, e.cpu_time_total))
 
 
+def tally(seq: list, steps: int) -> tuple[dict[str, dict], dict[str, list[float]]]:
+    """kernel_events' (start, name, µs) of `steps` steps -> ({class: {"us", "calls"} a step},
+    {kernel name: [µs of each call]})."""
+    classes: dict[str, dict] = {}
+    kernels: dict[str, list[float]] = {}
+    for _, name, us in seq:
+        kernels.setdefault(name, []).append(us)
+        row = classes.setdefault(kernel_class(name), dict(us=0.0, calls=0.0))
+        row["us"] += us / steps
+        row["calls"] += 1 / steps
+    return classes, kernels
+
+
 def class_rows(classes: dict[str, dict], bounds_us: dict[str, float]) -> dict[str, dict]:
     """{class: {"us", "calls"} a step} -> the rows of the account, slowest first, each against its
     bound where one is known."""
@@ -370,13 +383,7 @@ def profile_prefill(llm, shape: Shape, tokens: int = 16384, repeats: int = 3) ->
             kernel_events(p, cuda, seq, spans)
     finally:
         del runner._prepare_prefill
-    classes: dict[str, dict] = {}
-    kernels: dict[str, list[float]] = {}
-    for _, name, us in seq:
-        kernels.setdefault(name, []).append(us)
-        c = classes.setdefault(kernel_class(name), dict(us=0.0, calls=0.0))
-        c["us"] += us / repeats
-        c["calls"] += 1 / repeats
+    classes, kernels = tally(seq, repeats)
     by_class = class_rows(
         classes,
         {"gemm": 1e6 * gemm_b.bound_s / repeats, "attention": 1e6 * attn_b.bound_s / repeats},
