@@ -204,7 +204,7 @@ class PrefillGraphRunner:
         # an SDPA graph's bucket ran every other kernel of its forward at these shapes when its
         # graph was captured just before: only the SDPA call is new (cuDNN builds its plan for
         # the shape on the first one). On an H100 a whole forward's warm-up took 80-116 ms a
-        # bucket, the call alone 38-60 ms: 1.3-1.6 s less start-up over 13 buckets (2026-12-06).
+        # bucket, the call alone 38-60 ms: ~0.5-0.7 s less start-up over 13 buckets (2026-12-06).
         warmup = self._sdpa_warmup(n) if sdpa else None
         graph = capture_graph(self._forward(n, sdpa), pool, self.capture_times, warmup)
         self.steps[key] = graph.replay  # (a bound replay keeps its graph)
