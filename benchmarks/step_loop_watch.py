@@ -43,22 +43,32 @@ class StepLoopWatch:
         self.rows: list[ThreadRow] = []
         self.steals: list[dict[int, int]] = []  # each CPU's steal ticks at each sample
         self._stop = threading.Event()
+        # a sample now and one at stop(), taken by the caller: every window in between has a
+        # sample on each side even where the thread got no CPU (a 2-core CI box under a full
+        # suite read none for every probe once, 2026-12-06)
+        self._sample()
         self._thread = threading.Thread(target=self._run, name="step-loop-watch", daemon=True)
         self._thread.start()
 
+    def _sample(self) -> bool:
+        """One sample appended; False once the loop's process is gone."""
+        row = read_loop(self.pid)
+        if row is None:
+            return False
+        self.times.append(time.perf_counter())
+        self.rows.append(row)
+        self.steals.append(cpu_steal())
+        return True
+
     def _run(self) -> None:
-        while not self._stop.is_set():
-            row = read_loop(self.pid)
-            if row is None:
-                return
-            self.times.append(time.perf_counter())
-            self.rows.append(row)
-            self.steals.append(cpu_steal())
-            self._stop.wait(self.interval_s)
+        while not self._stop.wait(self.interval_s) and self._sample():
+            pass
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
+        if not self._thread.is_alive():  # (else it may still append: leave the samples as they are)
+            self._sample()
 
     def window(self, start: float, end: float) -> dict | None:
         """The loop's CPU %, run-queue wait %, preemptions, sleeps, its CPUs' steal % (the

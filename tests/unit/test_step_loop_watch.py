@@ -47,6 +47,22 @@ def test_a_busy_thread_is_watched() -> None:
     assert read_loop(os.getpid()) is not None
 
 
+def test_a_window_inside_the_watch_is_read_even_if_its_thread_never_sampled(monkeypatch) -> None:
+    """The watch samples once when made and once when stopped, on the caller's thread: a probe
+    between the two has a sample on each side however little CPU the sampling thread got (on a
+    2-core CI box under a full suite every probe once read None)."""
+    monkeypatch.setattr(StepLoopWatch, "_run", lambda self: None)  # a thread that never samples
+    watch = StepLoopWatch(os.getpid(), interval_s=0.002)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.05:
+        pass
+    t1 = time.perf_counter()
+    watch.stop()
+    assert len(watch.times) == 2
+    w = watch.window(t0, t1)
+    assert w is not None and w["cpu_pct"] > 0, w
+
+
 CHILD = """
 import multiprocessing as mp, os
 from nanoserve.benchmarks.step_loop_watch import engine_core_pid
