@@ -13,7 +13,7 @@ from nanoserve.config import parse_config
 from nanoserve.frontend.config import FrontendConfig
 from nanoserve.log import log_startup_error, setup_logging
 from nanoserve.model_files import check_tokenizer_files, resolve_model_dir
-from nanoserve.process import check_port_free
+from nanoserve.process import check_port_free, die_with_starter
 
 logger = logging.getLogger("nanoserve.frontend")
 
@@ -48,6 +48,7 @@ async def serve(config: FrontendConfig) -> None:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m nanoserve.frontend") -> None:
+    die_with_starter()  # (where `nanoserve serve` or a benchmark started this process)
     config = parse_config(FrontendConfig, argv, prog=prog)
     setup_logging("frontend", config.log_level)
     try:

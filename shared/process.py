@@ -3,6 +3,7 @@ its gRPC health, check a port is free before binding it. Used by `nanoserve serv
 benchmark; imports neither service.
 """
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -25,30 +26,35 @@ STOP_TIMEOUT_S = 40.0  # per child: its own drain grace (30 s by default) plus s
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def die_with_parent_preexec() -> Callable[[], None] | None:
-    """A Popen preexec_fn (run in the child between fork and exec) that has the kernel send the
-    child SIGTERM when the thread that forked it ends: a SIGKILLed `nanoserve serve` takes its
-    services with it, and they drain and close their ports as on `serve`'s own SIGTERM. The
-    signal follows the forking *thread*: fork from one that lives as long as the process.
-    None where prctl does not exist (not Linux)."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before fork, not in the child
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
+PARENT_PID_ENV = "NANOSERVE_PARENT_PID"  # set by Child: the process its service should die with
 
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
-        if os.getppid() != parent:  # the parent died before prctl: no signal will ever come
-            os._exit(1)
 
-    return preexec
+def die_with(parent: int) -> None:
+    """Has the kernel send this process SIGTERM when the thread that started it ends, even by
+    SIGKILL (Linux's PR_SET_PDEATHSIG; elsewhere a no-op), and exits now if `parent` is already
+    gone (then no signal would ever come)."""
+    with contextlib.suppress(OSError, AttributeError):  # prctl is Linux's
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def die_with_starter() -> None:
+    """Called first by each service's main(): where a Child started it ($NANOSERVE_PARENT_PID,
+    taken out of the environment so the service's own children do not inherit it), die_with that
+    parent. Set here rather than in a Popen preexec_fn: a preexec_fn makes CPython fork() instead
+    of vfork() and run the parent's fork handlers in the child, and with the parent's gRPC
+    channels live those crash the child before it execs (grpc/grpc#43055, grpcio 1.80 on; seen
+    here once as a frontend that "aborted at start" in `ev_epoll1_linux.cc`, 2026-12-06)."""
+    parent = os.environ.pop(PARENT_PID_ENV, "")
+    if parent.isdigit():
+        die_with(int(parent))
 
 
 class Child:
     """A service process whose stdout is copied to ours, watching for its "listening on" line.
-    It gets SIGTERM when the thread that made it ends (build it on the main thread): a parent
-    killed by any means leaves no service behind."""
+    It gets SIGTERM when the thread that made it ends (build it on the main thread; the service's
+    main() asks for it: die_with_starter): a parent killed by any means leaves no service behind."""
 
     def __init__(self, name: str, argv: list[str]) -> None:
         self.name = name
@@ -60,7 +66,7 @@ class Child:
             text=True,
             bufsize=1,
             start_new_session=True,  # signals come from us, in order
-            preexec_fn=die_with_parent_preexec(),  # noqa: PLW1509 - only prctl and getppid
+            env={**os.environ, PARENT_PID_ENV: str(os.getpid())},  # (die_with_starter)
         )
         threading.Thread(target=self._relay, args=(self.process.stdout,), daemon=True).start()
 

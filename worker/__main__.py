@@ -11,7 +11,7 @@ import os
 from nanoserve.config import parse_config
 from nanoserve.log import log_startup_error, setup_logging
 from nanoserve.model_files import TINY, check_model_dir, resolve_model_dir
-from nanoserve.process import check_port_free
+from nanoserve.process import check_port_free, die_with_starter
 from nanoserve.worker.config import WorkerConfig
 from nanoserve.worker.service.request_log import use_log_format
 
@@ -39,6 +39,7 @@ def preflight(config: WorkerConfig) -> WorkerConfig:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m nanoserve.worker") -> None:
+    die_with_starter()  # (where `nanoserve serve` or a benchmark started this process)
     config = parse_config(WorkerConfig, argv, prog=prog)
     setup_logging("worker", config.log_level)
     use_log_format(config.log_format)

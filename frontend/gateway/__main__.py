@@ -17,6 +17,7 @@ from typing import Any
 from nanoserve.config import parse_config
 from nanoserve.frontend.gateway.config import GatewayConfig
 from nanoserve.log import log_startup_error, setup_logging
+from nanoserve.process import die_with_starter
 from nanoserve.startup_heap import freeze_startup_heap
 from nanoserve.tracing import tracer_for
 
@@ -118,6 +119,7 @@ async def serve(config: GatewayConfig) -> None:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m nanoserve.frontend.gateway") -> None:
+    die_with_starter()  # (where `nanoserve serve` or a benchmark started this process)
     config = parse_config(GatewayConfig, argv, prog=prog)
     setup_logging("gateway", config.log_level)
     try:

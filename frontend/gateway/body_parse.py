@@ -4,11 +4,8 @@ so a thread would stall the event loop all the same (8 MB of 600k object keys to
 """
 
 import asyncio
-import contextlib
-import ctypes
 import multiprocessing
 import os
-import signal
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
@@ -16,7 +13,7 @@ from typing import Any, TypeVar
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
-from nanoserve.process import PR_SET_PDEATHSIG
+from nanoserve.process import die_with
 
 M = TypeVar("M", bound=BaseModel)
 # Parsed on the event loop: a few milliseconds even for the slowest JSON shapes (many object keys)
@@ -32,15 +29,6 @@ def validate(model: type[M], body: bytes) -> M | list[dict[str, Any]]:
     except ValidationError as e:
         first = e.errors(include_url=False, include_context=False, include_input=False)[0]
         return [{**first, "loc": ("body", *first["loc"])}]
-
-
-def die_with(parent: int) -> None:
-    """A worker's initializer: it gets SIGTERM when the gateway dies, even by SIGKILL (its task
-    queue's pipe stays open in the other workers, so it would wait for work forever)."""
-    with contextlib.suppress(OSError, AttributeError):  # prctl is Linux's
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
-    if os.getppid() != parent:  # the gateway died before prctl
-        os._exit(1)
 
 
 class BodyParser:
