@@ -135,7 +135,7 @@ def kernel_account(llm, prompt, n: int, steps: int = 5) -> dict:
     kernels and the GPU's idle gaps: where a long prompt's TTFT goes on the GPU."""
     from torch.profiler import ProfilerActivity, profile
 
-    from nanoserve.benchmarks.roofline_kernels import (
+    from nanoserve.benchmarks.kernel_classes import (
         class_rows,
         kernel_events,
         kernel_rows,

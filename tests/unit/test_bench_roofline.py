@@ -7,9 +7,10 @@ import math
 
 import pytest
 
-from nanoserve.benchmarks import roofline, roofline_kernels
+from nanoserve.benchmarks import kernel_classes, roofline, roofline_kernels
+from nanoserve.benchmarks.kernel_classes import gemm_ops, kernel_class
 from nanoserve.benchmarks.roofline import Cost, Shape, simulate, step_cost
-from nanoserve.benchmarks.roofline_kernels import gemm_op_costs, gemm_ops, kernel_class
+from nanoserve.benchmarks.roofline_kernels import gemm_op_costs
 
 QWEN3_06B = Shape.named("qwen3-0.6b")
 
@@ -183,7 +184,7 @@ def test_idle_gaps_name_the_kernels_around_them():
         (100.0, 110.0, "rms_norm"),  # 60 µs after the last kernel: a host stall
         (113.0, 120.0, "gemm_a"),
     ]
-    res = roofline_kernels.idle_gaps(list(reversed(spans)), steps=2)
+    res = kernel_classes.idle_gaps(list(reversed(spans)), steps=2)
     assert res["idle_us_per_step"] == round((2 + 60 + 3) / 2, 1)
     sites = {s["site"]: s for s in res["sites"]}
     assert sites["gemm -> norm"]["us_per_step"] == 30.0
@@ -191,7 +192,7 @@ def test_idle_gaps_name_the_kernels_around_them():
     assert res["sites"][0]["site"] == "gemm -> norm"  # the largest first
     assert res["short_gaps_us_per_step"] == 0.25  # the 0.5 µs gap, over two steps
     assert res["kernels_per_step"] == 3.0
-    empty = roofline_kernels.idle_gaps([], steps=1)
+    empty = kernel_classes.idle_gaps([], steps=1)
     assert (empty["idle_us_per_step"], empty["sites"], empty["kernels_per_step"]) == (0.0, [], 0)
 
 
