@@ -132,7 +132,7 @@ def kernel_account(llm, prompt, n: int, steps: int = 5) -> dict:
     """torch.profiler over `steps` prefill steps of one fresh n-token prompt (as step_times: the
     step's own kernels, graphed where a bucket holds it): per kernel class the GPU µs a step
     against the class's bound (GEMMs at the FLOP peak, attention's causal FLOPs), the largest
-    kernels and the GPU's idle gaps: where a long prompt's TTFT goes on the GPU."""
+    kernels and each step's GPU span: where a long prompt's TTFT goes on the GPU."""
     from torch.profiler import ProfilerActivity, profile
 
     from nanoserve.benchmarks.kernel_classes import (
@@ -141,7 +141,7 @@ def kernel_account(llm, prompt, n: int, steps: int = 5) -> dict:
         kernel_rows,
         tally,
     )
-    from nanoserve.benchmarks.step_cost import BF16, Cost, Shape
+    from nanoserve.benchmarks.step_cost import BF16, Cost, Shape, step_cost
 
     step_times(llm, prompt(n))  # warm
     seq: list = []  # (start, name, µs) of every kernel of the profiled steps
@@ -167,7 +167,9 @@ def kernel_account(llm, prompt, n: int, steps: int = 5) -> dict:
     gemm = (
         Cost(0, 2 * n * shape.linear_params).bound_s + Cost(shape.lm_head_params * BF16, 0).bound_s
     )
-    attn_flops = 4 * shape.head_dim * shape.heads * shape.layers * n * (n + 1) // 2
+    # step_cost's causal QK^T and PV: its FLOPs less the GEMMs' (the last row's LM head)
+    linear_flops = 2 * n * shape.linear_params + 2 * shape.lm_head_params
+    attn_flops = step_cost(shape, [(0, n)], sampled=1).flops - linear_flops
     bounds = {"gemm": 1e6 * gemm, "attention": 1e6 * Cost(0, attn_flops).bound_s}
     # each step's GPU span, first kernel's start to last kernel's end (steps apart: the holds)
     walls, spans = [], sorted(spans)

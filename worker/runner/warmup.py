@@ -153,7 +153,7 @@ def sdpa_prefill_range(runner: StartingRunner, backend: str) -> tuple[int, int]:
 def arm_sdpa_prefill(runner: StartingRunner) -> None:
     """One eager step of each bucket in runner.sdpa_lengths that has no SDPA graph: cuDNN builds a
     plan per shape, so none is built while serving. (A captured bucket's plan was built by its
-    capture's warm-up forward, and PrefillGraphRunner replayed it once: nothing left to arm.)"""
+    capture's warm-up, its SDPA call, and PrefillGraphRunner replayed it once: nothing to arm.)"""
     graphs = runner.prefill_graphs
     for n in sdpa_buckets(runner.prefill_buckets, runner.sdpa_lengths):
         if graphs is not None and graphs.can_run(n, sdpa=True):
